@@ -1,0 +1,3 @@
+//! The CPU reference backend: the arena is host memory, every op is a twin in [`ops`].
+
+pub mod ops;

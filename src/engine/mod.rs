@@ -1,0 +1,204 @@
+//! The `Backend` interface that every engine implements: one arena per trial and the ops that train in it.
+//!
+//! A trial's tensors all live in one arena of `f32` elements, allocated once from its slice's capped
+//! pool before step 0 (the static memory plan of [`crate::models`]). Ops name their operands by
+//! [`Region`]s of that arena, so the same model code drives the CPU reference backend and the CUDA one.
+
+pub mod cpu;
+pub mod rng;
+pub mod shapes;
+
+use crate::error::EngineError;
+pub use shapes::{Conv2dShape, GemmShape, PoolShape};
+
+/// A span of `f32` elements inside a trial's arena.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, serde::Serialize)]
+pub struct Region {
+    pub offset: usize,
+    pub len: usize,
+}
+
+impl Region {
+    pub fn new(offset: usize, len: usize) -> Self {
+        Region { offset, len }
+    }
+    pub fn end(&self) -> usize {
+        self.offset + self.len
+    }
+    /// The first `len` elements of this region.
+    pub fn prefix(&self, len: usize) -> Region {
+        Region {
+            offset: self.offset,
+            len: len.min(self.len),
+        }
+    }
+    pub fn overlaps(&self, other: &Region) -> bool {
+        self.len > 0 && other.len > 0 && self.offset < other.end() && other.offset < self.end()
+    }
+}
+
+/// Which engine runs a trial.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BackendKind {
+    Cpu,
+    Cuda,
+}
+
+impl std::fmt::Display for BackendKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            BackendKind::Cpu => "cpu",
+            BackendKind::Cuda => "cuda",
+        })
+    }
+}
+
+/// Which part of the resident dataset a gather reads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Split {
+    Train,
+    Test,
+}
+
+/// SGD with momentum (PyTorch's form: v = μv + g + λw; w -= lr·v).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SgdParams {
+    pub lr: f32,
+    pub momentum: f32,
+    pub weight_decay: f32,
+}
+
+/// Adam (Kingma & Ba, with PyTorch's bias correction; L2 weight decay added to the gradient).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AdamParams {
+    pub lr: f32,
+    pub beta1: f32,
+    pub beta2: f32,
+    pub eps: f32,
+    pub weight_decay: f32,
+    /// The 1-based step number, for bias correction.
+    pub step: u32,
+}
+
+/// Training statistics accumulated on the device by [`Backend::softmax_xent`]: `[loss_sum, correct]`.
+pub const STATS_LEN: usize = 2;
+
+/// One trial's engine: its arena, its resident data, and the ops over them.
+///
+/// Every op checks that its regions lie inside the arena and that written regions do not overlap
+/// the ones read. Ops run in issue order on the trial's stream; [`Backend::read`] synchronises.
+pub trait Backend: Send {
+    fn kind(&self) -> BackendKind;
+
+    /// Allocates the trial's arena of `elems` `f32` from its slice's pool, once.
+    /// Fails with [`EngineError::CapExceeded`] when it does not fit under the cap.
+    fn alloc_arena(&mut self, elems: usize) -> Result<(), EngineError>;
+    /// Bytes allocated for this trial (the arena; resident data is shared and not counted).
+    fn allocated_bytes(&self) -> usize;
+
+    fn write(&mut self, dst: Region, src: &[f32]) -> Result<(), EngineError>;
+    fn read(&mut self, src: Region, dst: &mut [f32]) -> Result<(), EngineError>;
+    fn fill(&mut self, dst: Region, value: f32) -> Result<(), EngineError>;
+
+    /// Number of samples in a split of the resident dataset.
+    fn split_len(&self, split: Split) -> usize;
+    /// Sets the order in which the training split is visited this epoch (a permutation).
+    fn set_train_order(&mut self, order: &[u32]) -> Result<(), EngineError>;
+    /// Gathers samples `start..start+rows` (in the epoch's order for `Train`, in file order for
+    /// `Test`) into `x` (rows × sample length) and their labels, as `f32`, into `y` (rows).
+    fn gather(
+        &mut self,
+        split: Split,
+        start: usize,
+        rows: usize,
+        x: Region,
+        y: Region,
+    ) -> Result<(), EngineError>;
+
+    /// Row-major `C = alpha·op(A)·op(B) + beta·C`.
+    fn gemm(&mut self, g: GemmShape, a: Region, b: Region, c: Region) -> Result<(), EngineError>;
+    /// `y[r, c] += bias[c]` for `rows × cols`.
+    fn bias_add(&mut self, y: Region, bias: Region, rows: usize, cols: usize)
+        -> Result<(), EngineError>;
+    /// `db[c] = Σ_r dy[r, c]`.
+    fn bias_grad(&mut self, dy: Region, db: Region, rows: usize, cols: usize)
+        -> Result<(), EngineError>;
+    /// `y = max(x, 0)` on the first `len` elements.
+    fn relu_fwd(&mut self, x: Region, y: Region, len: usize) -> Result<(), EngineError>;
+    /// `dx = dy · [y > 0]`.
+    fn relu_bwd(&mut self, y: Region, dy: Region, dx: Region, len: usize)
+        -> Result<(), EngineError>;
+    /// Stride-1 convolution, NCHW, weights `[c_out, c_in, k, k]`; `ws` holds one sample's im2col.
+    fn conv2d_fwd(
+        &mut self,
+        s: &Conv2dShape,
+        x: Region,
+        w: Region,
+        b: Region,
+        y: Region,
+        ws: Region,
+    ) -> Result<(), EngineError>;
+    /// Gradients of the convolution: `dw` and `db` are overwritten; `dx` too when given.
+    #[allow(clippy::too_many_arguments)]
+    fn conv2d_bwd(
+        &mut self,
+        s: &Conv2dShape,
+        x: Region,
+        w: Region,
+        dy: Region,
+        dx: Option<Region>,
+        dw: Region,
+        db: Region,
+        ws: Region,
+    ) -> Result<(), EngineError>;
+    fn maxpool_fwd(&mut self, s: &PoolShape, x: Region, y: Region) -> Result<(), EngineError>;
+    fn maxpool_bwd(
+        &mut self,
+        s: &PoolShape,
+        x: Region,
+        y: Region,
+        dy: Region,
+        dx: Region,
+    ) -> Result<(), EngineError>;
+    /// Inverted dropout with a counter-based mask: element `i` is dropped when
+    /// `rng::uniform(seed, counter, i) < p`, else scaled by `1/(1-p)`.
+    fn dropout_fwd(&mut self, x: Region, y: Region, len: usize, p: f32, seed: u64, counter: u64)
+        -> Result<(), EngineError>;
+    #[allow(clippy::too_many_arguments)]
+    fn dropout_bwd(
+        &mut self,
+        dy: Region,
+        dx: Region,
+        len: usize,
+        p: f32,
+        seed: u64,
+        counter: u64,
+    ) -> Result<(), EngineError>;
+    /// Softmax cross-entropy over `rows × classes` logits and `f32` labels. Writes
+    /// `dlogits = (softmax − onehot)/rows` and adds `[Σ loss, #correct]` into `stats`.
+    fn softmax_xent(
+        &mut self,
+        logits: Region,
+        labels: Region,
+        dlogits: Region,
+        stats: Region,
+        rows: usize,
+        classes: usize,
+    ) -> Result<(), EngineError>;
+    /// Counts correct predictions (and sums the loss) without a gradient: adds into `stats`.
+    fn eval_xent(
+        &mut self,
+        logits: Region,
+        labels: Region,
+        stats: Region,
+        rows: usize,
+        classes: usize,
+    ) -> Result<(), EngineError>;
+    fn sgd_step(&mut self, w: Region, g: Region, v: Region, p: SgdParams)
+        -> Result<(), EngineError>;
+    fn adam_step(&mut self, w: Region, g: Region, m: Region, v: Region, p: AdamParams)
+        -> Result<(), EngineError>;
+    /// Waits until every op issued so far has finished.
+    fn synchronize(&mut self) -> Result<(), EngineError>;
+}

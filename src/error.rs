@@ -1,0 +1,144 @@
+//! The library's error types and the stable exit code each one maps to.
+
+use std::path::PathBuf;
+
+/// Exit codes are part of the interface: scripts (Slurm jobs included) branch on them.
+pub mod exit {
+    /// Everything asked for was done (failed trials are recorded, not fatal).
+    pub const OK: i32 = 0;
+    /// An unexpected failure: I/O while writing results, a bug.
+    pub const FAILURE: i32 = 1;
+    /// Bad input: the job file, a flag, or a data file named by them.
+    pub const BAD_INPUT: i32 = 2;
+    /// The requested backend or device cannot be used on this machine.
+    pub const NO_DEVICE: i32 = 3;
+}
+
+/// Errors in reading or validating a job file. Each one names the key and, where known, the line.
+#[derive(Debug, thiserror::Error)]
+pub enum JobError {
+    #[error("{path}: cannot read the job file: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{path}: {message}")]
+    Syntax { path: PathBuf, message: String },
+    #[error("{path}:{}`{key}` {message}", line.map(|l| format!(" line {l}: ")).unwrap_or_else(|| " ".into()))]
+    Invalid {
+        path: PathBuf,
+        key: String,
+        line: Option<usize>,
+        message: String,
+    },
+}
+
+/// Errors in reading a dataset.
+#[derive(Debug, thiserror::Error)]
+pub enum DataError {
+    #[error("data file {path} not found{hint}")]
+    Missing { path: PathBuf, hint: String },
+    #[error("cannot read {path}: {source}")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{path}: {message}")]
+    Format { path: PathBuf, message: String },
+    #[error("dataset: {0}")]
+    Invalid(String),
+}
+
+/// Errors raised by a backend or a model on it.
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    /// The trial's static memory plan does not fit under its slice's cap; it never starts.
+    #[error("needs {need_mib:.1} MiB, slice cap {cap_mib:.1} MiB")]
+    CapExceeded { need_mib: f64, cap_mib: f64 },
+    #[error("backend {backend} is not available: {reason}")]
+    Unavailable { backend: String, reason: String },
+    #[error("region {offset}+{len} lies outside the arena of {arena} elements")]
+    OutOfArena {
+        offset: usize,
+        len: usize,
+        arena: usize,
+    },
+    #[error("shape mismatch in {op}: {message}")]
+    Shape { op: &'static str, message: String },
+    #[error("the arena is not allocated yet")]
+    NoArena,
+    #[error("{0}")]
+    Device(String),
+}
+
+/// Errors in running a trial (the trial fails; the round goes on).
+#[derive(Debug, thiserror::Error)]
+pub enum TrialError {
+    #[error(transparent)]
+    Engine(#[from] EngineError),
+    #[error("loss is {value} at epoch {epoch} step {step}")]
+    NonFiniteLoss { value: f32, epoch: usize, step: usize },
+    #[error("injected fault: {0}")]
+    Injected(String),
+    #[error("panic: {0}")]
+    Panic(String),
+    #[error("worker process: {0}")]
+    Worker(String),
+    #[error(transparent)]
+    Data(#[from] DataError),
+}
+
+/// Errors in writing or reading reports.
+#[derive(Debug, thiserror::Error)]
+pub enum ReportError {
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{path}: {source}")]
+    Csv { path: PathBuf, source: csv::Error },
+    #[error("{path}: cannot draw the plot: {message}")]
+    Plot { path: PathBuf, message: String },
+    #[error("{0}")]
+    Invalid(String),
+}
+
+/// The top-level error of every library entry point.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error(transparent)]
+    Job(#[from] JobError),
+    #[error(transparent)]
+    Data(#[from] DataError),
+    #[error(transparent)]
+    Engine(#[from] EngineError),
+    #[error(transparent)]
+    Report(#[from] ReportError),
+    #[error("{0}")]
+    Usage(String),
+    #[error("{0}")]
+    NoDevice(String),
+    #[error("{context}: {source}")]
+    Io {
+        context: String,
+        source: std::io::Error,
+    },
+    #[error("{0}")]
+    Internal(String),
+}
+
+impl Error {
+    /// The stable exit code for this error.
+    pub fn exit_code(&self) -> i32 {
+        match self {
+            Error::Job(_) | Error::Data(_) | Error::Usage(_) => exit::BAD_INPUT,
+            Error::Engine(EngineError::Unavailable { .. }) | Error::NoDevice(_) => exit::NO_DEVICE,
+            Error::Engine(_) | Error::Report(_) | Error::Io { .. } | Error::Internal(_) => {
+                exit::FAILURE
+            }
+        }
+    }
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;

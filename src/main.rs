@@ -1,0 +1,2 @@
+//! The `gpumux` command line: a thin clap layer over the library.
+fn main() {}

@@ -1,0 +1,79 @@
+//! Reports: the CSV rows (their columns are the interface), CSV writing and reading, SVG plots and the summary table.
+
+use serde::{Deserialize, Serialize};
+
+/// One row of `runs.csv`: one round (N trials under one split mode).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RunRow {
+    pub model: String,
+    pub dataset: String,
+    pub split: String,
+    pub n: u32,
+    pub slices: u32,
+    /// SMs per slice on a GPU in `green` mode; empty elsewhere.
+    pub sm_per_slice: Option<f64>,
+    /// How many slices share one SM partition (green mode, N above the partition count); empty elsewhere.
+    pub slices_per_partition: Option<f64>,
+    /// The memory cap of each slice; empty when uncapped.
+    pub mem_cap_mib: Option<f64>,
+    pub makespan_s: f64,
+    pub time_per_training_s: f64,
+    /// Training samples processed by all trials of the round per second of makespan.
+    pub samples_per_s: f64,
+    pub gpu_util_mean: Option<f64>,
+    pub gpu_mem_peak_mib: Option<f64>,
+    pub power_w_mean: Option<f64>,
+    /// The physical device, in words (e.g. `NVIDIA H100 80GB HBM3` or `cpu: 2 cores`).
+    pub device: String,
+    pub backend: String,
+    pub epochs: u32,
+    pub ok: u32,
+    pub failed: u32,
+}
+
+/// One row of `trials.csv`: one trial.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TrialRow {
+    /// Stable across rounds: the same id means the same hyperparameters and seed.
+    pub trial_id: String,
+    /// The round's index in the run.
+    pub round: u32,
+    pub split: String,
+    pub n: u32,
+    /// The slice (0-based) the trial ran on.
+    pub slice: u32,
+    pub model: String,
+    pub params_lr: f64,
+    pub params_batch_size: u32,
+    pub params_optimizer: String,
+    pub params_momentum: f64,
+    pub params_weight_decay: f64,
+    pub params_dropout: f64,
+    pub seed: u64,
+    /// `COMPLETE` or `FAIL`.
+    pub state: String,
+    pub test_acc: Option<f64>,
+    pub final_loss: Option<f64>,
+    pub epochs: u32,
+    pub wall_s: f64,
+    pub samples_per_s: Option<f64>,
+    pub peak_mem_mib: Option<f64>,
+    pub mem_cap_mib: Option<f64>,
+    pub error: String,
+}
+
+/// One row of `progress.csv`: one trial after one epoch.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ProgressRow {
+    pub round: u32,
+    pub trial_id: String,
+    pub split: String,
+    pub n: u32,
+    pub epoch: u32,
+    pub train_loss: f64,
+    pub train_acc: f64,
+    pub test_loss: f64,
+    pub test_acc: f64,
+    /// Seconds since the trial started.
+    pub wall_s: f64,
+}
