@@ -1,1 +1,569 @@
-//! (in progress)
+//! The subcommands behind the CLI: devices, train, fib, report and the hidden worker.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Instant;
+
+use indicatif::{ProgressBar, ProgressStyle};
+
+use crate::data::Dataset;
+use crate::engine::BackendKind;
+use crate::error::{Error, Result};
+use crate::gpu::{self, Discovery};
+use crate::job::{BackendChoice, Job, SplitMode};
+use crate::plan::{self, DeviceBudget, Round, MIB};
+use crate::report::{self, ProgressRow, RunRow, TrialRow};
+use crate::sched::{self, Event, RoundContext, RoundOutcome, TrialOutcome, TrialState};
+use crate::train::{run_trial, TrialConfig};
+
+/// The engine a run uses, and why.
+#[derive(Clone, Debug)]
+pub struct Resolved {
+    pub kind: BackendKind,
+    /// The device in words, for every report row.
+    pub device: String,
+    /// A line for the user: which backend and why.
+    pub note: String,
+    pub budget: DeviceBudget,
+}
+
+/// Picks the backend for a choice on this machine. `cuda` with no usable GPU is an error.
+pub fn resolve_backend(choice: BackendChoice, found: &Discovery) -> Result<Resolved> {
+    let cpu = |note: String| Resolved {
+        kind: BackendKind::Cpu,
+        device: found.host.device_line(),
+        note,
+        budget: DeviceBudget {
+            memory_bytes: found.host.memory_bytes,
+            sm_count: None,
+            sm_granularity: None,
+        },
+    };
+    let why_not_gpu = match (&found.no_gpu_reason, found.gpus.first()) {
+        (Some(reason), _) => format!("no GPU ({reason})"),
+        (None, Some(g)) => format!("{} found, but this build has no CUDA backend", g.name),
+        (None, None) => "no GPU".into(),
+    };
+    match choice {
+        BackendChoice::Cpu => Ok(cpu("backend: cpu (asked for)".into())),
+        BackendChoice::Auto => Ok(cpu(format!(
+            "backend: cpu — {why_not_gpu}; running on the CPU backend"
+        ))),
+        BackendChoice::Cuda => Err(Error::NoDevice(format!(
+            "backend cuda is not usable here: {why_not_gpu}"
+        ))),
+    }
+}
+
+/// `gpumux devices`: what this machine has, and optionally the slice plan for N trials.
+pub fn devices(
+    n: Option<u32>,
+    split: SplitMode,
+    mib_per_slice: Option<f64>,
+    fraction: Option<f64>,
+    out: &mut dyn Write,
+) -> Result<()> {
+    let found = gpu::discover();
+    let w = |out: &mut dyn Write, s: String| writeln!(out, "{s}").map_err(|e| io("stdout", e));
+    if found.gpus.is_empty() {
+        w(
+            out,
+            format!(
+                "GPUs: none ({})",
+                found.no_gpu_reason.as_deref().unwrap_or("unknown reason")
+            ),
+        )?;
+    } else {
+        if let Some(d) = &found.driver_version {
+            w(out, format!("driver {d}"))?;
+        }
+        for g in &found.gpus {
+            let sms = g
+                .sm_count
+                .map(|s| format!("{s} SMs"))
+                .unwrap_or_else(|| "SMs: n/a without CUDA".into());
+            w(
+                out,
+                format!(
+                    "GPU {}: {} [{}] {:.0} MiB, {sms}",
+                    g.index,
+                    g.name,
+                    g.uuid,
+                    g.memory_bytes as f64 / MIB
+                ),
+            )?;
+        }
+    }
+    w(out, format!("host: {}", found.host.device_line()))?;
+    let r = resolve_backend(BackendChoice::Auto, &found)?;
+    w(out, r.note.clone())?;
+    let Some(n) = n else { return Ok(()) };
+    let mut memory = String::new();
+    if let Some(m) = mib_per_slice {
+        memory = format!("memory: {{mib_per_slice: {m}}}\n");
+    } else if let Some(f) = fraction {
+        memory = format!("memory: {{fraction: {f}}}\n");
+    }
+    let text = format!(
+        "model: {{kind: mlp}}\ndata: {{source: synthetic}}\nn: [{n}]\nsplits: [{split}]\n{memory}"
+    );
+    let job = Job::parse(&text, Path::new("<flags>"))?;
+    if split.gpu_only() && r.kind == BackendKind::Cpu {
+        w(
+            out,
+            format!("split {split} needs a GPU; on the CPU backend it is not available"),
+        )?;
+        return Ok(());
+    }
+    let slices = plan::slices(&job, n, split, &r.budget)?;
+    w(
+        out,
+        format!("slice plan: N={n}, split {split}, on {}", r.device),
+    )?;
+    w(
+        out,
+        format!(
+            "{:>5}  {:>12}  {:>8}  {:>9}",
+            "slice", "mem cap MiB", "SMs", "partition"
+        ),
+    )?;
+    for s in &slices {
+        let cap = s
+            .cap_mib()
+            .map(|c| format!("{c:.1}"))
+            .unwrap_or_else(|| "none".into());
+        let sm = s
+            .sm_count
+            .map(|c| c.to_string())
+            .unwrap_or_else(|| "all".into());
+        let part = s
+            .partition
+            .map(|c| c.to_string())
+            .unwrap_or_else(|| "-".into());
+        w(
+            out,
+            format!("{:>5}  {:>12}  {:>8}  {:>9}", s.index, cap, sm, part),
+        )?;
+    }
+    Ok(())
+}
+
+fn io(context: &str, source: std::io::Error) -> Error {
+    Error::Io {
+        context: context.into(),
+        source,
+    }
+}
+
+/// Loads a job's dataset, saying what was loaded.
+fn load_data(job: &Job, data_dir: Option<&Path>) -> Result<Arc<Dataset>> {
+    let started = Instant::now();
+    let data = job.file.data.load(data_dir, job.file.seed)?;
+    eprintln!(
+        "data: {} — {} train, {} test, {}×{}×{}, {} classes ({:.1} s)",
+        data.name,
+        data.train.len(),
+        data.test.len(),
+        data.shape[0],
+        data.shape[1],
+        data.shape[2],
+        data.classes,
+        started.elapsed().as_secs_f64()
+    );
+    Ok(Arc::new(data))
+}
+
+/// `gpumux train`: one trial of a job, with loss and accuracy each epoch.
+pub fn train(job: &Job, trial: u32, data_dir: Option<&Path>, out: &mut dyn Write) -> Result<()> {
+    let found = gpu::discover();
+    let r = resolve_backend(job.file.backend, &found)?;
+    eprintln!("{}", r.note);
+    let data = load_data(job, data_dir)?;
+    check_batch(job, &data, &[trial])?;
+    let spec = plan::trials(job, trial + 1)?
+        .pop()
+        .ok_or_else(|| Error::Internal("no trial".into()))?;
+    let cfg = TrialConfig {
+        model: job.file.model.clone(),
+        hyper: spec.hyper.clone(),
+        epochs: job.file.train.epochs,
+        seed: spec.seed,
+        input: data.shape,
+        classes: data.classes,
+        fault: spec.fault.clone(),
+    };
+    let h = &spec.hyper;
+    let w = |out: &mut dyn Write, s: String| writeln!(out, "{s}").map_err(|e| io("stdout", e));
+    w(out, format!(
+        "trial {}: {} on {}, {} epochs, batch {}, {} lr {}, momentum {}, weight decay {}, dropout {}, seed {}",
+        spec.id, job.file.model.kind, data.name, cfg.epochs, h.batch_size, h.optimizer, h.lr, h.momentum, h.weight_decay, h.dropout, spec.seed
+    ))?;
+    let net = crate::models::build(
+        &cfg.model,
+        cfg.input,
+        cfg.classes,
+        h.batch_size as usize,
+        h.dropout as f32,
+        h.optimizer,
+    )
+    .map_err(|m| Error::Usage(format!("model: {m}")))?;
+    w(out, format!("memory plan: {}", net.plan.summary()))?;
+    let slice = plan::SliceSpec {
+        index: 0,
+        mem_cap_bytes: None,
+        sm_count: None,
+        partition: None,
+    };
+    let mut be = sched::open_backend(r.kind, Arc::clone(&data), &slice)?;
+    let mut lines = Vec::new();
+    let res = run_trial(be.as_mut(), &cfg, &mut |e| {
+        let line = format!(
+            "epoch {:>3}  train loss {:.4}  train acc {:.4}  test loss {:.4}  test acc {:.4}  {:.1} s",
+            e.epoch, e.train_loss, e.train_acc, e.test_loss, e.test_acc, e.wall_s
+        );
+        let _ = writeln!(out, "{line}");
+        lines.push(line);
+    });
+    match res {
+        Ok(r) => w(out, format!(
+            "done: test acc {:.4}, final loss {:.4}, {:.1} s, {:.0} samples/s, {} parameters, arena {:.2} MiB",
+            r.test_acc, r.final_loss, r.wall_s, r.samples_per_s, r.param_count, r.peak_mem_bytes as f64 / MIB
+        )),
+        Err(e) => Err(Error::Internal(format!("trial {} failed: {e}", spec.id))),
+    }
+}
+
+/// A batch larger than the training split is a job error, found before anything starts.
+fn check_batch(job: &Job, data: &Dataset, trials: &[u32]) -> Result<()> {
+    for &i in trials {
+        let h = job.hyper(i as usize)?;
+        if h.batch_size as usize > data.train.len() {
+            let key = if job.file.parameters.contains_key("batch_size") {
+                "parameters.batch_size"
+            } else {
+                "train.batch_size"
+            };
+            return Err(job
+                .invalid(
+                    key,
+                    format!(
+                        "{} is larger than the {} training samples of {}",
+                        h.batch_size,
+                        data.train.len(),
+                        data.name
+                    ),
+                )
+                .into());
+        }
+    }
+    Ok(())
+}
+
+/// Options of `gpumux fib` beyond the job.
+#[derive(Clone, Debug, Default)]
+pub struct FibOptions {
+    pub out: Option<PathBuf>,
+    pub data_dir: Option<PathBuf>,
+    /// The gpumux executable, for `process` mode.
+    pub worker_exe: PathBuf,
+    /// The command line, recorded next to the results.
+    pub command: String,
+    /// Show a progress bar (stderr is a terminal).
+    pub progress: bool,
+}
+
+/// `gpumux fib`: every round of the job; writes the CSVs row by row, the plots and the summary.
+pub fn fib(job: &Job, opts: &FibOptions, out: &mut dyn Write) -> Result<PathBuf> {
+    let found = gpu::discover();
+    let r = resolve_backend(job.file.backend, &found)?;
+    eprintln!("{}", r.note);
+    let mut splits = job.file.splits.clone();
+    if r.kind == BackendKind::Cpu {
+        let skipped: Vec<_> = splits
+            .iter()
+            .filter(|m| m.gpu_only())
+            .map(|m| m.name())
+            .collect();
+        if !skipped.is_empty() {
+            eprintln!(
+                "note: skipping split modes {} (they need a GPU)",
+                skipped.join(", ")
+            );
+        }
+        splits.retain(|m| !m.gpu_only());
+    }
+    if splits.is_empty() {
+        return Err(Error::Usage(
+            "no split mode of the job can run on the CPU backend".into(),
+        ));
+    }
+    let data = load_data(job, opts.data_dir.as_deref())?;
+    let max_n = job.file.n.iter().copied().max().unwrap_or(1);
+    check_batch(job, &data, &(0..max_n).collect::<Vec<_>>())?;
+    let rounds = plan::rounds(job, &r.budget, &splits)?;
+    let dir = opts
+        .out
+        .clone()
+        .unwrap_or_else(|| PathBuf::from("out").join(&job.name));
+    let mut writer = report::ReportWriter::create(&dir)?;
+    std::fs::write(
+        dir.join("command.txt"),
+        format!("{}\n# device: {}\n", opts.command, r.device),
+    )
+    .map_err(|e| io(&format!("{}", dir.join("command.txt").display()), e))?;
+    let ctx = RoundContext {
+        data: Arc::clone(&data),
+        data_spec: job.file.data.clone(),
+        data_base: opts.data_dir.clone(),
+        data_seed: job.file.seed,
+        model: job.file.model.clone(),
+        epochs: job.file.train.epochs,
+        backend: r.kind,
+        worker_exe: opts.worker_exe.clone(),
+    };
+    let total: u64 = rounds.iter().map(|r| r.n as u64).sum();
+    eprintln!(
+        "{}: {} rounds ({} trials) of {} on {}, N = {:?}, splits {}; writing {}",
+        job.name,
+        rounds.len(),
+        total,
+        job.file.model.kind,
+        data.name,
+        job.file.n,
+        splits
+            .iter()
+            .map(|s| s.name())
+            .collect::<Vec<_>>()
+            .join(", "),
+        dir.display()
+    );
+    let bar = if opts.progress {
+        ProgressBar::new(total)
+    } else {
+        ProgressBar::hidden()
+    };
+    bar.set_style(
+        ProgressStyle::with_template("{elapsed_precise} [{bar:30}] {pos}/{len} trials  {msg}")
+            .unwrap_or_else(|_| ProgressStyle::default_bar())
+            .progress_chars("=> "),
+    );
+    let mut runs = Vec::new();
+    let mut trials = Vec::new();
+    for round in &rounds {
+        bar.set_message(format!("N={} {}", round.n, round.split));
+        let mut write_err = None;
+        let outcome = sched::run_round(round, &ctx, &mut |ev| {
+            let res = match ev {
+                Event::Started { .. } => Ok(()),
+                Event::Epoch { trial, stats, .. } => writer.progress(&ProgressRow {
+                    round: round.index,
+                    trial_id: trial.id.clone(),
+                    split: round.split.to_string(),
+                    n: round.n,
+                    epoch: stats.epoch,
+                    train_loss: stats.train_loss,
+                    train_acc: stats.train_acc,
+                    test_loss: stats.test_loss,
+                    test_acc: stats.test_acc,
+                    wall_s: stats.wall_s,
+                }),
+                Event::Finished(o) => {
+                    bar.inc(1);
+                    let row = trial_row(job, round, o);
+                    let res = writer.trial(&row);
+                    trials.push(row);
+                    res
+                }
+            };
+            if let Err(e) = res {
+                write_err.get_or_insert(e);
+            }
+        });
+        if let Some(e) = write_err {
+            return Err(e.into());
+        }
+        let row = run_row(job, round, &outcome, &data, &r);
+        writer.run(&row)?;
+        bar.println(format!(
+            "round {:>3}: N={:<3} {:<8} makespan {:>8.2} s  time/training {:>7.3} s  ok {}  failed {}",
+            round.index, round.n, round.split.name(), row.makespan_s, row.time_per_training_s, row.ok, row.failed
+        ));
+        if !opts.progress {
+            eprintln!(
+                "round {}/{}: N={} {} makespan {:.2} s, time per training {:.3} s, ok {}, failed {}",
+                round.index + 1,
+                rounds.len(),
+                round.n,
+                round.split,
+                row.makespan_s,
+                row.time_per_training_s,
+                row.ok,
+                row.failed
+            );
+        }
+        runs.push(row);
+    }
+    bar.finish_and_clear();
+    finish(&dir, &runs, &trials, job, &r, out)?;
+    Ok(dir)
+}
+
+fn finish(
+    dir: &Path,
+    runs: &[RunRow],
+    trials: &[TrialRow],
+    job: &Job,
+    r: &Resolved,
+    out: &mut dyn Write,
+) -> Result<()> {
+    let title = format!("{} on {}", job.name, r.device);
+    let paths = report::write_report(dir, runs, &title)?;
+    let text = summary_text(runs, trials);
+    write!(out, "{text}").map_err(|e| io("stdout", e))?;
+    writeln!(out, "results: {}", dir.display()).map_err(|e| io("stdout", e))?;
+    for p in paths {
+        writeln!(out, "plot: {}", p.display()).map_err(|e| io("stdout", e))?;
+    }
+    Ok(())
+}
+
+/// The summary: the table, the best N per split, the split-mode parity line and the best trial.
+pub fn summary_text(runs: &[RunRow], trials: &[TrialRow]) -> String {
+    let mut s = report::summary_table(runs);
+    for line in report::best_n_lines(runs) {
+        s.push_str(&line);
+        s.push('\n');
+    }
+    if let Some(line) = report::parity_line(trials) {
+        s.push_str(&line);
+        s.push('\n');
+    }
+    if let Some(best) = report::best_trial(trials) {
+        s.push_str(&report::format_best(best));
+        s.push('\n');
+    }
+    s
+}
+
+fn trial_row(job: &Job, round: &Round, o: &TrialOutcome) -> TrialRow {
+    let h = &o.trial.hyper;
+    let r = o.result.as_ref();
+    TrialRow {
+        trial_id: o.trial.id.clone(),
+        round: round.index,
+        split: round.split.to_string(),
+        n: round.n,
+        slice: o.slice.index,
+        model: job.file.model.kind.to_string(),
+        params_lr: h.lr,
+        params_batch_size: h.batch_size,
+        params_optimizer: h.optimizer.to_string(),
+        params_momentum: h.momentum,
+        params_weight_decay: h.weight_decay,
+        params_dropout: h.dropout,
+        seed: o.trial.seed,
+        state: o.state.name().to_string(),
+        test_acc: r.map(|r| r.test_acc),
+        final_loss: r.map(|r| r.final_loss),
+        epochs: r.map(|r| r.epochs).unwrap_or(0),
+        wall_s: o.wall_s,
+        samples_per_s: r.map(|r| r.samples_per_s),
+        peak_mem_mib: r.map(|r| r.peak_mem_bytes as f64 / MIB),
+        mem_cap_mib: o.slice.cap_mib(),
+        error: o.error.clone().unwrap_or_default(),
+    }
+}
+
+fn run_row(
+    job: &Job,
+    round: &Round,
+    outcome: &RoundOutcome,
+    data: &Dataset,
+    r: &Resolved,
+) -> RunRow {
+    let ok = outcome
+        .outcomes
+        .iter()
+        .filter(|o| o.state == TrialState::Complete)
+        .count() as u32;
+    let samples: u64 = outcome
+        .outcomes
+        .iter()
+        .filter_map(|o| o.result.as_ref())
+        .map(|r| r.train_samples)
+        .sum();
+    let makespan = outcome.makespan_s.max(1e-9);
+    let partitions = round
+        .slices
+        .iter()
+        .filter_map(|s| s.partition)
+        .max()
+        .map(|p| p + 1);
+    RunRow {
+        model: job.file.model.kind.to_string(),
+        dataset: data.name.clone(),
+        split: round.split.to_string(),
+        n: round.n,
+        slices: round.slices.len() as u32,
+        sm_per_slice: round.slices.first().and_then(|s| s.sm_count).map(f64::from),
+        slices_per_partition: partitions.map(|p| round.slices.len() as f64 / p as f64),
+        mem_cap_mib: round.slices.first().and_then(|s| s.cap_mib()),
+        makespan_s: outcome.makespan_s,
+        time_per_training_s: outcome.makespan_s / round.n as f64,
+        samples_per_s: samples as f64 / makespan,
+        gpu_util_mean: None,
+        gpu_mem_peak_mib: None,
+        power_w_mean: None,
+        device: r.device.clone(),
+        backend: r.kind.to_string(),
+        epochs: job.file.train.epochs,
+        ok,
+        failed: round.n - ok,
+    }
+}
+
+/// `gpumux report`: redraws plots and the summary from result folders, merging several into `out`.
+pub fn report(dirs: &[PathBuf], out_dir: Option<&Path>, out: &mut dyn Write) -> Result<()> {
+    if dirs.is_empty() {
+        return Err(Error::Usage("give at least one result folder".into()));
+    }
+    let (runs, trials, progress) = report::merge_dirs(dirs)?;
+    let target = match (out_dir, dirs) {
+        (Some(o), _) => {
+            report::write_merged(o, &runs, &trials, &progress)?;
+            o.to_path_buf()
+        }
+        (None, [one]) => one.clone(),
+        (None, _) => {
+            return Err(Error::Usage(
+                "merging several folders needs --out DIR".into(),
+            ))
+        }
+    };
+    let devices: Vec<&str> = {
+        let mut d: Vec<&str> = runs.iter().map(|r| r.device.as_str()).collect();
+        d.sort_unstable();
+        d.dedup();
+        d
+    };
+    let title = format!("gpumux on {}", devices.join(" / "));
+    let paths = report::write_report(&target, &runs, &title)?;
+    write!(out, "{}", summary_text(&runs, &trials)).map_err(|e| io("stdout", e))?;
+    for p in paths {
+        writeln!(out, "plot: {}", p.display()).map_err(|e| io("stdout", e))?;
+    }
+    Ok(())
+}
+
+/// `gpumux worker`: the child side of `process` mode.
+pub fn worker() -> Result<()> {
+    let stdin = std::io::stdin();
+    let stdout = std::io::stdout();
+    sched::process::worker_main(&mut stdin.lock(), &mut stdout.lock()).map_err(Error::Usage)
+}
+
+/// Split modes, parsed from a comma list.
+pub fn parse_splits(s: &str) -> std::result::Result<Vec<SplitMode>, String> {
+    s.split(',').map(|p| p.trim().parse()).collect()
+}

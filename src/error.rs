@@ -77,7 +77,11 @@ pub enum TrialError {
     #[error(transparent)]
     Engine(#[from] EngineError),
     #[error("loss is {value} at epoch {epoch} step {step}")]
-    NonFiniteLoss { value: f32, epoch: usize, step: usize },
+    NonFiniteLoss {
+        value: f32,
+        epoch: usize,
+        step: usize,
+    },
     #[error("injected fault: {0}")]
     Injected(String),
     #[error("panic: {0}")]

@@ -1,1 +1,841 @@
-//! (in progress)
+//! The YAML job: model, data, parameter space, N list, split modes, memory caps, backend; read and validated with clear errors.
+
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use crate::data::DataSpec;
+use crate::error::JobError;
+use crate::space::{Dist, Method, ParamSpec, ParamValue, Space};
+
+/// The Fibonacci N list of the experiment.
+pub const DEFAULT_N: [u32; 8] = [1, 2, 3, 5, 8, 13, 21, 34];
+/// The most trials one round may launch together.
+pub const MAX_N: u32 = 1024;
+
+/// The network trained by every trial of a job.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ModelKind {
+    /// Dense layers with ReLU (default 784-128-10).
+    Mlp,
+    /// conv32-conv64-maxpool-fc128-fc10, as in the Keras MNIST example.
+    Cnn,
+}
+
+impl std::fmt::Display for ModelKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            ModelKind::Mlp => "mlp",
+            ModelKind::Cnn => "cnn",
+        })
+    }
+}
+
+/// Convolution padding.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Padding {
+    #[default]
+    Valid,
+    Same,
+}
+
+/// The `model:` section.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelSpec {
+    pub kind: ModelKind,
+    /// MLP hidden widths (default `[128]`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hidden: Option<Vec<usize>>,
+    /// CNN convolution channels (default `[32, 64]`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub channels: Option<Vec<usize>>,
+    /// CNN kernel size, 3 or 5 (default 3).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kernel: Option<usize>,
+    /// CNN padding (default valid).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub padding: Option<Padding>,
+    /// CNN width of the dense layer after pooling (default 128).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fc: Option<usize>,
+}
+
+impl ModelSpec {
+    pub fn of(kind: ModelKind) -> Self {
+        ModelSpec {
+            kind,
+            hidden: None,
+            channels: None,
+            kernel: None,
+            padding: None,
+            fc: None,
+        }
+    }
+    pub fn hidden(&self) -> Vec<usize> {
+        self.hidden.clone().unwrap_or_else(|| vec![128])
+    }
+    pub fn channels(&self) -> Vec<usize> {
+        self.channels.clone().unwrap_or_else(|| vec![32, 64])
+    }
+    pub fn kernel(&self) -> usize {
+        self.kernel.unwrap_or(3)
+    }
+    pub fn padding(&self) -> Padding {
+        self.padding.unwrap_or_default()
+    }
+    pub fn fc(&self) -> usize {
+        self.fc.unwrap_or(128)
+    }
+}
+
+/// The optimiser of a trial.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Optimizer {
+    Sgd,
+    Adam,
+}
+
+impl std::fmt::Display for Optimizer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Optimizer::Sgd => "sgd",
+            Optimizer::Adam => "adam",
+        })
+    }
+}
+
+/// The `train:` section: epochs and the default value of every hyperparameter.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TrainSpec {
+    pub epochs: u32,
+    pub batch_size: u32,
+    pub optimizer: Optimizer,
+    pub lr: f64,
+    pub momentum: f64,
+    pub weight_decay: f64,
+    pub dropout: f64,
+}
+
+impl Default for TrainSpec {
+    fn default() -> Self {
+        TrainSpec {
+            epochs: 5,
+            batch_size: 64,
+            optimizer: Optimizer::Adam,
+            lr: 1e-3,
+            momentum: 0.9,
+            weight_decay: 0.0,
+            dropout: 0.0,
+        }
+    }
+}
+
+/// The hyperparameters of one trial.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Hyper {
+    pub lr: f64,
+    pub batch_size: u32,
+    pub optimizer: Optimizer,
+    pub momentum: f64,
+    pub weight_decay: f64,
+    pub dropout: f64,
+}
+
+/// The names a job may put under `parameters:`.
+pub const PARAMETERS: [&str; 6] = [
+    "lr",
+    "batch_size",
+    "optimizer",
+    "momentum",
+    "weight_decay",
+    "dropout",
+];
+
+impl Hyper {
+    /// The defaults of `train:` overridden by a point of the space.
+    pub fn from_point(
+        train: &TrainSpec,
+        point: &BTreeMap<String, ParamValue>,
+    ) -> Result<Hyper, (String, String)> {
+        let mut h = Hyper {
+            lr: train.lr,
+            batch_size: train.batch_size,
+            optimizer: train.optimizer,
+            momentum: train.momentum,
+            weight_decay: train.weight_decay,
+            dropout: train.dropout,
+        };
+        for (name, v) in point {
+            h.set(name, v)?;
+        }
+        h.check()?;
+        Ok(h)
+    }
+
+    fn set(&mut self, name: &str, v: &ParamValue) -> Result<(), (String, String)> {
+        let key = format!("parameters.{name}");
+        let num = || match v {
+            ParamValue::Num(x) => Ok(*x),
+            ParamValue::Word(w) => Err((key.clone(), format!("must be a number, not `{w}`"))),
+        };
+        match name {
+            "lr" => self.lr = num()?,
+            "momentum" => self.momentum = num()?,
+            "weight_decay" => self.weight_decay = num()?,
+            "dropout" => self.dropout = num()?,
+            "batch_size" => {
+                let x = num()?;
+                if x.fract() != 0.0 || !(1.0..=1e7).contains(&x) {
+                    return Err((key, format!("must be a whole number from 1, not {x}")));
+                }
+                self.batch_size = x as u32;
+            }
+            "optimizer" => {
+                self.optimizer = match v {
+                    ParamValue::Word(w) if w == "sgd" => Optimizer::Sgd,
+                    ParamValue::Word(w) if w == "adam" => Optimizer::Adam,
+                    other => {
+                        return Err((key, format!("must be sgd or adam, not `{other}`")));
+                    }
+                }
+            }
+            other => {
+                return Err((
+                    key,
+                    format!(
+                        "`{other}` is not a parameter (expected one of {})",
+                        PARAMETERS.join(", ")
+                    ),
+                ))
+            }
+        }
+        Ok(())
+    }
+
+    /// Checks the values; the key names the parameter.
+    pub fn check(&self) -> Result<(), (String, String)> {
+        let bad = |k: &str, m: String| Err((k.to_string(), m));
+        if !(self.lr.is_finite() && self.lr > 0.0) {
+            return bad("lr", format!("must be a positive number, not {}", self.lr));
+        }
+        if self.batch_size == 0 {
+            return bad("batch_size", "must be at least 1, not 0".into());
+        }
+        if !(0.0..1.0).contains(&self.momentum) {
+            return bad(
+                "momentum",
+                format!("must be in [0, 1), not {}", self.momentum),
+            );
+        }
+        if !(self.weight_decay.is_finite() && self.weight_decay >= 0.0) {
+            return bad(
+                "weight_decay",
+                format!("must be 0 or more, not {}", self.weight_decay),
+            );
+        }
+        if !(0.0..1.0).contains(&self.dropout) {
+            return bad(
+                "dropout",
+                format!("must be in [0, 1), not {}", self.dropout),
+            );
+        }
+        Ok(())
+    }
+}
+
+/// How the trials of a round share the device.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SplitMode {
+    /// One process, one context; a stream (a thread on the CPU) per trial; no caps.
+    Shared,
+    /// One OS process per trial, each with its own context.
+    Process,
+    /// One process; each slice has a stream and a capped memory pool.
+    Logical,
+    /// One process; each slice has a green context with its own SM partition (GPU only).
+    Green,
+    /// `process` under a running MPS daemon (GPU only).
+    Mps,
+}
+
+impl SplitMode {
+    pub const ALL: [SplitMode; 5] = [
+        SplitMode::Shared,
+        SplitMode::Process,
+        SplitMode::Logical,
+        SplitMode::Green,
+        SplitMode::Mps,
+    ];
+    pub fn name(&self) -> &'static str {
+        match self {
+            SplitMode::Shared => "shared",
+            SplitMode::Process => "process",
+            SplitMode::Logical => "logical",
+            SplitMode::Green => "green",
+            SplitMode::Mps => "mps",
+        }
+    }
+    /// Whether each slice gets a memory cap (the seed's "split").
+    pub fn capped(&self) -> bool {
+        matches!(self, SplitMode::Logical | SplitMode::Green | SplitMode::Mps)
+    }
+    /// Whether the mode exists only on a GPU.
+    pub fn gpu_only(&self) -> bool {
+        matches!(self, SplitMode::Green | SplitMode::Mps)
+    }
+    /// Whether each trial runs in its own OS process.
+    pub fn one_process_per_trial(&self) -> bool {
+        matches!(self, SplitMode::Process | SplitMode::Mps)
+    }
+}
+
+impl std::fmt::Display for SplitMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for SplitMode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        SplitMode::ALL
+            .iter()
+            .find(|m| m.name() == s)
+            .copied()
+            .ok_or_else(|| {
+                format!(
+                    "unknown split mode `{s}` (expected shared, process, logical, green or mps)"
+                )
+            })
+    }
+}
+
+/// The `memory:` section: how big each slice's cap is, in capped split modes.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MemorySpec {
+    /// An equal share of this fraction of the device's memory (default 0.9).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fraction: Option<f64>,
+    /// An explicit cap per slice, in MiB.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mib_per_slice: Option<f64>,
+}
+
+/// The memory-cap policy after checking.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum CapPolicy {
+    Fraction(f64),
+    MibPerSlice(f64),
+}
+
+impl MemorySpec {
+    pub fn policy(&self) -> CapPolicy {
+        match (self.mib_per_slice, self.fraction) {
+            (Some(m), _) => CapPolicy::MibPerSlice(m),
+            (None, Some(f)) => CapPolicy::Fraction(f),
+            (None, None) => CapPolicy::Fraction(0.9),
+        }
+    }
+}
+
+/// Which engine runs the trials.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum BackendChoice {
+    /// The GPU when one works, else the CPU (and it says so).
+    #[default]
+    Auto,
+    Cpu,
+    Cuda,
+}
+
+/// A fault injected into one trial, to test isolation.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FaultSpec {
+    /// The trial index (0-based) that faults, in every round that runs it.
+    pub trial: u32,
+    pub kind: FaultKind,
+    /// The training step at which it strikes (default 0).
+    #[serde(default)]
+    pub step: u32,
+}
+
+/// What an injected fault does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FaultKind {
+    /// Panics in the trial's thread.
+    Panic,
+    /// Poisons the weights so the loss becomes NaN.
+    Nan,
+    /// Aborts the whole process (isolated only in `process` mode).
+    Abort,
+    /// The process kills itself with SIGKILL (isolated only in `process` mode).
+    Kill,
+}
+
+/// A job file as written.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JobFile {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    pub model: ModelSpec,
+    pub data: DataSpec,
+    #[serde(default)]
+    pub train: TrainSpec,
+    #[serde(default = "default_seed")]
+    pub seed: u64,
+    #[serde(default)]
+    pub method: Method,
+    #[serde(default)]
+    pub parameters: BTreeMap<String, ParamSpec>,
+    #[serde(default = "default_n")]
+    pub n: Vec<u32>,
+    #[serde(default = "default_splits")]
+    pub splits: Vec<SplitMode>,
+    #[serde(default)]
+    pub memory: MemorySpec,
+    #[serde(default)]
+    pub backend: BackendChoice,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub faults: Vec<FaultSpec>,
+}
+
+fn default_seed() -> u64 {
+    0
+}
+fn default_n() -> Vec<u32> {
+    DEFAULT_N.to_vec()
+}
+fn default_splits() -> Vec<SplitMode> {
+    vec![SplitMode::Shared, SplitMode::Process, SplitMode::Logical]
+}
+
+/// A checked job, with where it came from (for error lines).
+#[derive(Clone, Debug)]
+pub struct Job {
+    pub name: String,
+    pub file: JobFile,
+    pub space: Space,
+    pub path: PathBuf,
+    text: String,
+}
+
+impl Job {
+    /// Reads and checks a job file.
+    pub fn load(path: &Path) -> Result<Job, JobError> {
+        let text = std::fs::read_to_string(path).map_err(|source| JobError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        Job::parse(&text, path)
+    }
+
+    /// Parses and checks job text; `path` is used in messages.
+    pub fn parse(text: &str, path: &Path) -> Result<Job, JobError> {
+        if text.trim().is_empty() {
+            return Err(JobError::Syntax {
+                path: path.into(),
+                message: "the job file is empty".into(),
+            });
+        }
+        let file: JobFile = serde_yaml::from_str(text).map_err(|e| JobError::Syntax {
+            path: path.into(),
+            message: one_line(&e.to_string()),
+        })?;
+        let name = file.name.clone().unwrap_or_else(|| {
+            path.file_stem()
+                .map(|s| s.to_string_lossy().into_owned())
+                .unwrap_or_else(|| "job".into())
+        });
+        let mut job = Job {
+            name,
+            space: Space {
+                method: file.method,
+                dists: BTreeMap::new(),
+            },
+            file,
+            path: path.into(),
+            text: text.into(),
+        };
+        job.check()?;
+        Ok(job)
+    }
+
+    /// Checks a job built in code (from command-line flags); errors carry no line.
+    pub fn from_file(file: JobFile, origin: &Path) -> Result<Job, JobError> {
+        let name = file.name.clone().unwrap_or_else(|| "train".into());
+        let mut job = Job {
+            name,
+            space: Space {
+                method: file.method,
+                dists: BTreeMap::new(),
+            },
+            file,
+            path: origin.into(),
+            text: String::new(),
+        };
+        job.check()?;
+        Ok(job)
+    }
+
+    /// An error about `key` (a dotted path), with the line where it appears.
+    pub fn invalid(&self, key: &str, message: impl Into<String>) -> JobError {
+        JobError::Invalid {
+            path: self.path.clone(),
+            key: key.into(),
+            line: locate(&self.text, key),
+            message: message.into(),
+        }
+    }
+
+    fn check(&mut self) -> Result<(), JobError> {
+        let f = &self.file;
+        if self.name.is_empty()
+            || !self
+                .name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+        {
+            return Err(self.invalid(
+                "name",
+                format!(
+                    "must be letters, digits, '-', '_' or '.', not {:?}",
+                    self.name
+                ),
+            ));
+        }
+        self.check_model()?;
+        if let Err((k, m)) = f.data.validate() {
+            return Err(self.invalid(&format!("data.{k}"), m));
+        }
+        let t = &f.train;
+        if t.epochs == 0 || t.epochs > 100_000 {
+            return Err(self.invalid(
+                "train.epochs",
+                format!("must be from 1 to 100000, not {}", t.epochs),
+            ));
+        }
+        let defaults = Hyper {
+            lr: t.lr,
+            batch_size: t.batch_size,
+            optimizer: t.optimizer,
+            momentum: t.momentum,
+            weight_decay: t.weight_decay,
+            dropout: t.dropout,
+        };
+        if let Err((k, m)) = defaults.check() {
+            return Err(self.invalid(&format!("train.{k}"), m));
+        }
+        self.check_space()?;
+        let f = &self.file;
+        if f.n.is_empty() {
+            return Err(self.invalid("n", "must list at least one N"));
+        }
+        for &n in &f.n {
+            if n == 0 || n > MAX_N {
+                return Err(
+                    self.invalid("n", format!("must hold values from 1 to {MAX_N}, not {n}"))
+                );
+            }
+        }
+        if let Some(d) = duplicate(&f.n) {
+            return Err(self.invalid("n", format!("lists {d} twice")));
+        }
+        if f.splits.is_empty() {
+            return Err(self.invalid("splits", "must list at least one split mode"));
+        }
+        if let Some(d) = duplicate(&f.splits) {
+            return Err(self.invalid("splits", format!("lists {d} twice")));
+        }
+        if f.backend == BackendChoice::Cpu {
+            if let Some(m) = f.splits.iter().find(|m| m.gpu_only()) {
+                return Err(self.invalid("splits", format!("{m} needs a GPU, but backend is cpu")));
+            }
+        }
+        self.check_memory()?;
+        for (i, fault) in self.file.faults.iter().enumerate() {
+            if fault.trial >= MAX_N {
+                return Err(self.invalid(
+                    &format!("faults.{i}.trial"),
+                    format!("must be below {MAX_N}"),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    fn check_model(&self) -> Result<(), JobError> {
+        let m = &self.file.model;
+        let only = |key: &str, present: bool, kind: ModelKind| {
+            if present && m.kind != kind {
+                Err(self.invalid(
+                    &format!("model.{key}"),
+                    format!("only applies to model kind {kind}"),
+                ))
+            } else {
+                Ok(())
+            }
+        };
+        only("hidden", m.hidden.is_some(), ModelKind::Mlp)?;
+        only("channels", m.channels.is_some(), ModelKind::Cnn)?;
+        only("kernel", m.kernel.is_some(), ModelKind::Cnn)?;
+        only("padding", m.padding.is_some(), ModelKind::Cnn)?;
+        only("fc", m.fc.is_some(), ModelKind::Cnn)?;
+        let width_ok = |w: &usize| (1..=1 << 16).contains(w);
+        if let Some(h) = &m.hidden {
+            if h.len() > 16 || !h.iter().all(width_ok) {
+                return Err(self.invalid(
+                    "model.hidden",
+                    "must list at most 16 widths, each from 1 to 65536",
+                ));
+            }
+        }
+        if let Some(c) = &m.channels {
+            if c.len() != 2 || !c.iter().all(width_ok) {
+                return Err(self.invalid(
+                    "model.channels",
+                    "must list two channel counts, each from 1 to 65536",
+                ));
+            }
+        }
+        if let Some(k) = m.kernel {
+            if k != 3 && k != 5 {
+                return Err(self.invalid("model.kernel", format!("must be 3 or 5, not {k}")));
+            }
+        }
+        if let Some(fc) = m.fc {
+            if !width_ok(&fc) {
+                return Err(self.invalid("model.fc", format!("must be from 1 to 65536, not {fc}")));
+            }
+        }
+        Ok(())
+    }
+
+    fn check_space(&mut self) -> Result<(), JobError> {
+        let mut dists = BTreeMap::new();
+        for (name, spec) in &self.file.parameters {
+            if !PARAMETERS.contains(&name.as_str()) {
+                return Err(self.invalid(
+                    &format!("parameters.{name}"),
+                    format!(
+                        "is not a parameter (expected one of {})",
+                        PARAMETERS.join(", ")
+                    ),
+                ));
+            }
+            let dist = spec
+                .to_dist(name)
+                .map_err(|e| self.invalid(&e.key, e.message))?;
+            if self.file.method == crate::space::Method::Grid && !dist.is_discrete() {
+                return Err(self.invalid(
+                    &format!("parameters.{name}"),
+                    "grid search needs `value` or `values`, not a range",
+                ));
+            }
+            for v in dist.extremes() {
+                let mut point = BTreeMap::new();
+                point.insert(name.clone(), v);
+                if let Err((k, m)) = Hyper::from_point(&self.file.train, &point) {
+                    let key = if k.starts_with("parameters.") {
+                        k
+                    } else {
+                        format!("parameters.{name}")
+                    };
+                    return Err(self.invalid(&key, m));
+                }
+            }
+            if let Dist::LogUniform { max, .. } = &dist {
+                if *max < 1.0 && name == "lr" {
+                    tracing_hint(&format!(
+                        "{}: parameters.{name} uses log_uniform, whose min and max are natural-log exponents \
+                         (W&B semantics); for bounds given as values use log_uniform_values",
+                        self.path.display()
+                    ));
+                }
+            }
+            dists.insert(name.clone(), dist);
+        }
+        self.space.dists = dists;
+        Ok(())
+    }
+
+    fn check_memory(&self) -> Result<(), JobError> {
+        let m = &self.file.memory;
+        if m.fraction.is_some() && m.mib_per_slice.is_some() {
+            return Err(self.invalid("memory", "give either fraction or mib_per_slice, not both"));
+        }
+        if let Some(f) = m.fraction {
+            if !(f > 0.0 && f <= 1.0) {
+                return Err(self.invalid("memory.fraction", format!("must be in (0, 1], not {f}")));
+            }
+        }
+        if let Some(mib) = m.mib_per_slice {
+            if !(mib.is_finite() && mib > 0.0) {
+                return Err(self.invalid(
+                    "memory.mib_per_slice",
+                    format!("must be a positive number of MiB, not {mib}"),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// The hyperparameters of trial `index`.
+    pub fn hyper(&self, index: usize) -> Result<Hyper, JobError> {
+        let point = self.space.point(self.file.seed, index);
+        Hyper::from_point(&self.file.train, &point).map_err(|(k, m)| {
+            let key = if k.starts_with("parameters.") {
+                k
+            } else {
+                format!("parameters.{k}")
+            };
+            self.invalid(&key, format!("drew a bad value for trial {index}: {m}"))
+        })
+    }
+}
+
+/// A warning printed once on stderr (the library has no logger of its own).
+fn tracing_hint(message: &str) {
+    eprintln!("warning: {message}");
+}
+
+fn duplicate<T: PartialEq + std::fmt::Display>(items: &[T]) -> Option<&T> {
+    items
+        .iter()
+        .enumerate()
+        .find(|(i, a)| items[..*i].contains(a))
+        .map(|(_, a)| a)
+}
+
+fn one_line(s: &str) -> String {
+    s.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+/// The 1-based line where a dotted key (e.g. `memory.fraction`, `faults.0.trial`) is written,
+/// found by walking the keys in order of indentation. Numeric parts are skipped.
+pub fn locate(text: &str, key: &str) -> Option<usize> {
+    let parts: Vec<&str> = key
+        .split('.')
+        .filter(|p| p.parse::<usize>().is_err())
+        .collect();
+    let lines: Vec<&str> = text.lines().collect();
+    let mut from = 0;
+    let mut found = None;
+    for part in parts {
+        let needle = format!("{part}:");
+        let hit = (from..lines.len()).find(|&i| {
+            let l = lines[i].split('#').next().unwrap_or("");
+            let t = l.trim_start().trim_start_matches("- ");
+            t.starts_with(&needle)
+                || l.contains(&format!("{{{needle}"))
+                || l.contains(&format!(" {needle}"))
+        });
+        match hit {
+            Some(i) => {
+                found = Some(i + 1);
+                from = i;
+            }
+            None => break,
+        }
+    }
+    found
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<Job, JobError> {
+        Job::parse(text, Path::new("t.yaml"))
+    }
+
+    const OK: &str = "model: {kind: mlp}\ndata: {source: synthetic}\n";
+
+    #[test]
+    fn a_minimal_job_gets_the_defaults() {
+        let j = parse(OK).unwrap();
+        assert_eq!(j.file.n, DEFAULT_N.to_vec());
+        assert_eq!(j.file.train.epochs, 5);
+        assert_eq!(j.file.memory.policy(), CapPolicy::Fraction(0.9));
+        assert_eq!(j.name, "t");
+    }
+
+    #[test]
+    fn errors_name_the_key_and_line() {
+        let e = parse(&format!("{OK}n: [1, 0]\n")).unwrap_err().to_string();
+        assert!(e.contains("line 3") && e.contains("`n`"), "{e}");
+        let e = parse(&format!("{OK}memory:\n  fraction: 1.5\n"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("line 4") && e.contains("memory.fraction"), "{e}");
+        let e = parse(&format!("{OK}train:\n  batch_size: 0\n"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("train.batch_size") && e.contains("line 4"),
+            "{e}"
+        );
+        let e = parse(&format!("{OK}colour: red\n"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("unknown field `colour`") && e.contains("line 3"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn parameters_are_checked_against_their_meaning() {
+        let e = parse(&format!("{OK}parameters:\n  lr: {{values: [0.1, -1]}}\n"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("parameters.lr") && e.contains("positive"), "{e}");
+        let e = parse(&format!(
+            "{OK}parameters:\n  optimizer: {{values: [sgd, rmsprop]}}\n"
+        ))
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("rmsprop"), "{e}");
+        let e = parse(&format!("{OK}parameters:\n  colour: {{value: 1}}\n"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("parameters.colour") && e.contains("line 4"),
+            "{e}"
+        );
+        let e = parse(&format!(
+            "{OK}method: grid\nparameters:\n  lr: {{min: 0.1, max: 0.2}}\n"
+        ))
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("grid"), "{e}");
+    }
+
+    #[test]
+    fn hyper_draws_differ_between_trials_but_not_between_calls() {
+        let j = parse(&format!(
+            "{OK}parameters:\n  lr: {{min: 0.0001, max: 0.1, distribution: log_uniform_values}}\n"
+        ))
+        .unwrap();
+        assert_eq!(j.hyper(3).unwrap(), j.hyper(3).unwrap());
+        assert_ne!(j.hyper(3).unwrap().lr, j.hyper(4).unwrap().lr);
+    }
+
+    #[test]
+    fn locate_walks_nested_keys() {
+        let t = "a: 1\nmemory:\n  other: 2\n  fraction: 3\nfraction: 4\n";
+        assert_eq!(locate(t, "memory.fraction"), Some(4));
+        assert_eq!(locate(t, "fraction"), Some(4));
+        assert_eq!(locate(t, "missing"), None);
+    }
+}

@@ -1,2 +1,298 @@
-//! The `gpumux` command line: a thin clap layer over the library.
-fn main() {}
+//! The `gpumux` command line: a thin clap layer over the library, mapping each error to a stable exit code.
+
+use std::io::IsTerminal;
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand};
+
+use gpumux::commands::{self, FibOptions};
+use gpumux::error::{exit, Error};
+use gpumux::job::{
+    BackendChoice, Job, JobFile, ModelKind, ModelSpec, Optimizer, SplitMode, TrainSpec,
+};
+
+/// Multiplex one GPU among many concurrent trainings, and measure the time per training with and without the split.
+#[derive(Parser, Debug)]
+#[command(name = "gpumux", version, about, long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// List the devices and the backend; with --n, print the slice plan for N trials.
+    Devices {
+        /// Number of trials (slices) to plan for.
+        #[arg(long)]
+        n: Option<u32>,
+        /// Split mode of the plan.
+        #[arg(long, default_value = "logical")]
+        split: SplitMode,
+        /// Cap each slice at this many MiB.
+        #[arg(long, conflicts_with = "fraction")]
+        mib_per_slice: Option<f64>,
+        /// Share this fraction of device memory equally between slices (default 0.9).
+        #[arg(long)]
+        fraction: Option<f64>,
+    },
+    /// Run one training, from a job file or from flags, with loss and accuracy each epoch.
+    Train(TrainArgs),
+    /// Run the experiment: for each N and split mode, N trials at once; write CSVs, plots and a summary.
+    Fib {
+        /// The job file (YAML).
+        job: PathBuf,
+        /// Output folder (default out/<job name>).
+        #[arg(long)]
+        out: Option<PathBuf>,
+        /// Folder that relative data paths are taken from.
+        #[arg(long)]
+        data_dir: Option<PathBuf>,
+        /// Override the job's backend.
+        #[arg(long, value_enum)]
+        backend: Option<BackendChoice>,
+        /// Override the job's N list, e.g. 1,2,3.
+        #[arg(long, value_delimiter = ',')]
+        n: Option<Vec<u32>>,
+        /// Override the job's split modes, e.g. shared,logical.
+        #[arg(long, value_delimiter = ',')]
+        splits: Option<Vec<SplitMode>>,
+        /// Override the job's epochs.
+        #[arg(long)]
+        epochs: Option<u32>,
+    },
+    /// Redraw the plots and summary from result folders; merge several with --out.
+    Report {
+        /// Result folders holding runs.csv and trials.csv.
+        #[arg(required = true)]
+        dirs: Vec<PathBuf>,
+        /// Write the merged CSVs and plots here.
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
+    /// Internal: the child side of `process` mode (reads a request on stdin).
+    #[command(hide = true)]
+    Worker,
+}
+
+#[derive(clap::Args, Debug)]
+struct TrainArgs {
+    /// A job file to take the trial from (flags below override it).
+    job: Option<PathBuf>,
+    /// Which trial of the job's parameter space (0-based).
+    #[arg(long, default_value_t = 0)]
+    trial: u32,
+    #[arg(long, value_enum)]
+    model: Option<ModelArg>,
+    /// MLP hidden widths, e.g. 256,128,100.
+    #[arg(long, value_delimiter = ',')]
+    hidden: Option<Vec<usize>>,
+    /// Data source: mnist-10k, fashion-mnist, idx or synthetic.
+    #[arg(long)]
+    data: Option<String>,
+    /// Data folder (for fashion-mnist, idx, or a copy of mnist-10k).
+    #[arg(long)]
+    data_path: Option<PathBuf>,
+    /// Folder that relative data paths are taken from.
+    #[arg(long)]
+    data_dir: Option<PathBuf>,
+    #[arg(long)]
+    epochs: Option<u32>,
+    #[arg(long)]
+    batch_size: Option<u32>,
+    #[arg(long)]
+    lr: Option<f64>,
+    #[arg(long, value_enum)]
+    optimizer: Option<OptArg>,
+    #[arg(long)]
+    momentum: Option<f64>,
+    #[arg(long)]
+    weight_decay: Option<f64>,
+    #[arg(long)]
+    dropout: Option<f64>,
+    #[arg(long)]
+    seed: Option<u64>,
+    #[arg(long, value_enum)]
+    backend: Option<BackendChoice>,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug)]
+enum ModelArg {
+    Mlp,
+    Cnn,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug)]
+enum OptArg {
+    Sgd,
+    Adam,
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let code = match run(cli) {
+        Ok(()) => exit::OK,
+        Err(e) => {
+            let code = e.exit_code();
+            eprintln!("error: {e}");
+            code
+        }
+    };
+    std::process::exit(code);
+}
+
+fn run(cli: Cli) -> Result<(), Error> {
+    let mut stdout = std::io::stdout();
+    match cli.command {
+        Command::Devices {
+            n,
+            split,
+            mib_per_slice,
+            fraction,
+        } => commands::devices(n, split, mib_per_slice, fraction, &mut stdout),
+        Command::Train(args) => {
+            let (job, trial, data_dir) = train_job(args)?;
+            commands::train(&job, trial, data_dir.as_deref(), &mut stdout)
+        }
+        Command::Fib {
+            job,
+            out,
+            data_dir,
+            backend,
+            n,
+            splits,
+            epochs,
+        } => {
+            let loaded = Job::load(&job)?;
+            let mut file = loaded.file.clone();
+            if let Some(b) = backend {
+                file.backend = b;
+            }
+            if let Some(n) = n {
+                file.n = n;
+            }
+            if let Some(s) = splits {
+                file.splits = s;
+            }
+            if let Some(e) = epochs {
+                file.train.epochs = e;
+            }
+            let job = if file == loaded.file {
+                loaded
+            } else {
+                rebuild(file, &loaded)?
+            };
+            let opts = FibOptions {
+                out,
+                data_dir,
+                worker_exe: std::env::current_exe().map_err(|e| Error::Io {
+                    context: "cannot find the gpumux executable".into(),
+                    source: e,
+                })?,
+                command: std::env::args().collect::<Vec<_>>().join(" "),
+                progress: std::io::stderr().is_terminal(),
+            };
+            commands::fib(&job, &opts, &mut stdout).map(|_| ())
+        }
+        Command::Report { dirs, out } => commands::report(&dirs, out.as_deref(), &mut stdout),
+        Command::Worker => commands::worker(),
+    }
+}
+
+/// A job whose fields were overridden by flags, checked again; it keeps the original name.
+fn rebuild(mut file: JobFile, original: &Job) -> Result<Job, Error> {
+    file.name = Some(original.name.clone());
+    Ok(Job::from_file(file, &original.path)?)
+}
+
+fn train_job(a: TrainArgs) -> Result<(Job, u32, Option<PathBuf>), Error> {
+    let base = match &a.job {
+        Some(p) => Some(Job::load(p)?),
+        None => None,
+    };
+    let mut file = match &base {
+        Some(j) => j.file.clone(),
+        None => JobFile {
+            name: Some("train".into()),
+            model: ModelSpec::of(ModelKind::Mlp),
+            data: gpumux::data::DataSpec::of(gpumux::data::Source::Mnist10k),
+            train: TrainSpec::default(),
+            seed: 0,
+            method: Default::default(),
+            parameters: Default::default(),
+            n: vec![1],
+            splits: vec![SplitMode::Shared],
+            memory: Default::default(),
+            backend: BackendChoice::Auto,
+            faults: Vec::new(),
+        },
+    };
+    if let Some(m) = a.model {
+        let kind = match m {
+            ModelArg::Mlp => ModelKind::Mlp,
+            ModelArg::Cnn => ModelKind::Cnn,
+        };
+        if kind != file.model.kind {
+            file.model = ModelSpec::of(kind);
+        }
+    }
+    if let Some(h) = a.hidden {
+        file.model.hidden = Some(h);
+    }
+    if let Some(d) = a.data {
+        let source: gpumux::data::Source = serde_yaml::from_str(&d)
+            .map_err(|_| Error::Usage(format!("--data: unknown source `{d}` (expected mnist-10k, fashion-mnist, idx or synthetic)")))?;
+        file.data = gpumux::data::DataSpec::of(source);
+    }
+    if let Some(p) = a.data_path {
+        file.data.path = Some(p);
+    }
+    let t = &mut file.train;
+    let mut set = |name: &str, given: bool| {
+        if given {
+            file.parameters.remove(name);
+        }
+    };
+    set("batch_size", a.batch_size.is_some());
+    set("lr", a.lr.is_some());
+    set("optimizer", a.optimizer.is_some());
+    set("momentum", a.momentum.is_some());
+    set("weight_decay", a.weight_decay.is_some());
+    set("dropout", a.dropout.is_some());
+    if let Some(v) = a.epochs {
+        t.epochs = v;
+    }
+    if let Some(v) = a.batch_size {
+        t.batch_size = v;
+    }
+    if let Some(v) = a.lr {
+        t.lr = v;
+    }
+    if let Some(v) = a.optimizer {
+        t.optimizer = match v {
+            OptArg::Sgd => Optimizer::Sgd,
+            OptArg::Adam => Optimizer::Adam,
+        };
+    }
+    if let Some(v) = a.momentum {
+        t.momentum = v;
+    }
+    if let Some(v) = a.weight_decay {
+        t.weight_decay = v;
+    }
+    if let Some(v) = a.dropout {
+        t.dropout = v;
+    }
+    if let Some(v) = a.seed {
+        file.seed = v;
+    }
+    if let Some(b) = a.backend {
+        file.backend = b;
+    }
+    let job = match &base {
+        Some(j) if file == j.file => j.clone(),
+        Some(j) => rebuild(file, j)?,
+        None => Job::from_file(file, std::path::Path::new("<flags>"))?,
+    };
+    Ok((job, a.trial, a.data_dir))
+}

@@ -1,1 +1,523 @@
-//! (in progress)
+//! The hyperparameter space, in the W&B sweep vocabulary, and how trials draw from it.
+//!
+//! A parameter is one of: `{value: x}`, `{values: [..]}` (optionally with `probabilities`), or a
+//! range `{min, max}` with a `distribution` among `int_uniform`, `uniform`, `q_uniform`,
+//! `log_uniform` (min and max are natural-log exponents, as in W&B), `log_uniform_values`,
+//! `q_log_uniform_values`; or `{distribution: normal | log_normal, mu, sigma}`.
+
+use serde::{Deserialize, Serialize};
+use serde_yaml::Value;
+use std::collections::BTreeMap;
+
+use crate::engine::rng::{derive, HostRng};
+
+/// How trials are drawn from the space.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Method {
+    /// Trial `i` draws each parameter at random from a stream seeded by `(seed, i)`.
+    #[default]
+    Random,
+    /// Trial `i` takes the `i`-th point of the Cartesian product of the `values` (cycling).
+    Grid,
+}
+
+/// One parameter's entry under `parameters:`, as written in the job.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ParamSpec {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub value: Option<Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub values: Option<Vec<Value>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub probabilities: Option<Vec<f64>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub distribution: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub q: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mu: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sigma: Option<f64>,
+}
+
+/// A parameter's value: a number or a word.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum ParamValue {
+    Num(f64),
+    Word(String),
+}
+
+impl std::fmt::Display for ParamValue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ParamValue::Num(x) => write!(f, "{x}"),
+            ParamValue::Word(s) => f.write_str(s),
+        }
+    }
+}
+
+/// A checked distribution.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Dist {
+    Constant(ParamValue),
+    Categorical {
+        values: Vec<ParamValue>,
+        probabilities: Option<Vec<f64>>,
+    },
+    IntUniform {
+        min: i64,
+        max: i64,
+    },
+    Uniform {
+        min: f64,
+        max: f64,
+    },
+    QUniform {
+        min: f64,
+        max: f64,
+        q: f64,
+    },
+    /// `exp(U(min, max))`.
+    LogUniform {
+        min: f64,
+        max: f64,
+    },
+    /// Log-uniform between the values `min` and `max`.
+    LogUniformValues {
+        min: f64,
+        max: f64,
+    },
+    QLogUniformValues {
+        min: f64,
+        max: f64,
+        q: f64,
+    },
+    Normal {
+        mu: f64,
+        sigma: f64,
+    },
+    LogNormal {
+        mu: f64,
+        sigma: f64,
+    },
+}
+
+/// A problem with one parameter: the key under `parameters.<name>` and the message.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SpaceError {
+    pub key: String,
+    pub message: String,
+}
+
+fn err(key: impl Into<String>, message: impl Into<String>) -> SpaceError {
+    SpaceError {
+        key: key.into(),
+        message: message.into(),
+    }
+}
+
+fn to_value(v: &Value, key: &str) -> Result<ParamValue, SpaceError> {
+    match v {
+        Value::Number(n) => n
+            .as_f64()
+            .map(ParamValue::Num)
+            .ok_or_else(|| err(key, "is not a representable number")),
+        Value::String(s) => Ok(ParamValue::Word(s.clone())),
+        Value::Bool(b) => Ok(ParamValue::Word(b.to_string())),
+        _ => Err(err(key, "must be a number or a word")),
+    }
+}
+
+fn finite(x: f64, key: &str) -> Result<f64, SpaceError> {
+    if x.is_finite() {
+        Ok(x)
+    } else {
+        Err(err(key, "must be finite"))
+    }
+}
+
+impl ParamSpec {
+    /// Checks the entry and turns it into a [`Dist`]. `name` is the parameter's name.
+    pub fn to_dist(&self, name: &str) -> Result<Dist, SpaceError> {
+        let key = |k: &str| format!("parameters.{name}.{k}");
+        let base = format!("parameters.{name}");
+        let forms = [
+            self.value.is_some(),
+            self.values.is_some(),
+            self.min.is_some() || self.max.is_some(),
+            self.mu.is_some() || self.sigma.is_some(),
+        ];
+        match forms.iter().filter(|f| **f).count() {
+            0 => {
+                return Err(err(
+                    base,
+                    "needs `value`, `values`, `min`/`max`, or `mu`/`sigma`",
+                ))
+            }
+            1 => {}
+            _ => {
+                return Err(err(
+                    base,
+                    "mixes `value`, `values`, `min`/`max` and `mu`/`sigma`: use one",
+                ))
+            }
+        }
+        if self.probabilities.is_some() && self.values.is_none() {
+            return Err(err(key("probabilities"), "only applies with `values`"));
+        }
+        if let Some(v) = &self.value {
+            self.no_distribution(name, "value")?;
+            return Ok(Dist::Constant(to_value(v, &key("value"))?));
+        }
+        if let Some(vs) = &self.values {
+            self.no_distribution(name, "values")?;
+            if vs.is_empty() {
+                return Err(err(key("values"), "must not be empty"));
+            }
+            let values = vs
+                .iter()
+                .map(|v| to_value(v, &key("values")))
+                .collect::<Result<Vec<_>, _>>()?;
+            if let Some(p) = &self.probabilities {
+                if p.len() != values.len() {
+                    return Err(err(
+                        key("probabilities"),
+                        format!("has {} entries for {} values", p.len(), values.len()),
+                    ));
+                }
+                if p.iter().any(|x| !x.is_finite() || *x < 0.0) {
+                    return Err(err(key("probabilities"), "must be non-negative numbers"));
+                }
+                let sum: f64 = p.iter().sum();
+                if (sum - 1.0).abs() > 1e-6 {
+                    return Err(err(key("probabilities"), format!("sum to {sum}, not 1")));
+                }
+            }
+            return Ok(Dist::Categorical {
+                values,
+                probabilities: self.probabilities.clone(),
+            });
+        }
+        if self.mu.is_some() || self.sigma.is_some() {
+            let mu = finite(self.mu.unwrap_or(0.0), &key("mu"))?;
+            let sigma = finite(self.sigma.unwrap_or(1.0), &key("sigma"))?;
+            if sigma <= 0.0 {
+                return Err(err(key("sigma"), "must be positive"));
+            }
+            return match self.distribution.as_deref() {
+                Some("normal") | None => Ok(Dist::Normal { mu, sigma }),
+                Some("log_normal") => Ok(Dist::LogNormal { mu, sigma }),
+                Some(d) => Err(err(
+                    key("distribution"),
+                    format!("`{d}` does not take mu/sigma (use normal or log_normal)"),
+                )),
+            };
+        }
+        let (Some(min), Some(max)) = (self.min, self.max) else {
+            return Err(err(base, "a range needs both `min` and `max`"));
+        };
+        let min = finite(min, &key("min"))?;
+        let max = finite(max, &key("max"))?;
+        if min >= max {
+            return Err(err(
+                key("max"),
+                format!("must be above min ({max} <= {min})"),
+            ));
+        }
+        let both_int = min.fract() == 0.0 && max.fract() == 0.0;
+        let dist = self.distribution.as_deref().unwrap_or(if both_int {
+            "int_uniform"
+        } else {
+            "uniform"
+        });
+        let q = || -> Result<f64, SpaceError> {
+            let q = finite(self.q.unwrap_or(1.0), &key("q"))?;
+            if q <= 0.0 {
+                Err(err(key("q"), "must be positive"))
+            } else {
+                Ok(q)
+            }
+        };
+        if self.q.is_some() && !dist.starts_with("q_") {
+            return Err(err(key("q"), format!("does not apply to `{dist}`")));
+        }
+        match dist {
+            "int_uniform" => {
+                if !both_int {
+                    return Err(err(base, "int_uniform needs integer min and max"));
+                }
+                Ok(Dist::IntUniform {
+                    min: min as i64,
+                    max: max as i64,
+                })
+            }
+            "uniform" => Ok(Dist::Uniform { min, max }),
+            "q_uniform" => Ok(Dist::QUniform { min, max, q: q()? }),
+            "log_uniform" => Ok(Dist::LogUniform { min, max }),
+            "log_uniform_values" | "q_log_uniform_values" => {
+                if min <= 0.0 {
+                    return Err(err(key("min"), format!("must be positive for {dist}")));
+                }
+                if dist == "log_uniform_values" {
+                    Ok(Dist::LogUniformValues { min, max })
+                } else {
+                    Ok(Dist::QLogUniformValues { min, max, q: q()? })
+                }
+            }
+            other => Err(err(
+                key("distribution"),
+                format!(
+                    "unknown distribution `{other}` (expected one of int_uniform, uniform, q_uniform, \
+                     log_uniform, log_uniform_values, q_log_uniform_values, normal, log_normal)"
+                ),
+            )),
+        }
+    }
+
+    fn no_distribution(&self, name: &str, form: &str) -> Result<(), SpaceError> {
+        match &self.distribution {
+            Some(d) if d != "constant" && d != "categorical" => Err(err(
+                format!("parameters.{name}.distribution"),
+                format!("`{d}` does not apply to `{form}`"),
+            )),
+            _ => Ok(()),
+        }
+    }
+}
+
+impl Dist {
+    /// Whether `grid` search can enumerate it.
+    pub fn is_discrete(&self) -> bool {
+        matches!(self, Dist::Constant(_) | Dist::Categorical { .. })
+    }
+
+    /// The distinct values a grid enumerates.
+    pub fn grid_values(&self) -> Vec<ParamValue> {
+        match self {
+            Dist::Constant(v) => vec![v.clone()],
+            Dist::Categorical { values, .. } => values.clone(),
+            _ => Vec::new(),
+        }
+    }
+
+    /// Every value a check must accept: the constant or categorical values, or the range's ends.
+    pub fn extremes(&self) -> Vec<ParamValue> {
+        match self {
+            Dist::Constant(_) | Dist::Categorical { .. } => self.grid_values(),
+            Dist::IntUniform { min, max } => {
+                vec![ParamValue::Num(*min as f64), ParamValue::Num(*max as f64)]
+            }
+            Dist::Uniform { min, max }
+            | Dist::QUniform { min, max, .. }
+            | Dist::LogUniformValues { min, max }
+            | Dist::QLogUniformValues { min, max, .. } => {
+                vec![ParamValue::Num(*min), ParamValue::Num(*max)]
+            }
+            Dist::LogUniform { min, max } => {
+                vec![ParamValue::Num(min.exp()), ParamValue::Num(max.exp())]
+            }
+            // Unbounded: the sampled value is checked when drawn.
+            Dist::Normal { .. } | Dist::LogNormal { .. } => Vec::new(),
+        }
+    }
+
+    /// Draws one value.
+    pub fn sample(&self, rng: &mut HostRng) -> ParamValue {
+        let quantise = |x: f64, q: f64| (x / q).round() * q;
+        match self {
+            Dist::Constant(v) => v.clone(),
+            Dist::Categorical {
+                values,
+                probabilities,
+            } => {
+                let i = match probabilities {
+                    None => rng.below(values.len()),
+                    Some(p) => {
+                        let u = rng.next_f64();
+                        let mut acc = 0.0;
+                        p.iter()
+                            .position(|pi| {
+                                acc += pi;
+                                u < acc
+                            })
+                            .unwrap_or(values.len() - 1)
+                    }
+                };
+                values[i].clone()
+            }
+            Dist::IntUniform { min, max } => {
+                ParamValue::Num((*min + rng.below((*max - *min + 1) as usize) as i64) as f64)
+            }
+            Dist::Uniform { min, max } => ParamValue::Num(min + (max - min) * rng.next_f64()),
+            Dist::QUniform { min, max, q } => {
+                ParamValue::Num(quantise(min + (max - min) * rng.next_f64(), *q))
+            }
+            Dist::LogUniform { min, max } => {
+                ParamValue::Num((min + (max - min) * rng.next_f64()).exp())
+            }
+            Dist::LogUniformValues { min, max } => {
+                let (a, b) = (min.ln(), max.ln());
+                ParamValue::Num((a + (b - a) * rng.next_f64()).exp())
+            }
+            Dist::QLogUniformValues { min, max, q } => {
+                let (a, b) = (min.ln(), max.ln());
+                ParamValue::Num(quantise((a + (b - a) * rng.next_f64()).exp(), *q))
+            }
+            Dist::Normal { mu, sigma } => ParamValue::Num(mu + sigma * rng.normal()),
+            Dist::LogNormal { mu, sigma } => ParamValue::Num((mu + sigma * rng.normal()).exp()),
+        }
+    }
+}
+
+/// The whole space: checked distributions by parameter name, and the method.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Space {
+    pub method: Method,
+    pub dists: BTreeMap<String, Dist>,
+}
+
+impl Space {
+    /// The values of trial `index`: deterministic in `(seed, index)` and independent of N and split mode.
+    pub fn point(&self, seed: u64, index: usize) -> BTreeMap<String, ParamValue> {
+        match self.method {
+            Method::Random => self
+                .dists
+                .iter()
+                .enumerate()
+                .map(|(k, (name, d))| {
+                    let mut rng = HostRng::new(derive(derive(seed, index as u64), k as u64));
+                    (name.clone(), d.sample(&mut rng))
+                })
+                .collect(),
+            Method::Grid => {
+                let mut rest = index % self.grid_size().max(1);
+                let mut out = BTreeMap::new();
+                for (name, d) in &self.dists {
+                    let vals = d.grid_values();
+                    let len = vals.len().max(1);
+                    if let Some(v) = vals.get(rest % len) {
+                        out.insert(name.clone(), v.clone());
+                    }
+                    rest /= len;
+                }
+                out
+            }
+        }
+    }
+
+    /// Points in the grid (1 for an empty space).
+    pub fn grid_size(&self) -> usize {
+        self.dists
+            .values()
+            .map(|d| d.grid_values().len().max(1))
+            .product()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(yaml: &str) -> ParamSpec {
+        serde_yaml::from_str(yaml).expect("test yaml parses")
+    }
+
+    #[test]
+    fn forms_are_recognised() {
+        assert_eq!(
+            spec("{value: 0.1}").to_dist("lr").unwrap(),
+            Dist::Constant(ParamValue::Num(0.1))
+        );
+        assert!(matches!(
+            spec("{values: [sgd, adam]}").to_dist("optimizer").unwrap(),
+            Dist::Categorical { .. }
+        ));
+        assert_eq!(
+            spec("{min: 16, max: 256}").to_dist("batch_size").unwrap(),
+            Dist::IntUniform { min: 16, max: 256 }
+        );
+        assert_eq!(
+            spec("{min: 0.0001, max: 0.1, distribution: log_uniform_values}")
+                .to_dist("lr")
+                .unwrap(),
+            Dist::LogUniformValues {
+                min: 0.0001,
+                max: 0.1
+            }
+        );
+    }
+
+    #[test]
+    fn bad_entries_name_the_key() {
+        let e = spec("{min: 0.1, max: 0.01}").to_dist("lr").unwrap_err();
+        assert_eq!(e.key, "parameters.lr.max");
+        let e = spec("{min: 0.1, max: 1.0, distribution: zipf}")
+            .to_dist("lr")
+            .unwrap_err();
+        assert_eq!(e.key, "parameters.lr.distribution");
+        let e = spec("{values: []}").to_dist("lr").unwrap_err();
+        assert_eq!(e.key, "parameters.lr.values");
+        let e = spec("{value: 1, values: [1]}").to_dist("lr").unwrap_err();
+        assert!(e.message.contains("mixes"));
+        let e = spec("{values: [1, 2], probabilities: [0.5, 0.4]}")
+            .to_dist("lr")
+            .unwrap_err();
+        assert!(e.message.contains("sum"));
+    }
+
+    #[test]
+    fn samples_stay_in_range_and_are_deterministic() {
+        let d = spec("{min: 0.0001, max: 0.1, distribution: log_uniform_values}")
+            .to_dist("lr")
+            .unwrap();
+        let mut space = Space {
+            method: Method::Random,
+            dists: BTreeMap::new(),
+        };
+        space.dists.insert("lr".into(), d);
+        for i in 0..200 {
+            let p = space.point(3, i);
+            let ParamValue::Num(lr) = p["lr"] else {
+                panic!("not a number")
+            };
+            assert!((0.0001..=0.1).contains(&lr), "{lr}");
+            assert_eq!(p, space.point(3, i));
+        }
+        assert_ne!(space.point(3, 0), space.point(3, 1));
+        assert_ne!(space.point(3, 0), space.point(4, 0));
+    }
+
+    #[test]
+    fn grid_enumerates_the_product() {
+        let mut dists = BTreeMap::new();
+        dists.insert(
+            "lr".into(),
+            spec("{values: [0.1, 0.01]}").to_dist("lr").unwrap(),
+        );
+        dists.insert(
+            "optimizer".into(),
+            spec("{values: [sgd, adam, adam2]}")
+                .to_dist("optimizer")
+                .unwrap(),
+        );
+        let space = Space {
+            method: Method::Grid,
+            dists,
+        };
+        assert_eq!(space.grid_size(), 6);
+        let pts: Vec<_> = (0..6).map(|i| space.point(0, i)).collect();
+        for i in 0..6 {
+            for j in 0..i {
+                assert_ne!(pts[i], pts[j]);
+            }
+        }
+        assert_eq!(space.point(0, 6), pts[0]);
+    }
+}

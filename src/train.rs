@@ -1,1 +1,194 @@
-//! (in progress)
+//! One trial's training: plan and allocate once, then epochs of shuffled batches, evaluation, and progress.
+
+use serde::{Deserialize, Serialize};
+use std::time::Instant;
+
+use crate::engine::rng::{derive, HostRng};
+use crate::engine::{Backend, Split, STATS_LEN};
+use crate::error::TrialError;
+use crate::job::{FaultKind, FaultSpec, Hyper, ModelSpec};
+use crate::models;
+
+/// What a trial trains.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct TrialConfig {
+    pub model: ModelSpec,
+    pub hyper: Hyper,
+    pub epochs: u32,
+    pub seed: u64,
+    /// Sample shape `[c, h, w]` and classes of the dataset.
+    pub input: [usize; 3],
+    pub classes: usize,
+    #[serde(default)]
+    pub fault: Option<FaultSpec>,
+}
+
+/// The figures of one epoch.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct EpochStats {
+    /// 1-based.
+    pub epoch: u32,
+    pub train_loss: f64,
+    pub train_acc: f64,
+    pub test_loss: f64,
+    pub test_acc: f64,
+    /// Seconds since the trial started.
+    pub wall_s: f64,
+}
+
+/// A completed trial.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TrialResult {
+    pub test_acc: f64,
+    /// Mean training loss of the last epoch.
+    pub final_loss: f64,
+    pub epochs: u32,
+    pub wall_s: f64,
+    pub train_samples: u64,
+    pub samples_per_s: f64,
+    /// The arena's bytes (the static plan, allocated once).
+    pub peak_mem_bytes: u64,
+    pub param_count: u64,
+}
+
+/// Trains one trial on `be`, calling `on_epoch` after each epoch.
+///
+/// The arena is allocated from the backend's (capped) pool before step 0, so a trial that does not
+/// fit fails here, having done nothing.
+pub fn run_trial(
+    be: &mut dyn Backend,
+    cfg: &TrialConfig,
+    on_epoch: &mut dyn FnMut(&EpochStats),
+) -> Result<TrialResult, TrialError> {
+    let started = Instant::now();
+    let h = &cfg.hyper;
+    let batch = h.batch_size as usize;
+    let n_train = be.split_len(Split::Train);
+    let n_test = be.split_len(Split::Test);
+    if batch > n_train {
+        return Err(TrialError::Engine(crate::error::EngineError::Shape {
+            op: "train",
+            message: format!("batch size {batch} is larger than the {n_train} training samples"),
+        }));
+    }
+    let mut net = models::build(
+        &cfg.model,
+        cfg.input,
+        cfg.classes,
+        batch,
+        h.dropout as f32,
+        h.optimizer,
+    )
+    .map_err(|message| crate::error::EngineError::Shape {
+        op: "model",
+        message,
+    })?;
+    be.alloc_arena(net.plan.total)?;
+    net.init(be, cfg.seed)?;
+    let dropout_seed = derive(cfg.seed, 2);
+    let steps_per_epoch = n_train / batch;
+    let mut stats = [0f32; STATS_LEN];
+    let mut last = None;
+    for epoch in 1..=cfg.epochs {
+        let order = HostRng::new(derive(cfg.seed, 0x100 + epoch as u64)).permutation(n_train);
+        be.set_train_order(&order)?;
+        be.fill(net.stats, 0.0)?;
+        for step in 0..steps_per_epoch {
+            if epoch == 1 {
+                inject(be, &net, cfg.fault.as_ref(), step)?;
+            }
+            be.gather(Split::Train, step * batch, batch, net.input(), net.labels)?;
+            net.forward(be, batch, true, dropout_seed)?;
+            net.loss(be, batch)?;
+            net.backward(be, batch, dropout_seed)?;
+            net.update(be, h)?;
+            // A diverged trial stops at once rather than training on NaNs.
+            be.read(net.stats, &mut stats)?;
+            if !stats[0].is_finite() {
+                return Err(TrialError::NonFiniteLoss {
+                    value: stats[0],
+                    epoch: epoch as usize,
+                    step,
+                });
+            }
+        }
+        let seen = (steps_per_epoch * batch).max(1) as f64;
+        let (train_loss, train_acc) = (stats[0] as f64 / seen, stats[1] as f64 / seen);
+        let (test_loss, test_acc) = evaluate(be, &net, n_test)?;
+        let e = EpochStats {
+            epoch,
+            train_loss,
+            train_acc,
+            test_loss,
+            test_acc,
+            wall_s: started.elapsed().as_secs_f64(),
+        };
+        on_epoch(&e);
+        last = Some(e);
+    }
+    be.synchronize()?;
+    let wall_s = started.elapsed().as_secs_f64();
+    let train_samples = (steps_per_epoch * batch) as u64 * cfg.epochs as u64;
+    let last = last.ok_or_else(|| TrialError::Worker("no epoch ran".into()))?;
+    Ok(TrialResult {
+        test_acc: last.test_acc,
+        final_loss: last.train_loss,
+        epochs: cfg.epochs,
+        wall_s,
+        train_samples,
+        samples_per_s: train_samples as f64 / wall_s.max(1e-9),
+        peak_mem_bytes: be.allocated_bytes() as u64,
+        param_count: net.param_count() as u64,
+    })
+}
+
+/// Mean loss and accuracy over the test split, in batches (the last one partial).
+fn evaluate(
+    be: &mut dyn Backend,
+    net: &models::Network,
+    n_test: usize,
+) -> Result<(f64, f64), TrialError> {
+    if n_test == 0 {
+        return Ok((f64::NAN, f64::NAN));
+    }
+    be.fill(net.stats, 0.0)?;
+    let mut start = 0;
+    while start < n_test {
+        let rows = net.batch.min(n_test - start);
+        be.gather(Split::Test, start, rows, net.input(), net.labels)?;
+        let logits = net.forward(be, rows, false, 0)?;
+        be.eval_xent(logits, net.labels, net.stats, rows, net.classes)?;
+        start += rows;
+    }
+    let mut stats = [0f32; STATS_LEN];
+    be.read(net.stats, &mut stats)?;
+    Ok((
+        stats[0] as f64 / n_test as f64,
+        stats[1] as f64 / n_test as f64,
+    ))
+}
+
+/// Carries out an injected fault at its step.
+fn inject(
+    be: &mut dyn Backend,
+    net: &models::Network,
+    fault: Option<&FaultSpec>,
+    step: usize,
+) -> Result<(), TrialError> {
+    let Some(f) = fault else { return Ok(()) };
+    if f.step as usize != step {
+        return Ok(());
+    }
+    match f.kind {
+        FaultKind::Panic => panic!("injected panic at step {step}"),
+        FaultKind::Nan => be.fill(net.params, f32::NAN)?,
+        FaultKind::Abort => std::process::abort(),
+        FaultKind::Kill => {
+            // SAFETY: kill(2) on our own pid has no memory-safety preconditions.
+            unsafe {
+                libc::kill(libc::getpid(), libc::SIGKILL);
+            }
+        }
+    }
+    Ok(())
+}

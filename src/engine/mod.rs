@@ -119,16 +119,31 @@ pub trait Backend: Send {
     /// Row-major `C = alpha·op(A)·op(B) + beta·C`.
     fn gemm(&mut self, g: GemmShape, a: Region, b: Region, c: Region) -> Result<(), EngineError>;
     /// `y[r, c] += bias[c]` for `rows × cols`.
-    fn bias_add(&mut self, y: Region, bias: Region, rows: usize, cols: usize)
-        -> Result<(), EngineError>;
+    fn bias_add(
+        &mut self,
+        y: Region,
+        bias: Region,
+        rows: usize,
+        cols: usize,
+    ) -> Result<(), EngineError>;
     /// `db[c] = Σ_r dy[r, c]`.
-    fn bias_grad(&mut self, dy: Region, db: Region, rows: usize, cols: usize)
-        -> Result<(), EngineError>;
+    fn bias_grad(
+        &mut self,
+        dy: Region,
+        db: Region,
+        rows: usize,
+        cols: usize,
+    ) -> Result<(), EngineError>;
     /// `y = max(x, 0)` on the first `len` elements.
     fn relu_fwd(&mut self, x: Region, y: Region, len: usize) -> Result<(), EngineError>;
     /// `dx = dy · [y > 0]`.
-    fn relu_bwd(&mut self, y: Region, dy: Region, dx: Region, len: usize)
-        -> Result<(), EngineError>;
+    fn relu_bwd(
+        &mut self,
+        y: Region,
+        dy: Region,
+        dx: Region,
+        len: usize,
+    ) -> Result<(), EngineError>;
     /// Stride-1 convolution, NCHW, weights `[c_out, c_in, k, k]`; `ws` holds one sample's im2col.
     fn conv2d_fwd(
         &mut self,
@@ -163,8 +178,15 @@ pub trait Backend: Send {
     ) -> Result<(), EngineError>;
     /// Inverted dropout with a counter-based mask: element `i` is dropped when
     /// `rng::uniform(seed, counter, i) < p`, else scaled by `1/(1-p)`.
-    fn dropout_fwd(&mut self, x: Region, y: Region, len: usize, p: f32, seed: u64, counter: u64)
-        -> Result<(), EngineError>;
+    fn dropout_fwd(
+        &mut self,
+        x: Region,
+        y: Region,
+        len: usize,
+        p: f32,
+        seed: u64,
+        counter: u64,
+    ) -> Result<(), EngineError>;
     #[allow(clippy::too_many_arguments)]
     fn dropout_bwd(
         &mut self,
@@ -195,10 +217,21 @@ pub trait Backend: Send {
         rows: usize,
         classes: usize,
     ) -> Result<(), EngineError>;
-    fn sgd_step(&mut self, w: Region, g: Region, v: Region, p: SgdParams)
-        -> Result<(), EngineError>;
-    fn adam_step(&mut self, w: Region, g: Region, m: Region, v: Region, p: AdamParams)
-        -> Result<(), EngineError>;
+    fn sgd_step(
+        &mut self,
+        w: Region,
+        g: Region,
+        v: Region,
+        p: SgdParams,
+    ) -> Result<(), EngineError>;
+    fn adam_step(
+        &mut self,
+        w: Region,
+        g: Region,
+        m: Region,
+        v: Region,
+        p: AdamParams,
+    ) -> Result<(), EngineError>;
     /// Waits until every op issued so far has finished.
     fn synchronize(&mut self) -> Result<(), EngineError>;
 }

@@ -1,1 +1,225 @@
-//! (in progress)
+//! The supervisor: a crossbeam queue of trials, one worker per slice (a thread, or a thread minding a child process), and the trial lifecycle.
+
+pub mod process;
+pub mod thread;
+
+use serde::{Deserialize, Serialize};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
+
+use crossbeam_channel::{unbounded, Sender};
+
+use crate::data::{DataSpec, Dataset};
+use crate::engine::cpu::CpuBackend;
+use crate::engine::{Backend, BackendKind};
+use crate::error::EngineError;
+use crate::job::ModelSpec;
+use crate::plan::{Round, SliceSpec, TrialSpec};
+use crate::train::{EpochStats, TrialConfig, TrialResult};
+
+/// Where a trial is in its life.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "UPPERCASE")]
+pub enum TrialState {
+    Queued,
+    Running,
+    Complete,
+    Fail,
+}
+
+impl TrialState {
+    pub fn name(&self) -> &'static str {
+        match self {
+            TrialState::Queued => "QUEUED",
+            TrialState::Running => "RUNNING",
+            TrialState::Complete => "COMPLETE",
+            TrialState::Fail => "FAIL",
+        }
+    }
+}
+
+/// How a trial ended.
+#[derive(Clone, Debug)]
+pub struct TrialOutcome {
+    pub trial: TrialSpec,
+    pub slice: SliceSpec,
+    pub state: TrialState,
+    pub result: Option<TrialResult>,
+    pub error: Option<String>,
+    pub wall_s: f64,
+}
+
+/// What the supervisor reports while a round runs, in the order it happens.
+#[derive(Clone, Debug)]
+pub enum Event {
+    Started {
+        trial: TrialSpec,
+        slice: u32,
+    },
+    Epoch {
+        trial: TrialSpec,
+        slice: u32,
+        stats: EpochStats,
+    },
+    Finished(Box<TrialOutcome>),
+}
+
+/// Everything a worker needs besides its trial and slice.
+#[derive(Clone, Debug)]
+pub struct RoundContext {
+    /// The dataset, loaded once per process and shared read-only by its trials.
+    pub data: Arc<Dataset>,
+    /// How a child process finds the same dataset.
+    pub data_spec: DataSpec,
+    pub data_base: Option<PathBuf>,
+    pub data_seed: u64,
+    pub model: ModelSpec,
+    pub epochs: u32,
+    pub backend: BackendKind,
+    /// The gpumux executable that child processes run as `gpumux worker`.
+    pub worker_exe: PathBuf,
+}
+
+impl RoundContext {
+    /// The configuration of one trial.
+    pub fn config(&self, trial: &TrialSpec) -> TrialConfig {
+        TrialConfig {
+            model: self.model.clone(),
+            hyper: trial.hyper.clone(),
+            epochs: self.epochs,
+            seed: trial.seed,
+            input: self.data.shape,
+            classes: self.data.classes,
+            fault: trial.fault.clone(),
+        }
+    }
+}
+
+/// A round's result: how long it took from launch to the last trial's end, and every trial's outcome.
+#[derive(Clone, Debug)]
+pub struct RoundOutcome {
+    pub makespan_s: f64,
+    pub outcomes: Vec<TrialOutcome>,
+}
+
+/// Creates the engine for one trial on one slice.
+pub fn open_backend(
+    kind: BackendKind,
+    data: Arc<Dataset>,
+    slice: &SliceSpec,
+) -> Result<Box<dyn Backend>, EngineError> {
+    match kind {
+        BackendKind::Cpu => Ok(Box::new(CpuBackend::new(data, slice.mem_cap_bytes))),
+        BackendKind::Cuda => Err(EngineError::Unavailable {
+            backend: "cuda".into(),
+            reason: "this build has no CUDA backend yet".into(),
+        }),
+    }
+}
+
+/// Runs a round: queues its trials, starts one worker per slice, and passes every event to `sink`
+/// on the calling thread as it happens. Returns when every trial has ended.
+pub fn run_round(round: &Round, ctx: &RoundContext, sink: &mut dyn FnMut(&Event)) -> RoundOutcome {
+    let (queue_tx, queue_rx) = unbounded::<TrialSpec>();
+    for t in &round.trials {
+        // The receiver lives until the end of this function, so sending cannot fail.
+        let _ = queue_tx.send(t.clone());
+    }
+    drop(queue_tx);
+    let (event_tx, event_rx) = unbounded::<Event>();
+    let started = Instant::now();
+    let mut outcomes = Vec::new();
+    let mut makespan_s = 0.0;
+    std::thread::scope(|s| {
+        for slice in &round.slices {
+            let queue = queue_rx.clone();
+            let events = event_tx.clone();
+            let split = round.split;
+            s.spawn(move || {
+                while let Ok(trial) = queue.recv() {
+                    let _ = events.send(Event::Started {
+                        trial: trial.clone(),
+                        slice: slice.index,
+                    });
+                    let outcome = if split.one_process_per_trial() {
+                        process::run(ctx, slice, trial, &events)
+                    } else {
+                        thread::run(ctx, slice, trial, &events)
+                    };
+                    let _ = events.send(Event::Finished(Box::new(outcome)));
+                }
+            });
+        }
+        drop(event_tx);
+        for ev in event_rx.iter() {
+            if let Event::Finished(o) = &ev {
+                outcomes.push((**o).clone());
+                if outcomes.len() == round.trials.len() {
+                    makespan_s = started.elapsed().as_secs_f64();
+                }
+            }
+            sink(&ev);
+        }
+    });
+    if outcomes.len() < round.trials.len() {
+        makespan_s = started.elapsed().as_secs_f64();
+    }
+    outcomes.sort_by_key(|o| o.trial.index);
+    RoundOutcome {
+        makespan_s,
+        outcomes,
+    }
+}
+
+/// Sends an epoch event for a trial.
+pub(crate) fn epoch_event(
+    events: &Sender<Event>,
+    trial: &TrialSpec,
+    slice: u32,
+    stats: &EpochStats,
+) {
+    let _ = events.send(Event::Epoch {
+        trial: trial.clone(),
+        slice,
+        stats: stats.clone(),
+    });
+}
+
+/// The text of a panic's payload.
+pub(crate) fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = payload.downcast_ref::<&str>() {
+        (*s).to_string()
+    } else if let Some(s) = payload.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "unknown panic".into()
+    }
+}
+
+/// The outcome of a trial that ran to an end, good or bad.
+pub(crate) fn outcome(
+    trial: TrialSpec,
+    slice: &SliceSpec,
+    res: Result<TrialResult, String>,
+    wall_s: f64,
+) -> TrialOutcome {
+    match res {
+        Ok(r) => TrialOutcome {
+            trial,
+            slice: slice.clone(),
+            state: TrialState::Complete,
+            result: Some(r),
+            error: None,
+            wall_s,
+        },
+        Err(e) => TrialOutcome {
+            trial,
+            slice: slice.clone(),
+            state: TrialState::Fail,
+            result: None,
+            error: Some(e),
+            wall_s,
+        },
+    }
+}

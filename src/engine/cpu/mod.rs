@@ -1,3 +1,544 @@
 //! The CPU reference backend: the arena is host memory, every op is a twin in [`ops`].
 
 pub mod ops;
+
+use std::sync::Arc;
+
+use crate::data::Dataset;
+use crate::engine::{
+    AdamParams, Backend, BackendKind, Conv2dShape, GemmShape, PoolShape, Region, SgdParams, Split,
+    STATS_LEN,
+};
+use crate::error::EngineError;
+use crate::plan::MIB;
+
+/// A trial's engine on the host. The dataset is shared read-only by every trial of the process.
+pub struct CpuBackend {
+    data: Arc<Dataset>,
+    cap_bytes: Option<u64>,
+    arena: Vec<f32>,
+    order: Vec<u32>,
+}
+
+impl CpuBackend {
+    /// A backend whose arena must fit under `cap_bytes` (no cap when `None`).
+    pub fn new(data: Arc<Dataset>, cap_bytes: Option<u64>) -> Self {
+        let order = (0..data.train.len() as u32).collect();
+        CpuBackend {
+            data,
+            cap_bytes,
+            arena: Vec::new(),
+            order,
+        }
+    }
+
+    fn check(&self, r: Region) -> Result<(), EngineError> {
+        if self.arena.is_empty() {
+            return Err(EngineError::NoArena);
+        }
+        if r.end() > self.arena.len() {
+            return Err(EngineError::OutOfArena {
+                offset: r.offset,
+                len: r.len,
+                arena: self.arena.len(),
+            });
+        }
+        Ok(())
+    }
+
+    /// Borrows `R` regions to read and `W` regions to write at once. Written regions must not
+    /// overlap each other or any read region.
+    fn views<const R: usize, const W: usize>(
+        &mut self,
+        op: &'static str,
+        reads: [Region; R],
+        writes: [Region; W],
+    ) -> Result<([&[f32]; R], [&mut [f32]; W]), EngineError> {
+        for r in reads.iter().chain(writes.iter()) {
+            self.check(*r)?;
+        }
+        for (i, w) in writes.iter().enumerate() {
+            let clash = reads
+                .iter()
+                .chain(writes[..i].iter())
+                .find(|o| o.overlaps(w));
+            if let Some(o) = clash {
+                return Err(EngineError::Shape {
+                    op,
+                    message: format!("written region {w:?} overlaps {o:?}"),
+                });
+            }
+        }
+        let base = self.arena.as_mut_ptr();
+        // SAFETY: every region lies inside the arena (checked above), written regions are disjoint
+        // from each other and from the read regions, and all borrows end with `&mut self`'s.
+        let r = reads
+            .map(|g| unsafe { std::slice::from_raw_parts(base.add(g.offset), g.len) as &[f32] });
+        let w =
+            writes.map(|g| unsafe { std::slice::from_raw_parts_mut(base.add(g.offset), g.len) });
+        Ok((r, w))
+    }
+}
+
+fn need(op: &'static str, what: &str, region: Region, len: usize) -> Result<Region, EngineError> {
+    if region.len < len {
+        return Err(EngineError::Shape {
+            op,
+            message: format!("{what} holds {} elements, needs {len}", region.len),
+        });
+    }
+    Ok(region.prefix(len))
+}
+
+impl Backend for CpuBackend {
+    fn kind(&self) -> BackendKind {
+        BackendKind::Cpu
+    }
+
+    fn alloc_arena(&mut self, elems: usize) -> Result<(), EngineError> {
+        let bytes = (elems * std::mem::size_of::<f32>()) as u64;
+        if let Some(cap) = self.cap_bytes {
+            if bytes > cap {
+                return Err(EngineError::CapExceeded {
+                    need_mib: bytes as f64 / MIB,
+                    cap_mib: cap as f64 / MIB,
+                });
+            }
+        }
+        let mut arena = Vec::new();
+        arena.try_reserve_exact(elems).map_err(|_| {
+            EngineError::Device(format!(
+                "host allocation of {:.1} MiB failed",
+                bytes as f64 / MIB
+            ))
+        })?;
+        arena.resize(elems, 0.0);
+        self.arena = arena;
+        Ok(())
+    }
+
+    fn allocated_bytes(&self) -> usize {
+        self.arena.len() * std::mem::size_of::<f32>()
+    }
+
+    fn write(&mut self, dst: Region, src: &[f32]) -> Result<(), EngineError> {
+        let dst = need("write", "destination", dst, src.len())?;
+        let ([], [d]) = self.views("write", [], [dst])?;
+        d.copy_from_slice(src);
+        Ok(())
+    }
+
+    fn read(&mut self, src: Region, dst: &mut [f32]) -> Result<(), EngineError> {
+        let src = need("read", "source", src, dst.len())?;
+        let ([s], []) = self.views("read", [src], [])?;
+        dst.copy_from_slice(s);
+        Ok(())
+    }
+
+    fn fill(&mut self, dst: Region, value: f32) -> Result<(), EngineError> {
+        let ([], [d]) = self.views("fill", [], [dst])?;
+        d.fill(value);
+        Ok(())
+    }
+
+    fn split_len(&self, split: Split) -> usize {
+        match split {
+            Split::Train => self.data.train.len(),
+            Split::Test => self.data.test.len(),
+        }
+    }
+
+    fn set_train_order(&mut self, order: &[u32]) -> Result<(), EngineError> {
+        let n = self.data.train.len();
+        if order.len() != n || order.iter().any(|&i| i as usize >= n) {
+            return Err(EngineError::Shape {
+                op: "set_train_order",
+                message: format!("order must be a permutation of {n} samples"),
+            });
+        }
+        self.order.clear();
+        self.order.extend_from_slice(order);
+        Ok(())
+    }
+
+    fn gather(
+        &mut self,
+        split: Split,
+        start: usize,
+        rows: usize,
+        x: Region,
+        y: Region,
+    ) -> Result<(), EngineError> {
+        let data = Arc::clone(&self.data);
+        let len = data.sample_len();
+        let samples = match split {
+            Split::Train => &data.train,
+            Split::Test => &data.test,
+        };
+        if start + rows > samples.len() {
+            return Err(EngineError::Shape {
+                op: "gather",
+                message: format!(
+                    "rows {start}..{} beyond {} samples",
+                    start + rows,
+                    samples.len()
+                ),
+            });
+        }
+        let x = need("gather", "x", x, rows * len)?;
+        let y = need("gather", "y", y, rows)?;
+        let order = std::mem::take(&mut self.order);
+        let result = (|| {
+            let ([], [xs, ys]) = self.views("gather", [], [x, y])?;
+            for r in 0..rows {
+                let i = match split {
+                    Split::Train => order[start + r] as usize,
+                    Split::Test => start + r,
+                };
+                xs[r * len..(r + 1) * len].copy_from_slice(&samples.images[i * len..(i + 1) * len]);
+                ys[r] = samples.labels[i] as f32;
+            }
+            Ok(())
+        })();
+        self.order = order;
+        result
+    }
+
+    fn gemm(&mut self, g: GemmShape, a: Region, b: Region, c: Region) -> Result<(), EngineError> {
+        let a = need("gemm", "A", a, g.a_len())?;
+        let b = need("gemm", "B", b, g.b_len())?;
+        let c = need("gemm", "C", c, g.c_len())?;
+        let ([a, b], [c]) = self.views("gemm", [a, b], [c])?;
+        ops::gemm(&g, a, b, c);
+        Ok(())
+    }
+
+    fn bias_add(
+        &mut self,
+        y: Region,
+        bias: Region,
+        rows: usize,
+        cols: usize,
+    ) -> Result<(), EngineError> {
+        let y = need("bias_add", "y", y, rows * cols)?;
+        let bias = need("bias_add", "bias", bias, cols)?;
+        let ([b], [y]) = self.views("bias_add", [bias], [y])?;
+        ops::bias_add(y, b, rows, cols);
+        Ok(())
+    }
+
+    fn bias_grad(
+        &mut self,
+        dy: Region,
+        db: Region,
+        rows: usize,
+        cols: usize,
+    ) -> Result<(), EngineError> {
+        let dy = need("bias_grad", "dy", dy, rows * cols)?;
+        let db = need("bias_grad", "db", db, cols)?;
+        let ([dy], [db]) = self.views("bias_grad", [dy], [db])?;
+        ops::bias_grad(dy, db, rows, cols);
+        Ok(())
+    }
+
+    fn relu_fwd(&mut self, x: Region, y: Region, len: usize) -> Result<(), EngineError> {
+        let x = need("relu_fwd", "x", x, len)?;
+        let y = need("relu_fwd", "y", y, len)?;
+        let ([x], [y]) = self.views("relu_fwd", [x], [y])?;
+        ops::relu_fwd(x, y);
+        Ok(())
+    }
+
+    fn relu_bwd(
+        &mut self,
+        y: Region,
+        dy: Region,
+        dx: Region,
+        len: usize,
+    ) -> Result<(), EngineError> {
+        let y = need("relu_bwd", "y", y, len)?;
+        let dy = need("relu_bwd", "dy", dy, len)?;
+        let dx = need("relu_bwd", "dx", dx, len)?;
+        let ([y, dy], [dx]) = self.views("relu_bwd", [y, dy], [dx])?;
+        ops::relu_bwd(y, dy, dx);
+        Ok(())
+    }
+
+    fn conv2d_fwd(
+        &mut self,
+        s: &Conv2dShape,
+        x: Region,
+        w: Region,
+        b: Region,
+        y: Region,
+        ws: Region,
+    ) -> Result<(), EngineError> {
+        let op = "conv2d_fwd";
+        let x = need(op, "x", x, s.x_len())?;
+        let w = need(op, "w", w, s.w_len())?;
+        let b = need(op, "b", b, s.c_out)?;
+        let y = need(op, "y", y, s.y_len())?;
+        let ws = need(op, "workspace", ws, s.ws_len())?;
+        let ([x, w, b], [y, ws]) = self.views(op, [x, w, b], [y, ws])?;
+        ops::conv2d_fwd(s, x, w, b, y, ws);
+        Ok(())
+    }
+
+    fn conv2d_bwd(
+        &mut self,
+        s: &Conv2dShape,
+        x: Region,
+        w: Region,
+        dy: Region,
+        dx: Option<Region>,
+        dw: Region,
+        db: Region,
+        ws: Region,
+    ) -> Result<(), EngineError> {
+        let op = "conv2d_bwd";
+        let x = need(op, "x", x, s.x_len())?;
+        let w = need(op, "w", w, s.w_len())?;
+        let dy = need(op, "dy", dy, s.y_len())?;
+        let dw = need(op, "dw", dw, s.w_len())?;
+        let db = need(op, "db", db, s.c_out)?;
+        let ws = need(op, "workspace", ws, s.ws_len())?;
+        match dx {
+            Some(dx) => {
+                let dx = need(op, "dx", dx, s.x_len())?;
+                let ([x, w, dy], [dx, dw, db, ws]) =
+                    self.views(op, [x, w, dy], [dx, dw, db, ws])?;
+                ops::conv2d_bwd(s, x, w, dy, Some(dx), dw, db, ws);
+            }
+            None => {
+                let ([x, w, dy], [dw, db, ws]) = self.views(op, [x, w, dy], [dw, db, ws])?;
+                ops::conv2d_bwd(s, x, w, dy, None, dw, db, ws);
+            }
+        }
+        Ok(())
+    }
+
+    fn maxpool_fwd(&mut self, s: &PoolShape, x: Region, y: Region) -> Result<(), EngineError> {
+        let x = need("maxpool_fwd", "x", x, s.x_len())?;
+        let y = need("maxpool_fwd", "y", y, s.y_len())?;
+        let ([x], [y]) = self.views("maxpool_fwd", [x], [y])?;
+        ops::maxpool_fwd(s, x, y);
+        Ok(())
+    }
+
+    fn maxpool_bwd(
+        &mut self,
+        s: &PoolShape,
+        x: Region,
+        y: Region,
+        dy: Region,
+        dx: Region,
+    ) -> Result<(), EngineError> {
+        let op = "maxpool_bwd";
+        let x = need(op, "x", x, s.x_len())?;
+        let y = need(op, "y", y, s.y_len())?;
+        let dy = need(op, "dy", dy, s.y_len())?;
+        let dx = need(op, "dx", dx, s.x_len())?;
+        let ([x, y, dy], [dx]) = self.views(op, [x, y, dy], [dx])?;
+        ops::maxpool_bwd(s, x, y, dy, dx);
+        Ok(())
+    }
+
+    fn dropout_fwd(
+        &mut self,
+        x: Region,
+        y: Region,
+        len: usize,
+        p: f32,
+        seed: u64,
+        counter: u64,
+    ) -> Result<(), EngineError> {
+        let x = need("dropout_fwd", "x", x, len)?;
+        let y = need("dropout_fwd", "y", y, len)?;
+        let ([x], [y]) = self.views("dropout_fwd", [x], [y])?;
+        ops::dropout_fwd(x, y, p, seed, counter);
+        Ok(())
+    }
+
+    fn dropout_bwd(
+        &mut self,
+        dy: Region,
+        dx: Region,
+        len: usize,
+        p: f32,
+        seed: u64,
+        counter: u64,
+    ) -> Result<(), EngineError> {
+        let dy = need("dropout_bwd", "dy", dy, len)?;
+        let dx = need("dropout_bwd", "dx", dx, len)?;
+        let ([dy], [dx]) = self.views("dropout_bwd", [dy], [dx])?;
+        ops::dropout_bwd(dy, dx, p, seed, counter);
+        Ok(())
+    }
+
+    fn softmax_xent(
+        &mut self,
+        logits: Region,
+        labels: Region,
+        dlogits: Region,
+        stats: Region,
+        rows: usize,
+        classes: usize,
+    ) -> Result<(), EngineError> {
+        let op = "softmax_xent";
+        let logits = need(op, "logits", logits, rows * classes)?;
+        let labels = need(op, "labels", labels, rows)?;
+        let dlogits = need(op, "dlogits", dlogits, rows * classes)?;
+        let stats = need(op, "stats", stats, STATS_LEN)?;
+        check_labels(self, labels, classes)?;
+        let ([l, y], [d, s]) = self.views(op, [logits, labels], [dlogits, stats])?;
+        let (loss, correct) = ops::softmax_xent(l, y, d, rows, classes);
+        s[0] += loss;
+        s[1] += correct;
+        Ok(())
+    }
+
+    fn eval_xent(
+        &mut self,
+        logits: Region,
+        labels: Region,
+        stats: Region,
+        rows: usize,
+        classes: usize,
+    ) -> Result<(), EngineError> {
+        let op = "eval_xent";
+        let logits = need(op, "logits", logits, rows * classes)?;
+        let labels = need(op, "labels", labels, rows)?;
+        let stats = need(op, "stats", stats, STATS_LEN)?;
+        check_labels(self, labels, classes)?;
+        let ([l, y], [s]) = self.views(op, [logits, labels], [stats])?;
+        let (loss, correct) = ops::eval_xent(l, y, rows, classes);
+        s[0] += loss;
+        s[1] += correct;
+        Ok(())
+    }
+
+    fn sgd_step(
+        &mut self,
+        w: Region,
+        g: Region,
+        v: Region,
+        p: SgdParams,
+    ) -> Result<(), EngineError> {
+        let g = need("sgd_step", "g", g, w.len)?;
+        let v = need("sgd_step", "v", v, w.len)?;
+        let ([g], [w, v]) = self.views("sgd_step", [g], [w, v])?;
+        ops::sgd_step(w, g, v, p.lr, p.momentum, p.weight_decay);
+        Ok(())
+    }
+
+    fn adam_step(
+        &mut self,
+        w: Region,
+        g: Region,
+        m: Region,
+        v: Region,
+        p: AdamParams,
+    ) -> Result<(), EngineError> {
+        let g = need("adam_step", "g", g, w.len)?;
+        let m = need("adam_step", "m", m, w.len)?;
+        let v = need("adam_step", "v", v, w.len)?;
+        let ([g], [w, m, v]) = self.views("adam_step", [g], [w, m, v])?;
+        ops::adam_step(
+            w,
+            g,
+            m,
+            v,
+            p.lr,
+            p.beta1,
+            p.beta2,
+            p.eps,
+            p.weight_decay,
+            p.step,
+        );
+        Ok(())
+    }
+
+    fn synchronize(&mut self) -> Result<(), EngineError> {
+        Ok(())
+    }
+}
+
+/// Labels must be whole numbers below `classes`; the ops index with them.
+fn check_labels(b: &mut CpuBackend, labels: Region, classes: usize) -> Result<(), EngineError> {
+    let ([y], []) = b.views("labels", [labels], [])?;
+    match y
+        .iter()
+        .find(|&&l| !(l >= 0.0 && (l as usize) < classes && l.fract() == 0.0))
+    {
+        Some(bad) => Err(EngineError::Shape {
+            op: "softmax_xent",
+            message: format!("label {bad} is not a class below {classes}"),
+        }),
+        None => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::data::{Dataset, Samples};
+
+    fn tiny() -> Arc<Dataset> {
+        Arc::new(Dataset {
+            name: "tiny".into(),
+            shape: [1, 1, 2],
+            classes: 2,
+            train: Samples {
+                images: vec![0.0, 1.0, 2.0, 3.0, 4.0, 5.0],
+                labels: vec![0, 1, 0],
+            },
+            test: Samples {
+                images: vec![9.0, 8.0],
+                labels: vec![1],
+            },
+        })
+    }
+
+    #[test]
+    fn the_cap_is_checked_before_allocating() {
+        let mut b = CpuBackend::new(tiny(), Some(1 << 20));
+        let e = b.alloc_arena(1 << 20).unwrap_err();
+        assert_eq!(e.to_string(), "needs 4.0 MiB, slice cap 1.0 MiB");
+        assert!(b.alloc_arena(1000).is_ok());
+        assert_eq!(b.allocated_bytes(), 4000);
+    }
+
+    #[test]
+    fn regions_are_checked() {
+        let mut b = CpuBackend::new(tiny(), None);
+        assert!(matches!(
+            b.fill(Region::new(0, 1), 0.0),
+            Err(EngineError::NoArena)
+        ));
+        b.alloc_arena(10).unwrap();
+        assert!(matches!(
+            b.fill(Region::new(5, 6), 0.0),
+            Err(EngineError::OutOfArena { .. })
+        ));
+        let e = b
+            .relu_fwd(Region::new(0, 4), Region::new(2, 4), 4)
+            .unwrap_err();
+        assert!(e.to_string().contains("overlaps"), "{e}");
+    }
+
+    #[test]
+    fn gather_follows_the_epoch_order() {
+        let mut b = CpuBackend::new(tiny(), None);
+        b.alloc_arena(16).unwrap();
+        b.set_train_order(&[2, 0, 1]).unwrap();
+        b.gather(Split::Train, 0, 2, Region::new(0, 4), Region::new(4, 2))
+            .unwrap();
+        let mut out = [0.0; 6];
+        b.read(Region::new(0, 6), &mut out).unwrap();
+        assert_eq!(out, [4.0, 5.0, 0.0, 1.0, 0.0, 0.0]);
+        assert!(b.set_train_order(&[0, 1]).is_err());
+        assert!(b
+            .gather(Split::Test, 0, 2, Region::new(0, 4), Region::new(4, 2))
+            .is_err());
+    }
+}

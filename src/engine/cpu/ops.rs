@@ -109,7 +109,14 @@ pub fn eval_xent(logits: &[f32], labels: &[f32], rows: usize, classes: usize) ->
 }
 
 /// PyTorch SGD: `g' = g + wd·w; v = μ·v + g'; w -= lr·v` (with μ = 0, `v` is still written).
-pub fn sgd_step(w: &mut [f32], g: &[f32], v: &mut [f32], lr: f32, momentum: f32, weight_decay: f32) {
+pub fn sgd_step(
+    w: &mut [f32],
+    g: &[f32],
+    v: &mut [f32],
+    lr: f32,
+    momentum: f32,
+    weight_decay: f32,
+) {
     let _ = (w, g, v, lr, momentum, weight_decay);
     todo!()
 }

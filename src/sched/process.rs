@@ -1,0 +1,176 @@
+//! Process workers (`process` mode): each trial runs in a child `gpumux worker` that answers over a pipe; a child that dies fails only its own trial.
+
+use serde::{Deserialize, Serialize};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::Instant;
+
+use crossbeam_channel::Sender;
+
+use super::{epoch_event, open_backend, outcome, panic_text, Event, RoundContext, TrialOutcome};
+use crate::data::DataSpec;
+use crate::engine::BackendKind;
+use crate::plan::{SliceSpec, TrialSpec};
+use crate::train::{run_trial, EpochStats, TrialConfig, TrialResult};
+
+/// What the parent sends a worker on its standard input (one JSON document).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct WorkerRequest {
+    pub trial: TrialSpec,
+    pub slice: SliceSpec,
+    pub config: TrialConfig,
+    pub data: DataSpec,
+    pub data_base: Option<PathBuf>,
+    pub data_seed: u64,
+    pub backend: BackendKind,
+}
+
+/// What a worker writes on its standard output, one JSON line each.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum WorkerMessage {
+    Epoch(EpochStats),
+    Done(TrialResult),
+    Failed(String),
+}
+
+/// Runs one trial in a child process and waits for it.
+pub fn run(
+    ctx: &RoundContext,
+    slice: &SliceSpec,
+    trial: TrialSpec,
+    events: &Sender<Event>,
+) -> TrialOutcome {
+    let started = Instant::now();
+    let req = WorkerRequest {
+        config: ctx.config(&trial),
+        trial: trial.clone(),
+        slice: slice.clone(),
+        data: ctx.data_spec.clone(),
+        data_base: ctx.data_base.clone(),
+        data_seed: ctx.data_seed,
+        backend: ctx.backend,
+    };
+    let res = supervise(ctx, &req, &mut |s| {
+        epoch_event(events, &trial, slice.index, s)
+    });
+    outcome(trial, slice, res, started.elapsed().as_secs_f64())
+}
+
+fn supervise(
+    ctx: &RoundContext,
+    req: &WorkerRequest,
+    on_epoch: &mut dyn FnMut(&EpochStats),
+) -> Result<TrialResult, String> {
+    let body =
+        serde_json::to_vec(req).map_err(|e| format!("cannot encode the worker request: {e}"))?;
+    let mut child = Command::new(&ctx.worker_exe)
+        .arg("worker")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("cannot start worker {}: {e}", ctx.worker_exe.display()))?;
+    if let Some(mut stdin) = child.stdin.take() {
+        // A child that died at once shows up below through its exit status.
+        let _ = stdin.write_all(&body);
+    }
+    let stderr = child.stderr.take().map(|mut err| {
+        std::thread::spawn(move || {
+            let mut s = String::new();
+            let _ = err.read_to_string(&mut s);
+            s
+        })
+    });
+    let mut result = None;
+    if let Some(out) = child.stdout.take() {
+        for line in BufReader::new(out).lines() {
+            let Ok(line) = line else { break };
+            match serde_json::from_str::<WorkerMessage>(&line) {
+                Ok(WorkerMessage::Epoch(s)) => on_epoch(&s),
+                Ok(WorkerMessage::Done(r)) => result = Some(Ok(r)),
+                Ok(WorkerMessage::Failed(e)) => result = Some(Err(e)),
+                Err(_) => {} // Stray output is not ours to interpret.
+            }
+        }
+    }
+    let status = child
+        .wait()
+        .map_err(|e| format!("cannot wait for the worker: {e}"))?;
+    let err_text = stderr.and_then(|h| h.join().ok()).unwrap_or_default();
+    match result {
+        Some(r) => r,
+        None => Err(describe_exit(status, &err_text)),
+    }
+}
+
+fn describe_exit(status: std::process::ExitStatus, stderr: &str) -> String {
+    use std::os::unix::process::ExitStatusExt;
+    let tail: String = stderr
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .last()
+        .map(|l| format!(": {}", l.trim()))
+        .unwrap_or_default();
+    match (status.code(), status.signal()) {
+        (_, Some(sig)) => format!(
+            "worker process killed by signal {sig} ({}){tail}",
+            signal_name(sig)
+        ),
+        (Some(code), _) => format!("worker process exited with code {code} before reporting{tail}"),
+        _ => format!("worker process ended without reporting{tail}"),
+    }
+}
+
+fn signal_name(sig: i32) -> &'static str {
+    match sig {
+        libc::SIGKILL => "SIGKILL",
+        libc::SIGABRT => "SIGABRT",
+        libc::SIGSEGV => "SIGSEGV",
+        libc::SIGTERM => "SIGTERM",
+        libc::SIGINT => "SIGINT",
+        libc::SIGBUS => "SIGBUS",
+        libc::SIGFPE => "SIGFPE",
+        _ => "signal",
+    }
+}
+
+/// The child side: reads a request from `input`, trains, and writes messages to `output`.
+/// Returns an error only when the request itself cannot be read.
+pub fn worker_main(input: &mut dyn Read, output: &mut dyn Write) -> Result<(), String> {
+    let mut body = String::new();
+    input
+        .read_to_string(&mut body)
+        .map_err(|e| format!("cannot read the worker request: {e}"))?;
+    let req: WorkerRequest =
+        serde_json::from_str(&body).map_err(|e| format!("bad worker request: {e}"))?;
+    let send = |out: &mut dyn Write, msg: &WorkerMessage| {
+        if let Ok(line) = serde_json::to_string(msg) {
+            let _ = writeln!(out, "{line}");
+            let _ = out.flush();
+        }
+    };
+    let res = std::panic::catch_unwind(std::panic::AssertUnwindSafe(
+        || -> Result<TrialResult, String> {
+            let data = req
+                .data
+                .load(req.data_base.as_deref(), req.data_seed)
+                .map_err(|e| e.to_string())?;
+            let mut be =
+                open_backend(req.backend, Arc::new(data), &req.slice).map_err(|e| e.to_string())?;
+            run_trial(be.as_mut(), &req.config, &mut |s| {
+                send(output, &WorkerMessage::Epoch(s.clone()))
+            })
+            .map_err(|e| e.to_string())
+        },
+    ));
+    let msg = match res {
+        Ok(Ok(r)) => WorkerMessage::Done(r),
+        Ok(Err(e)) => WorkerMessage::Failed(e),
+        Err(p) => WorkerMessage::Failed(format!("panic: {}", panic_text(p.as_ref()))),
+    };
+    send(output, &msg);
+    Ok(())
+}

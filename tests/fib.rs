@@ -1,0 +1,285 @@
+//! The experiment end to end on the CPU backend: CSVs row by row, plots, split-mode parity, caps and isolation.
+
+mod common;
+use common::*;
+
+const SMALL: &str = "name: small
+model: {kind: mlp, hidden: [32]}
+data: {source: mnist-10k, train_limit: 1024, test_limit: 500}
+train: {epochs: 2, batch_size: 64}
+seed: 5
+parameters:
+  lr: {min: 0.0005, max: 0.005, distribution: log_uniform_values}
+n: [1, 2, 3]
+splits: [shared, logical, process]
+backend: auto
+";
+
+#[test]
+fn fib_writes_every_file_and_a_trial_does_not_depend_on_its_split_mode() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let job = job(dir.path(), "small.yaml", SMALL);
+    let out = dir.path().join("out");
+    let o = gpumux(
+        dir.path(),
+        &["fib", job.to_str().unwrap(), "--out", out.to_str().unwrap()],
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("CPU backend"),
+        "it says it runs on the CPU: {}",
+        stderr(&o)
+    );
+    for f in [
+        "runs.csv",
+        "trials.csv",
+        "progress.csv",
+        "time_per_training.svg",
+        "samples_per_s.svg",
+        "command.txt",
+    ] {
+        assert!(out.join(f).exists(), "{f} missing");
+    }
+    let runs = read_csv(&out.join("runs.csv"));
+    assert_eq!(runs.len(), 9, "3 N × 3 split modes");
+    for r in &runs {
+        assert_eq!(r["failed"], "0", "{r:?}");
+        assert_eq!(r["backend"], "cpu");
+        let n: f64 = r["n"].parse().unwrap();
+        let makespan: f64 = r["makespan_s"].parse().unwrap();
+        let tpt: f64 = r["time_per_training_s"].parse().unwrap();
+        assert!((makespan / n - tpt).abs() < 1e-9);
+        assert_eq!(
+            r["mem_cap_mib"].is_empty(),
+            r["split"] != "logical",
+            "only logical is capped: {r:?}"
+        );
+    }
+    let trials = read_csv(&out.join("trials.csv"));
+    assert_eq!(trials.len(), 18);
+    assert_eq!(
+        read_csv(&out.join("progress.csv")).len(),
+        36,
+        "one row per trial and epoch"
+    );
+    // The same trial id has the same hyperparameters and seed in every round, and the same result.
+    for id in ["t000", "t001", "t002"] {
+        let accs: Vec<f64> = trials
+            .iter()
+            .filter(|t| t["trial_id"] == id)
+            .map(|t| t["test_acc"].parse().unwrap())
+            .collect();
+        let lrs: Vec<&String> = trials
+            .iter()
+            .filter(|t| t["trial_id"] == id)
+            .map(|t| &t["params_lr"])
+            .collect();
+        assert!(accs.len() >= 3);
+        assert!(lrs.iter().all(|l| *l == lrs[0]));
+        let spread = accs.iter().cloned().fold(f64::MIN, f64::max)
+            - accs.iter().cloned().fold(f64::MAX, f64::min);
+        assert!(
+            spread <= 1e-6,
+            "{id}: test accuracy differs across split modes by {spread}"
+        );
+        assert!(accs[0] > 0.8, "{id} learned: {}", accs[0]);
+    }
+    let summary = stdout(&o);
+    assert!(summary.contains("time/training"), "{summary}");
+    assert!(summary.contains("best trial"), "{summary}");
+    let svg = std::fs::read_to_string(out.join("time_per_training.svg")).unwrap();
+    assert!(svg.contains("<svg") && svg.contains("logical") && svg.contains("process"));
+}
+
+#[test]
+fn a_trial_over_its_cap_fails_alone_and_at_once() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let job = job(
+        dir.path(),
+        "cap.yaml",
+        "model: {kind: mlp}\ndata: {source: synthetic, train_samples: 256, test_samples: 64}\ntrain: {epochs: 1}\n\
+         parameters:\n  batch_size: {values: [8, 4096]}\nmethod: grid\nn: [2]\nsplits: [logical]\nmemory: {mib_per_slice: 1.5}\n",
+    );
+    let out = dir.path().join("out");
+    let o = gpumux(
+        dir.path(),
+        &["fib", job.to_str().unwrap(), "--out", out.to_str().unwrap()],
+    );
+    // batch 4096 is larger than 256 training samples: a job error before anything runs.
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    let job2 = common::job(
+        dir.path(),
+        "cap2.yaml",
+        "model: {kind: mlp, hidden: [512]}\ndata: {source: synthetic, train_samples: 256, test_samples: 64}\ntrain: {epochs: 1}\n\
+         parameters:\n  optimizer: {values: [sgd, adam]}\nmethod: grid\nn: [2]\nsplits: [logical]\nmemory: {mib_per_slice: 5.5}\n",
+    );
+    let o = gpumux(
+        dir.path(),
+        &[
+            "fib",
+            job2.to_str().unwrap(),
+            "--out",
+            out.to_str().unwrap(),
+        ],
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let trials = read_csv(&out.join("trials.csv"));
+    let sgd = trials
+        .iter()
+        .find(|t| t["params_optimizer"] == "sgd")
+        .unwrap();
+    let adam = trials
+        .iter()
+        .find(|t| t["params_optimizer"] == "adam")
+        .unwrap();
+    assert_eq!(sgd["state"], "COMPLETE", "{sgd:?}");
+    assert_eq!(adam["state"], "FAIL");
+    assert!(
+        adam["error"].starts_with("needs ") && adam["error"].contains("MiB, slice cap 5.5 MiB"),
+        "{}",
+        adam["error"]
+    );
+    assert_eq!(adam["epochs"], "0", "it never started");
+}
+
+fn fault_job(dir: &std::path::Path, kind: &str, split: &str) -> std::path::PathBuf {
+    job(
+        dir,
+        &format!("{kind}-{split}.yaml"),
+        &format!(
+            "model: {{kind: mlp, hidden: [16]}}\ndata: {{source: synthetic, train_samples: 512, test_samples: 128}}\n\
+             train: {{epochs: 1, batch_size: 32}}\nn: [3]\nsplits: [{split}]\nfaults:\n  - {{trial: 1, kind: {kind}, step: 2}}\n"
+        ),
+    )
+}
+
+fn run_fault(kind: &str, split: &str) -> Vec<std::collections::HashMap<String, String>> {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let job = fault_job(dir.path(), kind, split);
+    let out = dir.path().join("out");
+    let o = gpumux(
+        dir.path(),
+        &["fib", job.to_str().unwrap(), "--out", out.to_str().unwrap()],
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let trials = read_csv(&out.join("trials.csv"));
+    assert_eq!(trials.len(), 3);
+    for t in &trials {
+        let want = if t["trial_id"] == "t001" {
+            "FAIL"
+        } else {
+            "COMPLETE"
+        };
+        assert_eq!(t["state"], want, "{t:?}");
+    }
+    let runs = read_csv(&out.join("runs.csv"));
+    assert_eq!(runs[0]["ok"], "2");
+    assert_eq!(runs[0]["failed"], "1");
+    trials
+}
+
+#[test]
+fn a_panicking_trial_fails_alone() {
+    for split in ["shared", "logical", "process"] {
+        let t = run_fault("panic", split);
+        assert!(
+            t[1]["error"].contains("panic"),
+            "{split}: {}",
+            t[1]["error"]
+        );
+    }
+}
+
+#[test]
+fn a_nan_loss_fails_the_trial() {
+    let t = run_fault("nan", "shared");
+    assert!(t[1]["error"].contains("loss is NaN"), "{}", t[1]["error"]);
+}
+
+#[test]
+fn a_killed_worker_process_fails_only_its_trial() {
+    let t = run_fault("kill", "process");
+    assert!(t[1]["error"].contains("SIGKILL"), "{}", t[1]["error"]);
+    let t = run_fault("abort", "process");
+    assert!(t[1]["error"].contains("SIGABRT"), "{}", t[1]["error"]);
+}
+
+#[test]
+fn report_redraws_and_merges() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut outs = Vec::new();
+    for (i, split) in ["shared", "logical"].iter().enumerate() {
+        let job = job(
+            dir.path(),
+            &format!("j{i}.yaml"),
+            &format!("model: {{kind: mlp, hidden: [8]}}\ndata: {{source: synthetic, train_samples: 256, test_samples: 64}}\ntrain: {{epochs: 1}}\nn: [1, 2]\nsplits: [{split}]\n"),
+        );
+        let out = dir.path().join(format!("out{i}"));
+        let o = gpumux(
+            dir.path(),
+            &["fib", job.to_str().unwrap(), "--out", out.to_str().unwrap()],
+        );
+        assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+        outs.push(out);
+    }
+    std::fs::remove_file(outs[0].join("time_per_training.svg")).unwrap();
+    let o = gpumux(dir.path(), &["report", outs[0].to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(outs[0].join("time_per_training.svg").exists());
+    let merged = dir.path().join("merged");
+    let o = gpumux(
+        dir.path(),
+        &[
+            "report",
+            outs[0].to_str().unwrap(),
+            outs[1].to_str().unwrap(),
+            "--out",
+            merged.to_str().unwrap(),
+        ],
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert_eq!(read_csv(&merged.join("runs.csv")).len(), 4);
+    let o = gpumux(
+        dir.path(),
+        &[
+            "report",
+            outs[0].to_str().unwrap(),
+            outs[1].to_str().unwrap(),
+        ],
+    );
+    assert_eq!(o.status.code(), Some(2), "merging needs --out");
+    let o = gpumux(
+        dir.path(),
+        &["report", dir.path().join("nothing").to_str().unwrap()],
+    );
+    assert_ne!(o.status.code(), Some(0));
+}
+
+#[test]
+fn devices_without_a_gpu_shows_the_cpu_and_a_slice_plan() {
+    let o = gpumux(
+        &root(),
+        &[
+            "devices",
+            "--n",
+            "4",
+            "--split",
+            "logical",
+            "--mib-per-slice",
+            "256",
+        ],
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let s = stdout(&o);
+    assert!(s.contains("host: cpu"), "{s}");
+    assert!(s.contains("backend:"), "{s}");
+    assert_eq!(
+        s.lines()
+            .filter(|l| l.trim_end().ends_with(" -") && l.contains("256.0"))
+            .count(),
+        4,
+        "{s}"
+    );
+    let o = gpumux(&root(), &["devices", "--n", "2", "--mib-per-slice", "1e12"]);
+    assert_eq!(o.status.code(), Some(2));
+}

@@ -1,0 +1,90 @@
+//! Single trainings reach the accuracies the models are known for (fewer epochs than the acceptance run, lower bars).
+
+mod common;
+use common::*;
+
+fn final_acc(out: &str) -> f64 {
+    let line = out
+        .lines()
+        .find(|l| l.starts_with("done:"))
+        .unwrap_or_else(|| panic!("no done line in {out}"));
+    line.split("test acc ")
+        .nth(1)
+        .and_then(|s| s.split(',').next())
+        .and_then(|s| s.trim().parse().ok())
+        .expect("acc")
+}
+
+#[test]
+fn mlp_learns_mnist_10k() {
+    let o = gpumux(
+        &root(),
+        &[
+            "train",
+            "--model",
+            "mlp",
+            "--data",
+            "mnist-10k",
+            "--epochs",
+            "2",
+            "--batch-size",
+            "64",
+            "--lr",
+            "0.001",
+        ],
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let out = stdout(&o);
+    assert_eq!(
+        out.lines().filter(|l| l.starts_with("epoch")).count(),
+        2,
+        "{out}"
+    );
+    let acc = final_acc(&out);
+    assert!(acc >= 0.93, "MLP test accuracy after 2 epochs: {acc}");
+}
+
+#[test]
+fn cnn_learns_mnist_10k() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let job = job(
+        dir.path(),
+        "cnn.yaml",
+        "model: {kind: cnn, channels: [16, 32], fc: 64}\ndata: {source: mnist-10k, train_limit: 3000}\ntrain: {epochs: 1, batch_size: 32, lr: 0.001}\n",
+    );
+    let o = gpumux(dir.path(), &["train", job.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let acc = final_acc(&stdout(&o));
+    assert!(
+        acc >= 0.88,
+        "CNN test accuracy after 1 epoch on 3000 samples: {acc}"
+    );
+}
+
+#[test]
+fn sgd_with_momentum_and_dropout_learn_too() {
+    let o = gpumux(
+        &root(),
+        &[
+            "train",
+            "--data",
+            "mnist-10k",
+            "--epochs",
+            "1",
+            "--optimizer",
+            "sgd",
+            "--lr",
+            "0.05",
+            "--momentum",
+            "0.9",
+            "--dropout",
+            "0.2",
+        ],
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let acc = final_acc(&stdout(&o));
+    assert!(
+        acc >= 0.88,
+        "SGD+dropout test accuracy after 1 epoch: {acc}"
+    );
+}
