@@ -1,0 +1,176 @@
+//! The im2col lowering of a stride-1 zero-padded convolution, and its adjoint col2im.
+//!
+//! For one sample, the column matrix has `c_in·k·k` rows, indexed `(ci, ky, kx)`, and
+//! `h_out·w_out` columns, indexed `(oy, ox)`: `col[(ci, ky, kx), (oy, ox)] = x[ci, oy+ky-pad, ox+kx-pad]`,
+//! zero where that position falls in the padding.
+
+use crate::engine::shapes::Conv2dShape;
+
+/// One output row of one column-matrix row: `w_out` entries starting at `col`, of which those in
+/// `lo..hi` read the input row starting (at `lo`) from `x`; `x` is `None` when all `w_out` entries are padding.
+struct Segment {
+    col: usize,
+    x: Option<usize>,
+    lo: usize,
+    hi: usize,
+}
+
+/// Calls `f` on every segment of one sample's column matrix, in memory order.
+fn for_each_segment(s: &Conv2dShape, mut f: impl FnMut(Segment)) {
+    let (ho, wo, pad) = (s.h_out(), s.w_out(), s.pad);
+    let mut col = 0;
+    for ci in 0..s.c_in {
+        let plane = ci * s.h * s.w;
+        for ky in 0..s.k {
+            for kx in 0..s.k {
+                // Output columns whose input column `ox + kx - pad` lies in `0..w`.
+                let lo = pad.saturating_sub(kx).min(wo);
+                let hi = (s.w + pad).saturating_sub(kx).min(wo).max(lo);
+                for oy in 0..ho {
+                    let iy = (oy + ky).checked_sub(pad).filter(|&iy| iy < s.h && lo < hi);
+                    let x = iy.map(|iy| plane + iy * s.w + lo + kx - pad);
+                    f(Segment { col, x, lo, hi });
+                    col += wo;
+                }
+            }
+        }
+    }
+}
+
+/// Writes the column matrix of one sample `x` (`c_in·h·w`) into `col` (`s.ws_len()`).
+pub fn im2col(s: &Conv2dShape, x: &[f32], col: &mut [f32]) {
+    let wo = s.w_out();
+    for_each_segment(s, |seg| {
+        let dst = &mut col[seg.col..seg.col + wo];
+        match seg.x {
+            None => dst.fill(0.0),
+            Some(x0) => {
+                dst[..seg.lo].fill(0.0);
+                dst[seg.lo..seg.hi].copy_from_slice(&x[x0..x0 + (seg.hi - seg.lo)]);
+                dst[seg.hi..].fill(0.0);
+            }
+        }
+    });
+}
+
+/// The adjoint of [`im2col`]: overwrites one sample `dx` (`c_in·h·w`) with the sum, over every
+/// column-matrix entry, of that entry added into the input position it was read from.
+pub fn col2im(s: &Conv2dShape, col: &[f32], dx: &mut [f32]) {
+    dx[..s.c_in * s.h * s.w].fill(0.0);
+    for_each_segment(s, |seg| {
+        if let Some(x0) = seg.x {
+            let src = &col[seg.col + seg.lo..seg.col + seg.hi];
+            for (d, &c) in dx[x0..x0 + src.len()].iter_mut().zip(src) {
+                *d += c;
+            }
+        }
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::rng::HostRng;
+
+    fn shapes() -> Vec<Conv2dShape> {
+        let mut v = Vec::new();
+        for (k, pad) in [(3, 0), (3, 1), (5, 0), (5, 2), (5, 1)] {
+            for (h, w) in [(5, 6), (7, 5), (9, 9)] {
+                v.push(Conv2dShape {
+                    n: 1,
+                    c_in: 2,
+                    h,
+                    w,
+                    c_out: 1,
+                    k,
+                    pad,
+                });
+            }
+        }
+        // Images narrower than the kernel, saved only by the padding.
+        v.push(Conv2dShape {
+            n: 1,
+            c_in: 1,
+            h: 1,
+            w: 2,
+            c_out: 1,
+            k: 5,
+            pad: 2,
+        });
+        v.push(Conv2dShape {
+            n: 1,
+            c_in: 3,
+            h: 3,
+            w: 1,
+            c_out: 1,
+            k: 3,
+            pad: 1,
+        });
+        v
+    }
+
+    fn random(rng: &mut HostRng, len: usize) -> Vec<f32> {
+        (0..len).map(|_| rng.uniform_f32(-1.0, 1.0)).collect()
+    }
+
+    /// The defining formula, one entry at a time.
+    fn naive_im2col(s: &Conv2dShape, x: &[f32]) -> Vec<f32> {
+        let (ho, wo) = (s.h_out(), s.w_out());
+        let mut col = Vec::new();
+        for ci in 0..s.c_in {
+            for ky in 0..s.k {
+                for kx in 0..s.k {
+                    for oy in 0..ho {
+                        for ox in 0..wo {
+                            let iy = (oy + ky) as isize - s.pad as isize;
+                            let ix = (ox + kx) as isize - s.pad as isize;
+                            let inside =
+                                (0..s.h as isize).contains(&iy) && (0..s.w as isize).contains(&ix);
+                            col.push(if inside {
+                                x[ci * s.h * s.w + iy as usize * s.w + ix as usize]
+                            } else {
+                                0.0
+                            });
+                        }
+                    }
+                }
+            }
+        }
+        col
+    }
+
+    #[test]
+    fn im2col_matches_the_definition_and_overwrites() {
+        let mut rng = HostRng::new(11);
+        for s in shapes() {
+            let x = random(&mut rng, s.x_len());
+            let mut col = vec![f32::NAN; s.ws_len()];
+            im2col(&s, &x, &mut col);
+            assert_eq!(col, naive_im2col(&s, &x), "{s:?}");
+        }
+    }
+
+    #[test]
+    fn col2im_is_the_adjoint_of_im2col() {
+        // <im2col(x), c> == <x, col2im(c)> for random x and c, computed in f64.
+        let mut rng = HostRng::new(12);
+        for s in shapes() {
+            let x = random(&mut rng, s.x_len());
+            let c = random(&mut rng, s.ws_len());
+            let mut col = vec![0.0; s.ws_len()];
+            im2col(&s, &x, &mut col);
+            let mut back = vec![f32::NAN; s.x_len()];
+            col2im(&s, &c, &mut back);
+            let lhs: f64 = col.iter().zip(&c).map(|(&a, &b)| a as f64 * b as f64).sum();
+            let rhs: f64 = x
+                .iter()
+                .zip(&back)
+                .map(|(&a, &b)| a as f64 * b as f64)
+                .sum();
+            assert!(
+                (lhs - rhs).abs() <= 1e-5 * (1.0 + lhs.abs()),
+                "{s:?}: {lhs} vs {rhs}"
+            );
+        }
+    }
+}
