@@ -2,8 +2,14 @@
 
 use serde::{Deserialize, Serialize};
 
+pub mod csv;
+
+pub use self::csv::{
+    read_progress, read_runs, read_trials, ReportWriter, PROGRESS_CSV, RUNS_CSV, TRIALS_CSV,
+};
+
 /// One row of `runs.csv`: one round (N trials under one split mode).
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct RunRow {
     pub model: String,
     pub dataset: String,
@@ -32,7 +38,7 @@ pub struct RunRow {
 }
 
 /// One row of `trials.csv`: one trial.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct TrialRow {
     /// Stable across rounds: the same id means the same hyperparameters and seed.
     pub trial_id: String,
@@ -63,7 +69,7 @@ pub struct TrialRow {
 }
 
 /// One row of `progress.csv`: one trial after one epoch.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct ProgressRow {
     pub round: u32,
     pub trial_id: String,
