@@ -3,10 +3,27 @@
 use serde::{Deserialize, Serialize};
 
 pub mod csv;
+pub mod summary;
 
 pub use self::csv::{
     read_progress, read_runs, read_trials, ReportWriter, PROGRESS_CSV, RUNS_CSV, TRIALS_CSV,
 };
+pub use self::summary::{
+    best_n, best_trial, format_best, format_best_n, format_parity, parity, summary_table,
+    summary_text, BestN, ParityLine,
+};
+
+/// The state of a trial that ran to the end.
+pub const COMPLETE: &str = "COMPLETE";
+
+/// The split modes in the order reports list them; others follow, by name.
+const SPLIT_ORDER: [&str; 5] = ["shared", "process", "logical", "green", "mps"];
+
+/// A sort key that puts split modes in report order.
+pub(crate) fn split_rank(split: &str) -> (usize, &str) {
+    let rank = SPLIT_ORDER.iter().position(|s| *s == split);
+    (rank.unwrap_or(SPLIT_ORDER.len()), split)
+}
 
 /// One row of `runs.csv`: one round (N trials under one split mode).
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
