@@ -3,12 +3,14 @@
 use serde::{Deserialize, Serialize};
 
 pub mod csv;
+pub mod merge;
 pub mod plot;
 pub mod summary;
 
 pub use self::csv::{
     read_progress, read_runs, read_trials, ReportWriter, PROGRESS_CSV, RUNS_CSV, TRIALS_CSV,
 };
+pub use self::merge::{merge_dirs, merge_into, write_merged, write_report, ReportPaths};
 pub use self::plot::{plot_samples_per_s, plot_time_per_training};
 pub use self::summary::{
     best_n, best_trial, format_best, format_best_n, format_parity, parity, summary_table,
