@@ -2,8 +2,35 @@
 
 use serde::{Deserialize, Serialize};
 
+pub mod csv;
+pub mod merge;
+pub mod plot;
+pub mod summary;
+
+pub use self::csv::{
+    read_progress, read_runs, read_trials, ReportWriter, PROGRESS_CSV, RUNS_CSV, TRIALS_CSV,
+};
+pub use self::merge::{merge_dirs, merge_into, write_merged, write_report, ReportPaths};
+pub use self::plot::{plot_samples_per_s, plot_time_per_training};
+pub use self::summary::{
+    best_n, best_trial, format_best, format_best_n, format_parity, parity, summary_table,
+    summary_text, BestN, ParityLine,
+};
+
+/// The state of a trial that ran to the end.
+pub const COMPLETE: &str = "COMPLETE";
+
+/// The split modes in the order reports list them; others follow, by name.
+const SPLIT_ORDER: [&str; 5] = ["shared", "process", "logical", "green", "mps"];
+
+/// A sort key that puts split modes in report order.
+pub(crate) fn split_rank(split: &str) -> (usize, &str) {
+    let rank = SPLIT_ORDER.iter().position(|s| *s == split);
+    (rank.unwrap_or(SPLIT_ORDER.len()), split)
+}
+
 /// One row of `runs.csv`: one round (N trials under one split mode).
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct RunRow {
     pub model: String,
     pub dataset: String,
@@ -32,7 +59,7 @@ pub struct RunRow {
 }
 
 /// One row of `trials.csv`: one trial.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct TrialRow {
     /// Stable across rounds: the same id means the same hyperparameters and seed.
     pub trial_id: String,
@@ -63,7 +90,7 @@ pub struct TrialRow {
 }
 
 /// One row of `progress.csv`: one trial after one epoch.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct ProgressRow {
     pub round: u32,
     pub trial_id: String,
