@@ -405,45 +405,28 @@ pub fn fib(job: &Job, opts: &FibOptions, out: &mut dyn Write) -> Result<PathBuf>
         runs.push(row);
     }
     bar.finish_and_clear();
-    finish(&dir, &runs, &trials, job, &r, out)?;
+    finish(&dir, &runs, &trials, out)?;
     Ok(dir)
 }
 
-fn finish(
-    dir: &Path,
-    runs: &[RunRow],
-    trials: &[TrialRow],
-    job: &Job,
-    r: &Resolved,
-    out: &mut dyn Write,
-) -> Result<()> {
-    let title = format!("{} on {}", job.name, r.device);
-    let paths = report::write_report(dir, runs, &title)?;
+fn finish(dir: &Path, runs: &[RunRow], trials: &[TrialRow], out: &mut dyn Write) -> Result<()> {
+    let paths = report::write_report(dir, runs, trials)?;
     let text = summary_text(runs, trials);
     write!(out, "{text}").map_err(|e| io("stdout", e))?;
     writeln!(out, "results: {}", dir.display()).map_err(|e| io("stdout", e))?;
-    for p in paths {
-        writeln!(out, "plot: {}", p.display()).map_err(|e| io("stdout", e))?;
+    print_paths(&paths, out)
+}
+
+fn print_paths(paths: &report::ReportPaths, out: &mut dyn Write) -> Result<()> {
+    for p in [&paths.time_per_training, &paths.samples_per_s, &paths.summary] {
+        writeln!(out, "wrote {}", p.display()).map_err(|e| io("stdout", e))?;
     }
     Ok(())
 }
 
-/// The summary: the table, the best N per split, the split-mode parity line and the best trial.
+/// The summary: the table, the best N per split, the best trial and the split-mode parity line.
 pub fn summary_text(runs: &[RunRow], trials: &[TrialRow]) -> String {
-    let mut s = report::summary_table(runs);
-    for line in report::best_n_lines(runs) {
-        s.push_str(&line);
-        s.push('\n');
-    }
-    if let Some(line) = report::parity_line(trials) {
-        s.push_str(&line);
-        s.push('\n');
-    }
-    if let Some(best) = report::best_trial(trials) {
-        s.push_str(&report::format_best(best));
-        s.push('\n');
-    }
-    s
+    report::summary_text(runs, trials)
 }
 
 fn trial_row(job: &Job, round: &Round, o: &TrialOutcome) -> TrialRow {
@@ -541,19 +524,9 @@ pub fn report(dirs: &[PathBuf], out_dir: Option<&Path>, out: &mut dyn Write) -> 
             ))
         }
     };
-    let devices: Vec<&str> = {
-        let mut d: Vec<&str> = runs.iter().map(|r| r.device.as_str()).collect();
-        d.sort_unstable();
-        d.dedup();
-        d
-    };
-    let title = format!("gpumux on {}", devices.join(" / "));
-    let paths = report::write_report(&target, &runs, &title)?;
+    let paths = report::write_report(&target, &runs, &trials)?;
     write!(out, "{}", summary_text(&runs, &trials)).map_err(|e| io("stdout", e))?;
-    for p in paths {
-        writeln!(out, "plot: {}", p.display()).map_err(|e| io("stdout", e))?;
-    }
-    Ok(())
+    print_paths(&paths, out)
 }
 
 /// `gpumux worker`: the child side of `process` mode.
