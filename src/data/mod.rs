@@ -5,6 +5,56 @@ use std::path::{Path, PathBuf};
 
 use crate::error::DataError;
 
+pub mod embedded;
+pub mod idx;
+pub mod split;
+pub mod synthetic;
+
+#[cfg(test)]
+mod tests;
+
+/// Fraction of a single-file dataset held out for testing unless `test_fraction` says otherwise.
+pub const DEFAULT_TEST_FRACTION: f64 = 0.2;
+/// Where the Debian package `dataset-fashion-mnist` installs its files.
+pub const FASHION_MNIST_DIR: &str = "/usr/share/datasets/fashion-mnist";
+/// Largest synthetic sample, in elements.
+pub const MAX_SAMPLE_ELEMENTS: usize = 1 << 28;
+/// Most synthetic classes.
+pub const MAX_CLASSES: usize = 100_000;
+/// Synthetic sample shape unless `shape` says otherwise.
+pub const DEFAULT_SHAPE: [usize; 3] = [1, 28, 28];
+/// Synthetic classes unless `classes` says otherwise.
+pub const DEFAULT_CLASSES: usize = 10;
+/// Synthetic training samples unless `train_samples` says otherwise.
+pub const DEFAULT_TRAIN_SAMPLES: usize = 8000;
+/// Synthetic test samples unless `test_samples` says otherwise.
+pub const DEFAULT_TEST_SAMPLES: usize = 2000;
+
+/// File stems of a folder with its own test set: training images and labels, then test ones.
+const OFFICIAL: [&str; 4] = [
+    "train-images-idx3-ubyte",
+    "train-labels-idx1-ubyte",
+    "t10k-images-idx3-ubyte",
+    "t10k-labels-idx1-ubyte",
+];
+/// File stems of a folder with one set, split by `test_fraction`.
+const SINGLE: [&str; 2] = ["images-idx3-ubyte", "labels-idx1-ubyte"];
+
+/// Names the embedded MNIST-10k files in error messages.
+const EMBEDDED_IMAGES: &str = "<built-in>/mnist-10k/images-idx3-ubyte.gz";
+const EMBEDDED_LABELS: &str = "<built-in>/mnist-10k/labels-idx1-ubyte.gz";
+
+const FASHION_MNIST_HINT: &str = ": install Fashion-MNIST with `apt-get install dataset-fashion-mnist` \
+(Debian/Ubuntu, files under /usr/share/datasets/fashion-mnist), or set `path` to a folder holding \
+train-images-idx3-ubyte, train-labels-idx1-ubyte, t10k-images-idx3-ubyte and t10k-labels-idx1-ubyte \
+(each may end in .gz)";
+const MNIST_10K_HINT: &str = ": the folder must hold images-idx3-ubyte and labels-idx1-ubyte \
+(each may end in .gz); leave `path` unset to use the copy built into gpumux";
+const IDX_HINT: &str =
+    ": an idx folder holds either train-images-idx3-ubyte, train-labels-idx1-ubyte, \
+t10k-images-idx3-ubyte and t10k-labels-idx1-ubyte, or images-idx3-ubyte and labels-idx1-ubyte \
+(each may end in .gz)";
+
 /// Where a dataset comes from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -105,13 +155,304 @@ impl DataSpec {
     /// Checks the values that need no file system. On error returns `(key, message)`, the key
     /// relative to the `data:` section.
     pub fn validate(&self) -> Result<(), (String, String)> {
-        let _ = self;
-        todo!()
+        fn fail(key: &str, message: impl Into<String>) -> Result<(), (String, String)> {
+            Err((key.to_string(), message.into()))
+        }
+        let source = self.source.name();
+        let synthetic = self.source == Source::Synthetic;
+        match (self.source, &self.path) {
+            (Source::Idx, None) => {
+                return fail("path", "is required for source idx (a folder of IDX files)")
+            }
+            (Source::Synthetic, Some(_)) => {
+                return fail("path", "does not apply to source synthetic")
+            }
+            _ => {}
+        }
+        if let Some(f) = self.test_fraction {
+            if matches!(self.source, Source::Synthetic | Source::FashionMnist) {
+                return fail(
+                    "test_fraction",
+                    format!("does not apply to source {source}, which has its own test set"),
+                );
+            }
+            if !(f > 0.0 && f < 1.0) {
+                return fail(
+                    "test_fraction",
+                    format!("must lie strictly between 0 and 1, got {f}"),
+                );
+            }
+        }
+        for (key, limit) in [
+            ("train_limit", self.train_limit),
+            ("test_limit", self.test_limit),
+        ] {
+            if limit == Some(0) {
+                return fail(key, "must be at least 1");
+            }
+        }
+        if !synthetic {
+            let given = [
+                ("shape", self.shape.is_some()),
+                ("classes", self.classes.is_some()),
+                ("train_samples", self.train_samples.is_some()),
+                ("test_samples", self.test_samples.is_some()),
+            ];
+            if let Some((key, _)) = given.iter().find(|(_, g)| *g) {
+                return fail(
+                    key,
+                    format!("only applies to source synthetic, not {source}"),
+                );
+            }
+            return Ok(());
+        }
+        if let Some(shape) = self.shape {
+            if shape.contains(&0) {
+                return fail("shape", format!("{shape:?} has a zero dimension"));
+            }
+            let elements = shape.iter().try_fold(1usize, |a, &d| a.checked_mul(d));
+            if !matches!(elements, Some(e) if e <= MAX_SAMPLE_ELEMENTS) {
+                return fail(
+                    "shape",
+                    format!(
+                        "{shape:?} has more than 2^28 ({MAX_SAMPLE_ELEMENTS}) elements per sample"
+                    ),
+                );
+            }
+        }
+        if let Some(c) = self.classes {
+            if !(2..=MAX_CLASSES).contains(&c) {
+                return fail(
+                    "classes",
+                    format!("must be between 2 and {MAX_CLASSES}, got {c}"),
+                );
+            }
+        }
+        for (key, n) in [
+            ("train_samples", self.train_samples),
+            ("test_samples", self.test_samples),
+        ] {
+            if n == Some(0) {
+                return fail(key, "must be at least 1");
+            }
+        }
+        Ok(())
     }
 
     /// Reads (or generates) the dataset. `base` resolves relative paths; `seed` fixes the held-out split.
+    ///
+    /// Single-set sources (`mnist-10k`, `idx` with one pair of files) are split by class with
+    /// `test_fraction`, each side in a seeded random order; sources with their own test files keep
+    /// them and their file order. Synthetic data is generated from `seed`. `train_limit` and
+    /// `test_limit` then keep the first samples of each side.
     pub fn load(&self, base: Option<&Path>, seed: u64) -> Result<Dataset, DataError> {
-        let _ = (base, seed);
-        todo!()
+        self.validate()
+            .map_err(|(key, message)| DataError::Invalid(format!("`{key}` {message}")))?;
+        let folder = self.path.as_deref().map(|p| match base {
+            Some(b) if p.is_relative() => b.join(p),
+            _ => p.to_path_buf(),
+        });
+        let test_fraction = self.test_fraction.unwrap_or(DEFAULT_TEST_FRACTION);
+        let mut data = match self.source {
+            Source::Mnist10k => {
+                let set = match &folder {
+                    None => idx::decode_pair(
+                        Path::new(EMBEDDED_IMAGES),
+                        embedded::IMAGES_GZ.to_vec(),
+                        Path::new(EMBEDDED_LABELS),
+                        embedded::LABELS_GZ.to_vec(),
+                        10,
+                    )?,
+                    Some(dir) => read_single(dir, 10, MNIST_10K_HINT)?,
+                };
+                held_out("mnist-10k", &set, 10, test_fraction, seed)?
+            }
+            Source::FashionMnist => {
+                let dir = folder.unwrap_or_else(|| PathBuf::from(FASHION_MNIST_DIR));
+                read_official("fashion-mnist", &dir, Some(10), FASHION_MNIST_HINT)?
+            }
+            Source::Idx => {
+                let dir = folder.ok_or_else(|| {
+                    DataError::Invalid("`path` is required for source idx".into())
+                })?;
+                let name = dir
+                    .file_name()
+                    .map(|n| n.to_string_lossy().into_owned())
+                    .unwrap_or_else(|| "idx".into());
+                if OFFICIAL.iter().any(|stem| locate(&dir, stem).is_some()) {
+                    read_official(&name, &dir, None, IDX_HINT)?
+                } else if SINGLE.iter().any(|stem| locate(&dir, stem).is_some()) {
+                    let set = read_single(&dir, 256, IDX_HINT)?;
+                    let classes = classes_of(&name, [set.labels()])?;
+                    held_out(&name, &set, classes, test_fraction, seed)?
+                } else {
+                    let why = if dir.is_dir() {
+                        " (no IDX files in this folder)"
+                    } else {
+                        " (no such folder)"
+                    };
+                    return Err(DataError::Missing {
+                        path: dir,
+                        hint: format!("{why}{IDX_HINT}"),
+                    });
+                }
+            }
+            Source::Synthetic => {
+                let shape = self.shape.unwrap_or(DEFAULT_SHAPE);
+                let classes = self.classes.unwrap_or(DEFAULT_CLASSES);
+                let (train, test) = synthetic::generate(
+                    shape,
+                    classes,
+                    self.train_samples.unwrap_or(DEFAULT_TRAIN_SAMPLES),
+                    self.test_samples.unwrap_or(DEFAULT_TEST_SAMPLES),
+                    seed,
+                )?;
+                Dataset {
+                    name: "synthetic".into(),
+                    shape,
+                    classes,
+                    train,
+                    test,
+                }
+            }
+        };
+        let len = data.sample_len();
+        split::truncate(&mut data.train, self.train_limit, len);
+        split::truncate(&mut data.test, self.test_limit, len);
+        Ok(data)
     }
+}
+
+impl Source {
+    /// The name used in job files, e.g. `mnist-10k`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Source::Mnist10k => "mnist-10k",
+            Source::FashionMnist => "fashion-mnist",
+            Source::Idx => "idx",
+            Source::Synthetic => "synthetic",
+        }
+    }
+}
+
+/// Finds `folder/stem`, else `folder/stem.gz`.
+fn locate(folder: &Path, stem: &str) -> Option<PathBuf> {
+    let raw = folder.join(stem);
+    if raw.is_file() {
+        return Some(raw);
+    }
+    let gz = folder.join(format!("{stem}.gz"));
+    gz.is_file().then_some(gz)
+}
+
+/// Like [`locate`], but a missing file is an error that says what to do.
+fn require(folder: &Path, stem: &str, hint: &str) -> Result<PathBuf, DataError> {
+    locate(folder, stem).ok_or_else(|| {
+        let why = if folder.is_dir() {
+            format!(" (nor {stem}.gz)")
+        } else {
+            format!(" (no folder {})", folder.display())
+        };
+        DataError::Missing {
+            path: folder.join(stem),
+            hint: format!("{why}{hint}"),
+        }
+    })
+}
+
+/// Reads `images-idx3-ubyte[.gz]` and `labels-idx1-ubyte[.gz]` from `folder`.
+fn read_single(folder: &Path, classes: usize, hint: &str) -> Result<idx::Labelled, DataError> {
+    let images = require(folder, SINGLE[0], hint)?;
+    let labels = require(folder, SINGLE[1], hint)?;
+    idx::read_pair(&images, &labels, classes, hint)
+}
+
+/// Reads the four `train-*` / `t10k-*` files of `folder` and keeps their split. With `classes`
+/// unset, it is one more than the largest label.
+fn read_official(
+    name: &str,
+    folder: &Path,
+    classes: Option<usize>,
+    hint: &str,
+) -> Result<Dataset, DataError> {
+    let paths = OFFICIAL
+        .iter()
+        .map(|stem| require(folder, stem, hint))
+        .collect::<Result<Vec<_>, _>>()?;
+    let limit = classes.unwrap_or(256);
+    let train = idx::read_pair(&paths[0], &paths[1], limit, hint)?;
+    let test = idx::read_pair(&paths[2], &paths[3], limit, hint)?;
+    if (test.rows, test.cols) != (train.rows, train.cols) {
+        return Err(DataError::Format {
+            path: paths[2].clone(),
+            message: format!(
+                "images are {}×{}, but the training images ({}) are {}×{}",
+                test.rows,
+                test.cols,
+                paths[0].display(),
+                train.rows,
+                train.cols
+            ),
+        });
+    }
+    let classes = match classes {
+        Some(c) => c,
+        None => classes_of(name, [train.labels(), test.labels()])?,
+    };
+    for (set, what) in [(&train, "training"), (&test, "test")] {
+        if set.is_empty() {
+            return Err(DataError::Invalid(format!(
+                "{name}: the {what} files hold no samples"
+            )));
+        }
+    }
+    Ok(Dataset {
+        name: name.to_string(),
+        shape: [1, train.rows, train.cols],
+        classes,
+        train: split::all(train.pixels(), train.labels()),
+        test: split::all(test.pixels(), test.labels()),
+    })
+}
+
+/// One more than the largest label; at least two classes are required.
+fn classes_of<const N: usize>(name: &str, labels: [&[u8]; N]) -> Result<usize, DataError> {
+    let max = labels
+        .iter()
+        .flat_map(|l| l.iter())
+        .copied()
+        .max()
+        .unwrap_or(0);
+    if max == 0 {
+        return Err(DataError::Invalid(format!(
+            "{name}: every label is 0; a classifier needs at least two classes"
+        )));
+    }
+    Ok(max as usize + 1)
+}
+
+/// Splits one set of samples into training and held-out test samples.
+fn held_out(
+    name: &str,
+    set: &idx::Labelled,
+    classes: usize,
+    test_fraction: f64,
+    seed: u64,
+) -> Result<Dataset, DataError> {
+    let (train, test) = split::stratified(set.labels(), test_fraction, seed);
+    if train.is_empty() || test.is_empty() {
+        return Err(DataError::Invalid(format!(
+            "{name}: holding out a fraction {test_fraction} of {} samples leaves the {} set empty",
+            set.len(),
+            if train.is_empty() { "training" } else { "test" }
+        )));
+    }
+    let len = set.rows * set.cols;
+    Ok(Dataset {
+        name: name.to_string(),
+        shape: [1, set.rows, set.cols],
+        classes,
+        train: split::gather(set.pixels(), set.labels(), len, &train),
+        test: split::gather(set.pixels(), set.labels(), len, &test),
+    })
 }

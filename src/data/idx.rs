@@ -1,0 +1,449 @@
+//! Reading (and, for tests and tools, writing) IDX files of unsigned bytes, raw or gzip-compressed.
+//!
+//! The IDX format: a 4-byte magic `00 00 08 d` (type 0x08 = unsigned byte, `d` dimensions), then
+//! `d` big-endian `u32` sizes, then the elements in row-major order. Every check here returns a
+//! [`DataError`] naming the file; no input, however malformed, makes these functions panic.
+
+use std::io::{Read, Write};
+use std::path::Path;
+
+use crate::error::DataError;
+
+/// The first two bytes of every gzip stream.
+pub const GZIP_MAGIC: [u8; 2] = [0x1f, 0x8b];
+
+/// The IDX element type this reader supports: unsigned byte.
+const TYPE_U8: u8 = 0x08;
+
+/// Deflate never expands data by more than this factor, so a decompressed size claimed beyond it
+/// is not trusted when reserving memory.
+const MAX_DEFLATE_RATIO: usize = 1032;
+
+/// A decoded IDX array of unsigned bytes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct IdxArray {
+    /// The sizes declared in the header, outermost first.
+    pub dims: Vec<usize>,
+    bytes: Vec<u8>,
+    offset: usize,
+}
+
+impl IdxArray {
+    /// The elements, row-major, exactly `dims.iter().product()` of them.
+    pub fn data(&self) -> &[u8] {
+        &self.bytes[self.offset..]
+    }
+}
+
+/// Images and their labels read from a matching pair of IDX files.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Labelled {
+    pub rows: usize,
+    pub cols: usize,
+    images: IdxArray,
+    labels: IdxArray,
+}
+
+impl Labelled {
+    /// Number of samples.
+    pub fn len(&self) -> usize {
+        self.labels.data().len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// Pixels of all images, `len × rows × cols`.
+    pub fn pixels(&self) -> &[u8] {
+        self.images.data()
+    }
+    /// One label per image.
+    pub fn labels(&self) -> &[u8] {
+        self.labels.data()
+    }
+}
+
+/// Reads a whole file, decompressing it when it starts with the gzip magic. A missing file is
+/// [`DataError::Missing`] with `hint` appended to the message.
+pub fn read_file(path: &Path, hint: &str) -> Result<Vec<u8>, DataError> {
+    gunzip_if_needed(path, read_file_raw(path, hint)?)
+}
+
+/// Returns `bytes` unchanged, or decompressed when they start with the gzip magic.
+pub fn gunzip_if_needed(path: &Path, bytes: Vec<u8>) -> Result<Vec<u8>, DataError> {
+    if !bytes.starts_with(&GZIP_MAGIC) {
+        return Ok(bytes);
+    }
+    // The gzip trailer stores the decompressed size modulo 2^32; use it only as a capacity hint.
+    let claimed = match bytes.len() {
+        n if n >= 18 => {
+            let t = &bytes[n - 4..];
+            u32::from_le_bytes([t[0], t[1], t[2], t[3]]) as usize
+        }
+        _ => 0,
+    };
+    let hint = claimed.min(bytes.len().saturating_mul(MAX_DEFLATE_RATIO));
+    let mut out = Vec::new();
+    // A failed reservation only costs reallocations later.
+    let _ = out.try_reserve_exact(hint);
+    flate2::read::MultiGzDecoder::new(bytes.as_slice())
+        .read_to_end(&mut out)
+        .map_err(|e| DataError::Format {
+            path: path.to_path_buf(),
+            message: format!("starts like a gzip file but does not decompress: {e}"),
+        })?;
+    Ok(out)
+}
+
+/// Decodes an (already decompressed) IDX file that must have `ndims` dimensions.
+pub fn parse(path: &Path, bytes: Vec<u8>, ndims: usize) -> Result<IdxArray, DataError> {
+    let format = |message: String| DataError::Format {
+        path: path.to_path_buf(),
+        message,
+    };
+    let expected_magic = 0x0000_0800u32 | (ndims as u32 & 0xff);
+    if bytes.len() < 4 {
+        return Err(format(format!(
+            "too short for an IDX header: {} bytes, expected at least 4 starting with the magic 0x{expected_magic:08x}",
+            bytes.len()
+        )));
+    }
+    let magic = u32::from_be_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]);
+    if bytes[0] != 0 || bytes[1] != 0 {
+        return Err(format(format!(
+            "not an IDX file: magic number 0x{magic:08x}, expected 0x{expected_magic:08x}"
+        )));
+    }
+    if bytes[2] != TYPE_U8 {
+        return Err(format(format!(
+            "IDX element type 0x{:02x} is not supported, expected 0x08 (unsigned byte); magic 0x{magic:08x}, expected 0x{expected_magic:08x}",
+            bytes[2]
+        )));
+    }
+    let found_dims = bytes[3] as usize;
+    if found_dims != ndims {
+        return Err(format(format!(
+            "has {found_dims} dimensions (magic 0x{magic:08x}), expected {ndims} (magic 0x{expected_magic:08x}): {}",
+            match ndims {
+                1 => "a labels file has one dimension, the count",
+                3 => "an images file has three dimensions: count, rows, columns",
+                _ => "wrong kind of IDX file",
+            }
+        )));
+    }
+    let header = 4 + 4 * ndims;
+    if bytes.len() < header {
+        return Err(format(format!(
+            "truncated header: {} bytes, expected {header} for {ndims} dimensions",
+            bytes.len()
+        )));
+    }
+    let dims: Vec<usize> = bytes[4..header]
+        .chunks_exact(4)
+        .map(|c| u32::from_be_bytes([c[0], c[1], c[2], c[3]]) as usize)
+        .collect();
+    let shape = dims
+        .iter()
+        .map(|d| d.to_string())
+        .collect::<Vec<_>>()
+        .join("×");
+    let expected = dims
+        .iter()
+        .try_fold(1usize, |acc, &d| acc.checked_mul(d))
+        .ok_or_else(|| format(format!("declared shape {shape} is too large")))?;
+    let found = bytes.len() - header;
+    if found != expected {
+        let what = if found < expected {
+            "truncated"
+        } else {
+            "trailing bytes after the data"
+        };
+        return Err(format(format!(
+            "{what}: the header declares {shape} = {expected} bytes of data, found {found}"
+        )));
+    }
+    Ok(IdxArray {
+        dims,
+        bytes,
+        offset: header,
+    })
+}
+
+/// Decodes the bytes of an images file (3 dimensions) and a labels file (1 dimension), raw or
+/// gzip, checking that the counts agree and that every label is below `classes`.
+pub fn decode_pair(
+    images_path: &Path,
+    image_bytes: Vec<u8>,
+    labels_path: &Path,
+    label_bytes: Vec<u8>,
+    classes: usize,
+) -> Result<Labelled, DataError> {
+    let images = parse(images_path, gunzip_if_needed(images_path, image_bytes)?, 3)?;
+    let labels = parse(labels_path, gunzip_if_needed(labels_path, label_bytes)?, 1)?;
+    let (count, rows, cols) = (images.dims[0], images.dims[1], images.dims[2]);
+    if count > 0 && (rows == 0 || cols == 0) {
+        return Err(DataError::Format {
+            path: images_path.to_path_buf(),
+            message: format!("images of {rows}×{cols} pixels are empty"),
+        });
+    }
+    if labels.dims[0] != count {
+        return Err(DataError::Format {
+            path: labels_path.to_path_buf(),
+            message: format!(
+                "{} labels, expected one per image: {} has {count} images",
+                labels.dims[0],
+                images_path.display()
+            ),
+        });
+    }
+    if let Some((i, &l)) = labels
+        .data()
+        .iter()
+        .enumerate()
+        .find(|(_, &l)| l as usize >= classes)
+    {
+        return Err(DataError::Format {
+            path: labels_path.to_path_buf(),
+            message: format!(
+                "label {l} at index {i} is not below the number of classes ({classes})"
+            ),
+        });
+    }
+    Ok(Labelled {
+        rows,
+        cols,
+        images,
+        labels,
+    })
+}
+
+/// Reads a pair of IDX files (see [`decode_pair`]); `hint` is appended when a file is missing.
+pub fn read_pair(
+    images_path: &Path,
+    labels_path: &Path,
+    classes: usize,
+    hint: &str,
+) -> Result<Labelled, DataError> {
+    let image_bytes = read_file_raw(images_path, hint)?;
+    let label_bytes = read_file_raw(labels_path, hint)?;
+    decode_pair(images_path, image_bytes, labels_path, label_bytes, classes)
+}
+
+fn read_file_raw(path: &Path, hint: &str) -> Result<Vec<u8>, DataError> {
+    std::fs::read(path).map_err(|source| match source.kind() {
+        std::io::ErrorKind::NotFound => DataError::Missing {
+            path: path.to_path_buf(),
+            hint: hint.to_string(),
+        },
+        _ => DataError::Io {
+            path: path.to_path_buf(),
+            source,
+        },
+    })
+}
+
+/// Encodes an IDX file of unsigned bytes. The caller keeps `data.len()` equal to the product of
+/// `dims`; nothing is checked, so tests can also build malformed files.
+pub fn encode(dims: &[u32], data: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(4 + 4 * dims.len() + data.len());
+    out.extend_from_slice(&[0, 0, TYPE_U8, dims.len() as u8]);
+    for d in dims {
+        out.extend_from_slice(&d.to_be_bytes());
+    }
+    out.extend_from_slice(data);
+    out
+}
+
+/// Compresses `data` as one gzip member with no file name and an mtime of 0.
+pub fn gzip(data: &[u8]) -> std::io::Result<Vec<u8>> {
+    let mut enc = flate2::GzBuilder::new()
+        .mtime(0)
+        .write(Vec::new(), flate2::Compression::default());
+    enc.write_all(data)?;
+    enc.finish()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use std::path::PathBuf;
+
+    fn p(name: &str) -> PathBuf {
+        PathBuf::from(name)
+    }
+
+    fn images(n: u32, rows: u32, cols: u32) -> Vec<u8> {
+        let data: Vec<u8> = (0..n * rows * cols).map(|i| (i * 7 % 256) as u8).collect();
+        encode(&[n, rows, cols], &data)
+    }
+
+    fn labels(values: &[u8]) -> Vec<u8> {
+        encode(&[values.len() as u32], values)
+    }
+
+    fn message(e: DataError) -> String {
+        match e {
+            DataError::Format { .. } => e.to_string(),
+            other => panic!("expected a format error, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn round_trip_raw_and_gzip_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let pixels: Vec<u8> = (0..3 * 4 * 5).map(|i| (i * 13 % 256) as u8).collect();
+        let img = encode(&[3, 4, 5], &pixels);
+        let lab = labels(&[2, 0, 1]);
+        for gz in [false, true] {
+            // The names carry no `.gz`: compression is detected from the content.
+            let ip = dir.path().join(format!("images-{gz}"));
+            let lp = dir.path().join(format!("labels-{gz}"));
+            let (ib, lb) = if gz {
+                (gzip(&img).unwrap(), gzip(&lab).unwrap())
+            } else {
+                (img.clone(), lab.clone())
+            };
+            assert_eq!(ib.starts_with(&GZIP_MAGIC), gz);
+            std::fs::write(&ip, ib).unwrap();
+            std::fs::write(&lp, lb).unwrap();
+            let set = read_pair(&ip, &lp, 3, "").unwrap();
+            assert_eq!((set.len(), set.rows, set.cols), (3, 4, 5));
+            assert_eq!(set.pixels(), pixels.as_slice());
+            assert_eq!(set.labels(), &[2, 0, 1]);
+        }
+    }
+
+    #[test]
+    fn missing_file_is_missing_with_hint() {
+        let dir = tempfile::tempdir().unwrap();
+        let ip = dir.path().join("nope");
+        let e = read_pair(&ip, &ip, 10, ": try harder").unwrap_err();
+        assert!(matches!(&e, DataError::Missing { path, .. } if path == &ip));
+        assert!(e.to_string().ends_with("not found: try harder"), "{e}");
+    }
+
+    #[test]
+    fn truncated_and_trailing_data_are_errors() {
+        let mut img = images(2, 3, 3);
+        img.pop();
+        let m = message(parse(&p("x.idx"), img.clone(), 3).unwrap_err());
+        assert!(m.contains("x.idx") && m.contains("truncated"), "{m}");
+        assert!(m.contains("2×3×3 = 18") && m.contains("found 17"), "{m}");
+        img.extend_from_slice(&[0, 0]);
+        let m = message(parse(&p("x.idx"), img, 3).unwrap_err());
+        assert!(m.contains("trailing") && m.contains("found 19"), "{m}");
+        // A truncated header.
+        let m = message(parse(&p("x.idx"), vec![0, 0, 8, 3, 0, 0, 0, 1], 3).unwrap_err());
+        assert!(m.contains("truncated header"), "{m}");
+    }
+
+    #[test]
+    fn truncated_gzip_is_an_error() {
+        let gz = gzip(&images(4, 5, 5)).unwrap();
+        let cut = gz[..gz.len() / 2].to_vec();
+        let m = message(gunzip_if_needed(&p("cut.gz"), cut).unwrap_err());
+        assert!(m.contains("cut.gz") && m.contains("gzip"), "{m}");
+    }
+
+    #[test]
+    fn bad_magic_is_an_error() {
+        let mut img = images(1, 2, 2);
+        img[0] = 0x12;
+        let m = message(parse(&p("m"), img.clone(), 3).unwrap_err());
+        assert!(
+            m.contains("not an IDX file") && m.contains("0x00000803"),
+            "{m}"
+        );
+        img[0] = 0;
+        img[2] = 0x0d; // float
+        let m = message(parse(&p("m"), img, 3).unwrap_err());
+        assert!(m.contains("0x0d is not supported"), "{m}");
+        let m = message(parse(&p("m"), vec![0, 0], 1).unwrap_err());
+        assert!(m.contains("too short"), "{m}");
+    }
+
+    #[test]
+    fn wrong_dimension_count_is_an_error() {
+        let m = message(parse(&p("l"), images(2, 2, 2), 1).unwrap_err());
+        assert!(
+            m.contains("has 3 dimensions") && m.contains("expected 1"),
+            "{m}"
+        );
+        let m = message(parse(&p("i"), labels(&[1, 2]), 3).unwrap_err());
+        assert!(
+            m.contains("has 1 dimensions") && m.contains("expected 3"),
+            "{m}"
+        );
+    }
+
+    #[test]
+    fn label_count_mismatch_and_range_are_errors() {
+        let m = message(
+            decode_pair(&p("img"), images(3, 2, 2), &p("lab"), labels(&[0, 1]), 10).unwrap_err(),
+        );
+        assert!(
+            m.starts_with("lab:") && m.contains("2 labels") && m.contains("3 images"),
+            "{m}"
+        );
+        let m = message(
+            decode_pair(
+                &p("img"),
+                images(3, 2, 2),
+                &p("lab"),
+                labels(&[0, 1, 10]),
+                10,
+            )
+            .unwrap_err(),
+        );
+        assert!(m.contains("label 10 at index 2"), "{m}");
+        assert!(decode_pair(
+            &p("img"),
+            images(3, 2, 2),
+            &p("lab"),
+            labels(&[0, 1, 9]),
+            10
+        )
+        .is_ok());
+    }
+
+    #[test]
+    fn oversized_shape_is_an_error_not_an_overflow() {
+        let mut bytes = vec![0, 0, 8, 3];
+        for _ in 0..3 {
+            bytes.extend_from_slice(&u32::MAX.to_be_bytes());
+        }
+        let m = message(parse(&p("big"), bytes, 3).unwrap_err());
+        assert!(m.contains("truncated") || m.contains("too large"), "{m}");
+    }
+
+    proptest! {
+        #[test]
+        fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..300), gz in any::<bool>()) {
+            let bytes = if gz { [GZIP_MAGIC.to_vec(), bytes].concat() } else { bytes };
+            let _ = decode_pair(&p("i"), bytes.clone(), &p("l"), bytes, 10);
+        }
+
+        #[test]
+        fn truncated_valid_files_are_errors(n in 1u32..5, rows in 1u32..6, cols in 1u32..6, cut_frac in 0.0f64..1.0, gz in any::<bool>()) {
+            let full = images(n, rows, cols);
+            let full = if gz { gzip(&full).unwrap() } else { full };
+            let cut = ((full.len() as f64) * cut_frac) as usize;
+            let lab = labels(&vec![0; n as usize]);
+            prop_assert!(decode_pair(&p("i"), full[..cut].to_vec(), &p("l"), lab.clone(), 10).is_err());
+            prop_assert!(decode_pair(&p("i"), full, &p("l"), lab, 10).is_ok());
+        }
+
+        #[test]
+        fn valid_header_with_random_body_never_panics(dims in proptest::collection::vec(0u32..8, 0..5), ndims in 0usize..5, body in proptest::collection::vec(any::<u8>(), 0..100)) {
+            let mut bytes = vec![0, 0, 8, dims.len() as u8];
+            for d in &dims {
+                bytes.extend_from_slice(&d.to_be_bytes());
+            }
+            bytes.extend_from_slice(&body);
+            let expected = dims.iter().map(|&d| d as usize).product::<usize>();
+            let r = parse(&p("x"), bytes, ndims);
+            prop_assert_eq!(r.is_ok(), ndims == dims.len() && body.len() == expected);
+        }
+    }
+}

@@ -1,0 +1,421 @@
+//! Tests of the data sources: the built-in MNIST-10k, IDX folders, Fashion-MNIST, synthetic data, and validation.
+
+use super::*;
+use std::collections::{hash_map::DefaultHasher, HashSet};
+use std::hash::{Hash, Hasher};
+use std::time::Instant;
+
+fn repo_data() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("data/mnist-10k")
+}
+
+/// A hash of every image of a split.
+fn image_hashes(s: &Samples, len: usize) -> Vec<u64> {
+    s.images
+        .chunks_exact(len)
+        .map(|img| {
+            let mut h = DefaultHasher::new();
+            for v in img {
+                v.to_bits().hash(&mut h);
+            }
+            h.finish()
+        })
+        .collect()
+}
+
+fn class_counts(labels: &[u32], classes: usize) -> Vec<usize> {
+    let mut c = vec![0; classes];
+    for &l in labels {
+        c[l as usize] += 1;
+    }
+    c
+}
+
+fn spec(source: Source) -> DataSpec {
+    DataSpec::of(source)
+}
+
+#[test]
+fn builtin_mnist_10k_loads_all_digits() {
+    let d = spec(Source::Mnist10k).load(None, 0).unwrap();
+    assert_eq!(d.name, "mnist-10k");
+    assert_eq!((d.shape, d.classes), ([1, 28, 28], 10));
+    assert_eq!((d.train.len(), d.test.len()), (8000, 2000));
+    assert_eq!(d.train.images.len(), 8000 * 784);
+    assert_eq!(d.test.images.len(), 2000 * 784);
+    let all: Vec<u32> = d
+        .train
+        .labels
+        .iter()
+        .chain(&d.test.labels)
+        .copied()
+        .collect();
+    let counts = class_counts(&all, 10);
+    println!("mnist-10k per-class counts: {counts:?}");
+    assert_eq!(
+        counts,
+        [1001, 1127, 991, 1032, 980, 863, 1014, 1070, 944, 978]
+    );
+    // Real digits: mostly background, some ink, every value a byte / 255.
+    let ink = d.train.images.iter().filter(|&&v| v > 0.5).count() as f64 / (8000.0 * 784.0);
+    assert!((0.05..0.25).contains(&ink), "ink fraction {ink}");
+    assert!(d
+        .train
+        .images
+        .iter()
+        .all(|&v| (v * 255.0 - (v * 255.0).round()).abs() < 1e-3 && (0.0..=1.0).contains(&v)));
+}
+
+#[test]
+fn split_is_stratified_disjoint_and_complete() {
+    let d = spec(Source::Mnist10k).load(None, 42).unwrap();
+    let train = image_hashes(&d.train, 784);
+    let test = image_hashes(&d.test, 784);
+    let train_set: HashSet<u64> = train.iter().copied().collect();
+    let test_set: HashSet<u64> = test.iter().copied().collect();
+    // All 10,000 digits are distinct, so the union has 10,000 members and no image is in both.
+    assert_eq!((train_set.len(), test_set.len()), (8000, 2000));
+    assert!(train_set.is_disjoint(&test_set));
+    assert_eq!(train_set.union(&test_set).count(), 10_000);
+    let test_counts = class_counts(&d.test.labels, 10);
+    println!("mnist-10k test counts (seed 42): {test_counts:?}");
+    assert_eq!(
+        test_counts,
+        [200, 225, 198, 206, 196, 173, 203, 214, 189, 196]
+    );
+}
+
+#[test]
+fn split_depends_on_the_seed() {
+    let a = spec(Source::Mnist10k).load(None, 7).unwrap();
+    let b = spec(Source::Mnist10k).load(None, 7).unwrap();
+    let c = spec(Source::Mnist10k).load(None, 8).unwrap();
+    assert_eq!(a, b);
+    assert_ne!(a.test, c.test);
+    let a_test: HashSet<u64> = image_hashes(&a.test, 784).into_iter().collect();
+    let c_test: HashSet<u64> = image_hashes(&c.test, 784).into_iter().collect();
+    assert_ne!(
+        a_test, c_test,
+        "a different seed holds out different digits"
+    );
+}
+
+#[test]
+fn test_fraction_and_limits_apply() {
+    let mut s = spec(Source::Mnist10k);
+    s.test_fraction = Some(0.5);
+    let half = s.load(None, 1).unwrap();
+    assert_eq!((half.train.len(), half.test.len()), (5000, 5000));
+    s.train_limit = Some(123);
+    s.test_limit = Some(45);
+    let limited = s.load(None, 1).unwrap();
+    assert_eq!((limited.train.len(), limited.test.len()), (123, 45));
+    assert_eq!(limited.train.images.len(), 123 * 784);
+    assert_eq!(limited.train.labels[..], half.train.labels[..123]);
+    assert_eq!(limited.test.images[..], half.test.images[..45 * 784]);
+    // A limit above the size changes nothing.
+    s.train_limit = Some(1_000_000);
+    assert_eq!(s.load(None, 1).unwrap().train.len(), 5000);
+}
+
+#[test]
+fn mnist_10k_from_a_folder_matches_the_builtin_copy() {
+    let builtin = spec(Source::Mnist10k).load(None, 3).unwrap();
+    let mut s = spec(Source::Mnist10k);
+    s.path = Some(repo_data());
+    assert_eq!(s.load(None, 3).unwrap(), builtin);
+    // A relative path is taken from `base`.
+    s.path = Some(PathBuf::from("data/mnist-10k"));
+    let base = Path::new(env!("CARGO_MANIFEST_DIR"));
+    assert_eq!(s.load(Some(base), 3).unwrap(), builtin);
+    // Uncompressed copies read the same.
+    let dir = tempfile::tempdir().unwrap();
+    for name in SINGLE {
+        let gz = std::fs::read(repo_data().join(format!("{name}.gz"))).unwrap();
+        let raw = idx::gunzip_if_needed(Path::new(name), gz).unwrap();
+        std::fs::write(dir.path().join(name), raw).unwrap();
+    }
+    s.path = Some(dir.path().to_path_buf());
+    assert_eq!(s.load(None, 3).unwrap(), builtin);
+}
+
+#[test]
+fn mnist_10k_folder_without_files_says_what_is_expected() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut s = spec(Source::Mnist10k);
+    s.path = Some(dir.path().to_path_buf());
+    let e = s.load(None, 0).unwrap_err();
+    assert!(matches!(e, DataError::Missing { .. }), "{e:?}");
+    let m = e.to_string();
+    assert!(
+        m.contains("images-idx3-ubyte") && m.contains("built into"),
+        "{m}"
+    );
+}
+
+/// Writes a small IDX dataset of `n` 3×2 images whose pixels encode their index and label.
+fn write_set(dir: &Path, prefix: &str, n: usize, gz: bool) {
+    let labels: Vec<u8> = (0..n).map(|i| (i % 3) as u8).collect();
+    let pixels: Vec<u8> = (0..n * 6).map(|i| (i / 6 * 10 + i % 6) as u8).collect();
+    let files = [
+        (
+            format!("{prefix}images-idx3-ubyte"),
+            idx::encode(&[n as u32, 3, 2], &pixels),
+        ),
+        (
+            format!("{prefix}labels-idx1-ubyte"),
+            idx::encode(&[n as u32], &labels),
+        ),
+    ];
+    for (name, bytes) in files {
+        if gz {
+            let name = format!("{name}.gz");
+            std::fs::write(dir.join(name), idx::gzip(&bytes).unwrap()).unwrap();
+        } else {
+            std::fs::write(dir.join(name), bytes).unwrap();
+        }
+    }
+}
+
+#[test]
+fn idx_folder_with_train_and_test_files_keeps_their_split() {
+    let dir = tempfile::tempdir().unwrap();
+    write_set(dir.path(), "train-", 12, true);
+    write_set(dir.path(), "t10k-", 5, false);
+    let mut s = spec(Source::Idx);
+    s.path = Some(dir.path().to_path_buf());
+    let d = s.load(None, 0).unwrap();
+    assert_eq!((d.shape, d.classes), ([1, 3, 2], 3));
+    assert_eq!((d.train.len(), d.test.len()), (12, 5));
+    // File order is kept for official splits.
+    assert_eq!(d.train.labels[..4], [0, 1, 2, 0]);
+    assert_eq!(d.test.images[6], 10.0 / 255.0);
+    // One of the four files missing names it.
+    std::fs::remove_file(dir.path().join("t10k-labels-idx1-ubyte")).unwrap();
+    let e = s.load(None, 0).unwrap_err();
+    assert!(
+        matches!(&e, DataError::Missing { path, .. } if path.ends_with("t10k-labels-idx1-ubyte")),
+        "{e:?}"
+    );
+}
+
+#[test]
+fn idx_folder_with_one_set_is_split_by_fraction() {
+    let dir = tempfile::tempdir().unwrap();
+    write_set(dir.path(), "", 20, false);
+    let mut s = spec(Source::Idx);
+    s.path = Some(dir.path().to_path_buf());
+    s.test_fraction = Some(0.25);
+    let d = s.load(None, 5).unwrap();
+    assert_eq!(d.classes, 3);
+    assert_eq!((d.train.len(), d.test.len()), (15, 5));
+    // 7, 7, 6 samples per class → 1.75, 1.75, 1.5 → 2, 2, 1 held out.
+    assert_eq!(class_counts(&d.test.labels, 3), [2, 2, 1]);
+    // Each image still carries its own label: pixel 0 is 10 × index, label is index mod 3.
+    for (img, &l) in d.train.images.chunks_exact(6).zip(&d.train.labels) {
+        let index = (img[0] * 255.0).round() as u32 / 10;
+        assert_eq!(index % 3, l);
+    }
+}
+
+#[test]
+fn idx_errors_name_the_problem() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut s = spec(Source::Idx);
+    s.path = Some(dir.path().to_path_buf());
+    let m = s.load(None, 0).unwrap_err().to_string();
+    assert!(
+        m.contains("no IDX files") && m.contains("t10k-images-idx3-ubyte"),
+        "{m}"
+    );
+    s.path = Some(dir.path().join("absent"));
+    let m = s.load(None, 0).unwrap_err().to_string();
+    assert!(m.contains("no such folder"), "{m}");
+    // Corrupt data: truncated images.
+    s.path = Some(dir.path().to_path_buf());
+    write_set(dir.path(), "", 4, false);
+    let img = dir.path().join("images-idx3-ubyte");
+    let mut bytes = std::fs::read(&img).unwrap();
+    bytes.truncate(bytes.len() - 1);
+    std::fs::write(&img, bytes).unwrap();
+    let e = s.load(None, 0).unwrap_err();
+    assert!(
+        matches!(&e, DataError::Format { path, .. } if path == &img),
+        "{e:?}"
+    );
+    // Missing `path` is caught before any file is read.
+    let e = spec(Source::Idx).load(None, 0).unwrap_err();
+    assert!(
+        matches!(&e, DataError::Invalid(m) if m.contains("`path`")),
+        "{e:?}"
+    );
+}
+
+#[test]
+fn too_few_samples_to_split_is_an_error() {
+    let dir = tempfile::tempdir().unwrap();
+    write_set(dir.path(), "", 2, false);
+    let mut s = spec(Source::Idx);
+    s.path = Some(dir.path().to_path_buf());
+    // Two samples: 0.2 of them rounds to none held out.
+    let e = s.load(None, 0).unwrap_err();
+    assert!(
+        matches!(&e, DataError::Invalid(m) if m.contains("test set empty")),
+        "{e:?}"
+    );
+}
+
+#[test]
+fn fashion_mnist_when_installed() {
+    let dir = Path::new(FASHION_MNIST_DIR);
+    if !dir.is_dir() {
+        println!("skipped: {FASHION_MNIST_DIR} not found (apt-get install dataset-fashion-mnist)");
+        return;
+    }
+    let start = Instant::now();
+    let d = spec(Source::FashionMnist).load(None, 0).unwrap();
+    let elapsed = start.elapsed();
+    println!("fashion-mnist loaded in {:.3} s", elapsed.as_secs_f64());
+    assert_eq!(
+        (d.name.as_str(), d.shape, d.classes),
+        ("fashion-mnist", [1, 28, 28], 10)
+    );
+    assert_eq!((d.train.len(), d.test.len()), (60_000, 10_000));
+    // Fashion-MNIST is exactly balanced: 6,000 and 1,000 per class.
+    assert_eq!(class_counts(&d.train.labels, 10), vec![6000; 10]);
+    assert_eq!(class_counts(&d.test.labels, 10), vec![1000; 10]);
+}
+
+#[test]
+fn fashion_mnist_missing_says_how_to_get_it() {
+    let mut s = spec(Source::FashionMnist);
+    s.path = Some(PathBuf::from("/nonexistent/fashion"));
+    let e = s.load(None, 0).unwrap_err();
+    assert!(matches!(e, DataError::Missing { .. }), "{e:?}");
+    let m = e.to_string();
+    assert!(
+        m.contains("apt-get install dataset-fashion-mnist") && m.contains("`path`"),
+        "{m}"
+    );
+}
+
+#[test]
+fn synthetic_defaults_and_determinism() {
+    let d = spec(Source::Synthetic).load(None, 9).unwrap();
+    assert_eq!(
+        (d.name.as_str(), d.shape, d.classes),
+        ("synthetic", [1, 28, 28], 10)
+    );
+    assert_eq!((d.train.len(), d.test.len()), (8000, 2000));
+    assert_eq!(d, spec(Source::Synthetic).load(None, 9).unwrap());
+    assert_ne!(
+        d.train,
+        spec(Source::Synthetic).load(None, 10).unwrap().train
+    );
+    let mut s = spec(Source::Synthetic);
+    s.shape = Some([3, 8, 4]);
+    s.classes = Some(5);
+    s.train_samples = Some(50);
+    s.test_samples = Some(20);
+    s.test_limit = Some(7);
+    let d = s.load(None, 1).unwrap();
+    assert_eq!((d.shape, d.classes, d.sample_len()), ([3, 8, 4], 5, 96));
+    assert_eq!((d.train.len(), d.test.len()), (50, 7));
+    assert_eq!(d.train.images.len(), 50 * 96);
+    assert!(d.train.labels.iter().all(|&l| l < 5));
+}
+
+type Setter = fn(&mut DataSpec);
+
+fn invalid(s: &DataSpec) -> (String, String) {
+    match s.validate() {
+        Err(e) => e,
+        Ok(()) => panic!("{s:?} should be invalid"),
+    }
+}
+
+#[test]
+fn validate_accepts_defaults() {
+    for source in [Source::Mnist10k, Source::FashionMnist, Source::Synthetic] {
+        assert_eq!(spec(source).validate(), Ok(()));
+    }
+    let mut s = spec(Source::Idx);
+    s.path = Some("x".into());
+    s.test_fraction = Some(0.1);
+    s.train_limit = Some(1);
+    assert_eq!(s.validate(), Ok(()));
+    let mut s = spec(Source::Synthetic);
+    s.shape = Some([1, 1 << 14, 1 << 14]);
+    s.classes = Some(100_000);
+    assert_eq!(s.validate(), Ok(()));
+}
+
+#[test]
+fn validate_rejects_bad_values() {
+    for f in [0.0, 1.0, -0.1, 1.5, f64::NAN] {
+        let mut s = spec(Source::Mnist10k);
+        s.test_fraction = Some(f);
+        let (k, m) = invalid(&s);
+        assert_eq!(k, "test_fraction");
+        assert!(m.contains("between 0 and 1"), "{m}");
+    }
+    let mut s = spec(Source::Mnist10k);
+    s.train_limit = Some(0);
+    assert_eq!(invalid(&s).0, "train_limit");
+    let mut s = spec(Source::Synthetic);
+    s.test_limit = Some(0);
+    assert_eq!(invalid(&s).0, "test_limit");
+
+    assert_eq!(invalid(&spec(Source::Idx)).0, "path");
+    let mut s = spec(Source::Synthetic);
+    s.path = Some("x".into());
+    assert_eq!(invalid(&s).0, "path");
+    for source in [Source::Synthetic, Source::FashionMnist] {
+        let mut s = spec(source);
+        s.test_fraction = Some(0.2);
+        let (k, m) = invalid(&s);
+        assert_eq!(k, "test_fraction");
+        assert!(m.contains("own test set"), "{m}");
+    }
+
+    for source in [Source::Mnist10k, Source::FashionMnist] {
+        let cases: [(&str, Setter); 4] = [
+            ("shape", |s| s.shape = Some([1, 2, 2])),
+            ("classes", |s| s.classes = Some(3)),
+            ("train_samples", |s| s.train_samples = Some(3)),
+            ("test_samples", |s| s.test_samples = Some(3)),
+        ];
+        for (key, set) in cases {
+            let mut s = spec(source);
+            set(&mut s);
+            let (k, m) = invalid(&s);
+            assert_eq!(k, key);
+            assert!(m.contains("only applies to source synthetic"), "{m}");
+        }
+    }
+
+    let synth = |f: fn(&mut DataSpec)| {
+        let mut s = spec(Source::Synthetic);
+        f(&mut s);
+        invalid(&s)
+    };
+    assert_eq!(synth(|s| s.shape = Some([1, 0, 28])).0, "shape");
+    let (k, m) = synth(|s| s.shape = Some([2, 1 << 14, 1 << 14]));
+    assert!(k == "shape" && m.contains("2^28"), "{k} {m}");
+    assert_eq!(synth(|s| s.shape = Some([usize::MAX, 2, 2])).0, "shape");
+    assert_eq!(synth(|s| s.classes = Some(1)).0, "classes");
+    assert_eq!(synth(|s| s.classes = Some(100_001)).0, "classes");
+    assert_eq!(synth(|s| s.train_samples = Some(0)).0, "train_samples");
+    assert_eq!(synth(|s| s.test_samples = Some(0)).0, "test_samples");
+}
+
+#[test]
+fn load_checks_the_spec_first() {
+    let mut s = spec(Source::Synthetic);
+    s.classes = Some(1);
+    let e = s.load(None, 0).unwrap_err();
+    assert!(
+        matches!(&e, DataError::Invalid(m) if m.starts_with("`classes`")),
+        "{e:?}"
+    );
+}
