@@ -106,7 +106,7 @@ pub fn devices(
         memory = format!("memory: {{fraction: {f}}}\n");
     }
     let text = format!(
-        "model: {{kind: mlp}}\ndata: {{source: synthetic}}\nn: [{n}]\nsplits: [{split}]\n{memory}"
+        "name: devices\nmodel: {{kind: mlp}}\ndata: {{source: synthetic}}\nn: [{n}]\nsplits: [{split}]\n{memory}"
     );
     let job = Job::parse(&text, Path::new("<flags>"))?;
     if split.gpu_only() && r.kind == BackendKind::Cpu {
@@ -418,7 +418,11 @@ fn finish(dir: &Path, runs: &[RunRow], trials: &[TrialRow], out: &mut dyn Write)
 }
 
 fn print_paths(paths: &report::ReportPaths, out: &mut dyn Write) -> Result<()> {
-    for p in [&paths.time_per_training, &paths.samples_per_s, &paths.summary] {
+    for p in [
+        &paths.time_per_training,
+        &paths.samples_per_s,
+        &paths.summary,
+    ] {
         writeln!(out, "wrote {}", p.display()).map_err(|e| io("stdout", e))?;
     }
     Ok(())

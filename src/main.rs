@@ -76,6 +76,7 @@ enum Command {
 }
 
 #[derive(clap::Args, Debug)]
+#[command(allow_negative_numbers = true)]
 struct TrainArgs {
     /// A job file to take the trial from (flags below override it).
     job: Option<PathBuf>,

@@ -17,31 +17,19 @@ fn final_acc(out: &str) -> f64 {
 
 #[test]
 fn mlp_learns_mnist_10k() {
-    let o = gpumux(
-        &root(),
-        &[
-            "train",
-            "--model",
-            "mlp",
-            "--data",
-            "mnist-10k",
-            "--epochs",
-            "2",
-            "--batch-size",
-            "64",
-            "--lr",
-            "0.001",
-        ],
-    );
+    // 784-256-10 for 5 epochs: 0.9555 measured on an x86-64 host; the bar leaves room for
+    // other floating-point orders.
+    let args = "train --model mlp --hidden 256 --data mnist-10k --epochs 5 --batch-size 32 --lr 0.001 --seed 0";
+    let o = gpumux(&root(), &args.split(' ').collect::<Vec<_>>());
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     let out = stdout(&o);
     assert_eq!(
         out.lines().filter(|l| l.starts_with("epoch")).count(),
-        2,
+        5,
         "{out}"
     );
     let acc = final_acc(&out);
-    assert!(acc >= 0.93, "MLP test accuracy after 2 epochs: {acc}");
+    assert!(acc >= 0.945, "MLP test accuracy after 5 epochs: {acc}");
 }
 
 #[test]

@@ -60,6 +60,7 @@ t10k-images-idx3-ubyte and t10k-labels-idx1-ubyte, or images-idx3-ubyte and labe
 #[serde(rename_all = "kebab-case")]
 pub enum Source {
     /// The 10,000 real MNIST digits shipped in `data/mnist-10k` (and embedded in the binary).
+    #[serde(rename = "mnist-10k")]
     Mnist10k,
     /// Fashion-MNIST in IDX files, by default under `/usr/share/datasets/fashion-mnist`.
     FashionMnist,
@@ -99,9 +100,13 @@ pub struct DataSpec {
     /// Synthetic only: test samples (default 2000).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub test_samples: Option<usize>,
+    /// Standardise pixels with the training split's mean and standard deviation (default true),
+    /// as PyTorch's MNIST example does with `Normalize((0.1307,), (0.3081,))`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub normalize: Option<bool>,
 }
 
-/// Samples of one split: images as `f32` in `[0, 1]`, `n × (c·h·w)`, and their labels.
+/// Samples of one split: images as `f32` (`byte/255`, then standardised unless `normalize: false`), `n × (c·h·w)`, and their labels.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Samples {
     pub images: Vec<f32>,
@@ -134,6 +139,34 @@ impl Dataset {
     pub fn sample_len(&self) -> usize {
         self.shape.iter().product()
     }
+
+    /// The training split's pixel mean and standard deviation (over every pixel, computed in f64).
+    pub fn train_moments(&self) -> (f64, f64) {
+        let n = self.train.images.len().max(1) as f64;
+        let mean = self.train.images.iter().map(|&x| x as f64).sum::<f64>() / n;
+        let var = self
+            .train
+            .images
+            .iter()
+            .map(|&x| (x as f64 - mean).powi(2))
+            .sum::<f64>()
+            / n;
+        (mean, var.sqrt())
+    }
+
+    /// Standardises both splits with the training split's moments (a constant image is left centred).
+    pub fn standardize(&mut self) {
+        let (mean, std) = self.train_moments();
+        let scale = if std > 1e-12 { 1.0 / std } else { 1.0 };
+        for x in self
+            .train
+            .images
+            .iter_mut()
+            .chain(self.test.images.iter_mut())
+        {
+            *x = ((*x as f64 - mean) * scale) as f32;
+        }
+    }
 }
 
 impl DataSpec {
@@ -149,6 +182,7 @@ impl DataSpec {
             classes: None,
             train_samples: None,
             test_samples: None,
+            normalize: None,
         }
     }
 
@@ -319,6 +353,9 @@ impl DataSpec {
         let len = data.sample_len();
         split::truncate(&mut data.train, self.train_limit, len);
         split::truncate(&mut data.test, self.test_limit, len);
+        if self.normalize.unwrap_or(true) {
+            data.standardize();
+        }
         Ok(data)
     }
 }

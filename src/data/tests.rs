@@ -31,8 +31,12 @@ fn class_counts(labels: &[u32], classes: usize) -> Vec<usize> {
     c
 }
 
+/// A spec that keeps pixels as `byte/255`, so tests can compare them with the files.
 fn spec(source: Source) -> DataSpec {
-    DataSpec::of(source)
+    DataSpec {
+        normalize: Some(false),
+        ..DataSpec::of(source)
+    }
 }
 
 #[test]
@@ -418,4 +422,34 @@ fn load_checks_the_spec_first() {
         matches!(&e, DataError::Invalid(m) if m.starts_with("`classes`")),
         "{e:?}"
     );
+}
+
+#[test]
+fn sources_parse_by_their_job_file_names() {
+    for s in [
+        Source::Mnist10k,
+        Source::FashionMnist,
+        Source::Idx,
+        Source::Synthetic,
+    ] {
+        let parsed: Source = serde_yaml::from_str(s.name()).unwrap();
+        assert_eq!(parsed, s);
+    }
+}
+
+#[test]
+fn normalize_standardises_with_the_training_moments() {
+    let raw = spec(Source::Mnist10k).load(None, 1).unwrap();
+    let norm = DataSpec::of(Source::Mnist10k).load(None, 1).unwrap();
+    let (mean, std) = norm.train_moments();
+    assert!(mean.abs() < 1e-4, "mean {mean}");
+    assert!((std - 1.0).abs() < 1e-4, "std {std}");
+    let (m0, s0) = raw.train_moments();
+    assert!(
+        (0.05..0.25).contains(&m0) && (0.2..0.45).contains(&s0),
+        "MNIST moments {m0} {s0}"
+    );
+    // The test split uses the training moments, not its own.
+    let x = raw.test.images[300] as f64;
+    assert!(((x - m0) / s0 - norm.test.images[300] as f64).abs() < 1e-5);
 }

@@ -110,8 +110,7 @@ fn describe_exit(status: std::process::ExitStatus, stderr: &str) -> String {
     use std::os::unix::process::ExitStatusExt;
     let tail: String = stderr
         .lines()
-        .filter(|l| !l.trim().is_empty())
-        .last()
+        .rfind(|l| !l.trim().is_empty())
         .map(|l| format!(": {}", l.trim()))
         .unwrap_or_default();
     match (status.code(), status.signal()) {

@@ -13,6 +13,9 @@ use crate::engine::{
 use crate::error::EngineError;
 use crate::plan::MIB;
 
+/// Regions borrowed at once: `R` to read and `W` to write.
+type Views<'a, const R: usize, const W: usize> = ([&'a [f32]; R], [&'a mut [f32]; W]);
+
 /// A trial's engine on the host. The dataset is shared read-only by every trial of the process.
 pub struct CpuBackend {
     data: Arc<Dataset>,
@@ -54,7 +57,7 @@ impl CpuBackend {
         op: &'static str,
         reads: [Region; R],
         writes: [Region; W],
-    ) -> Result<([&[f32]; R], [&mut [f32]; W]), EngineError> {
+    ) -> Result<Views<'_, R, W>, EngineError> {
         for r in reads.iter().chain(writes.iter()) {
             self.check(*r)?;
         }
