@@ -306,6 +306,9 @@ pub fn fib(job: &Job, opts: &FibOptions, out: &mut dyn Write) -> Result<PathBuf>
         .out
         .clone()
         .unwrap_or_else(|| PathBuf::from("out").join(&job.name));
+    if dir.join(report::RUNS_CSV).exists() {
+        eprintln!("note: replacing the earlier results in {}", dir.display());
+    }
     let mut writer = report::ReportWriter::create(&dir)?;
     std::fs::write(
         dir.join("command.txt"),
@@ -351,11 +354,20 @@ pub fn fib(job: &Job, opts: &FibOptions, out: &mut dyn Write) -> Result<PathBuf>
     let mut runs = Vec::new();
     let mut trials = Vec::new();
     for round in &rounds {
-        bar.set_message(format!("N={} {}", round.n, round.split));
+        let mut states = StateCounts {
+            queued: round.n,
+            ..Default::default()
+        };
+        bar.set_message(states.line(round));
         let mut write_err = None;
         let outcome = sched::run_round(round, &ctx, &mut |ev| {
             let res = match ev {
-                Event::Started { .. } => Ok(()),
+                Event::Started { .. } => {
+                    states.queued -= 1;
+                    states.running += 1;
+                    bar.set_message(states.line(round));
+                    Ok(())
+                }
                 Event::Epoch { trial, stats, .. } => writer.progress(&ProgressRow {
                     round: round.index,
                     trial_id: trial.id.clone(),
@@ -370,6 +382,12 @@ pub fn fib(job: &Job, opts: &FibOptions, out: &mut dyn Write) -> Result<PathBuf>
                 }),
                 Event::Finished(o) => {
                     bar.inc(1);
+                    states.running -= 1;
+                    match o.state {
+                        TrialState::Complete => states.complete += 1,
+                        _ => states.failed += 1,
+                    }
+                    bar.set_message(states.line(round));
                     let row = trial_row(job, round, o);
                     let res = writer.trial(&row);
                     trials.push(row);
@@ -407,6 +425,24 @@ pub fn fib(job: &Job, opts: &FibOptions, out: &mut dyn Write) -> Result<PathBuf>
     bar.finish_and_clear();
     finish(&dir, &runs, &trials, out)?;
     Ok(dir)
+}
+
+/// How many trials of a round are in each state, for the progress line.
+#[derive(Default)]
+struct StateCounts {
+    queued: u32,
+    running: u32,
+    complete: u32,
+    failed: u32,
+}
+
+impl StateCounts {
+    fn line(&self, round: &Round) -> String {
+        format!(
+            "N={} {}: {} QUEUED, {} RUNNING, {} COMPLETE, {} FAIL",
+            round.n, round.split, self.queued, self.running, self.complete, self.failed
+        )
+    }
 }
 
 fn finish(dir: &Path, runs: &[RunRow], trials: &[TrialRow], out: &mut dyn Write) -> Result<()> {

@@ -656,7 +656,7 @@ impl Job {
             }
             if let Dist::LogUniform { max, .. } = &dist {
                 if *max < 1.0 && name == "lr" {
-                    tracing_hint(&format!(
+                    warn(&format!(
                         "{}: parameters.{name} uses log_uniform, whose min and max are natural-log exponents \
                          (W&B semantics); for bounds given as values use log_uniform_values",
                         self.path.display()
@@ -705,7 +705,7 @@ impl Job {
 }
 
 /// A warning printed once on stderr (the library has no logger of its own).
-fn tracing_hint(message: &str) {
+fn warn(message: &str) {
     eprintln!("warning: {message}");
 }
 
@@ -837,5 +837,20 @@ mod tests {
         assert_eq!(locate(t, "memory.fraction"), Some(4));
         assert_eq!(locate(t, "fraction"), Some(4));
         assert_eq!(locate(t, "missing"), None);
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn parsing_never_panics_on_arbitrary_text(text in "\\PC{0,200}") {
+            let _ = parse(&text);
+        }
+
+        #[test]
+        fn parsing_never_panics_on_mutated_jobs(cut in 0usize..400, insert in "[ :{}\\[\\],\\-a-z0-9.\\n]{0,12}") {
+            let base = include_str!("../jobs/example.yaml");
+            let at = base.char_indices().map(|(i, _)| i).nth(cut % base.chars().count()).unwrap_or(0);
+            let text = format!("{}{}{}", &base[..at], insert, &base[at..]);
+            let _ = parse(&text);
+        }
     }
 }

@@ -79,6 +79,23 @@ fn bad_flags_exit_2() {
 }
 
 #[test]
+fn an_unusable_backend_is_exit_3() {
+    let o = gpumux(
+        &root(),
+        &[
+            "fib",
+            "jobs/mnist-fib.yaml",
+            "--backend",
+            "cuda",
+            "--n",
+            "1",
+        ],
+    );
+    assert_eq!(o.status.code(), Some(3), "{}", stderr(&o));
+    assert!(stderr(&o).contains("backend cuda"), "{}", stderr(&o));
+}
+
+#[test]
 fn a_missing_job_file_is_exit_2() {
     let o = gpumux(&root(), &["fib", "/nonexistent/job.yaml"]);
     assert_eq!(o.status.code(), Some(2));
