@@ -312,7 +312,12 @@ pub fn fib(job: &Job, opts: &FibOptions, out: &mut dyn Write) -> Result<PathBuf>
     let mut writer = report::ReportWriter::create(&dir)?;
     std::fs::write(
         dir.join("command.txt"),
-        format!("{}\n# device: {}\n", opts.command, r.device),
+        format!(
+            "{}\n# gpumux {}, device: {}\n",
+            opts.command,
+            env!("CARGO_PKG_VERSION"),
+            r.device
+        ),
     )
     .map_err(|e| io(&format!("{}", dir.join("command.txt").display()), e))?;
     let ctx = RoundContext {
