@@ -192,6 +192,7 @@ pub fn train(job: &Job, trial: u32, data_dir: Option<&Path>, out: &mut dyn Write
         input: data.shape,
         classes: data.classes,
         fault: spec.fault.clone(),
+        engine: job.file.engine.clone(),
     };
     let h = &spec.hyper;
     let w = |out: &mut dyn Write, s: String| writeln!(out, "{s}").map_err(|e| io("stdout", e));
@@ -199,16 +200,6 @@ pub fn train(job: &Job, trial: u32, data_dir: Option<&Path>, out: &mut dyn Write
         "trial {}: {} on {}, {} epochs, batch {}, {} lr {}, momentum {}, weight decay {}, dropout {}, seed {}",
         spec.id, job.file.model.kind, data.name, cfg.epochs, h.batch_size, h.optimizer, h.lr, h.momentum, h.weight_decay, h.dropout, spec.seed
     ))?;
-    let net = crate::models::build(
-        &cfg.model,
-        cfg.input,
-        cfg.classes,
-        h.batch_size as usize,
-        h.dropout as f32,
-        h.optimizer,
-    )
-    .map_err(|m| Error::Usage(format!("model: {m}")))?;
-    w(out, format!("memory plan: {}", net.plan.summary()))?;
     let slice = plan::SliceSpec {
         index: 0,
         mem_cap_bytes: None,
@@ -216,6 +207,17 @@ pub fn train(job: &Job, trial: u32, data_dir: Option<&Path>, out: &mut dyn Write
         partition: None,
     };
     let mut be = sched::open_backend(r.kind, Arc::clone(&data), &slice)?;
+    let net = crate::models::build(
+        &cfg.model,
+        cfg.input,
+        cfg.classes,
+        h.batch_size as usize,
+        h.dropout as f32,
+        h.optimizer,
+        &|s| be.conv_workspace_len(s),
+    )
+    .map_err(|m| Error::Usage(format!("model: {m}")))?;
+    w(out, format!("memory plan: {}", net.plan.summary()))?;
     let mut lines = Vec::new();
     let res = run_trial(be.as_mut(), &cfg, &mut |e| {
         let line = format!(
@@ -327,6 +329,7 @@ pub fn fib(job: &Job, opts: &FibOptions, out: &mut dyn Write) -> Result<PathBuf>
         data_seed: job.file.seed,
         model: job.file.model.clone(),
         epochs: job.file.train.epochs,
+        engine: job.file.engine.clone(),
         backend: r.kind,
         worker_exe: opts.worker_exe.clone(),
     };

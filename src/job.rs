@@ -356,6 +356,29 @@ pub enum BackendChoice {
     Cuda,
 }
 
+/// The `engine:` section: how the backend runs a trial (results do not depend on it beyond
+/// floating-point order, except `tf32`, which rounds GEMM inputs to 10 mantissa bits).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct EngineOptions {
+    /// Capture the training step once as a CUDA graph and replay it (GPU; default true).
+    pub graphs: bool,
+    /// Let cuBLAS use TF32 tensor cores for FP32 GEMMs (GPU; default false).
+    pub tf32: bool,
+    /// Read the loss back and check it is finite every this many steps (default 50; and at each epoch's end).
+    pub check_every: usize,
+}
+
+impl Default for EngineOptions {
+    fn default() -> Self {
+        EngineOptions {
+            graphs: true,
+            tf32: false,
+            check_every: 50,
+        }
+    }
+}
+
 /// A fault injected into one trial, to test isolation.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -406,6 +429,8 @@ pub struct JobFile {
     pub memory: MemorySpec,
     #[serde(default)]
     pub backend: BackendChoice,
+    #[serde(default)]
+    pub engine: EngineOptions,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub faults: Vec<FaultSpec>,
 }
@@ -563,6 +588,9 @@ impl Job {
             }
         }
         self.check_memory()?;
+        if self.file.engine.check_every == 0 {
+            return Err(self.invalid("engine.check_every", "must be at least 1"));
+        }
         for (i, fault) in self.file.faults.iter().enumerate() {
             if fault.trial >= MAX_N {
                 return Err(self.invalid(

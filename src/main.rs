@@ -225,6 +225,7 @@ fn train_job(a: TrainArgs) -> Result<(Job, u32, Option<PathBuf>), Error> {
             splits: vec![SplitMode::Shared],
             memory: Default::default(),
             backend: BackendChoice::Auto,
+            engine: Default::default(),
             faults: Vec::new(),
         },
     };

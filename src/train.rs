@@ -6,7 +6,7 @@ use std::time::Instant;
 use crate::engine::rng::{derive, HostRng};
 use crate::engine::{Backend, Split, STATS_LEN};
 use crate::error::TrialError;
-use crate::job::{FaultKind, FaultSpec, Hyper, ModelSpec};
+use crate::job::{EngineOptions, FaultKind, FaultSpec, Hyper, ModelSpec};
 use crate::models;
 
 /// What a trial trains.
@@ -21,6 +21,8 @@ pub struct TrialConfig {
     pub classes: usize,
     #[serde(default)]
     pub fault: Option<FaultSpec>,
+    #[serde(default)]
+    pub engine: EngineOptions,
 }
 
 /// The figures of one epoch.
@@ -71,22 +73,27 @@ pub fn run_trial(
             message: format!("batch size {batch} is larger than the {n_train} training samples"),
         }));
     }
-    let mut net = models::build(
+    let net = models::build(
         &cfg.model,
         cfg.input,
         cfg.classes,
         batch,
         h.dropout as f32,
         h.optimizer,
+        &|s| be.conv_workspace_len(s),
     )
     .map_err(|message| crate::error::EngineError::Shape {
         op: "model",
         message,
     })?;
     be.alloc_arena(net.plan.total)?;
+    let mut net = net;
     net.init(be, cfg.seed)?;
     let dropout_seed = derive(cfg.seed, 2);
     let steps_per_epoch = n_train / batch;
+    let graphs = cfg.engine.graphs && be.supports_graphs();
+    let check_every = cfg.engine.check_every.max(1);
+    let mut captured = false;
     let mut stats = [0f32; STATS_LEN];
     let mut last = None;
     for epoch in 1..=cfg.epochs {
@@ -97,19 +104,30 @@ pub fn run_trial(
             if epoch == 1 {
                 inject(be, &net, cfg.fault.as_ref(), step)?;
             }
-            be.gather(Split::Train, step * batch, batch, net.input(), net.labels)?;
-            net.forward(be, batch, true, dropout_seed)?;
-            net.loss(be, batch)?;
-            net.backward(be, batch, dropout_seed)?;
-            net.update(be, h)?;
-            // A diverged trial stops at once rather than training on NaNs.
-            be.read(net.stats, &mut stats)?;
-            if !stats[0].is_finite() {
-                return Err(TrialError::NonFiniteLoss {
-                    value: stats[0],
-                    epoch: epoch as usize,
-                    step,
-                });
+            if graphs {
+                if !captured {
+                    be.begin_capture()?;
+                    let body = net.train_step(be, steps_per_epoch, dropout_seed, h);
+                    // End the capture whatever happened, so the stream is usable again.
+                    let end = be.end_capture();
+                    body?;
+                    end?;
+                    captured = true;
+                }
+                be.replay()?;
+            } else {
+                net.train_step(be, steps_per_epoch, dropout_seed, h)?;
+            }
+            // A diverged trial stops soon rather than training on NaNs.
+            if (step + 1) % check_every == 0 || step + 1 == steps_per_epoch {
+                be.read(net.stats, &mut stats)?;
+                if !stats[0].is_finite() {
+                    return Err(TrialError::NonFiniteLoss {
+                        value: stats[0],
+                        epoch: epoch as usize,
+                        step,
+                    });
+                }
             }
         }
         let seen = (steps_per_epoch * batch).max(1) as f64;

@@ -77,12 +77,22 @@ pub struct AdamParams {
     pub beta2: f32,
     pub eps: f32,
     pub weight_decay: f32,
-    /// The 1-based step number, for bias correction.
-    pub step: u32,
 }
 
 /// Training statistics accumulated on the device by [`Backend::softmax_xent`]: `[loss_sum, correct]`.
 pub const STATS_LEN: usize = 2;
+
+/// The step counter: one arena element holding a `u32` (its bits, not a float value) that counts
+/// the training steps taken. Ops that change from step to step (the batch gathered, the dropout
+/// mask, Adam's bias correction) read it on the device, so one captured CUDA graph replays every
+/// step. [`Backend::advance`] adds one at the end of each step.
+pub const COUNTER_LEN: usize = 1;
+
+/// The dropout stream of `layer` at step `count`: the `counter` argument of [`rng::uniform`].
+#[inline]
+pub fn dropout_stream(count: u32, layer: u32) -> u64 {
+    ((count as u64) << 16) | layer as u64
+}
 
 /// One trial's engine: its arena, its resident data, and the ops over them.
 ///
@@ -115,6 +125,24 @@ pub trait Backend: Send {
         x: Region,
         y: Region,
     ) -> Result<(), EngineError>;
+    /// Gathers training batch number `count % steps_per_epoch` of the epoch's order, where
+    /// `count` is read from the step counter: samples `start..start+batch` with
+    /// `start = (count % steps_per_epoch)·batch`.
+    fn gather_train(
+        &mut self,
+        counter: Region,
+        steps_per_epoch: usize,
+        batch: usize,
+        x: Region,
+        y: Region,
+    ) -> Result<(), EngineError>;
+    /// Adds one to the step counter.
+    fn advance(&mut self, counter: Region) -> Result<(), EngineError>;
+    /// Elements of convolution workspace the backend needs for `s` (the CPU lowers one sample at a
+    /// time; a GPU lowers the whole batch).
+    fn conv_workspace_len(&self, s: &Conv2dShape) -> usize {
+        s.ws_len()
+    }
 
     /// Row-major `C = alpha·op(A)·op(B) + beta·C`.
     fn gemm(&mut self, g: GemmShape, a: Region, b: Region, c: Region) -> Result<(), EngineError>;
@@ -177,7 +205,9 @@ pub trait Backend: Send {
         dx: Region,
     ) -> Result<(), EngineError>;
     /// Inverted dropout with a counter-based mask: element `i` is dropped when
-    /// `rng::uniform(seed, counter, i) < p`, else scaled by `1/(1-p)`.
+    /// `rng::uniform(seed, dropout_stream(count, layer), i) < p`, else scaled by `1/(1-p)`, where
+    /// `count` is read from the step counter.
+    #[allow(clippy::too_many_arguments)]
     fn dropout_fwd(
         &mut self,
         x: Region,
@@ -185,8 +215,10 @@ pub trait Backend: Send {
         len: usize,
         p: f32,
         seed: u64,
-        counter: u64,
+        counter: Region,
+        layer: u32,
     ) -> Result<(), EngineError>;
+    /// The gradient of [`Backend::dropout_fwd`] with the same mask (same counter value and layer).
     #[allow(clippy::too_many_arguments)]
     fn dropout_bwd(
         &mut self,
@@ -195,7 +227,8 @@ pub trait Backend: Send {
         len: usize,
         p: f32,
         seed: u64,
-        counter: u64,
+        counter: Region,
+        layer: u32,
     ) -> Result<(), EngineError>;
     /// Softmax cross-entropy over `rows × classes` logits and `f32` labels. Writes
     /// `dlogits = (softmax − onehot)/rows` and adds `[Σ loss, #correct]` into `stats`.
@@ -224,6 +257,8 @@ pub trait Backend: Send {
         v: Region,
         p: SgdParams,
     ) -> Result<(), EngineError>;
+    /// Adam with bias correction for step `t = count + 1`, `count` read from the step counter.
+    #[allow(clippy::too_many_arguments)]
     fn adam_step(
         &mut self,
         w: Region,
@@ -231,7 +266,31 @@ pub trait Backend: Send {
         m: Region,
         v: Region,
         p: AdamParams,
+        counter: Region,
     ) -> Result<(), EngineError>;
     /// Waits until every op issued so far has finished.
     fn synchronize(&mut self) -> Result<(), EngineError>;
+
+    /// Whether ops can be captured into a graph and replayed ([`Backend::begin_capture`]).
+    fn supports_graphs(&self) -> bool {
+        false
+    }
+    /// Starts recording the ops issued from now on instead of running them.
+    fn begin_capture(&mut self) -> Result<(), EngineError> {
+        Err(EngineError::Device(
+            "this backend cannot capture graphs".into(),
+        ))
+    }
+    /// Ends the recording; the recorded ops become the graph that [`Backend::replay`] runs.
+    fn end_capture(&mut self) -> Result<(), EngineError> {
+        Err(EngineError::Device(
+            "this backend cannot capture graphs".into(),
+        ))
+    }
+    /// Runs the recorded graph once.
+    fn replay(&mut self) -> Result<(), EngineError> {
+        Err(EngineError::Device(
+            "this backend cannot capture graphs".into(),
+        ))
+    }
 }

@@ -8,6 +8,7 @@ pub mod network;
 pub use memplan::{MemKind, MemoryPlan};
 pub use network::{LayerDef, Network};
 
+use crate::engine::Conv2dShape;
 use crate::job::{ModelKind, ModelSpec, Optimizer};
 
 /// The layer list of a model for inputs of shape `[c, h, w]` and `classes` outputs.
@@ -31,6 +32,7 @@ pub fn build(
     batch: usize,
     dropout: f32,
     optimizer: Optimizer,
+    ws_len: &dyn Fn(&Conv2dShape) -> usize,
 ) -> Result<Network, String> {
     Network::new(
         &layers(spec, input, classes, dropout)?,
@@ -38,5 +40,6 @@ pub fn build(
         classes,
         batch,
         optimizer,
+        ws_len,
     )
 }

@@ -2,7 +2,8 @@
 
 use crate::engine::rng::{derive, HostRng};
 use crate::engine::{
-    AdamParams, Backend, Conv2dShape, GemmShape, PoolShape, Region, SgdParams, STATS_LEN,
+    AdamParams, Backend, Conv2dShape, GemmShape, PoolShape, Region, SgdParams, COUNTER_LEN,
+    STATS_LEN,
 };
 use crate::error::EngineError;
 use crate::job::Optimizer;
@@ -81,7 +82,8 @@ pub struct Network {
     pub params: Region,
     grads: Region,
     opt: OptState,
-    step: u32,
+    /// The step counter (see [`crate::engine::COUNTER_LEN`]).
+    pub counter: Region,
 }
 
 fn out_len(def: &LayerDef, in_len: usize) -> Result<usize, String> {
@@ -129,6 +131,7 @@ impl Network {
         classes: usize,
         batch: usize,
         optimizer: Optimizer,
+        ws_len: &dyn Fn(&Conv2dShape) -> usize,
     ) -> Result<Network, String> {
         if batch == 0 {
             return Err("batch size must be at least 1".into());
@@ -220,11 +223,12 @@ impl Network {
                     k,
                     pad,
                 };
-                l.ws = plan.add(format!("layer{i}.im2col"), MemKind::Workspace, s.ws_len());
+                l.ws = plan.add(format!("layer{i}.im2col"), MemKind::Workspace, ws_len(&s));
             }
         }
         let labels = plan.add("labels", MemKind::Activations, batch);
         let stats = plan.add("stats", MemKind::Workspace, STATS_LEN);
+        let counter = plan.add("step counter", MemKind::Workspace, COUNTER_LEN);
         Ok(Network {
             layers,
             plan,
@@ -238,7 +242,7 @@ impl Network {
             params,
             grads,
             opt,
-            step: 0,
+            counter,
         })
     }
 
@@ -276,12 +280,12 @@ impl Network {
                 be.write(r, &vals)?;
             }
         }
-        self.step = 0;
+        be.write(self.counter, &[f32::from_bits(0)])?;
         Ok(())
     }
 
     /// Runs the layers on the first `rows` samples of the input batch; returns the logits region.
-    /// `train` enables dropout, whose mask depends on `(seed, step, layer)`.
+    /// `train` enables dropout, whose mask depends on `(seed, step counter, layer)`.
     pub fn forward(
         &self,
         be: &mut dyn Backend,
@@ -333,7 +337,7 @@ impl Network {
                 )?,
                 LayerDef::Dropout { p } => {
                     let p = if train { p } else { 0.0 };
-                    be.dropout_fwd(x, y, rows * l.out_len, p, seed, self.counter(i))?;
+                    be.dropout_fwd(x, y, rows * l.out_len, p, seed, self.counter, i as u32)?;
                 }
             }
         }
@@ -342,10 +346,6 @@ impl Network {
 
     fn logits(&self) -> Region {
         self.acts[self.layers.len()]
-    }
-
-    fn counter(&self, layer: usize) -> u64 {
-        ((self.step as u64) << 16) | layer as u64
     }
 
     /// Loss and its gradient on the logits; adds `[Σ loss, #correct]` into the stats region.
@@ -426,7 +426,7 @@ impl Network {
                 }
                 LayerDef::Dropout { p } => {
                     if let Some(dx) = dx {
-                        be.dropout_bwd(dy, dx, rows * l.in_len, p, seed, self.counter(i))?;
+                        be.dropout_bwd(dy, dx, rows * l.in_len, p, seed, self.counter, i as u32)?;
                     }
                 }
             }
@@ -434,13 +434,32 @@ impl Network {
         Ok(())
     }
 
-    /// One optimiser step over the whole parameter block; advances the step counter.
-    pub fn update(
-        &mut self,
+    /// One training step on the device: gather batch `count % steps_per_epoch` of the epoch's
+    /// order, forward, loss, backward, optimiser, and advance the step counter. Every argument is
+    /// the same from step to step, so the whole step can be captured once as a graph.
+    pub fn train_step(
+        &self,
         be: &mut dyn Backend,
+        steps_per_epoch: usize,
+        seed: u64,
         h: &crate::job::Hyper,
     ) -> Result<(), EngineError> {
-        self.step += 1;
+        be.gather_train(
+            self.counter,
+            steps_per_epoch,
+            self.batch,
+            self.input(),
+            self.labels,
+        )?;
+        self.forward(be, self.batch, true, seed)?;
+        self.loss(be, self.batch)?;
+        self.backward(be, self.batch, seed)?;
+        self.update(be, h)?;
+        be.advance(self.counter)
+    }
+
+    /// One optimiser step over the whole parameter block (Adam's `t` comes from the step counter).
+    pub fn update(&self, be: &mut dyn Backend, h: &crate::job::Hyper) -> Result<(), EngineError> {
         match self.opt {
             OptState::Sgd { v } => be.sgd_step(
                 self.params,
@@ -463,15 +482,10 @@ impl Network {
                     beta2: 0.999,
                     eps: 1e-8,
                     weight_decay: h.weight_decay as f32,
-                    step: self.step,
                 },
+                self.counter,
             ),
         }
-    }
-
-    /// Steps taken so far.
-    pub fn steps(&self) -> u32 {
-        self.step
     }
 }
 
@@ -480,6 +494,8 @@ mod tests {
     use super::*;
     use crate::job::{ModelKind, ModelSpec};
     use crate::models::build;
+
+    const CPU_WS: fn(&Conv2dShape) -> usize = |s| s.ws_len();
 
     #[test]
     fn the_default_mlp_has_the_known_parameter_count() {
@@ -490,6 +506,7 @@ mod tests {
             64,
             0.0,
             Optimizer::Adam,
+            &CPU_WS,
         )
         .unwrap();
         assert_eq!(n.param_count(), 784 * 128 + 128 + 128 * 10 + 10);
@@ -505,6 +522,7 @@ mod tests {
             32,
             0.25,
             Optimizer::Sgd,
+            &CPU_WS,
         )
         .unwrap();
         // conv 1→32 3×3, conv 32→64 3×3, dense 9216→128, dense 128→10.
@@ -518,8 +536,8 @@ mod tests {
             inputs: 10,
             outputs: 3,
         }];
-        assert!(Network::new(&defs, [1, 2, 5], 2, 4, Optimizer::Sgd).is_err());
-        assert!(Network::new(&defs, [1, 3, 3], 3, 4, Optimizer::Sgd).is_err());
-        assert!(Network::new(&defs, [1, 2, 5], 3, 0, Optimizer::Sgd).is_err());
+        assert!(Network::new(&defs, [1, 2, 5], 2, 4, Optimizer::Sgd, &CPU_WS).is_err());
+        assert!(Network::new(&defs, [1, 3, 3], 3, 4, Optimizer::Sgd, &CPU_WS).is_err());
+        assert!(Network::new(&defs, [1, 2, 5], 3, 0, Optimizer::Sgd, &CPU_WS).is_err());
     }
 }

@@ -76,6 +76,7 @@ pub struct RoundContext {
     pub data_seed: u64,
     pub model: ModelSpec,
     pub epochs: u32,
+    pub engine: crate::job::EngineOptions,
     pub backend: BackendKind,
     /// The gpumux executable that child processes run as `gpumux worker`.
     pub worker_exe: PathBuf,
@@ -92,6 +93,7 @@ impl RoundContext {
             input: self.data.shape,
             classes: self.data.classes,
             fault: trial.fault.clone(),
+            engine: self.engine.clone(),
         }
     }
 }

@@ -7,8 +7,8 @@ use std::sync::Arc;
 
 use crate::data::Dataset;
 use crate::engine::{
-    AdamParams, Backend, BackendKind, Conv2dShape, GemmShape, PoolShape, Region, SgdParams, Split,
-    STATS_LEN,
+    dropout_stream, AdamParams, Backend, BackendKind, Conv2dShape, GemmShape, PoolShape, Region,
+    SgdParams, Split, COUNTER_LEN, STATS_LEN,
 };
 use crate::error::EngineError;
 use crate::plan::MIB;
@@ -34,6 +34,13 @@ impl CpuBackend {
             arena: Vec::new(),
             order,
         }
+    }
+
+    /// The step counter's value (a `u32` stored as bits).
+    fn count(&mut self, counter: Region) -> Result<u32, EngineError> {
+        let counter = need("counter", "counter", counter, COUNTER_LEN)?;
+        let ([c], []) = self.views("counter", [counter], [])?;
+        Ok(c[0].to_bits())
     }
 
     fn check(&self, r: Region) -> Result<(), EngineError> {
@@ -208,6 +215,31 @@ impl Backend for CpuBackend {
         result
     }
 
+    fn gather_train(
+        &mut self,
+        counter: Region,
+        steps_per_epoch: usize,
+        batch: usize,
+        x: Region,
+        y: Region,
+    ) -> Result<(), EngineError> {
+        if steps_per_epoch == 0 {
+            return Err(EngineError::Shape {
+                op: "gather_train",
+                message: "an epoch needs at least one step".into(),
+            });
+        }
+        let count = self.count(counter)? as usize;
+        self.gather(Split::Train, (count % steps_per_epoch) * batch, batch, x, y)
+    }
+
+    fn advance(&mut self, counter: Region) -> Result<(), EngineError> {
+        let count = self.count(counter)?;
+        let ([], [c]) = self.views("advance", [], [counter.prefix(COUNTER_LEN)])?;
+        c[0] = f32::from_bits(count.wrapping_add(1));
+        Ok(())
+    }
+
     fn gemm(&mut self, g: GemmShape, a: Region, b: Region, c: Region) -> Result<(), EngineError> {
         let a = need("gemm", "A", a, g.a_len())?;
         let b = need("gemm", "B", b, g.b_len())?;
@@ -354,12 +386,14 @@ impl Backend for CpuBackend {
         len: usize,
         p: f32,
         seed: u64,
-        counter: u64,
+        counter: Region,
+        layer: u32,
     ) -> Result<(), EngineError> {
+        let stream = dropout_stream(self.count(counter)?, layer);
         let x = need("dropout_fwd", "x", x, len)?;
         let y = need("dropout_fwd", "y", y, len)?;
         let ([x], [y]) = self.views("dropout_fwd", [x], [y])?;
-        ops::dropout_fwd(x, y, p, seed, counter);
+        ops::dropout_fwd(x, y, p, seed, stream);
         Ok(())
     }
 
@@ -370,12 +404,14 @@ impl Backend for CpuBackend {
         len: usize,
         p: f32,
         seed: u64,
-        counter: u64,
+        counter: Region,
+        layer: u32,
     ) -> Result<(), EngineError> {
+        let stream = dropout_stream(self.count(counter)?, layer);
         let dy = need("dropout_bwd", "dy", dy, len)?;
         let dx = need("dropout_bwd", "dx", dx, len)?;
         let ([dy], [dx]) = self.views("dropout_bwd", [dy], [dx])?;
-        ops::dropout_bwd(dy, dx, p, seed, counter);
+        ops::dropout_bwd(dy, dx, p, seed, stream);
         Ok(())
     }
 
@@ -442,23 +478,14 @@ impl Backend for CpuBackend {
         m: Region,
         v: Region,
         p: AdamParams,
+        counter: Region,
     ) -> Result<(), EngineError> {
+        let t = self.count(counter)?.wrapping_add(1);
         let g = need("adam_step", "g", g, w.len)?;
         let m = need("adam_step", "m", m, w.len)?;
         let v = need("adam_step", "v", v, w.len)?;
         let ([g], [w, m, v]) = self.views("adam_step", [g], [w, m, v])?;
-        ops::adam_step(
-            w,
-            g,
-            m,
-            v,
-            p.lr,
-            p.beta1,
-            p.beta2,
-            p.eps,
-            p.weight_decay,
-            p.step,
-        );
+        ops::adam_step(w, g, m, v, p.lr, p.beta1, p.beta2, p.eps, p.weight_decay, t);
         Ok(())
     }
 
