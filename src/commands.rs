@@ -546,6 +546,7 @@ fn run_row(
         gpu_util_mean: None,
         gpu_mem_peak_mib: None,
         power_w_mean: None,
+        sm_clock_mhz_mean: None,
         device: r.device.clone(),
         backend: r.kind.to_string(),
         epochs: job.file.train.epochs,

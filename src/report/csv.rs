@@ -225,6 +225,7 @@ pub(crate) mod tests {
             gpu_util_mean: None,
             gpu_mem_peak_mib: None,
             power_w_mean: None,
+            sm_clock_mhz_mean: None,
             device: "cpu: 2 cores".into(),
             backend: "cpu".into(),
             epochs: 2,
@@ -290,6 +291,7 @@ pub(crate) mod tests {
         full.gpu_util_mean = Some(97.125);
         full.gpu_mem_peak_mib = Some(40_000.5);
         full.power_w_mean = Some(612.0);
+        full.sm_clock_mhz_mean = Some(1_755.5);
         let runs = vec![run_row("shared", 1, 12.5), full];
         let mut failed = trial_row("t1", "mps", None, None);
         failed.error = "needs 9.0 MiB, slice cap 8.0 MiB, \"quoted\"\nsecond line".into();
@@ -309,6 +311,33 @@ pub(crate) mod tests {
         let text = fs::read_to_string(dir.path().join(RUNS_CSV)).unwrap();
         let first = text.lines().nth(1).unwrap();
         assert!(first.contains(",,,"), "None is an empty cell: {first}");
+    }
+
+    #[test]
+    fn sm_clock_column_follows_power_in_the_header() {
+        let header = header_of::<RunRow>().unwrap();
+        let names: Vec<&str> = header.iter().collect();
+        let power = names.iter().position(|n| *n == "power_w_mean").unwrap();
+        assert_eq!(names[power + 1], "sm_clock_mhz_mean");
+        assert_eq!(names.len(), 20);
+    }
+
+    #[test]
+    fn runs_written_before_the_sm_clock_column_still_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let old = "model,dataset,split,n,slices,sm_per_slice,slices_per_partition,mem_cap_mib,\
+                   makespan_s,time_per_training_s,samples_per_s,gpu_util_mean,gpu_mem_peak_mib,\
+                   power_w_mean,device,backend,epochs,ok,failed\n\
+                   mlp,mnist-10k,shared,2,2,,,,25,12.5,80,97.5,1024,300,cpu: 2 cores,cpu,2,2,0\n";
+        fs::write(dir.path().join(RUNS_CSV), old).unwrap();
+        let mut want = run_row("shared", 2, 12.5);
+        want.gpu_util_mean = Some(97.5);
+        want.gpu_mem_peak_mib = Some(1024.0);
+        want.power_w_mean = Some(300.0);
+        assert_eq!(read_runs(dir.path()).unwrap(), vec![want]);
+        // Appending new rows to such a file would misalign its columns: refused.
+        let err = ReportWriter::append(dir.path()).err().unwrap().to_string();
+        assert!(err.contains("cannot append"), "{err}");
     }
 
     #[test]

@@ -108,6 +108,9 @@ fn columns(runs: &[RunRow]) -> Vec<Column> {
     if runs.iter().any(|r| r.power_w_mean.is_some()) {
         cols.push(column("power W", true, |r, _| opt(r.power_w_mean, 0)));
     }
+    if runs.iter().any(|r| r.sm_clock_mhz_mean.is_some()) {
+        cols.push(column("SM MHz", true, |r, _| opt(r.sm_clock_mhz_mean, 0)));
+    }
     cols
 }
 
@@ -417,6 +420,7 @@ mod tests {
         let table = summary_table(&rows);
         let lines: Vec<&str> = table.lines().collect();
         assert!(lines[0].contains("gpu util %") && !lines[0].contains("power W"));
+        assert!(!lines[0].contains("SM MHz"));
         assert!(table.contains("88.2") || table.contains("88.3"));
         assert!(table.contains("4096"));
         let end = |l: &str| {
@@ -427,6 +431,20 @@ mod tests {
         for line in &lines[1..] {
             assert!(line.as_bytes()[col_end - 1].is_ascii_digit(), "{line}");
         }
+    }
+
+    #[test]
+    fn sm_clock_column_follows_power_when_present() {
+        let mut rows = runs();
+        rows[1].power_w_mean = Some(350.0);
+        rows[1].sm_clock_mhz_mean = Some(1_754.6);
+        let table = summary_table(&rows);
+        let header = table.lines().next().unwrap();
+        let (power, clock) = (header.find("power W"), header.find("SM MHz"));
+        assert!(power.is_some() && clock > power, "{header}");
+        assert!(header.trim_end().ends_with("SM MHz"), "{header}");
+        let row = table.lines().find(|l| l.contains("350")).unwrap();
+        assert!(row.trim_end().ends_with("1755"), "{row}");
     }
 
     #[test]
