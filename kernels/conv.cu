@@ -1,0 +1,159 @@
+// Convolution lowering over the whole batch: im2col/col2im and the layout changes around the GEMMs.
+// CPU twins: src/engine/cpu/im2col.rs (im2col, col2im, per sample) and ops::conv2d_fwd/conv2d_bwd
+// (bias add, bias gradient).
+// Stride 1, zero padding: h_out = h + 2·pad + 1 − k, w_out = w + 2·pad + 1 − k (engine::shapes).
+
+typedef unsigned long long u64;
+
+// Grid-stride loop over 0..n with index type I, so any launch shape covers every element.
+#define FOR_EACH(I, i, n) \
+    for (I i = blockIdx.x * (I)blockDim.x + threadIdx.x; i < (I)(n); i += (I)blockDim.x * gridDim.x)
+
+// Whether a loop over 0..total (and its last stride past the end) fits 32-bit indices, whose
+// divisions are much cheaper than 64-bit ones.
+__device__ __forceinline__ bool fits32(u64 total)
+{
+    return total + (u64)blockDim.x * gridDim.x <= 0xffffffffULL;
+}
+
+// The sizes shared by im2col and col2im.
+struct ConvSizes {
+    unsigned int n, c_in, h, w, k, pad, h_out, w_out;
+};
+
+template <typename I>
+__device__ void im2col_body(const float* x, float* col, ConvSizes s)
+{
+    const I cols = (I)s.n * s.h_out * s.w_out, kk = (I)s.k * s.k;
+    FOR_EACH(I, e, (I)s.c_in * kk * cols)
+    {
+        const I row = e / cols, j = e - row * cols;
+        const I ci = row / kk;
+        const unsigned int r = (unsigned int)(row - ci * kk), ky = r / s.k, kx = r - ky * s.k;
+        const I bo = j / s.w_out, b = bo / s.h_out;
+        const unsigned int ox = (unsigned int)(j - bo * s.w_out);
+        const unsigned int oy = (unsigned int)(bo - b * s.h_out);
+        const long long iy = (long long)oy + ky - s.pad, ix = (long long)ox + kx - s.pad;
+        float v = 0.0f;
+        if (iy >= 0 && iy < s.h && ix >= 0 && ix < s.w) {
+            v = x[((b * s.c_in + ci) * s.h + (I)iy) * s.w + (I)ix];
+        }
+        col[e] = v;
+    }
+}
+
+// col[(ci·k·k + ky·k + kx)][(b·h_out + oy)·w_out + ox] = x[b, ci, oy+ky−pad, ox+kx−pad], 0 outside.
+// One thread per column-matrix entry, consecutive threads along ox.
+extern "C" __global__ void im2col(const float* x, float* col, unsigned int n, unsigned int c_in,
+                                  unsigned int h, unsigned int w, unsigned int k, unsigned int pad,
+                                  unsigned int h_out, unsigned int w_out)
+{
+    const ConvSizes s = {n, c_in, h, w, k, pad, h_out, w_out};
+    if (fits32((u64)c_in * k * k * n * h_out * w_out)) {
+        im2col_body<unsigned int>(x, col, s);
+    } else {
+        im2col_body<u64>(x, col, s);
+    }
+}
+
+template <typename I>
+__device__ void col2im_body(const float* col, float* dx, ConvSizes s)
+{
+    const I cols = (I)s.n * s.h_out * s.w_out;
+    FOR_EACH(I, e, (I)s.n * s.c_in * s.h * s.w)
+    {
+        const I by = e / s.w, plane = by / s.h, b = plane / s.c_in;
+        const long long ix = (long long)(e - by * s.w), iy = (long long)(by - plane * s.h);
+        const I ci = plane - b * s.c_in;
+        float sum = 0.0f;
+        for (unsigned int ky = 0; ky < s.k; ++ky) {
+            const long long oy = iy + s.pad - ky;
+            if (oy < 0 || oy >= s.h_out) {
+                continue;
+            }
+            for (unsigned int kx = 0; kx < s.k; ++kx) {
+                const long long ox = ix + s.pad - kx;
+                if (ox < 0 || ox >= s.w_out) {
+                    continue;
+                }
+                const I row = (ci * s.k + ky) * s.k + kx;
+                sum += col[row * cols + (b * s.h_out + (I)oy) * s.w_out + (I)ox];
+            }
+        }
+        dx[e] = sum;
+    }
+}
+
+// The adjoint of im2col: one thread per dx element, summing (from 0) the column entries read from
+// it in (ky, kx) order, the order of the CPU twin; overwrites dx.
+extern "C" __global__ void col2im(const float* col, float* dx, unsigned int n, unsigned int c_in,
+                                  unsigned int h, unsigned int w, unsigned int k, unsigned int pad,
+                                  unsigned int h_out, unsigned int w_out)
+{
+    const ConvSizes s = {n, c_in, h, w, k, pad, h_out, w_out};
+    // The column matrix is indexed too, and it may be larger than dx.
+    const u64 col_len = (u64)c_in * k * k * n * h_out * w_out, dx_len = (u64)n * c_in * h * w;
+    if (fits32(col_len > dx_len ? col_len : dx_len)) {
+        col2im_body<unsigned int>(col, dx, s);
+    } else {
+        col2im_body<u64>(col, dx, s);
+    }
+}
+
+template <typename I>
+__device__ void nchw_to_cnhw_body(const float* src, float* dst, I n, I c, I hw)
+{
+    const I nhw = n * hw;
+    FOR_EACH(I, e, nhw * c)
+    {
+        const I ch = e / nhw, rest = e - ch * nhw, b = rest / hw, j = rest - b * hw;
+        dst[e] = src[(b * c + ch) * hw + j];
+    }
+}
+
+// dst[ch][b·hw + j] = src[b][ch][j]; one thread per dst element.
+extern "C" __global__ void nchw_to_cnhw(const float* src, float* dst, unsigned int n,
+                                        unsigned int c, unsigned int hw)
+{
+    if (fits32((u64)n * c * hw)) {
+        nchw_to_cnhw_body<unsigned int>(src, dst, n, c, hw);
+    } else {
+        nchw_to_cnhw_body<u64>(src, dst, n, c, hw);
+    }
+}
+
+template <typename I>
+__device__ void cnhw_to_nchw_bias_body(const float* src, const float* bias, float* dst, I n, I c,
+                                       I hw)
+{
+    FOR_EACH(I, e, n * c * hw)
+    {
+        const I plane = e / hw, j = e - plane * hw, b = plane / c, ch = plane - b * c;
+        dst[e] = src[(ch * n + b) * hw + j] + bias[ch];
+    }
+}
+
+// dst[b][ch][j] = src[ch][b·hw + j] + bias[ch]; one thread per dst element.
+extern "C" __global__ void cnhw_to_nchw_bias(const float* src, const float* bias, float* dst,
+                                             unsigned int n, unsigned int c, unsigned int hw)
+{
+    if (fits32((u64)n * c * hw)) {
+        cnhw_to_nchw_bias_body<unsigned int>(src, bias, dst, n, c, hw);
+    } else {
+        cnhw_to_nchw_bias_body<u64>(src, bias, dst, n, c, hw);
+    }
+}
+
+// out[r] = Σ_j m[r][j], one thread per row, j in order from 0 (the convolution's bias gradient).
+extern "C" __global__ void row_sum(const float* m, float* out, unsigned int rows, unsigned int cols)
+{
+    FOR_EACH(u64, r, rows)
+    {
+        const float* row = m + r * cols;
+        float sum = 0.0f;
+        for (unsigned int j = 0; j < cols; ++j) {
+            sum += row[j];
+        }
+        out[r] = sum;
+    }
+}

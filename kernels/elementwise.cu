@@ -1,0 +1,115 @@
+// Elementwise kernels: fill, ReLU, bias, dropout and the step counter.
+// CPU twins: src/engine/cpu/ops.rs (relu_*, bias_*, dropout_*), src/engine/rng.rs (mix64, uniform),
+// src/engine/cpu/mod.rs (fill, advance).
+
+typedef unsigned long long u64;
+
+// Grid-stride loop over 0..n with index type I, so any launch shape covers every element.
+#define FOR_EACH(I, i, n) \
+    for (I i = blockIdx.x * (I)blockDim.x + threadIdx.x; i < (I)(n); i += (I)blockDim.x * gridDim.x)
+
+// Whether a loop over 0..total (and its last stride past the end) fits 32-bit indices, whose
+// divisions are much cheaper than 64-bit ones.
+__device__ __forceinline__ bool fits32(u64 total)
+{
+    return total + (u64)blockDim.x * gridDim.x <= 0xffffffffULL;
+}
+
+// SplitMix64's finaliser (rng::mix64).
+__device__ __forceinline__ u64 mix64(u64 z)
+{
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+}
+
+// A uniform float in [0, 1) from (seed, counter, index), bit for bit rng::uniform.
+__device__ __forceinline__ float uniform(u64 seed, u64 counter, u64 index)
+{
+    u64 h = mix64(seed ^ mix64((counter + 0x9e3779b97f4a7c15ULL) ^ mix64(index)));
+    // The 24 high bits convert to float exactly; the scale is a power of two.
+    return (float)(h >> 40) * (1.0f / 16777216.0f);
+}
+
+// The dropout stream of `layer` at the step the counter holds (engine::dropout_stream).
+__device__ __forceinline__ u64 dropout_stream(const unsigned int* counter, unsigned int layer)
+{
+    return ((u64)*counter << 16) | (u64)layer;
+}
+
+// v/(1-p) where element i is kept, else 0; v itself when p == 0 (ops::dropout_one).
+__device__ __forceinline__ float dropout_one(float v, float p, u64 seed, u64 stream, u64 i)
+{
+    if (p == 0.0f) {
+        return v;
+    }
+    return uniform(seed, stream, i) >= p ? v / (1.0f - p) : 0.0f;
+}
+
+extern "C" __global__ void fill(float* x, float v, unsigned int n)
+{
+    FOR_EACH(u64, i, n) { x[i] = v; }
+}
+
+extern "C" __global__ void relu_fwd(const float* x, float* y, unsigned int n)
+{
+    // fmaxf, like f32::max, returns the other operand when one is NaN.
+    FOR_EACH(u64, i, n) { y[i] = fmaxf(x[i], 0.0f); }
+}
+
+extern "C" __global__ void relu_bwd(const float* y, const float* dy, float* dx, unsigned int n)
+{
+    FOR_EACH(u64, i, n) { dx[i] = y[i] > 0.0f ? dy[i] : 0.0f; }
+}
+
+template <typename I>
+__device__ void bias_add_body(float* y, const float* b, I rows, I cols)
+{
+    FOR_EACH(I, i, rows * cols) { y[i] += b[i % cols]; }
+}
+
+extern "C" __global__ void bias_add(float* y, const float* b, unsigned int rows, unsigned int cols)
+{
+    if (fits32((u64)rows * cols)) {
+        bias_add_body<unsigned int>(y, b, rows, cols);
+    } else {
+        bias_add_body<u64>(y, b, rows, cols);
+    }
+}
+
+// One thread per column, rows summed in order from 0 (ops::bias_grad).
+extern "C" __global__ void bias_grad(const float* dy, float* db, unsigned int rows,
+                                     unsigned int cols)
+{
+    FOR_EACH(u64, c, cols)
+    {
+        float s = 0.0f;
+        for (u64 r = 0; r < rows; ++r) {
+            s += dy[r * cols + c];
+        }
+        db[c] = s;
+    }
+}
+
+extern "C" __global__ void dropout_fwd(const float* x, float* y, unsigned int n, float p,
+                                       u64 seed, const unsigned int* counter, unsigned int layer)
+{
+    const u64 stream = dropout_stream(counter, layer);
+    FOR_EACH(u64, i, n) { y[i] = dropout_one(x[i], p, seed, stream, i); }
+}
+
+extern "C" __global__ void dropout_bwd(const float* dy, float* dx, unsigned int n, float p,
+                                       u64 seed, const unsigned int* counter, unsigned int layer)
+{
+    const u64 stream = dropout_stream(counter, layer);
+    FOR_EACH(u64, i, n) { dx[i] = dropout_one(dy[i], p, seed, stream, i); }
+}
+
+// Adds one to the step counter (wrapping); only thread 0 of block 0 acts, whatever the launch.
+extern "C" __global__ void advance(unsigned int* counter)
+{
+    if (blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0 && threadIdx.x == 0 &&
+        threadIdx.y == 0 && threadIdx.z == 0) {
+        *counter += 1u;
+    }
+}

@@ -1,0 +1,107 @@
+// Softmax cross-entropy over rows × classes logits with f32 labels, accumulated into stats[0..2] =
+// [Σ loss, #correct]. CPU twins: ops::softmax_xent, ops::eval_xent (per-row loss in f32, summed in
+// f64 as the twin's XentStats does).
+// Launch: one block of any size up to 1024 threads along x (other blocks return at once); each
+// thread takes rows tid, tid + blockDim.x, ... and a fixed-order shared-memory tree adds the
+// per-thread sums, so the result is the same on every run with the same blockDim.
+
+typedef unsigned long long u64;
+
+#define MAX_THREADS 1024
+
+// One row: its max logit, Σ exp(logit − max), loss, label, and whether the first argmax is the
+// label. A label that is not a class gives a NaN loss, so the trial's loss check catches it.
+struct XentRow {
+    float max, sum, loss;
+    unsigned int label;
+    bool valid, correct;
+};
+
+__device__ XentRow xent_row(const float* row, float label, unsigned int classes)
+{
+    XentRow x;
+    x.valid = label >= 0.0f && label < (float)classes;
+    x.label = x.valid ? (unsigned int)label : 0u;
+    unsigned int arg = 0;
+    x.max = row[0];
+    for (unsigned int j = 1; j < classes; ++j) {
+        if (row[j] > x.max) {
+            x.max = row[j];
+            arg = j;
+        }
+    }
+    x.sum = 0.0f;
+    for (unsigned int j = 0; j < classes; ++j) {
+        x.sum += expf(row[j] - x.max);
+    }
+    // logsumexp − logit[t] = ln(sum) + max − logit[t]
+    x.loss = x.valid ? logf(x.sum) - (row[x.label] - x.max) : __int_as_float(0x7fc00000);
+    x.correct = x.valid && arg == x.label;
+    return x;
+}
+
+// Adds this block's [Σ loss, #correct] into stats with a fixed-order tree over the threads.
+__device__ void block_add_stats(float* stats, double loss, unsigned int correct)
+{
+    __shared__ double s_loss[MAX_THREADS];
+    __shared__ unsigned int s_correct[MAX_THREADS];
+    const unsigned int tid = threadIdx.x, n = blockDim.x;
+    s_loss[tid] = loss;
+    s_correct[tid] = correct;
+    __syncthreads();
+    unsigned int half = 1;
+    while (half < n) {
+        half <<= 1;
+    }
+    for (half >>= 1; half > 0; half >>= 1) {
+        if (tid < half && tid + half < n) {
+            s_loss[tid] += s_loss[tid + half];
+            s_correct[tid] += s_correct[tid + half];
+        }
+        __syncthreads();
+    }
+    if (tid == 0) {
+        stats[0] += (float)s_loss[0];
+        stats[1] += (float)s_correct[0];
+    }
+}
+
+// Writes dlogits = (softmax − onehot)/rows and adds [Σ loss, #correct] into stats.
+extern "C" __global__ void softmax_xent(const float* logits, const float* labels, float* dlogits,
+                                        float* stats, unsigned int rows, unsigned int classes)
+{
+    if (blockIdx.x != 0 || blockIdx.y != 0 || blockIdx.z != 0 || classes == 0) {
+        return;
+    }
+    double loss = 0.0;
+    unsigned int correct = 0;
+    for (u64 r = threadIdx.x; r < rows; r += blockDim.x) {
+        const float* row = logits + r * classes;
+        float* d = dlogits + r * classes;
+        const XentRow x = xent_row(row, labels[r], classes);
+        for (unsigned int j = 0; j < classes; ++j) {
+            const float onehot = x.valid && j == x.label ? 1.0f : 0.0f;
+            d[j] = (expf(row[j] - x.max) / x.sum - onehot) / (float)rows;
+        }
+        loss += (double)x.loss;
+        correct += x.correct ? 1u : 0u;
+    }
+    block_add_stats(stats, loss, correct);
+}
+
+// The sums of softmax_xent without the gradient.
+extern "C" __global__ void eval_xent(const float* logits, const float* labels, float* stats,
+                                     unsigned int rows, unsigned int classes)
+{
+    if (blockIdx.x != 0 || blockIdx.y != 0 || blockIdx.z != 0 || classes == 0) {
+        return;
+    }
+    double loss = 0.0;
+    unsigned int correct = 0;
+    for (u64 r = threadIdx.x; r < rows; r += blockDim.x) {
+        const XentRow x = xent_row(logits + r * classes, labels[r], classes);
+        loss += (double)x.loss;
+        correct += x.correct ? 1u : 0u;
+    }
+    block_add_stats(stats, loss, correct);
+}

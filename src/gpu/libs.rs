@@ -1,0 +1,515 @@
+//! Finding the CUDA libraries (driver, NVRTC, cuBLAS) at run time and preloading them by absolute path.
+//!
+//! The CUDA bindings open their libraries by soname and panic when none loads. Preloading the file
+//! found here with `RTLD_GLOBAL` first makes that later `dlopen` by soname return the loaded
+//! library, and turns a missing library into a [`LibError`] instead of a panic.
+
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, OnceLock};
+
+use libloading::os::unix::{Library, RTLD_GLOBAL, RTLD_NOW};
+
+/// A CUDA library the GPU backend loads at run time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CudaLib {
+    Driver,
+    Nvrtc,
+    Cublas,
+}
+
+/// A library that is not installed where we looked (or did not load).
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{lib} not found; searched {searched}")]
+pub struct LibError {
+    pub lib: String,
+    pub searched: String,
+}
+
+/// The environment that decides where libraries are searched, as plain values.
+#[derive(Clone, Debug, Default)]
+pub struct Env {
+    pub cuda_home: Option<PathBuf>,
+    pub cuda_path: Option<PathBuf>,
+    pub ld_library_path: Option<OsString>,
+    pub virtual_env: Option<PathBuf>,
+    /// `sys.path` of the `python3` on `PATH` (empty without one).
+    pub python_sys_path: Vec<PathBuf>,
+    /// The file-system root the fixed system folders are under (`/`).
+    pub root: PathBuf,
+}
+
+impl Env {
+    /// This process's environment.
+    pub fn from_process() -> Env {
+        let path = |name: &str| {
+            std::env::var_os(name)
+                .filter(|v| !v.is_empty())
+                .map(PathBuf::from)
+        };
+        Env {
+            cuda_home: path("CUDA_HOME"),
+            cuda_path: path("CUDA_PATH"),
+            ld_library_path: std::env::var_os("LD_LIBRARY_PATH"),
+            virtual_env: path("VIRTUAL_ENV"),
+            python_sys_path: python_sys_path().to_vec(),
+            root: PathBuf::from("/"),
+        }
+    }
+}
+
+/// The folders searched for NVRTC and cuBLAS, in order (the driver's search adds the system folders).
+pub fn search_dirs() -> Vec<PathBuf> {
+    search_dirs_from(&Env::from_process())
+}
+
+/// [`search_dirs`] for the environment `env`: the existing folders, each once, in search order.
+pub fn search_dirs_from(env: &Env) -> Vec<PathBuf> {
+    let mut dirs = Vec::new();
+    if let Some(home) = &env.cuda_home {
+        dirs.push(home.join("lib64"));
+        dirs.push(home.join("lib"));
+    }
+    if let Some(path) = &env.cuda_path {
+        dirs.push(path.join("lib64"));
+    }
+    if let Some(ld) = &env.ld_library_path {
+        dirs.extend(std::env::split_paths(ld).filter(|d| !d.as_os_str().is_empty()));
+    }
+    let local = env.root.join("usr/local");
+    dirs.push(local.join("cuda/lib64"));
+    let versioned = cuda_installs(&local);
+    dirs.extend(
+        versioned
+            .iter()
+            .filter(|d| d.file_name().is_some_and(|n| n != "cuda"))
+            .map(|d| d.join("lib64")),
+    );
+    dirs.extend(versioned.iter().map(|d| d.join("targets/x86_64-linux/lib")));
+    for site in site_packages(env) {
+        dirs.extend(
+            subdirs(&site.join("nvidia"))
+                .into_iter()
+                .map(|d| d.join("lib")),
+        );
+    }
+    unique_existing(dirs)
+}
+
+/// The folders searched for `lib` under `env`: [`search_dirs_from`], plus the system library
+/// folders for the driver.
+pub fn dirs_for(lib: CudaLib, env: &Env) -> Vec<PathBuf> {
+    let mut dirs = search_dirs_from(env);
+    if lib == CudaLib::Driver {
+        let system = [
+            "usr/lib/x86_64-linux-gnu",
+            "usr/lib64",
+            "lib/x86_64-linux-gnu",
+            "usr/local/nvidia/lib64",
+        ];
+        dirs.extend(system.iter().map(|d| env.root.join(d)));
+    }
+    unique_existing(dirs)
+}
+
+/// Loads `lib` (and what it needs first) once per process and returns the path of the file loaded
+/// (the bare soname when only the system loader found it).
+///
+/// Idempotent; loads by absolute path with `RTLD_NOW | RTLD_GLOBAL` and keeps the handle for the
+/// process's life, so that a later `dlopen` by soname finds the already-loaded library.
+pub fn preload(lib: CudaLib) -> Result<PathBuf, LibError> {
+    static LOADED: Mutex<Vec<(CudaLib, PathBuf, Vec<Library>)>> = Mutex::new(Vec::new());
+    let mut loaded = LOADED.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some((_, path, _)) = loaded.iter().find(|(l, _, _)| *l == lib) {
+        return Ok(path.clone());
+    }
+    let dirs = dirs_for(lib, &Env::from_process());
+    let (path, handles) = match locate(lib, &dirs) {
+        Ok(files) => load_files(&dirs, &files)?,
+        Err(miss) => load_by_soname(lib).ok_or(miss)?,
+    };
+    loaded.push((lib, path.clone(), handles));
+    Ok(path)
+}
+
+/// The sonames of `lib` to load, in load order; each is one file, and the last is `lib` itself.
+/// An inner list holds alternative names of one file.
+fn sonames(lib: CudaLib) -> &'static [&'static [&'static str]] {
+    match lib {
+        CudaLib::Driver => &[&["libcuda.so.1", "libcuda.so"]],
+        CudaLib::Nvrtc => &[&["libnvrtc.so.13"]],
+        CudaLib::Cublas => &[&["libcublasLt.so.13"], &["libcublas.so.13"]],
+    }
+}
+
+/// The files to load for `lib` from `dirs`, in load order, or the error naming the first miss.
+pub fn locate(lib: CudaLib, dirs: &[PathBuf]) -> Result<Vec<PathBuf>, LibError> {
+    let mut files = Vec::new();
+    for names in sonames(lib) {
+        let found = dirs
+            .iter()
+            .find_map(|d| names.iter().map(|n| d.join(n)).find(|f| f.is_file()));
+        let Some(file) = found else {
+            return Err(LibError {
+                lib: names.join(" or "),
+                searched: searched_list(dirs),
+            });
+        };
+        if lib == CudaLib::Nvrtc {
+            files.extend(nvrtc_builtins(&file));
+        }
+        files.push(file);
+    }
+    Ok(files)
+}
+
+/// NVRTC's builtins library next to `nvrtc` (`libnvrtc-builtins.so.13.*`, the newest), if present.
+fn nvrtc_builtins(nvrtc: &Path) -> Option<PathBuf> {
+    let dir = nvrtc.parent()?;
+    let mut found: Vec<PathBuf> = std::fs::read_dir(dir)
+        .ok()?
+        .filter_map(|e| e.ok())
+        .map(|e| e.path())
+        .filter(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with("libnvrtc-builtins.so.13."))
+        })
+        .collect();
+    found.sort_by_key(|p| version_key(&file_name(p)));
+    found.pop()
+}
+
+/// dlopens `files` in order; returns the last one's path and every handle.
+fn load_files(dirs: &[PathBuf], files: &[PathBuf]) -> Result<(PathBuf, Vec<Library>), LibError> {
+    let mut handles = Vec::new();
+    for file in files {
+        // SAFETY: loading a CUDA library runs its initialisers, which have no preconditions on
+        // the caller; the handle is kept for the process's life, so nothing is unloaded.
+        let handle = unsafe { Library::open(Some(file.as_path()), RTLD_NOW | RTLD_GLOBAL) };
+        match handle {
+            Ok(h) => handles.push(h),
+            Err(e) => {
+                return Err(LibError {
+                    lib: format!("a loadable {}", file_name(file)),
+                    searched: format!(
+                        "{}; {} did not load: {e}",
+                        searched_list(dirs),
+                        file.display()
+                    ),
+                })
+            }
+        }
+    }
+    let path = files.last().cloned().unwrap_or_default();
+    Ok((path, handles))
+}
+
+/// Asks the system loader for `lib`'s sonames (its cache and default folders), the last resort.
+fn load_by_soname(lib: CudaLib) -> Option<(PathBuf, Vec<Library>)> {
+    let mut handles = Vec::new();
+    let mut last = PathBuf::new();
+    for names in sonames(lib) {
+        let (name, handle) = names.iter().find_map(|n| {
+            // SAFETY: as in `load_files`.
+            let h = unsafe { Library::open(Some(*n), RTLD_NOW | RTLD_GLOBAL) };
+            h.ok().map(|h| (*n, h))
+        })?;
+        handles.push(handle);
+        last = PathBuf::from(name);
+    }
+    Some((last, handles))
+}
+
+/// The folders of a miss, on one line, ending with the system loader.
+fn searched_list(dirs: &[PathBuf]) -> String {
+    let mut parts: Vec<String> = dirs.iter().map(|d| d.display().to_string()).collect();
+    parts.push("the system loader's default paths".into());
+    parts.join(", ")
+}
+
+/// `/usr/local/cuda*` folders: plain `cuda` first, then versioned ones, newest first.
+fn cuda_installs(local: &Path) -> Vec<PathBuf> {
+    let mut found: Vec<PathBuf> = subdirs(local)
+        .into_iter()
+        .filter(|d| {
+            d.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n == "cuda" || n.starts_with("cuda-"))
+        })
+        .collect();
+    found.sort_by_key(|d| {
+        let name = file_name(d);
+        (name != "cuda", std::cmp::Reverse(version_key(&name)))
+    });
+    found
+}
+
+/// The last component of `path`, lossily as text.
+fn file_name(path: &Path) -> String {
+    path.file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default()
+}
+
+/// The numbers in `name` (e.g. `cuda-12.10` → `[12, 10]`), compared numerically.
+fn version_key(name: &str) -> Vec<u64> {
+    name.split(|c: char| !c.is_ascii_digit())
+        .filter_map(|part| part.parse().ok())
+        .collect()
+}
+
+/// Site-packages folders that may hold pip-installed CUDA (`nvidia/*/lib`).
+fn site_packages(env: &Env) -> Vec<PathBuf> {
+    let mut sites = Vec::new();
+    if let Some(venv) = &env.virtual_env {
+        sites.extend(python_dirs(&venv.join("lib"), &["site-packages"]));
+    }
+    sites.extend(env.python_sys_path.iter().cloned());
+    sites.extend(python_dirs(
+        &env.root.join("usr/local/lib"),
+        &["site-packages", "dist-packages"],
+    ));
+    sites.push(env.root.join("usr/lib/python3/dist-packages"));
+    sites
+}
+
+/// `base/python3*/<leaf>` for each leaf, newest Python first.
+fn python_dirs(base: &Path, leaves: &[&str]) -> Vec<PathBuf> {
+    let mut pythons: Vec<PathBuf> = subdirs(base)
+        .into_iter()
+        .filter(|d| {
+            d.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with("python3"))
+        })
+        .collect();
+    pythons.sort_by_key(|d| std::cmp::Reverse(version_key(&file_name(d))));
+    pythons
+        .iter()
+        .flat_map(|p| leaves.iter().map(move |leaf| p.join(leaf)))
+        .collect()
+}
+
+/// The sub-folders of `dir`, sorted by name (none when it cannot be read).
+fn subdirs(dir: &Path) -> Vec<PathBuf> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    let mut dirs: Vec<PathBuf> = entries
+        .filter_map(|e| e.ok())
+        .map(|e| e.path())
+        .filter(|p| p.is_dir())
+        .collect();
+    dirs.sort();
+    dirs
+}
+
+/// The folders of `dirs` that exist, first occurrence kept.
+fn unique_existing(dirs: Vec<PathBuf>) -> Vec<PathBuf> {
+    let mut out: Vec<PathBuf> = Vec::new();
+    for d in dirs {
+        if d.is_dir() && !out.contains(&d) {
+            out.push(d);
+        }
+    }
+    out
+}
+
+/// `sys.path` of the `python3` on `PATH`, asked once per process (empty without one).
+fn python_sys_path() -> &'static [PathBuf] {
+    static PATHS: OnceLock<Vec<PathBuf>> = OnceLock::new();
+    PATHS.get_or_init(|| {
+        let out = std::process::Command::new("python3")
+            .args(["-c", "import sys; print(\"\\n\".join(sys.path))"])
+            .stdin(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .output();
+        match out {
+            Ok(o) if o.status.success() => String::from_utf8_lossy(&o.stdout)
+                .lines()
+                .filter(|l| !l.trim().is_empty())
+                .map(PathBuf::from)
+                .collect(),
+            _ => Vec::new(),
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::fs;
+
+    /// Creates `rel` (a folder) under `root` and returns its path.
+    fn mkdir(root: &Path, rel: &str) -> PathBuf {
+        let d = root.join(rel);
+        fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    /// Creates an empty file `rel` under `root` (and its folders) and returns its path.
+    fn touch(root: &Path, rel: &str) -> PathBuf {
+        let f = root.join(rel);
+        fs::create_dir_all(f.parent().unwrap()).unwrap();
+        fs::write(&f, b"").unwrap();
+        f
+    }
+
+    fn env_at(root: &Path) -> Env {
+        Env {
+            root: root.join("sys"),
+            ..Env::default()
+        }
+    }
+
+    #[test]
+    fn search_order_follows_the_documented_list() {
+        let t = tempfile::tempdir().unwrap();
+        let r = t.path();
+        let home = mkdir(r, "home");
+        let expected = vec![
+            mkdir(r, "home/lib64"),
+            mkdir(r, "home/lib"),
+            mkdir(r, "cudapath/lib64"),
+            mkdir(r, "ld1"),
+            mkdir(r, "ld2"),
+            mkdir(r, "sys/usr/local/cuda/lib64"),
+            mkdir(r, "sys/usr/local/cuda-12.10/lib64"),
+            mkdir(r, "sys/usr/local/cuda-12.4/lib64"),
+            mkdir(r, "sys/usr/local/cuda/targets/x86_64-linux/lib"),
+            mkdir(r, "sys/usr/local/cuda-12.10/targets/x86_64-linux/lib"),
+            mkdir(r, "sys/usr/local/cuda-12.4/targets/x86_64-linux/lib"),
+            mkdir(r, "venv/lib/python3.12/site-packages/nvidia/cu13/lib"),
+            mkdir(r, "py/site-packages/nvidia/cublas/lib"),
+            mkdir(
+                r,
+                "sys/usr/local/lib/python3.11/dist-packages/nvidia/cu13/lib",
+            ),
+            mkdir(r, "sys/usr/lib/python3/dist-packages/nvidia/cuda_nvrtc/lib"),
+        ];
+        mkdir(r, "sys/usr/local/cuda-9.2"); // no lib64: not listed
+        let env = Env {
+            cuda_home: Some(home),
+            cuda_path: Some(r.join("cudapath")),
+            ld_library_path: Some(
+                std::env::join_paths([r.join("ld1"), r.join("missing"), r.join("ld2")]).unwrap(),
+            ),
+            virtual_env: Some(r.join("venv")),
+            python_sys_path: vec![r.join("py/site-packages"), r.join("ld1")],
+            root: r.join("sys"),
+        };
+        assert_eq!(search_dirs_from(&env), expected);
+        assert_eq!(dirs_for(CudaLib::Nvrtc, &env), expected);
+        let driver_dir = mkdir(r, "sys/usr/lib/x86_64-linux-gnu");
+        assert_eq!(dirs_for(CudaLib::Driver, &env).last(), Some(&driver_dir));
+        assert!(!dirs_for(CudaLib::Cublas, &env).contains(&driver_dir));
+    }
+
+    #[test]
+    fn cuda_home_comes_before_ld_library_path() {
+        let t = tempfile::tempdir().unwrap();
+        let r = t.path();
+        touch(r, "ld/libnvrtc.so.13");
+        let home_lib = touch(r, "home/lib64/libnvrtc.so.13");
+        let mut env = Env {
+            ld_library_path: Some(r.join("ld").into_os_string()),
+            ..env_at(r)
+        };
+        let files = locate(CudaLib::Nvrtc, &search_dirs_from(&env)).unwrap();
+        assert_eq!(files, vec![r.join("ld/libnvrtc.so.13")]);
+        env.cuda_home = Some(r.join("home"));
+        let files = locate(CudaLib::Nvrtc, &search_dirs_from(&env)).unwrap();
+        assert_eq!(files, vec![home_lib]);
+    }
+
+    #[test]
+    fn pip_installed_libraries_are_found_in_site_packages() {
+        let t = tempfile::tempdir().unwrap();
+        let r = t.path();
+        let site = r.join("site");
+        touch(&site, "nvidia/cu13/lib/libnvrtc-builtins.alt.so.13.0");
+        let builtins = touch(&site, "nvidia/cu13/lib/libnvrtc-builtins.so.13.0");
+        let nvrtc = touch(&site, "nvidia/cu13/lib/libnvrtc.so.13");
+        let lt = touch(&site, "nvidia/cublas/lib/libcublasLt.so.13");
+        let cublas = touch(&site, "nvidia/cublas/lib/libcublas.so.13");
+        let env = Env {
+            python_sys_path: vec![site.clone()],
+            ..env_at(r)
+        };
+        let dirs = search_dirs_from(&env);
+        assert_eq!(
+            locate(CudaLib::Nvrtc, &dirs).unwrap(),
+            vec![builtins, nvrtc]
+        );
+        assert_eq!(locate(CudaLib::Cublas, &dirs).unwrap(), vec![lt, cublas]);
+        // The same tree under a virtual environment or the system's Python.
+        let venv = r.join("venv");
+        fs::create_dir_all(venv.join("lib/python3.12")).unwrap();
+        fs::rename(&site, venv.join("lib/python3.12/site-packages")).unwrap();
+        let env = Env {
+            virtual_env: Some(venv),
+            ..env_at(r)
+        };
+        assert!(locate(CudaLib::Cublas, &search_dirs_from(&env)).is_ok());
+        let system = mkdir(r, "sys/usr/local/lib/python3.10");
+        fs::rename(
+            r.join("venv/lib/python3.12/site-packages"),
+            system.join("dist-packages"),
+        )
+        .unwrap();
+        assert!(locate(CudaLib::Nvrtc, &search_dirs_from(&env_at(r))).is_ok());
+    }
+
+    #[test]
+    fn a_missing_library_names_every_folder_searched() {
+        let t = tempfile::tempdir().unwrap();
+        let r = t.path();
+        touch(r, "a/libcublasLt.so.13");
+        let env = Env {
+            cuda_home: Some(r.join("a")),
+            ld_library_path: Some(r.join("b").into_os_string()),
+            ..env_at(r)
+        };
+        mkdir(r, "a/lib64");
+        mkdir(r, "b");
+        let dirs = search_dirs_from(&env);
+        let err = locate(CudaLib::Cublas, &dirs).unwrap_err();
+        assert_eq!(err.lib, "libcublasLt.so.13");
+        let msg = err.to_string();
+        for d in &dirs {
+            assert!(msg.contains(&d.display().to_string()), "{msg}");
+        }
+        assert!(!msg.contains('\n'), "{msg}");
+        let err = locate(CudaLib::Driver, &[]).unwrap_err();
+        assert!(err
+            .to_string()
+            .starts_with("libcuda.so.1 or libcuda.so not found"));
+    }
+
+    #[test]
+    fn newest_cuda_install_first() {
+        let t = tempfile::tempdir().unwrap();
+        let local = t.path();
+        for v in ["cuda-11.8", "cuda-13.0", "cuda", "cuda-12.9", "other"] {
+            mkdir(local, v);
+        }
+        let names: Vec<_> = cuda_installs(local)
+            .iter()
+            .map(|d| d.file_name().unwrap().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(names, ["cuda", "cuda-13.0", "cuda-12.9", "cuda-11.8"]);
+    }
+
+    #[test]
+    fn preload_reports_instead_of_panicking() {
+        // Whether or not this machine has the library, the answer is a value, and asking twice
+        // gives the same one.
+        let first = preload(CudaLib::Cublas).map_err(|e| e.to_string());
+        let second = preload(CudaLib::Cublas).map_err(|e| e.to_string());
+        assert_eq!(first.is_ok(), second.is_ok());
+        if let (Ok(a), Ok(b)) = (first, second) {
+            assert_eq!(a, b);
+        }
+    }
+}
