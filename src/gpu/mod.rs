@@ -1,5 +1,7 @@
 //! Device discovery: the physical GPUs through NVML (matched by UUID), or the host when there is none.
 
+pub mod libs;
+
 use serde::Serialize;
 
 /// One physical GPU as NVML reports it.
