@@ -5,6 +5,7 @@
 //! [`Region`]s of that arena, so the same model code drives the CPU reference backend and the CUDA one.
 
 pub mod cpu;
+pub mod cuda;
 pub mod rng;
 pub mod shapes;
 
