@@ -1,0 +1,314 @@
+//! A trial's CUDA backend: its stream, pool, cuBLAS handle and arena, region checks, and the host-facing ops.
+
+use std::sync::Arc;
+
+use cudarc::driver::sys;
+
+use super::blas::Blas;
+use super::check::{check, to_u32};
+use super::context::{Ctx, Entered};
+use super::data::DeviceData;
+use super::graph::{self, GraphExec};
+use super::launch::{grid_for, launch, Arg, BLOCK};
+use super::pool::{layout, Allocation, Layout, Pool};
+use super::stream::Stream;
+use crate::engine::Region;
+use crate::error::EngineError;
+use crate::job::EngineOptions;
+
+/// The trial's one allocation and where its parts lie.
+pub(crate) struct Arena {
+    alloc: Allocation,
+    layout: Layout,
+    elems: usize,
+}
+
+/// One trial's engine on the GPU. Ops are issued in order on the trial's stream.
+pub struct CudaBackend {
+    // Fields drop in this order: the graph and the cuBLAS handle before the memory they use, the
+    // memory before its pool. Each of them also holds the stream (and so the context) alive.
+    pub(crate) graph: Option<GraphExec>,
+    pub(crate) blas: Blas,
+    pub(crate) arena: Option<Arena>,
+    pub(crate) pool: Arc<Pool>,
+    pub(crate) stream: Arc<Stream>,
+    pub(crate) ctx: Arc<Ctx>,
+    pub(crate) data: Arc<DeviceData>,
+    pub(crate) graphs: bool,
+    pub(crate) capturing: bool,
+}
+
+/// `region`'s first `len` elements, or a shape error when it is shorter (as the CPU backend says).
+pub(crate) fn need(
+    op: &'static str,
+    what: &str,
+    region: Region,
+    len: usize,
+) -> Result<Region, EngineError> {
+    if region.len < len {
+        return Err(EngineError::Shape {
+            op,
+            message: format!("{what} holds {} elements, needs {len}", region.len),
+        });
+    }
+    Ok(region.prefix(len))
+}
+
+/// Device address of `r` in an arena starting at `base`.
+pub(crate) fn at(base: sys::CUdeviceptr, r: Region) -> sys::CUdeviceptr {
+    base + (r.offset as u64) * 4
+}
+
+impl CudaBackend {
+    pub(crate) fn new(
+        ctx: Arc<Ctx>,
+        dev: sys::CUdevice,
+        data: Arc<DeviceData>,
+        cap: Option<u64>,
+        opts: &EngineOptions,
+    ) -> Result<CudaBackend, EngineError> {
+        let stream = Stream::new(Arc::clone(&ctx))?;
+        let pool = Arc::new(Pool::new(Arc::clone(&stream), dev, cap)?);
+        let blas = Blas::new(Arc::clone(&stream), opts.tf32)?;
+        Ok(CudaBackend {
+            graph: None,
+            blas,
+            arena: None,
+            pool,
+            stream,
+            ctx,
+            data,
+            graphs: opts.graphs,
+            capturing: false,
+        })
+    }
+
+    /// The cap of the trial's pool.
+    pub fn cap_bytes(&self) -> Option<u64> {
+        self.pool.cap()
+    }
+
+    fn check_region(&self, r: Region) -> Result<(), EngineError> {
+        let arena = match &self.arena {
+            Some(a) if a.elems > 0 => a,
+            _ => return Err(EngineError::NoArena),
+        };
+        if r.offset
+            .checked_add(r.len)
+            .map_or(true, |end| end > arena.elems)
+        {
+            return Err(EngineError::OutOfArena {
+                offset: r.offset,
+                len: r.len,
+                arena: arena.elems,
+            });
+        }
+        Ok(())
+    }
+
+    /// Checks that every region lies inside the arena and that written regions overlap neither
+    /// each other nor a read region; returns the arena's device address.
+    pub(crate) fn regions(
+        &self,
+        op: &'static str,
+        reads: &[Region],
+        writes: &[Region],
+    ) -> Result<sys::CUdeviceptr, EngineError> {
+        for r in reads.iter().chain(writes) {
+            self.check_region(*r)?;
+        }
+        for (i, w) in writes.iter().enumerate() {
+            let clash = reads.iter().chain(&writes[..i]).find(|o| o.overlaps(w));
+            if let Some(o) = clash {
+                return Err(EngineError::Shape {
+                    op,
+                    message: format!("written region {w:?} overlaps {o:?}"),
+                });
+            }
+        }
+        let arena = self.arena.as_ref().ok_or(EngineError::NoArena)?;
+        Ok(arena.alloc.ptr() + arena.layout.arena_offset as u64)
+    }
+
+    /// Device address of the training split's order buffer.
+    pub(crate) fn order_ptr(&self) -> Result<sys::CUdeviceptr, EngineError> {
+        let arena = self.arena.as_ref().ok_or(EngineError::NoArena)?;
+        Ok(arena.alloc.ptr() + arena.layout.order_offset as u64)
+    }
+
+    /// Host-side copies and waits are not allowed while ops are being recorded.
+    pub(crate) fn not_capturing(&self, op: &str) -> Result<(), EngineError> {
+        if self.capturing {
+            return Err(EngineError::Device(format!(
+                "{op} cannot run while a graph is being captured"
+            )));
+        }
+        Ok(())
+    }
+
+    /// Launches kernel `name` as `(grid, block)` on the trial's stream.
+    pub(crate) fn kernel(
+        &self,
+        entered: &Entered,
+        name: &'static str,
+        shape: (u32, u32),
+        args: &[Arg],
+    ) -> Result<(), EngineError> {
+        let f = self.ctx.kernels().get(name)?;
+        launch(entered, name, f, shape, self.stream.raw(), args)
+    }
+
+    /// Launches an element-wise (grid-stride) kernel sized for `n` elements.
+    pub(crate) fn elementwise(
+        &self,
+        entered: &Entered,
+        name: &'static str,
+        n: usize,
+        args: &[Arg],
+    ) -> Result<(), EngineError> {
+        self.kernel(entered, name, (grid_for(n), BLOCK), args)
+    }
+
+    /// Copies `src` to device address `dst` on the trial's stream and waits for the copy.
+    pub(crate) fn copy_in<T: Copy>(
+        &self,
+        dst: sys::CUdeviceptr,
+        src: &[T],
+    ) -> Result<(), EngineError> {
+        let bytes = std::mem::size_of_val(src);
+        if bytes == 0 {
+            return Ok(());
+        }
+        // A copy from pageable memory waits for the stream; wait first, outside the context's
+        // lock, so that the copy itself does not hold the lock while the stream drains.
+        self.stream.wait()?;
+        {
+            let _in = self.ctx.enter()?;
+            // SAFETY: `dst` holds `bytes` bytes (checked by the caller); `src` stays borrowed
+            // until the wait below has seen the copy finish.
+            let r = unsafe {
+                sys::cuMemcpyHtoDAsync_v2(dst, src.as_ptr().cast(), bytes, self.stream.raw())
+            };
+            check(r, "cuMemcpyHtoDAsync_v2")?;
+        }
+        self.stream.wait()
+    }
+
+    /// Copies from device address `src` into `dst` on the trial's stream and waits for it.
+    pub(crate) fn copy_out<T: Copy>(
+        &self,
+        src: sys::CUdeviceptr,
+        dst: &mut [T],
+    ) -> Result<(), EngineError> {
+        let bytes = std::mem::size_of_val(dst);
+        if bytes == 0 {
+            return Ok(());
+        }
+        self.stream.wait()?;
+        {
+            let _in = self.ctx.enter()?;
+            // SAFETY: `src` holds `bytes` bytes (checked by the caller); `dst` stays borrowed
+            // until the wait below has seen the copy finish; `T` is plain data.
+            let r = unsafe {
+                sys::cuMemcpyDtoHAsync_v2(dst.as_mut_ptr().cast(), src, bytes, self.stream.raw())
+            };
+            check(r, "cuMemcpyDtoHAsync_v2")?;
+        }
+        self.stream.wait()
+    }
+
+    /// Allocates the trial's one block from its pool: cuBLAS workspace, arena (zeroed) and the
+    /// training order (identity), replacing any earlier arena and graph.
+    pub(crate) fn allocate(&mut self, elems: usize) -> Result<(), EngineError> {
+        self.not_capturing("alloc_arena")?;
+        // A graph records the old arena's addresses, and the old arena counts against the cap.
+        self.graph = None;
+        self.arena = None;
+        let n_train = self.data.train.len;
+        let layout = layout(elems, n_train)?;
+        let alloc = self.pool.alloc(layout.total)?;
+        {
+            let entered = self.ctx.enter()?;
+            let words = layout.total / 4;
+            // SAFETY: the allocation holds `total` bytes, a multiple of 4; ordered on the stream.
+            let r = unsafe { sys::cuMemsetD32Async(alloc.ptr(), 0, words, self.stream.raw()) };
+            check(r, "cuMemsetD32Async")?;
+            self.blas
+                .set_workspace(&entered, alloc.ptr(), layout.blas_bytes)?;
+        }
+        self.arena = Some(Arena {
+            alloc,
+            layout,
+            elems,
+        });
+        let identity: Vec<u32> = (0..to_u32("alloc_arena", "training samples", n_train)?).collect();
+        self.copy_in(self.order_ptr()?, &identity)
+    }
+
+    pub(crate) fn allocated(&self) -> usize {
+        self.arena.as_ref().map_or(0, |a| a.alloc.bytes())
+    }
+
+    pub(crate) fn begin(&mut self) -> Result<(), EngineError> {
+        if !self.graphs {
+            return Err(EngineError::Device(
+                "graphs are turned off for this engine".into(),
+            ));
+        }
+        if self.capturing {
+            return Err(EngineError::Device("a capture is already running".into()));
+        }
+        {
+            let entered = self.ctx.enter()?;
+            graph::begin(&entered, &self.stream)?;
+        }
+        self.capturing = true;
+        Ok(())
+    }
+
+    pub(crate) fn end(&mut self) -> Result<(), EngineError> {
+        if !self.capturing {
+            return Err(EngineError::Device("no capture is running".into()));
+        }
+        self.capturing = false;
+        let exec = {
+            let entered = self.ctx.enter()?;
+            graph::end(&entered, &self.stream)
+        };
+        // Replacing the old graph enters the context to destroy it: not while entered above.
+        self.graph = Some(exec?);
+        Ok(())
+    }
+
+    pub(crate) fn launch_graph(&self) -> Result<(), EngineError> {
+        let g = self
+            .graph
+            .as_ref()
+            .ok_or_else(|| EngineError::Device("no graph has been captured".into()))?;
+        let entered = self.ctx.enter()?;
+        g.launch(&entered)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn short_regions_are_shape_errors_like_on_the_cpu() {
+        let e = need("gemm", "A", Region::new(0, 3), 4).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "shape mismatch in gemm: A holds 3 elements, needs 4"
+        );
+        assert_eq!(
+            need("gemm", "A", Region::new(8, 10), 4).unwrap(),
+            Region::new(8, 4)
+        );
+    }
+
+    #[test]
+    fn region_addresses_are_float_offsets() {
+        assert_eq!(at(0x1000, Region::new(3, 1)), 0x100c);
+    }
+}

@@ -1,0 +1,151 @@
+//! The process's CUDA engine: one device, its primary context and kernels, and the trials' backends made from them.
+
+use std::sync::Arc;
+
+use cudarc::cublas::sys as blas;
+
+use super::backend::CudaBackend;
+use super::check::check_blas;
+use super::context::Ctx;
+use super::data::{DevBuf, DeviceData};
+use super::device::{CudaDeviceInfo, Device};
+use super::green::{self, GreenPartition};
+use super::kernels::{self, CompiledModule};
+use super::launch::{launch, Arg};
+use super::stream::Stream;
+use crate::data::Dataset;
+use crate::engine::Backend;
+use crate::error::EngineError;
+use crate::gpu::libs::{self, CudaLib};
+use crate::job::EngineOptions;
+
+/// Threads per block of the SM probe.
+const PROBE_BLOCK: u32 = 128;
+
+/// One per process: the device, its primary context with the compiled kernels, and cuBLAS.
+pub struct CudaEngine {
+    device: Arc<Device>,
+    primary: Arc<Ctx>,
+    compiled: &'static [CompiledModule],
+    opts: EngineOptions,
+}
+
+impl CudaEngine {
+    /// Opens device `ordinal`: initialises the driver, retains the primary context, compiles the
+    /// kernels for the device's architecture, loads them, and checks that cuBLAS works.
+    pub fn open(ordinal: usize, opts: &EngineOptions) -> Result<Arc<CudaEngine>, EngineError> {
+        let device = Arc::new(Device::open(ordinal)?);
+        libs::preload(CudaLib::Cublas).map_err(|e| EngineError::Unavailable {
+            backend: "cuda".into(),
+            reason: e.to_string(),
+        })?;
+        let compiled = kernels::compile_all(Some(device.info.compute_capability))?;
+        let primary = Ctx::primary(Arc::clone(&device), compiled)?;
+        probe_cublas(&primary)?;
+        Ok(Arc::new(CudaEngine {
+            device,
+            primary,
+            compiled,
+            opts: opts.clone(),
+        }))
+    }
+
+    pub fn info(&self) -> &CudaDeviceInfo {
+        &self.device.info
+    }
+
+    /// The driver's CUDA version, e.g. `13000`.
+    pub fn driver_version(&self) -> i32 {
+        self.device.driver_version
+    }
+
+    /// Uploads a dataset once (images, labels as `f32`, and an identity order for the test
+    /// split); every trial of the process shares it read-only.
+    pub fn upload(&self, data: &Dataset) -> Result<Arc<DeviceData>, EngineError> {
+        Ok(Arc::new(DeviceData::upload(&self.primary, data)?))
+    }
+
+    /// `count` green contexts on disjoint SM groups of `sms_each` SMs (rounded up to the
+    /// device's granularity); an error where green contexts are unsupported or do not fit.
+    pub fn green_partitions(
+        &self,
+        count: u32,
+        sms_each: u32,
+    ) -> Result<Vec<Arc<GreenPartition>>, EngineError> {
+        green::create(&self.device, self.compiled, count, sms_each)
+    }
+
+    /// A trial's backend: its own stream (in the partition's green context when given, else in
+    /// the primary context), its own memory pool capped at `cap_bytes`, and its own cuBLAS
+    /// handle on that stream, whose workspace comes from the pool with the arena.
+    pub fn backend(
+        &self,
+        data: Arc<DeviceData>,
+        cap_bytes: Option<u64>,
+        partition: Option<Arc<GreenPartition>>,
+    ) -> Result<Box<dyn Backend>, EngineError> {
+        if !Arc::ptr_eq(data.ctx.device(), &self.device) {
+            return Err(EngineError::Device(
+                "the dataset was uploaded by another CUDA engine".into(),
+            ));
+        }
+        let ctx = match &partition {
+            Some(p) => Arc::clone(&p.ctx),
+            None => Arc::clone(&self.primary),
+        };
+        let b = CudaBackend::new(ctx, self.device.dev, data, cap_bytes, &self.opts)?;
+        Ok(Box::new(b))
+    }
+
+    /// Launches `blocks` blocks of `probe::sm_probe` in the partition (or the primary context)
+    /// and returns the SM each block ran on.
+    pub fn sm_probe(
+        &self,
+        partition: Option<&GreenPartition>,
+        blocks: u32,
+    ) -> Result<Vec<u32>, EngineError> {
+        let ctx = partition.map_or(&self.primary, |p| &p.ctx);
+        let stream = Stream::new(Arc::clone(ctx))?;
+        let out = DevBuf::alloc(&self.primary, blocks as usize * 4)?;
+        if blocks > 0 {
+            let _in = ctx.enter()?;
+            let f = ctx.kernels().get("sm_probe")?;
+            let args = [Arg::Ptr(out.ptr())];
+            launch(
+                &_in,
+                "sm_probe",
+                f,
+                (blocks, PROBE_BLOCK),
+                stream.raw(),
+                &args,
+            )?;
+        }
+        stream.wait()?;
+        let mut ids = vec![0u32; blocks as usize];
+        out.download(&mut ids)?;
+        Ok(ids)
+    }
+}
+
+/// Creates and destroys a cuBLAS handle in the primary context: proves the library loads and
+/// initialises, where a failure is an error rather than a panic inside cudarc.
+fn probe_cublas(primary: &Ctx) -> Result<(), EngineError> {
+    let _in = primary.enter()?;
+    let mut handle = std::ptr::null_mut();
+    // SAFETY: writes one handle, destroyed just below. cudarc panics if it cannot resolve the
+    // library (preloaded above); catch_unwind turns that into an error.
+    let created = std::panic::catch_unwind(move || {
+        let r = unsafe { blas::cublasCreate_v2(&mut handle) };
+        (r, handle)
+    })
+    .map_err(|_| EngineError::Unavailable {
+        backend: "cuda".into(),
+        reason: "cuBLAS could not be loaded through cudarc".into(),
+    })?;
+    check_blas(created.0, "cublasCreate_v2")?;
+    // SAFETY: the handle was created above and is destroyed once.
+    check_blas(
+        unsafe { blas::cublasDestroy_v2(created.1) },
+        "cublasDestroy_v2",
+    )
+}

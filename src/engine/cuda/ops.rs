@@ -1,0 +1,568 @@
+//! The `Backend` ops of the CUDA backend: the CPU backend's region checks, then kernel launches on the trial's stream.
+
+use super::backend::{at, need, CudaBackend};
+use super::check::to_u32;
+use super::conv::{workspace_len, BwdPtrs, FwdPtrs};
+use super::launch::{Arg, BLOCK};
+use crate::engine::{
+    AdamParams, Backend, BackendKind, Conv2dShape, GemmShape, PoolShape, Region, SgdParams, Split,
+    COUNTER_LEN, STATS_LEN,
+};
+use crate::error::EngineError;
+
+/// Checks the step counter region: one element.
+fn counter_region(counter: Region) -> Result<Region, EngineError> {
+    need("counter", "counter", counter, COUNTER_LEN)
+}
+
+impl Backend for CudaBackend {
+    fn kind(&self) -> BackendKind {
+        BackendKind::Cuda
+    }
+
+    fn alloc_arena(&mut self, elems: usize) -> Result<(), EngineError> {
+        self.allocate(elems)
+    }
+
+    fn allocated_bytes(&self) -> usize {
+        self.allocated()
+    }
+
+    fn write(&mut self, dst: Region, src: &[f32]) -> Result<(), EngineError> {
+        self.not_capturing("write")?;
+        let dst = need("write", "destination", dst, src.len())?;
+        let base = self.regions("write", &[], &[dst])?;
+        self.copy_in(at(base, dst), src)
+    }
+
+    fn read(&mut self, src: Region, dst: &mut [f32]) -> Result<(), EngineError> {
+        self.not_capturing("read")?;
+        let src = need("read", "source", src, dst.len())?;
+        let base = self.regions("read", &[src], &[])?;
+        self.copy_out(at(base, src), dst)
+    }
+
+    fn fill(&mut self, dst: Region, value: f32) -> Result<(), EngineError> {
+        let base = self.regions("fill", &[], &[dst])?;
+        let n = to_u32("fill", "len", dst.len)?;
+        let e = self.ctx.enter()?;
+        let args = [Arg::Ptr(at(base, dst)), Arg::F32(value), Arg::U32(n)];
+        self.elementwise(&e, "fill", dst.len, &args)
+    }
+
+    fn split_len(&self, split: Split) -> usize {
+        match split {
+            Split::Train => self.data.train.len,
+            Split::Test => self.data.test.len,
+        }
+    }
+
+    fn set_train_order(&mut self, order: &[u32]) -> Result<(), EngineError> {
+        self.not_capturing("set_train_order")?;
+        let n = self.data.train.len;
+        if order.len() != n || order.iter().any(|&i| i as usize >= n) {
+            return Err(EngineError::Shape {
+                op: "set_train_order",
+                message: format!("order must be a permutation of {n} samples"),
+            });
+        }
+        self.copy_in(self.order_ptr()?, order)
+    }
+
+    fn gather(
+        &mut self,
+        split: Split,
+        start: usize,
+        rows: usize,
+        x: Region,
+        y: Region,
+    ) -> Result<(), EngineError> {
+        let len = self.data.sample_len;
+        let (samples, order) = match split {
+            Split::Train => (&self.data.train, self.order_ptr()?),
+            Split::Test => (&self.data.test, self.data.test_order.ptr()),
+        };
+        if start + rows > samples.len {
+            return Err(EngineError::Shape {
+                op: "gather",
+                message: format!(
+                    "rows {start}..{} beyond {} samples",
+                    start + rows,
+                    samples.len
+                ),
+            });
+        }
+        let x = need("gather", "x", x, rows * len)?;
+        let y = need("gather", "y", y, rows)?;
+        let base = self.regions("gather", &[], &[x, y])?;
+        let args = [
+            Arg::Ptr(samples.images.ptr()),
+            Arg::Ptr(samples.labels.ptr()),
+            Arg::Ptr(order),
+            Arg::Ptr(at(base, x)),
+            Arg::Ptr(at(base, y)),
+            Arg::U32(to_u32("gather", "sample length", len)?),
+            Arg::U32(to_u32("gather", "start", start)?),
+            Arg::U32(to_u32("gather", "rows", rows)?),
+        ];
+        let e = self.ctx.enter()?;
+        self.elementwise(&e, "gather", rows * len, &args)
+    }
+
+    fn gather_train(
+        &mut self,
+        counter: Region,
+        steps_per_epoch: usize,
+        batch: usize,
+        x: Region,
+        y: Region,
+    ) -> Result<(), EngineError> {
+        if steps_per_epoch == 0 {
+            return Err(EngineError::Shape {
+                op: "gather_train",
+                message: "an epoch needs at least one step".into(),
+            });
+        }
+        // The batch index is read on the device, so every batch of the epoch must fit.
+        let n = self.data.train.len;
+        if steps_per_epoch * batch > n {
+            return Err(EngineError::Shape {
+                op: "gather_train",
+                message: format!("{steps_per_epoch} batches of {batch} are beyond {n} samples"),
+            });
+        }
+        let len = self.data.sample_len;
+        let counter = counter_region(counter)?;
+        let x = need("gather_train", "x", x, batch * len)?;
+        let y = need("gather_train", "y", y, batch)?;
+        let base = self.regions("gather_train", &[counter], &[x, y])?;
+        let args = [
+            Arg::Ptr(self.data.train.images.ptr()),
+            Arg::Ptr(self.data.train.labels.ptr()),
+            Arg::Ptr(self.order_ptr()?),
+            Arg::Ptr(at(base, counter)),
+            Arg::Ptr(at(base, x)),
+            Arg::Ptr(at(base, y)),
+            Arg::U32(to_u32("gather_train", "sample length", len)?),
+            Arg::U32(to_u32("gather_train", "steps per epoch", steps_per_epoch)?),
+            Arg::U32(to_u32("gather_train", "batch", batch)?),
+        ];
+        let e = self.ctx.enter()?;
+        self.elementwise(&e, "gather_train", batch * len, &args)
+    }
+
+    fn advance(&mut self, counter: Region) -> Result<(), EngineError> {
+        let counter = counter_region(counter)?;
+        let base = self.regions("advance", &[], &[counter])?;
+        let e = self.ctx.enter()?;
+        self.kernel(&e, "advance", (1, 1), &[Arg::Ptr(at(base, counter))])
+    }
+
+    fn conv_workspace_len(&self, s: &Conv2dShape) -> usize {
+        workspace_len(s)
+    }
+
+    fn gemm(&mut self, g: GemmShape, a: Region, b: Region, c: Region) -> Result<(), EngineError> {
+        let a = need("gemm", "A", a, g.a_len())?;
+        let b = need("gemm", "B", b, g.b_len())?;
+        let c = need("gemm", "C", c, g.c_len())?;
+        let base = self.regions("gemm", &[a, b], &[c])?;
+        let e = self.ctx.enter()?;
+        self.blas
+            .gemm(&e, &g, at(base, a), at(base, b), at(base, c))
+    }
+
+    fn bias_add(
+        &mut self,
+        y: Region,
+        bias: Region,
+        rows: usize,
+        cols: usize,
+    ) -> Result<(), EngineError> {
+        let y = need("bias_add", "y", y, rows * cols)?;
+        let bias = need("bias_add", "bias", bias, cols)?;
+        let base = self.regions("bias_add", &[bias], &[y])?;
+        let args = [
+            Arg::Ptr(at(base, y)),
+            Arg::Ptr(at(base, bias)),
+            Arg::U32(to_u32("bias_add", "rows", rows)?),
+            Arg::U32(to_u32("bias_add", "cols", cols)?),
+        ];
+        to_u32("bias_add", "rows·cols", rows * cols)?;
+        let e = self.ctx.enter()?;
+        self.elementwise(&e, "bias_add", rows * cols, &args)
+    }
+
+    fn bias_grad(
+        &mut self,
+        dy: Region,
+        db: Region,
+        rows: usize,
+        cols: usize,
+    ) -> Result<(), EngineError> {
+        let dy = need("bias_grad", "dy", dy, rows * cols)?;
+        let db = need("bias_grad", "db", db, cols)?;
+        let base = self.regions("bias_grad", &[dy], &[db])?;
+        let args = [
+            Arg::Ptr(at(base, dy)),
+            Arg::Ptr(at(base, db)),
+            Arg::U32(to_u32("bias_grad", "rows", rows)?),
+            Arg::U32(to_u32("bias_grad", "cols", cols)?),
+        ];
+        to_u32("bias_grad", "rows·cols", rows * cols)?;
+        let e = self.ctx.enter()?;
+        // One thread per column.
+        self.elementwise(&e, "bias_grad", cols, &args)
+    }
+
+    fn relu_fwd(&mut self, x: Region, y: Region, len: usize) -> Result<(), EngineError> {
+        let x = need("relu_fwd", "x", x, len)?;
+        let y = need("relu_fwd", "y", y, len)?;
+        let base = self.regions("relu_fwd", &[x], &[y])?;
+        let n = to_u32("relu_fwd", "len", len)?;
+        let e = self.ctx.enter()?;
+        let args = [Arg::Ptr(at(base, x)), Arg::Ptr(at(base, y)), Arg::U32(n)];
+        self.elementwise(&e, "relu_fwd", len, &args)
+    }
+
+    fn relu_bwd(
+        &mut self,
+        y: Region,
+        dy: Region,
+        dx: Region,
+        len: usize,
+    ) -> Result<(), EngineError> {
+        let y = need("relu_bwd", "y", y, len)?;
+        let dy = need("relu_bwd", "dy", dy, len)?;
+        let dx = need("relu_bwd", "dx", dx, len)?;
+        let base = self.regions("relu_bwd", &[y, dy], &[dx])?;
+        let n = to_u32("relu_bwd", "len", len)?;
+        let e = self.ctx.enter()?;
+        let args = [
+            Arg::Ptr(at(base, y)),
+            Arg::Ptr(at(base, dy)),
+            Arg::Ptr(at(base, dx)),
+            Arg::U32(n),
+        ];
+        self.elementwise(&e, "relu_bwd", len, &args)
+    }
+
+    fn conv2d_fwd(
+        &mut self,
+        s: &Conv2dShape,
+        x: Region,
+        w: Region,
+        b: Region,
+        y: Region,
+        ws: Region,
+    ) -> Result<(), EngineError> {
+        let op = "conv2d_fwd";
+        let x = need(op, "x", x, s.x_len())?;
+        let w = need(op, "w", w, s.w_len())?;
+        let b = need(op, "b", b, s.c_out)?;
+        let y = need(op, "y", y, s.y_len())?;
+        let ws = need(op, "workspace", ws, workspace_len(s))?;
+        let base = self.regions(op, &[x, w, b], &[y, ws])?;
+        let p = FwdPtrs {
+            x: at(base, x),
+            w: at(base, w),
+            b: at(base, b),
+            y: at(base, y),
+            ws: at(base, ws),
+        };
+        let e = self.ctx.enter()?;
+        self.conv_fwd(&e, s, &p)
+    }
+
+    fn conv2d_bwd(
+        &mut self,
+        s: &Conv2dShape,
+        x: Region,
+        w: Region,
+        dy: Region,
+        dx: Option<Region>,
+        dw: Region,
+        db: Region,
+        ws: Region,
+    ) -> Result<(), EngineError> {
+        let op = "conv2d_bwd";
+        let x = need(op, "x", x, s.x_len())?;
+        let w = need(op, "w", w, s.w_len())?;
+        let dy = need(op, "dy", dy, s.y_len())?;
+        let dw = need(op, "dw", dw, s.w_len())?;
+        let db = need(op, "db", db, s.c_out)?;
+        let ws = need(op, "workspace", ws, workspace_len(s))?;
+        let dx = dx.map(|dx| need(op, "dx", dx, s.x_len())).transpose()?;
+        let writes: Vec<Region> = dx.into_iter().chain([dw, db, ws]).collect();
+        let base = self.regions(op, &[x, w, dy], &writes)?;
+        let p = BwdPtrs {
+            x: at(base, x),
+            w: at(base, w),
+            dy: at(base, dy),
+            dx: dx.map(|dx| at(base, dx)),
+            dw: at(base, dw),
+            db: at(base, db),
+            ws: at(base, ws),
+        };
+        let e = self.ctx.enter()?;
+        self.conv_bwd(&e, s, &p)
+    }
+
+    fn maxpool_fwd(&mut self, s: &PoolShape, x: Region, y: Region) -> Result<(), EngineError> {
+        let x = need("maxpool_fwd", "x", x, s.x_len())?;
+        let y = need("maxpool_fwd", "y", y, s.y_len())?;
+        let base = self.regions("maxpool_fwd", &[x], &[y])?;
+        let mut args = vec![Arg::Ptr(at(base, x)), Arg::Ptr(at(base, y))];
+        args.extend(pool_dims("maxpool_fwd", s)?);
+        let e = self.ctx.enter()?;
+        self.elementwise(&e, "maxpool_fwd", s.y_len(), &args)
+    }
+
+    fn maxpool_bwd(
+        &mut self,
+        s: &PoolShape,
+        x: Region,
+        y: Region,
+        dy: Region,
+        dx: Region,
+    ) -> Result<(), EngineError> {
+        let op = "maxpool_bwd";
+        let x = need(op, "x", x, s.x_len())?;
+        let y = need(op, "y", y, s.y_len())?;
+        let dy = need(op, "dy", dy, s.y_len())?;
+        let dx = need(op, "dx", dx, s.x_len())?;
+        let base = self.regions(op, &[x, y, dy], &[dx])?;
+        let mut args = vec![
+            Arg::Ptr(at(base, x)),
+            Arg::Ptr(at(base, y)),
+            Arg::Ptr(at(base, dy)),
+            Arg::Ptr(at(base, dx)),
+        ];
+        args.extend(pool_dims(op, s)?);
+        let e = self.ctx.enter()?;
+        // One thread per dx element.
+        self.elementwise(&e, op, s.x_len(), &args)
+    }
+
+    fn dropout_fwd(
+        &mut self,
+        x: Region,
+        y: Region,
+        len: usize,
+        p: f32,
+        seed: u64,
+        counter: Region,
+        layer: u32,
+    ) -> Result<(), EngineError> {
+        let d = Dropout {
+            op: "dropout_fwd",
+            len,
+            p,
+            seed,
+            counter,
+            layer,
+        };
+        self.dropout(d, x, y)
+    }
+
+    fn dropout_bwd(
+        &mut self,
+        dy: Region,
+        dx: Region,
+        len: usize,
+        p: f32,
+        seed: u64,
+        counter: Region,
+        layer: u32,
+    ) -> Result<(), EngineError> {
+        let d = Dropout {
+            op: "dropout_bwd",
+            len,
+            p,
+            seed,
+            counter,
+            layer,
+        };
+        self.dropout(d, dy, dx)
+    }
+
+    fn softmax_xent(
+        &mut self,
+        logits: Region,
+        labels: Region,
+        dlogits: Region,
+        stats: Region,
+        rows: usize,
+        classes: usize,
+    ) -> Result<(), EngineError> {
+        let op = "softmax_xent";
+        let logits = need(op, "logits", logits, rows * classes)?;
+        let labels = need(op, "labels", labels, rows)?;
+        let dlogits = need(op, "dlogits", dlogits, rows * classes)?;
+        let stats = need(op, "stats", stats, STATS_LEN)?;
+        let base = self.regions(op, &[logits, labels], &[dlogits, stats])?;
+        let args = [
+            Arg::Ptr(at(base, logits)),
+            Arg::Ptr(at(base, labels)),
+            Arg::Ptr(at(base, dlogits)),
+            Arg::Ptr(at(base, stats)),
+            Arg::U32(to_u32(op, "rows", rows)?),
+            Arg::U32(to_u32(op, "classes", classes)?),
+        ];
+        to_u32(op, "rows·classes", rows * classes)?;
+        let e = self.ctx.enter()?;
+        // One block: its fixed-order reduction makes the sums deterministic.
+        self.kernel(&e, op, (1, BLOCK), &args)
+    }
+
+    fn eval_xent(
+        &mut self,
+        logits: Region,
+        labels: Region,
+        stats: Region,
+        rows: usize,
+        classes: usize,
+    ) -> Result<(), EngineError> {
+        let op = "eval_xent";
+        let logits = need(op, "logits", logits, rows * classes)?;
+        let labels = need(op, "labels", labels, rows)?;
+        let stats = need(op, "stats", stats, STATS_LEN)?;
+        let base = self.regions(op, &[logits, labels], &[stats])?;
+        let args = [
+            Arg::Ptr(at(base, logits)),
+            Arg::Ptr(at(base, labels)),
+            Arg::Ptr(at(base, stats)),
+            Arg::U32(to_u32(op, "rows", rows)?),
+            Arg::U32(to_u32(op, "classes", classes)?),
+        ];
+        to_u32(op, "rows·classes", rows * classes)?;
+        let e = self.ctx.enter()?;
+        self.kernel(&e, op, (1, BLOCK), &args)
+    }
+
+    fn sgd_step(
+        &mut self,
+        w: Region,
+        g: Region,
+        v: Region,
+        p: SgdParams,
+    ) -> Result<(), EngineError> {
+        let g = need("sgd_step", "g", g, w.len)?;
+        let v = need("sgd_step", "v", v, w.len)?;
+        let base = self.regions("sgd_step", &[g], &[w, v])?;
+        let args = [
+            Arg::Ptr(at(base, w)),
+            Arg::Ptr(at(base, g)),
+            Arg::Ptr(at(base, v)),
+            Arg::U32(to_u32("sgd_step", "len", w.len)?),
+            Arg::F32(p.lr),
+            Arg::F32(p.momentum),
+            Arg::F32(p.weight_decay),
+        ];
+        let e = self.ctx.enter()?;
+        self.elementwise(&e, "sgd_step", w.len, &args)
+    }
+
+    fn adam_step(
+        &mut self,
+        w: Region,
+        g: Region,
+        m: Region,
+        v: Region,
+        p: AdamParams,
+        counter: Region,
+    ) -> Result<(), EngineError> {
+        let counter = counter_region(counter)?;
+        let g = need("adam_step", "g", g, w.len)?;
+        let m = need("adam_step", "m", m, w.len)?;
+        let v = need("adam_step", "v", v, w.len)?;
+        // The counter is read by the kernel, so it is checked as a read region too.
+        let base = self.regions("adam_step", &[g, counter], &[w, m, v])?;
+        let args = [
+            Arg::Ptr(at(base, w)),
+            Arg::Ptr(at(base, g)),
+            Arg::Ptr(at(base, m)),
+            Arg::Ptr(at(base, v)),
+            Arg::U32(to_u32("adam_step", "len", w.len)?),
+            Arg::F32(p.lr),
+            Arg::F32(p.beta1),
+            Arg::F32(p.beta2),
+            Arg::F32(p.eps),
+            Arg::F32(p.weight_decay),
+            Arg::Ptr(at(base, counter)),
+        ];
+        let e = self.ctx.enter()?;
+        self.elementwise(&e, "adam_step", w.len, &args)
+    }
+
+    fn synchronize(&mut self) -> Result<(), EngineError> {
+        self.not_capturing("synchronize")?;
+        self.stream.wait()
+    }
+
+    fn supports_graphs(&self) -> bool {
+        self.graphs
+    }
+
+    fn begin_capture(&mut self) -> Result<(), EngineError> {
+        self.begin()
+    }
+
+    fn end_capture(&mut self) -> Result<(), EngineError> {
+        self.end()
+    }
+
+    fn replay(&mut self) -> Result<(), EngineError> {
+        self.launch_graph()
+    }
+}
+
+/// The size arguments of the pooling kernels: `n, c, h, w, k`.
+fn pool_dims(op: &'static str, s: &PoolShape) -> Result<[Arg; 5], EngineError> {
+    to_u32(op, "input elements", s.x_len())?;
+    Ok([
+        Arg::U32(to_u32(op, "n", s.n)?),
+        Arg::U32(to_u32(op, "c", s.c)?),
+        Arg::U32(to_u32(op, "h", s.h)?),
+        Arg::U32(to_u32(op, "w", s.w)?),
+        Arg::U32(to_u32(op, "k", s.k)?),
+    ])
+}
+
+/// The arguments shared by both dropout directions.
+struct Dropout {
+    op: &'static str,
+    len: usize,
+    p: f32,
+    seed: u64,
+    counter: Region,
+    layer: u32,
+}
+
+impl CudaBackend {
+    /// `dropout_fwd(x → y)` or `dropout_bwd(dy → dx)`: the same kernel signature.
+    fn dropout(&mut self, d: Dropout, src: Region, dst: Region) -> Result<(), EngineError> {
+        let (op, len) = (d.op, d.len);
+        let counter = counter_region(d.counter)?;
+        let (src_name, dst_name) = if op == "dropout_fwd" {
+            ("x", "y")
+        } else {
+            ("dy", "dx")
+        };
+        let src = need(op, src_name, src, len)?;
+        let dst = need(op, dst_name, dst, len)?;
+        // The counter is read by the kernel, so it is checked as a read region too.
+        let base = self.regions(op, &[src, counter], &[dst])?;
+        let args = [
+            Arg::Ptr(at(base, src)),
+            Arg::Ptr(at(base, dst)),
+            Arg::U32(to_u32(op, "len", len)?),
+            Arg::F32(d.p),
+            Arg::U64(d.seed),
+            Arg::Ptr(at(base, counter)),
+            Arg::U32(d.layer),
+        ];
+        let e = self.ctx.enter()?;
+        self.elementwise(&e, op, len, &args)
+    }
+}

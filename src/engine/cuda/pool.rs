@@ -1,0 +1,229 @@
+//! A trial's capped memory pool and its one allocation: cuBLAS workspace, arena and epoch order.
+
+use std::sync::Arc;
+
+use cudarc::driver::sys;
+
+use super::check::check;
+use super::stream::Stream;
+use crate::error::EngineError;
+use crate::plan::MIB;
+
+/// Bytes of cuBLAS workspace in every trial's allocation.
+pub(crate) const BLAS_WORKSPACE_BYTES: usize = 4 << 20;
+/// Alignment of each part of the allocation (cuBLAS wants 256-byte workspaces; the memory plan
+/// aligns regions to 256 bytes from the arena's start).
+const PART_ALIGN: usize = 256;
+/// A pool's `maxSize` is rounded up to this (the driver maps pool memory in 2 MiB pages).
+const POOL_GRANULE: u64 = 2 << 20;
+
+/// Where the parts of a trial's single allocation lie, in bytes from its start.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Layout {
+    /// The cuBLAS workspace starts at 0.
+    pub blas_bytes: usize,
+    pub arena_offset: usize,
+    pub arena_bytes: usize,
+    /// The training split's order (`u32` per sample).
+    pub order_offset: usize,
+    pub order_bytes: usize,
+    pub total: usize,
+}
+
+/// The layout for an arena of `elems` `f32` and an order of `order_len` `u32`.
+pub(crate) fn layout(elems: usize, order_len: usize) -> Result<Layout, EngineError> {
+    let too_big = || EngineError::Device(format!("an arena of {elems} elements is too large"));
+    let arena_bytes = elems.checked_mul(4).ok_or_else(too_big)?;
+    let order_bytes = order_len.checked_mul(4).ok_or_else(too_big)?;
+    let arena_offset = BLAS_WORKSPACE_BYTES;
+    let order_offset = arena_offset
+        .checked_add(arena_bytes)
+        .and_then(|e| e.checked_next_multiple_of(PART_ALIGN))
+        .ok_or_else(too_big)?;
+    let total = order_offset
+        .checked_add(order_bytes)
+        .and_then(|e| e.checked_next_multiple_of(PART_ALIGN))
+        .ok_or_else(too_big)?;
+    Ok(Layout {
+        blas_bytes: BLAS_WORKSPACE_BYTES,
+        arena_offset,
+        arena_bytes,
+        order_offset,
+        order_bytes,
+        total,
+    })
+}
+
+/// `CapExceeded` when `need` bytes do not fit under `cap` (checked before asking the driver).
+pub(crate) fn check_cap(need: u64, cap: Option<u64>) -> Result<(), EngineError> {
+    match cap {
+        Some(cap) if need > cap => Err(cap_exceeded(need, cap)),
+        _ => Ok(()),
+    }
+}
+
+fn cap_exceeded(need: u64, cap: u64) -> EngineError {
+    EngineError::CapExceeded {
+        need_mib: need as f64 / MIB,
+        cap_mib: cap as f64 / MIB,
+    }
+}
+
+/// The pool's `maxSize` for a cap: the cap rounded up to whole 2 MiB pages, so that any request
+/// that passed [`check_cap`] is not refused for page rounding. `0` (the driver's default, no
+/// limit of ours) when uncapped.
+pub(crate) fn pool_max_size(cap: Option<u64>) -> usize {
+    cap.map(|c| c.div_ceil(POOL_GRANULE).saturating_mul(POOL_GRANULE))
+        .map(|c| usize::try_from(c).unwrap_or(usize::MAX))
+        .unwrap_or(0)
+}
+
+/// A memory pool of its own for one trial, capped or not.
+pub(crate) struct Pool {
+    raw: sys::CUmemoryPool,
+    cap: Option<u64>,
+    stream: Arc<Stream>,
+}
+
+// SAFETY: a pool handle is valid on every thread; calls on it go through `Ctx::enter`.
+unsafe impl Send for Pool {}
+// SAFETY: as above; `Pool` has no interior mutability.
+unsafe impl Sync for Pool {}
+
+impl Pool {
+    /// A pool of device memory on `dev`, at most `cap` bytes (rounded up to 2 MiB).
+    pub(crate) fn new(
+        stream: Arc<Stream>,
+        dev: sys::CUdevice,
+        cap: Option<u64>,
+    ) -> Result<Pool, EngineError> {
+        let props = sys::CUmemPoolProps {
+            allocType: sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED,
+            handleTypes: sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_NONE,
+            location: sys::CUmemLocation {
+                type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
+                id: dev,
+            },
+            win32SecurityAttributes: std::ptr::null_mut(),
+            maxSize: pool_max_size(cap),
+            usage: 0,
+            reserved: [0; 54],
+        };
+        let mut raw = std::ptr::null_mut();
+        {
+            let _in = stream.ctx().enter()?;
+            // SAFETY: `props` is fully initialised and outlives the call; writes one handle.
+            check(
+                unsafe { sys::cuMemPoolCreate(&mut raw, &props) },
+                "cuMemPoolCreate",
+            )?;
+        }
+        Ok(Pool { raw, cap, stream })
+    }
+
+    pub(crate) fn cap(&self) -> Option<u64> {
+        self.cap
+    }
+
+    /// Allocates `bytes` from the pool, ordered on the pool's stream. `CapExceeded` when they do
+    /// not fit under the cap, whether the check here or the driver says so.
+    pub(crate) fn alloc(self: &Arc<Self>, bytes: usize) -> Result<Allocation, EngineError> {
+        check_cap(bytes as u64, self.cap)?;
+        let mut ptr = 0;
+        let r = {
+            let _in = self.stream.ctx().enter()?;
+            // SAFETY: pool and stream are live and belong to the current context.
+            unsafe { sys::cuMemAllocFromPoolAsync(&mut ptr, bytes, self.raw, self.stream.raw()) }
+        };
+        if r == sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY {
+            return Err(match self.cap {
+                Some(cap) => cap_exceeded(bytes as u64, cap),
+                None => EngineError::Device(format!(
+                    "cuMemAllocFromPoolAsync: CUDA_ERROR_OUT_OF_MEMORY (needs {:.1} MiB)",
+                    bytes as f64 / MIB
+                )),
+            });
+        }
+        check(r, "cuMemAllocFromPoolAsync")?;
+        Ok(Allocation {
+            ptr,
+            bytes,
+            pool: Arc::clone(self),
+        })
+    }
+}
+
+impl Drop for Pool {
+    fn drop(&mut self) {
+        if let Ok(_in) = self.stream.ctx().enter() {
+            // SAFETY: every allocation holds an Arc of its pool, so none is outstanding. Errors
+            // cannot be reported from Drop.
+            let _ = unsafe { sys::cuMemPoolDestroy(self.raw) };
+        }
+    }
+}
+
+/// One allocation from a pool, freed (on the pool's stream) when dropped.
+pub(crate) struct Allocation {
+    ptr: sys::CUdeviceptr,
+    bytes: usize,
+    pool: Arc<Pool>,
+}
+
+impl Allocation {
+    pub(crate) fn ptr(&self) -> sys::CUdeviceptr {
+        self.ptr
+    }
+
+    pub(crate) fn bytes(&self) -> usize {
+        self.bytes
+    }
+}
+
+impl Drop for Allocation {
+    fn drop(&mut self) {
+        let stream = &self.pool.stream;
+        if let Ok(_in) = stream.ctx().enter() {
+            // SAFETY: the pointer came from cuMemAllocFromPoolAsync and is freed once, ordered
+            // after all work issued on the stream that uses it.
+            let _ = unsafe { sys::cuMemFreeAsync(self.ptr, stream.raw()) };
+        }
+        // Let the free complete before the pool (and its stream) can go. Errors cannot be
+        // reported from Drop.
+        let _ = stream.wait();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_cap_is_checked_before_allocating() {
+        let e = check_cap(4 << 20, Some(1 << 20)).unwrap_err();
+        assert_eq!(e.to_string(), "needs 4.0 MiB, slice cap 1.0 MiB");
+        assert!(check_cap(1 << 20, Some(1 << 20)).is_ok());
+        assert!(check_cap(u64::MAX, None).is_ok());
+    }
+
+    #[test]
+    fn pools_are_capped_in_whole_pages() {
+        assert_eq!(pool_max_size(None), 0);
+        assert_eq!(pool_max_size(Some(2 << 20)), 2 << 20);
+        assert_eq!(pool_max_size(Some((2 << 20) + 1)), 4 << 20);
+        assert_eq!(pool_max_size(Some(1)), 2 << 20);
+    }
+
+    #[test]
+    fn the_allocation_holds_workspace_arena_and_order_aligned() {
+        let l = layout(1000, 10).unwrap();
+        assert_eq!(l.arena_offset, BLAS_WORKSPACE_BYTES);
+        assert_eq!(l.arena_bytes, 4000);
+        assert_eq!(l.order_offset % PART_ALIGN, 0);
+        assert!(l.order_offset >= l.arena_offset + l.arena_bytes);
+        assert_eq!(l.order_bytes, 40);
+        assert!(l.total >= l.order_offset + l.order_bytes);
+        assert_eq!(l.total % PART_ALIGN, 0);
+        assert!(layout(usize::MAX / 2, 0).is_err());
+    }
+}
