@@ -8,17 +8,19 @@ use std::time::Instant;
 use indicatif::{ProgressBar, ProgressStyle};
 
 use crate::data::Dataset;
+use crate::engine::cuda::{self, CudaEngine};
 use crate::engine::BackendKind;
 use crate::error::{Error, Result};
 use crate::gpu::{self, Discovery};
-use crate::job::{BackendChoice, Job, SplitMode};
+use crate::job::{BackendChoice, EngineOptions, Job, SplitMode};
 use crate::plan::{self, DeviceBudget, Round, MIB};
 use crate::report::{self, ProgressRow, RunRow, TrialRow};
-use crate::sched::{self, Event, RoundContext, RoundOutcome, TrialOutcome, TrialState};
+use crate::sched::{self, Device, Event, RoundContext, RoundOutcome, TrialOutcome, TrialState};
+use crate::telemetry::{Sampler, Telemetry};
 use crate::train::{run_trial, TrialConfig};
 
 /// The engine a run uses, and why.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct Resolved {
     pub kind: BackendKind,
     /// The device in words, for every report row.
@@ -26,10 +28,29 @@ pub struct Resolved {
     /// A line for the user: which backend and why.
     pub note: String,
     pub budget: DeviceBudget,
+    /// The CUDA engine of this process, when the backend is `cuda`.
+    pub engine: Option<Arc<CudaEngine>>,
+}
+
+impl Resolved {
+    /// Opens the device for this process's trials, uploading the dataset once on a GPU.
+    pub fn device_for(&self, data: &Dataset) -> Result<Device> {
+        match &self.engine {
+            None => Ok(Device::Cpu),
+            Some(engine) => Ok(Device::Cuda {
+                engine: Arc::clone(engine),
+                data: engine.upload(data)?,
+            }),
+        }
+    }
 }
 
 /// Picks the backend for a choice on this machine. `cuda` with no usable GPU is an error.
-pub fn resolve_backend(choice: BackendChoice, found: &Discovery) -> Result<Resolved> {
+pub fn resolve_backend(
+    choice: BackendChoice,
+    found: &Discovery,
+    opts: &EngineOptions,
+) -> Result<Resolved> {
     let cpu = |note: String| Resolved {
         kind: BackendKind::Cpu,
         device: found.host.device_line(),
@@ -39,20 +60,47 @@ pub fn resolve_backend(choice: BackendChoice, found: &Discovery) -> Result<Resol
             sm_count: None,
             sm_granularity: None,
         },
+        engine: None,
     };
-    let why_not_gpu = match (&found.no_gpu_reason, found.gpus.first()) {
-        (Some(reason), _) => format!("no GPU ({reason})"),
-        (None, Some(g)) => format!("{} found, but this build has no CUDA backend", g.name),
-        (None, None) => "no GPU".into(),
-    };
-    match choice {
-        BackendChoice::Cpu => Ok(cpu("backend: cpu (asked for)".into())),
-        BackendChoice::Auto => Ok(cpu(format!(
-            "backend: cpu — {why_not_gpu}; running on the CPU backend"
+    if choice == BackendChoice::Cpu {
+        return Ok(cpu("backend: cpu (asked for)".into()));
+    }
+    let cuda =
+        cuda::available().and_then(|()| CudaEngine::open(0, opts).map_err(|e| e.to_string()));
+    match (choice, cuda) {
+        (_, Ok(engine)) => {
+            let info = engine.info();
+            let device = format!(
+                "{} ({} SMs, {:.0} MiB)",
+                info.name,
+                info.sm_count,
+                info.total_mem_bytes as f64 / MIB
+            );
+            Ok(Resolved {
+                kind: BackendKind::Cuda,
+                note: format!("backend: cuda — {device}, {}", info.uuid),
+                device,
+                budget: DeviceBudget {
+                    memory_bytes: info.total_mem_bytes,
+                    sm_count: Some(info.sm_count),
+                    sm_granularity: info
+                        .green
+                        .as_ref()
+                        .map(|g| g.sm_alignment.max(g.min_sms).max(1)),
+                },
+                engine: Some(engine),
+            })
+        }
+        (BackendChoice::Cuda, Err(why)) => Err(Error::NoDevice(format!(
+            "backend cuda is not usable here: {why}"
         ))),
-        BackendChoice::Cuda => Err(Error::NoDevice(format!(
-            "backend cuda is not usable here: {why_not_gpu}"
-        ))),
+        (_, Err(why)) => {
+            // NVML's reason is the shorter one when there is no driver at all.
+            let why = found.no_gpu_reason.clone().unwrap_or(why);
+            Ok(cpu(format!(
+                "backend: cpu — no usable GPU ({why}); running on the CPU backend"
+            )))
+        }
     }
 }
 
@@ -96,8 +144,24 @@ pub fn devices(
         }
     }
     w(out, format!("host: {}", found.host.device_line()))?;
-    let r = resolve_backend(BackendChoice::Auto, &found)?;
+    let r = resolve_backend(BackendChoice::Auto, &found, &EngineOptions::default())?;
     w(out, r.note.clone())?;
+    if let Some(engine) = &r.engine {
+        let i = engine.info();
+        let nvml = found.gpus.iter().find(|g| g.uuid == i.uuid);
+        let green = match &i.green {
+            Some(g) => format!(
+                "green contexts: partitions of at least {} SMs, aligned to {}",
+                g.min_sms, g.sm_alignment
+            ),
+            None => "green contexts: not supported".into(),
+        };
+        w(out, format!(
+            "CUDA device {}: {} [{}], compute capability {}.{}, {} SMs; {green}; NVML match by UUID: {}",
+            i.ordinal, i.name, i.uuid, i.compute_capability.0, i.compute_capability.1, i.sm_count,
+            nvml.map(|g| format!("NVML index {}", g.index)).unwrap_or_else(|| "none".into())
+        ))?;
+    }
     let Some(n) = n else { return Ok(()) };
     let mut memory = String::new();
     if let Some(m) = mib_per_slice {
@@ -177,10 +241,11 @@ fn load_data(job: &Job, data_dir: Option<&Path>) -> Result<Arc<Dataset>> {
 /// `gpumux train`: one trial of a job, with loss and accuracy each epoch.
 pub fn train(job: &Job, trial: u32, data_dir: Option<&Path>, out: &mut dyn Write) -> Result<()> {
     let found = gpu::discover();
-    let r = resolve_backend(job.file.backend, &found)?;
+    let r = resolve_backend(job.file.backend, &found, &job.file.engine)?;
     eprintln!("{}", r.note);
     let data = load_data(job, data_dir)?;
     check_batch(job, &data, &[trial])?;
+    let device = r.device_for(&data)?;
     let spec = plan::trials(job, trial + 1)?
         .pop()
         .ok_or_else(|| Error::Internal("no trial".into()))?;
@@ -206,7 +271,7 @@ pub fn train(job: &Job, trial: u32, data_dir: Option<&Path>, out: &mut dyn Write
         sm_count: None,
         partition: None,
     };
-    let mut be = sched::open_backend(r.kind, Arc::clone(&data), &slice)?;
+    let mut be = sched::open_backend(&device, Arc::clone(&data), &slice, None)?;
     let net = crate::models::build(
         &cfg.model,
         cfg.input,
@@ -275,26 +340,42 @@ pub struct FibOptions {
     pub progress: bool,
 }
 
+/// Why a split mode cannot run with this backend, if it cannot.
+fn split_unavailable(mode: SplitMode, r: &Resolved) -> Option<String> {
+    match (mode, &r.engine) {
+        (SplitMode::Green | SplitMode::Mps, None) => Some("it needs a GPU".into()),
+        (SplitMode::Green, Some(e)) if e.info().green.is_none() => {
+            Some("this device or driver has no green contexts".into())
+        }
+        (SplitMode::Mps, Some(_)) if !mps_daemon_running() => Some(
+            "no MPS control daemon is running (gpumux never starts one; see nvidia-cuda-mps-control)".into(),
+        ),
+        _ => None,
+    }
+}
+
+/// Whether an MPS control daemon is listening: its control pipe exists in
+/// `$CUDA_MPS_PIPE_DIRECTORY` (default `/tmp/nvidia-mps`).
+pub fn mps_daemon_running() -> bool {
+    let dir = std::env::var_os("CUDA_MPS_PIPE_DIRECTORY")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/tmp/nvidia-mps"));
+    dir.join("control").exists()
+}
+
 /// `gpumux fib`: every round of the job; writes the CSVs row by row, the plots and the summary.
 pub fn fib(job: &Job, opts: &FibOptions, out: &mut dyn Write) -> Result<PathBuf> {
     let found = gpu::discover();
-    let r = resolve_backend(job.file.backend, &found)?;
+    let r = resolve_backend(job.file.backend, &found, &job.file.engine)?;
     eprintln!("{}", r.note);
     let mut splits = job.file.splits.clone();
-    if r.kind == BackendKind::Cpu {
-        let skipped: Vec<_> = splits
-            .iter()
-            .filter(|m| m.gpu_only())
-            .map(|m| m.name())
-            .collect();
-        if !skipped.is_empty() {
-            eprintln!(
-                "note: skipping split modes {} (they need a GPU)",
-                skipped.join(", ")
-            );
+    splits.retain(|m| match split_unavailable(*m, &r) {
+        Some(why) => {
+            eprintln!("note: skipping split mode {m}: {why}");
+            false
         }
-        splits.retain(|m| !m.gpu_only());
-    }
+        None => true,
+    });
     if splits.is_empty() {
         return Err(Error::Usage(
             "no split mode of the job can run on the CPU backend".into(),
@@ -330,7 +411,7 @@ pub fn fib(job: &Job, opts: &FibOptions, out: &mut dyn Write) -> Result<PathBuf>
         model: job.file.model.clone(),
         epochs: job.file.train.epochs,
         engine: job.file.engine.clone(),
-        backend: r.kind,
+        device: r.device_for(&data)?,
         worker_exe: opts.worker_exe.clone(),
     };
     let total: u64 = rounds.iter().map(|r| r.n as u64).sum();
@@ -368,6 +449,12 @@ pub fn fib(job: &Job, opts: &FibOptions, out: &mut dyn Write) -> Result<PathBuf>
         };
         bar.set_message(states.line(round));
         let mut write_err = None;
+        // NVML samples the device at 20 Hz while the round runs (GPU only).
+        let sampler = r.engine.as_ref().and_then(|e| {
+            Sampler::start(&e.info().uuid, 20.0)
+                .map_err(|why| eprintln!("note: no telemetry for this round: {why}"))
+                .ok()
+        });
         let outcome = sched::run_round(round, &ctx, &mut |ev| {
             let res = match ev {
                 Event::Started { .. } => {
@@ -409,7 +496,8 @@ pub fn fib(job: &Job, opts: &FibOptions, out: &mut dyn Write) -> Result<PathBuf>
         if let Some(e) = write_err {
             return Err(e.into());
         }
-        let row = run_row(job, round, &outcome, &data, &r);
+        let telemetry = sampler.map(Sampler::stop).unwrap_or_default();
+        let row = run_row(job, round, &outcome, &data, &r, &telemetry);
         writer.run(&row)?;
         bar.println(format!(
             "round {:>3}: N={:<3} {:<8} makespan {:>8.2} s  time/training {:>7.3} s  ok {}  failed {}",
@@ -512,6 +600,7 @@ fn run_row(
     outcome: &RoundOutcome,
     data: &Dataset,
     r: &Resolved,
+    t: &Telemetry,
 ) -> RunRow {
     let ok = outcome
         .outcomes
@@ -543,10 +632,11 @@ fn run_row(
         makespan_s: outcome.makespan_s,
         time_per_training_s: outcome.makespan_s / round.n as f64,
         samples_per_s: samples as f64 / makespan,
-        gpu_util_mean: None,
-        gpu_mem_peak_mib: None,
-        power_w_mean: None,
-        sm_clock_mhz_mean: None,
+        gpu_util_mean: t.gpu_util_mean,
+        gpu_mem_peak_mib: t.mem_used_peak_mib,
+        power_w_mean: t.power_w_mean,
+        sm_clock_mhz_mean: t.sm_clock_mhz_mean,
+        proc_mem_peak_mib: t.per_process_peak_mib.values().cloned().reduce(f64::max),
         device: r.device.clone(),
         backend: r.kind.to_string(),
         epochs: job.file.train.epochs,

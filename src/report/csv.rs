@@ -226,6 +226,7 @@ pub(crate) mod tests {
             gpu_mem_peak_mib: None,
             power_w_mean: None,
             sm_clock_mhz_mean: None,
+            proc_mem_peak_mib: None,
             device: "cpu: 2 cores".into(),
             backend: "cpu".into(),
             epochs: 2,
@@ -319,7 +320,8 @@ pub(crate) mod tests {
         let names: Vec<&str> = header.iter().collect();
         let power = names.iter().position(|n| *n == "power_w_mean").unwrap();
         assert_eq!(names[power + 1], "sm_clock_mhz_mean");
-        assert_eq!(names.len(), 20);
+        assert_eq!(names[power + 2], "proc_mem_peak_mib");
+        assert_eq!(names.len(), 21);
     }
 
     #[test]

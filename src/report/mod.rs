@@ -52,6 +52,9 @@ pub struct RunRow {
     pub power_w_mean: Option<f64>,
     /// Mean current SM clock over the round (NVML), MHz; empty on the CPU.
     pub sm_clock_mhz_mean: Option<f64>,
+    /// The largest device memory any one process of the round held (NVML), MiB: in `process`
+    /// mode, what one trial's process used; empty on the CPU.
+    pub proc_mem_peak_mib: Option<f64>,
     /// The physical device, in words (e.g. `NVIDIA H100 80GB HBM3` or `cpu: 2 cores`).
     pub device: String,
     pub backend: String,

@@ -12,9 +12,10 @@ use crossbeam_channel::{unbounded, Sender};
 
 use crate::data::{DataSpec, Dataset};
 use crate::engine::cpu::CpuBackend;
+use crate::engine::cuda::{CudaEngine, DeviceData, GreenPartition};
 use crate::engine::{Backend, BackendKind};
 use crate::error::EngineError;
-use crate::job::ModelSpec;
+use crate::job::{EngineOptions, ModelSpec, SplitMode};
 use crate::plan::{Round, SliceSpec, TrialSpec};
 use crate::train::{EpochStats, TrialConfig, TrialResult};
 
@@ -77,7 +78,8 @@ pub struct RoundContext {
     pub model: ModelSpec,
     pub epochs: u32,
     pub engine: crate::job::EngineOptions,
-    pub backend: BackendKind,
+    /// Where the trials run (for `process` mode: which backend each child opens).
+    pub device: Device,
     /// The gpumux executable that child processes run as `gpumux worker`.
     pub worker_exe: PathBuf,
 }
@@ -105,19 +107,82 @@ pub struct RoundOutcome {
     pub outcomes: Vec<TrialOutcome>,
 }
 
-/// Creates the engine for one trial on one slice.
+/// Where trials run: the host, or a CUDA device with the dataset resident on it.
+#[derive(Clone)]
+pub enum Device {
+    Cpu,
+    Cuda {
+        engine: Arc<CudaEngine>,
+        /// The dataset, uploaded once per process and shared read-only by its trials.
+        data: Arc<DeviceData>,
+    },
+}
+
+impl std::fmt::Debug for Device {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Device::Cpu => f.write_str("Device::Cpu"),
+            Device::Cuda { engine, .. } => write!(f, "Device::Cuda({})", engine.info().name),
+        }
+    }
+}
+
+impl Device {
+    /// Opens the device for this process: on CUDA, the engine (device 0 of those visible) and
+    /// the dataset uploaded once.
+    pub fn open(
+        kind: BackendKind,
+        data: &Dataset,
+        opts: &EngineOptions,
+    ) -> Result<Device, EngineError> {
+        match kind {
+            BackendKind::Cpu => Ok(Device::Cpu),
+            BackendKind::Cuda => {
+                let engine = CudaEngine::open(0, opts)?;
+                let data = engine.upload(data)?;
+                Ok(Device::Cuda { engine, data })
+            }
+        }
+    }
+
+    pub fn kind(&self) -> BackendKind {
+        match self {
+            Device::Cpu => BackendKind::Cpu,
+            Device::Cuda { .. } => BackendKind::Cuda,
+        }
+    }
+}
+
+/// Creates the engine for one trial on one slice (in its green partition when it has one).
 pub fn open_backend(
-    kind: BackendKind,
+    device: &Device,
     data: Arc<Dataset>,
     slice: &SliceSpec,
+    partition: Option<Arc<GreenPartition>>,
 ) -> Result<Box<dyn Backend>, EngineError> {
-    match kind {
-        BackendKind::Cpu => Ok(Box::new(CpuBackend::new(data, slice.mem_cap_bytes))),
-        BackendKind::Cuda => Err(EngineError::Unavailable {
-            backend: "cuda".into(),
-            reason: "this build has no CUDA backend yet".into(),
-        }),
+    match device {
+        Device::Cpu => Ok(Box::new(CpuBackend::new(data, slice.mem_cap_bytes))),
+        Device::Cuda { engine, data } => {
+            engine.backend(Arc::clone(data), slice.mem_cap_bytes, partition)
+        }
     }
+}
+
+/// The green partitions of a round: one green context per distinct partition of its slices.
+fn partitions(round: &Round, device: &Device) -> Result<Vec<Arc<GreenPartition>>, String> {
+    let (SplitMode::Green, Device::Cuda { engine, .. }) = (round.split, device) else {
+        return Ok(Vec::new());
+    };
+    let count = round
+        .slices
+        .iter()
+        .filter_map(|s| s.partition)
+        .max()
+        .map_or(1, |p| p + 1);
+    let sms = round.slices.first().and_then(|s| s.sm_count).unwrap_or(0);
+    engine
+        .green_partitions(count, sms)
+        .map_err(|e| format!("cannot create {count} green partitions of {sms} SMs: {e}"))
 }
 
 /// Runs a round: queues its trials, starts one worker per slice, and passes every event to `sink`
@@ -133,21 +198,28 @@ pub fn run_round(round: &Round, ctx: &RoundContext, sink: &mut dyn FnMut(&Event)
     let started = Instant::now();
     let mut outcomes = Vec::new();
     let mut makespan_s = 0.0;
+    let parts = partitions(round, &ctx.device);
     std::thread::scope(|s| {
         for slice in &round.slices {
             let queue = queue_rx.clone();
             let events = event_tx.clone();
             let split = round.split;
+            let part = match &parts {
+                Ok(p) => Ok(slice.partition.and_then(|i| p.get(i as usize).cloned())),
+                Err(e) => Err(e.clone()),
+            };
             s.spawn(move || {
                 while let Ok(trial) = queue.recv() {
                     let _ = events.send(Event::Started {
                         trial: trial.clone(),
                         slice: slice.index,
                     });
-                    let outcome = if split.one_process_per_trial() {
-                        process::run(ctx, slice, trial, &events)
-                    } else {
-                        thread::run(ctx, slice, trial, &events)
+                    let outcome = match &part {
+                        Err(e) => outcome(trial, slice, Err(e.clone()), 0.0),
+                        Ok(_) if split.one_process_per_trial() => {
+                            process::run(ctx, slice, round, trial, &events)
+                        }
+                        Ok(p) => thread::run(ctx, slice, p.clone(), trial, &events),
                     };
                     let _ = events.send(Event::Finished(Box::new(outcome)));
                 }

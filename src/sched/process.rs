@@ -9,10 +9,13 @@ use std::time::Instant;
 
 use crossbeam_channel::Sender;
 
-use super::{epoch_event, open_backend, outcome, panic_text, Event, RoundContext, TrialOutcome};
+use super::{
+    epoch_event, open_backend, outcome, panic_text, Device, Event, RoundContext, TrialOutcome,
+};
 use crate::data::DataSpec;
 use crate::engine::BackendKind;
-use crate::plan::{SliceSpec, TrialSpec};
+use crate::job::SplitMode;
+use crate::plan::{Round, SliceSpec, TrialSpec};
 use crate::train::{run_trial, EpochStats, TrialConfig, TrialResult};
 
 /// What the parent sends a worker on its standard input (one JSON document).
@@ -40,10 +43,16 @@ pub enum WorkerMessage {
 pub fn run(
     ctx: &RoundContext,
     slice: &SliceSpec,
+    round: &Round,
     trial: TrialSpec,
     events: &Sender<Event>,
 ) -> TrialOutcome {
     let started = Instant::now();
+    let env = if round.split == SplitMode::Mps {
+        mps_env(round.n, slice)
+    } else {
+        Vec::new()
+    };
     let req = WorkerRequest {
         config: ctx.config(&trial),
         trial: trial.clone(),
@@ -51,23 +60,41 @@ pub fn run(
         data: ctx.data_spec.clone(),
         data_base: ctx.data_base.clone(),
         data_seed: ctx.data_seed,
-        backend: ctx.backend,
+        backend: ctx.device.kind(),
     };
-    let res = supervise(ctx, &req, &mut |s| {
+    let res = supervise(ctx, &req, &env, &mut |s| {
         epoch_event(events, &trial, slice.index, s)
     });
     outcome(trial, slice, res, started.elapsed().as_secs_f64())
 }
 
+/// The MPS client limits of one of `n` slices: an equal share of the SMs' threads, and the
+/// slice's memory cap as the pinned device-memory limit.
+pub fn mps_env(n: u32, slice: &SliceSpec) -> Vec<(String, String)> {
+    let mut env = vec![(
+        "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE".to_string(),
+        (100 / n.max(1)).max(1).to_string(),
+    )];
+    if let Some(cap) = slice.cap_mib() {
+        env.push((
+            "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT".to_string(),
+            format!("0={}M", cap.floor().max(1.0) as u64),
+        ));
+    }
+    env
+}
+
 fn supervise(
     ctx: &RoundContext,
     req: &WorkerRequest,
+    env: &[(String, String)],
     on_epoch: &mut dyn FnMut(&EpochStats),
 ) -> Result<TrialResult, String> {
     let body =
         serde_json::to_vec(req).map_err(|e| format!("cannot encode the worker request: {e}"))?;
     let mut child = Command::new(&ctx.worker_exe)
         .arg("worker")
+        .envs(env.iter().map(|(k, v)| (k, v)))
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -157,8 +184,10 @@ pub fn worker_main(input: &mut dyn Read, output: &mut dyn Write) -> Result<(), S
                 .data
                 .load(req.data_base.as_deref(), req.data_seed)
                 .map_err(|e| e.to_string())?;
-            let mut be =
-                open_backend(req.backend, Arc::new(data), &req.slice).map_err(|e| e.to_string())?;
+            let device =
+                Device::open(req.backend, &data, &req.config.engine).map_err(|e| e.to_string())?;
+            let mut be = open_backend(&device, Arc::new(data), &req.slice, None)
+                .map_err(|e| e.to_string())?;
             run_trial(be.as_mut(), &req.config, &mut |s| {
                 send(output, &WorkerMessage::Epoch(s.clone()))
             })
@@ -172,4 +201,34 @@ pub fn worker_main(input: &mut dyn Read, output: &mut dyn Write) -> Result<(), S
     };
     send(output, &msg);
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mps_limits_share_threads_and_pin_the_cap() {
+        let slice = SliceSpec {
+            index: 0,
+            mem_cap_bytes: Some(3 << 30),
+            sm_count: None,
+            partition: None,
+        };
+        let env = mps_env(8, &slice);
+        assert_eq!(
+            env[0],
+            ("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE".into(), "12".into())
+        );
+        assert_eq!(
+            env[1],
+            ("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT".into(), "0=3072M".into())
+        );
+        let uncapped = SliceSpec {
+            mem_cap_bytes: None,
+            ..slice
+        };
+        assert_eq!(mps_env(200, &uncapped).len(), 1);
+        assert_eq!(mps_env(200, &uncapped)[0].1, "1");
+    }
 }

@@ -7,6 +7,7 @@ use std::time::Instant;
 use crossbeam_channel::Sender;
 
 use super::{epoch_event, open_backend, outcome, panic_text, Event, RoundContext, TrialOutcome};
+use crate::engine::cuda::GreenPartition;
 use crate::plan::{SliceSpec, TrialSpec};
 use crate::train::run_trial;
 
@@ -14,14 +15,15 @@ use crate::train::run_trial;
 pub fn run(
     ctx: &RoundContext,
     slice: &SliceSpec,
+    partition: Option<Arc<GreenPartition>>,
     trial: TrialSpec,
     events: &Sender<Event>,
 ) -> TrialOutcome {
     let started = Instant::now();
     let cfg = ctx.config(&trial);
     let res = catch_unwind(AssertUnwindSafe(|| {
-        let mut be =
-            open_backend(ctx.backend, Arc::clone(&ctx.data), slice).map_err(|e| e.to_string())?;
+        let mut be = open_backend(&ctx.device, Arc::clone(&ctx.data), slice, partition)
+            .map_err(|e| e.to_string())?;
         run_trial(be.as_mut(), &cfg, &mut |s| {
             epoch_event(events, &trial, slice.index, s)
         })

@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# The GPU check: on a machine with an NVIDIA GPU, no Rust toolchain and no network, runs every GPU
+# test, the parity checks against the CPU backend, a short `fib` round in every split mode, and one
+# training side by side with PyTorch; then prints a short table. Builds nothing: run
+# scripts/build-gpu-check.sh beforehand and bring .carry/ along.
+#   scripts/gpu-check.sh [OUT_DIR]        (default: $OUT if set, else /tmp/gpumux-gpu-check)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+carry=${GPUMUX_CARRY:-.carry}
+out=${1:-${OUT:-/tmp/gpumux-gpu-check}}
+mkdir -p "$out"
+bin="$carry/gpumux"
+export CARGO_BIN_EXE_gpumux="$PWD/$bin"
+export GPUMUX_REQUIRE_GPU=1
+export RUST_BACKTRACE=1
+if [ ! -x "$bin" ]; then
+    echo "gpu-check: $bin is missing; run scripts/build-gpu-check.sh first" >&2
+    exit 2
+fi
+
+declare -a names results secs
+step() { # step NAME LOGFILE COMMAND...
+    local name=$1 log=$2; shift 2
+    local t0=$(date +%s.%N)
+    echo "== $name: $*" | tee "$out/$log"
+    "$@" >>"$out/$log" 2>&1
+    local rc=$?
+    local t1=$(date +%s.%N)
+    tail -n 25 "$out/$log"
+    names+=("$name"); results+=("$([ $rc -eq 0 ] && echo PASS || echo "FAIL($rc)")")
+    secs+=("$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.1f", b - a }')")
+}
+
+{
+    echo "date: $(date -u +%FT%TZ)"
+    nvidia-smi --query-gpu=name,uuid,driver_version,memory.total,clocks.max.sm --format=csv 2>&1
+    nvidia-smi -q 2>/dev/null | grep -iE "MIG Mode|Compute Mode|Persistence" | head -5
+} | tee "$out/device.txt"
+
+step "devices and slice plan" devices.log "$bin" devices --n 34 --split green
+step "GPU tests (ops vs CPU, caps, green, graphs)" gpu-tests.log "$carry/tests/gpu" --test-threads=1 --nocapture
+step "library tests on this machine" lib-tests.log "$carry/tests/lib" --test-threads=2
+step "isolation and CLI tests" cli-tests.log "$carry/tests/fib" --test-threads=2
+step "fib: MLP, N=1,2,5,13, all split modes" fib.log \
+    "$bin" fib jobs/mnist-fib.yaml --n 1,2,5,13 --splits shared,process,logical,green --epochs 2 --out "$out/fib"
+step "gpumux: one MLP training (N=1, 5 epochs, batch 128)" gpumux-train.log \
+    "$bin" train --backend cuda --epochs 5 --batch-size 128 --lr 0.001
+step "PyTorch eager: the same training" torch-train.log \
+    python3 bench/torch_mnist.py --device cuda --model mlp --hidden 128 --epochs 5 --batch-size 128 --lr 0.001 --repeats 3
+
+echo
+echo "gpu-check summary ($out)"
+printf "%-55s %-9s %8s\n" "step" "result" "seconds"
+for i in "${!names[@]}"; do
+    printf "%-55s %-9s %8s\n" "${names[$i]}" "${results[$i]}" "${secs[$i]}"
+done | tee "$out/summary.txt"
+g=$(grep '^done:' "$out/gpumux-train.log" | sed 's/.*, \([0-9.]*\) s, .*/\1/')
+t=$(grep -E '^torch,' "$out/torch-train.log" | awk -F, '{print $8}' | sort -n | awk '{a[NR]=$1} END {if (NR) print a[int((NR+1)/2)]}')
+echo "one MLP training: gpumux ${g:-?} s, PyTorch eager median ${t:-?} s" | tee -a "$out/summary.txt"
+grep -q FAIL "$out/summary.txt" && exit 1
+exit 0
