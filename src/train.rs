@@ -104,7 +104,11 @@ pub fn run_trial(
             if epoch == 1 {
                 inject(be, &net, cfg.fault.as_ref(), step)?;
             }
-            if graphs {
+            // The first step runs eagerly even with graphs: it loads every kernel and lets cuBLAS
+            // pick its kernels outside a capture. The counter makes the captured step the same
+            // computation as an eager one.
+            let warm_up = epoch == 1 && step == 0;
+            if graphs && !warm_up {
                 if !captured {
                     be.begin_capture()?;
                     let body = net.train_step(be, steps_per_epoch, dropout_seed, h);
