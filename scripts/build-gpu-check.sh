@@ -21,8 +21,14 @@ for line in sys.stdin:
     if m.get("reason") == "compiler-artifact" and m.get("profile", {}).get("test") and m.get("executable"):
         name = m["target"]["name"]
         kind = m["target"]["kind"][0]
+        if kind == "bin":
+            continue  # the CLI has no unit tests of its own
         dst = os.path.join(sys.argv[1], "tests", "lib" if kind == "lib" else name)
         shutil.copy2(m["executable"], dst)
         print("test binary:", dst)
 ' "$out"
+# Debug info is most of their size; symbol names stay for backtraces. What travels is limited.
+for f in "$out/gpumux" "$out"/tests/*; do
+    strip --strip-debug "$f"
+done
 du -sh "$out"

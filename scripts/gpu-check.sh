@@ -22,7 +22,7 @@ declare -a names results secs
 step() { # step NAME LOGFILE COMMAND...
     local name=$1 log=$2; shift 2
     local t0=$(date +%s.%N)
-    echo "== $name: $*" | tee "$out/$log"
+    echo "== $name: $*" >"$out/$log"
     "$@" >>"$out/$log" 2>&1
     local rc=$?
     local t1=$(date +%s.%N)
@@ -40,11 +40,15 @@ step() { # step NAME LOGFILE COMMAND...
 step "devices and slice plan" devices.log "$bin" devices --n 34 --split green
 step "GPU tests (ops vs CPU, caps, green, graphs)" gpu-tests.log "$carry/tests/gpu" --test-threads=1 --nocapture
 step "library tests on this machine" lib-tests.log "$carry/tests/lib" --test-threads=2
-step "isolation and CLI tests" cli-tests.log "$carry/tests/fib" --test-threads=2
+step "CLI tests: fib, isolation, caps" cli-fib.log "$carry/tests/fib" --test-threads=2
+step "CLI tests: accuracy of single trainings" cli-train.log "$carry/tests/train" --test-threads=1
+step "CLI tests: malformed jobs" cli-bad-jobs.log "$carry/tests/bad_jobs" --test-threads=2
 step "fib: MLP, N=1,2,5,13, all split modes" fib.log \
     "$bin" fib jobs/mnist-fib.yaml --n 1,2,5,13 --splits shared,process,logical,green --epochs 2 --out "$out/fib"
 step "gpumux: one MLP training (N=1, 5 epochs, batch 128)" gpumux-train.log \
     "$bin" train --backend cuda --epochs 5 --batch-size 128 --lr 0.001
+step "gpumux: the same training with graphs off" gpumux-train-nographs.log \
+    "$bin" train --backend cuda --epochs 5 --batch-size 128 --lr 0.001 --no-graphs
 step "PyTorch eager: the same training" torch-train.log \
     python3 bench/torch_mnist.py --device cuda --model mlp --hidden 128 --epochs 5 --batch-size 128 --lr 0.001 --repeats 3
 
@@ -56,6 +60,7 @@ for i in "${!names[@]}"; do
 done | tee "$out/summary.txt"
 g=$(grep '^done:' "$out/gpumux-train.log" | sed 's/.*, \([0-9.]*\) s, .*/\1/')
 t=$(grep -E '^torch,' "$out/torch-train.log" | awk -F, '{print $8}' | sort -n | awk '{a[NR]=$1} END {if (NR) print a[int((NR+1)/2)]}')
-echo "one MLP training: gpumux ${g:-?} s, PyTorch eager median ${t:-?} s" | tee -a "$out/summary.txt"
+ng=$(grep '^done:' "$out/gpumux-train-nographs.log" | sed 's/.*, \([0-9.]*\) s, .*/\1/')
+echo "one MLP training: gpumux ${g:-?} s (graphs off ${ng:-?} s), PyTorch eager median ${t:-?} s" | tee -a "$out/summary.txt"
 grep -q FAIL "$out/summary.txt" && exit 1
 exit 0

@@ -60,6 +60,8 @@ enum Command {
         /// Override the job's epochs.
         #[arg(long)]
         epochs: Option<u32>,
+        #[command(flatten)]
+        engine: EngineFlags,
     },
     /// Redraw the plots and summary from result folders; merge several with --out.
     Report {
@@ -115,6 +117,30 @@ struct TrainArgs {
     seed: Option<u64>,
     #[arg(long, value_enum)]
     backend: Option<BackendChoice>,
+    #[command(flatten)]
+    engine: EngineFlags,
+}
+
+/// Engine switches shared by `train` and `fib` (GPU only; the CPU ignores them).
+#[derive(clap::Args, Debug, Default)]
+struct EngineFlags {
+    /// Run each training step eagerly instead of replaying a captured CUDA graph.
+    #[arg(long)]
+    no_graphs: bool,
+    /// Let cuBLAS use TF32 tensor cores for FP32 GEMMs.
+    #[arg(long)]
+    tf32: bool,
+}
+
+impl EngineFlags {
+    fn apply(&self, file: &mut JobFile) {
+        if self.no_graphs {
+            file.engine.graphs = false;
+        }
+        if self.tf32 {
+            file.engine.tf32 = true;
+        }
+    }
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug)]
@@ -163,6 +189,7 @@ fn run(cli: Cli) -> Result<(), Error> {
             n,
             splits,
             epochs,
+            engine,
         } => {
             let loaded = Job::load(&job)?;
             let mut file = loaded.file.clone();
@@ -178,6 +205,7 @@ fn run(cli: Cli) -> Result<(), Error> {
             if let Some(e) = epochs {
                 file.train.epochs = e;
             }
+            engine.apply(&mut file);
             let job = if file == loaded.file {
                 loaded
             } else {
@@ -291,6 +319,7 @@ fn train_job(a: TrainArgs) -> Result<(Job, u32, Option<PathBuf>), Error> {
     if let Some(b) = a.backend {
         file.backend = b;
     }
+    a.engine.apply(&mut file);
     let job = match &base {
         Some(j) if file == j.file => j.clone(),
         Some(j) => rebuild(file, j)?,

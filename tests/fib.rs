@@ -25,9 +25,11 @@ fn fib_writes_every_file_and_a_trial_does_not_depend_on_its_split_mode() {
         &["fib", job.to_str().unwrap(), "--out", out.to_str().unwrap()],
     );
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    // With no GPU it runs on the CPU and says so; on a GPU machine `auto` picks the GPU.
+    let on_gpu = stderr(&o).contains("backend: cuda");
     assert!(
-        stderr(&o).contains("CPU backend"),
-        "it says it runs on the CPU: {}",
+        on_gpu || stderr(&o).contains("running on the CPU backend"),
+        "it says which backend it runs on: {}",
         stderr(&o)
     );
     for f in [
@@ -44,7 +46,7 @@ fn fib_writes_every_file_and_a_trial_does_not_depend_on_its_split_mode() {
     assert_eq!(runs.len(), 9, "3 N × 3 split modes");
     for r in &runs {
         assert_eq!(r["failed"], "0", "{r:?}");
-        assert_eq!(r["backend"], "cpu");
+        assert_eq!(r["backend"], if on_gpu { "cuda" } else { "cpu" });
         let n: f64 = r["n"].parse().unwrap();
         let makespan: f64 = r["makespan_s"].parse().unwrap();
         let tpt: f64 = r["time_per_training_s"].parse().unwrap();
@@ -79,7 +81,9 @@ fn fib_writes_every_file_and_a_trial_does_not_depend_on_its_split_mode() {
         let spread = accs.iter().cloned().fold(f64::MIN, f64::max)
             - accs.iter().cloned().fold(f64::MAX, f64::min);
         assert!(
-            spread <= 1e-6,
+            // The CPU is deterministic to the bit; on a GPU, cuBLAS may order sums differently
+            // on a different number of SMs, so allow a few test samples of 500.
+            spread <= if on_gpu { 0.01 } else { 1e-6 },
             "{id}: test accuracy differs across split modes by {spread}"
         );
         assert!(accs[0] > 0.7, "{id} learned: {}", accs[0]);
@@ -98,7 +102,7 @@ fn a_trial_over_its_cap_fails_alone_and_at_once() {
         dir.path(),
         "cap.yaml",
         "model: {kind: mlp}\ndata: {source: synthetic, train_samples: 256, test_samples: 64}\ntrain: {epochs: 1}\n\
-         parameters:\n  batch_size: {values: [8, 4096]}\nmethod: grid\nn: [2]\nsplits: [logical]\nmemory: {mib_per_slice: 1.5}\n",
+         parameters:\n  batch_size: {values: [8, 4096]}\nmethod: grid\nn: [2]\nsplits: [logical]\nmemory: {mib_per_slice: 1.5}\nbackend: cpu\n",
     );
     let out = dir.path().join("out");
     let o = gpumux(
@@ -111,7 +115,7 @@ fn a_trial_over_its_cap_fails_alone_and_at_once() {
         dir.path(),
         "cap2.yaml",
         "model: {kind: mlp, hidden: [512]}\ndata: {source: synthetic, train_samples: 256, test_samples: 64}\ntrain: {epochs: 1}\n\
-         parameters:\n  optimizer: {values: [sgd, adam]}\nmethod: grid\nn: [2]\nsplits: [logical]\nmemory: {mib_per_slice: 5.5}\n",
+         parameters:\n  optimizer: {values: [sgd, adam]}\nmethod: grid\nn: [2]\nsplits: [logical]\nmemory: {mib_per_slice: 5.5}\nbackend: cpu\n",
     );
     let o = gpumux(
         dir.path(),
