@@ -223,7 +223,7 @@ fn io(context: &str, source: std::io::Error) -> Error {
 /// Loads a job's dataset, saying what was loaded.
 fn load_data(job: &Job, data_dir: Option<&Path>) -> Result<Arc<Dataset>> {
     let started = Instant::now();
-    let data = job.file.data.load(data_dir, job.file.seed)?;
+    let data = job.data()?.load(data_dir, job.file.seed)?;
     eprintln!(
         "data: {} — {} train, {} test, {}×{}×{}, {} classes ({:.1} s)",
         data.name,
@@ -250,7 +250,7 @@ pub fn train(job: &Job, trial: u32, data_dir: Option<&Path>, out: &mut dyn Write
         .pop()
         .ok_or_else(|| Error::Internal("no trial".into()))?;
     let cfg = TrialConfig {
-        model: job.file.model.clone(),
+        model: job.model()?.clone(),
         hyper: spec.hyper.clone(),
         epochs: job.file.train.epochs,
         seed: spec.seed,
@@ -263,7 +263,7 @@ pub fn train(job: &Job, trial: u32, data_dir: Option<&Path>, out: &mut dyn Write
     let w = |out: &mut dyn Write, s: String| writeln!(out, "{s}").map_err(|e| io("stdout", e));
     w(out, format!(
         "trial {}: {} on {}, {} epochs, batch {}, {} lr {}, momentum {}, weight decay {}, dropout {}, seed {}",
-        spec.id, job.file.model.kind, data.name, cfg.epochs, h.batch_size, h.optimizer, h.lr, h.momentum, h.weight_decay, h.dropout, spec.seed
+        spec.id, job.model()?.kind, data.name, cfg.epochs, h.batch_size, h.optimizer, h.lr, h.momentum, h.weight_decay, h.dropout, spec.seed
     ))?;
     let slice = plan::SliceSpec {
         index: 0,
@@ -405,10 +405,10 @@ pub fn fib(job: &Job, opts: &FibOptions, out: &mut dyn Write) -> Result<PathBuf>
     .map_err(|e| io(&format!("{}", dir.join("command.txt").display()), e))?;
     let ctx = RoundContext {
         data: Arc::clone(&data),
-        data_spec: job.file.data.clone(),
+        data_spec: job.data()?.clone(),
         data_base: opts.data_dir.clone(),
         data_seed: job.file.seed,
-        model: job.file.model.clone(),
+        model: job.model()?.clone(),
         epochs: job.file.train.epochs,
         engine: job.file.engine.clone(),
         device: r.device_for(&data)?,
@@ -420,7 +420,7 @@ pub fn fib(job: &Job, opts: &FibOptions, out: &mut dyn Write) -> Result<PathBuf>
         job.name,
         rounds.len(),
         total,
-        job.file.model.kind,
+        job.model()?.kind,
         data.name,
         job.file.n,
         splits
@@ -565,6 +565,14 @@ pub fn summary_text(runs: &[RunRow], trials: &[TrialRow]) -> String {
     report::summary_text(runs, trials)
 }
 
+/// The model column of a job's rows: the built-in kind, or `external`.
+pub fn model_name(job: &Job) -> String {
+    job.file
+        .model
+        .as_ref()
+        .map_or_else(|| "external".to_string(), |m| m.kind.to_string())
+}
+
 fn trial_row(job: &Job, round: &Round, o: &TrialOutcome) -> TrialRow {
     let h = &o.trial.hyper;
     let r = o.result.as_ref();
@@ -574,7 +582,7 @@ fn trial_row(job: &Job, round: &Round, o: &TrialOutcome) -> TrialRow {
         split: round.split.to_string(),
         n: round.n,
         slice: o.slice.index,
-        model: job.file.model.kind.to_string(),
+        model: model_name(job),
         params_lr: h.lr,
         params_batch_size: h.batch_size,
         params_optimizer: h.optimizer.to_string(),
@@ -621,7 +629,7 @@ fn run_row(
         .max()
         .map(|p| p + 1);
     RunRow {
-        model: job.file.model.kind.to_string(),
+        model: model_name(job),
         dataset: data.name.clone(),
         split: round.split.to_string(),
         n: round.n,

@@ -4,14 +4,16 @@ use std::path::PathBuf;
 
 /// Exit codes are part of the interface: scripts (Slurm jobs included) branch on them.
 pub mod exit {
-    /// Everything asked for was done (failed trials are recorded, not fatal).
+    /// Everything asked for was done (`fib` records failed trials as data and still exits 0).
     pub const OK: i32 = 0;
-    /// An unexpected failure: I/O while writing results, a bug.
+    /// Some trials of a sweep failed, or an unexpected failure (results could not be written).
     pub const FAILURE: i32 = 1;
     /// Bad input: the job file, a flag, or a data file named by them.
     pub const BAD_INPUT: i32 = 2;
+    /// Interrupted (SIGINT or SIGTERM): completed trials are recorded; `--resume` finishes the rest.
+    pub const INTERRUPTED: i32 = 3;
     /// The requested backend or device cannot be used on this machine.
-    pub const NO_DEVICE: i32 = 3;
+    pub const NO_DEVICE: i32 = 4;
 }
 
 /// Errors in reading or validating a job file. Each one names the key and, where known, the line.
@@ -130,6 +132,12 @@ pub enum Error {
     },
     #[error("{0}")]
     Internal(String),
+    /// A sweep was interrupted by a signal; what completed is recorded.
+    #[error("interrupted: {0}")]
+    Interrupted(String),
+    /// A sweep finished, but some of its trials failed.
+    #[error("{0}")]
+    TrialsFailed(String),
 }
 
 impl Error {
@@ -138,9 +146,12 @@ impl Error {
         match self {
             Error::Job(_) | Error::Data(_) | Error::Usage(_) => exit::BAD_INPUT,
             Error::Engine(EngineError::Unavailable { .. }) | Error::NoDevice(_) => exit::NO_DEVICE,
-            Error::Engine(_) | Error::Report(_) | Error::Io { .. } | Error::Internal(_) => {
-                exit::FAILURE
-            }
+            Error::Interrupted(_) => exit::INTERRUPTED,
+            Error::Engine(_)
+            | Error::Report(_)
+            | Error::Io { .. }
+            | Error::Internal(_)
+            | Error::TrialsFailed(_) => exit::FAILURE,
         }
     }
 }

@@ -411,8 +411,28 @@ pub enum FaultKind {
 pub struct JobFile {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
-    pub model: ModelSpec,
-    pub data: DataSpec,
+    /// The built-in network every trial trains (or give `command`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<ModelSpec>,
+    /// The dataset of the built-in model (not used by an external `command`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data: Option<DataSpec>,
+    /// An external training command run for each trial in place of a built-in model, with
+    /// `{name}` replaced by the trial's parameter values; its last stdout line is JSON metrics.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub command: Option<String>,
+    /// What a sweep optimises (W&B vocabulary): default `{name: test_acc, goal: maximize}`.
+    #[serde(default)]
+    pub metric: MetricSpec,
+    /// The number of trials a random sweep draws (a cap on the grid for `method: grid`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run_cap: Option<u32>,
+    /// How many trials a sweep runs at a time: a number, or `auto` (a short probe picks it).
+    #[serde(default)]
+    pub concurrency: Concurrency,
+    /// The split mode a sweep runs its trials under (default logical).
+    #[serde(default = "default_sweep_split")]
+    pub split: SplitMode,
     #[serde(default)]
     pub train: TrainSpec,
     #[serde(default = "default_seed")]
@@ -434,6 +454,61 @@ pub struct JobFile {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub faults: Vec<FaultSpec>,
 }
+
+fn default_sweep_split() -> SplitMode {
+    SplitMode::Logical
+}
+
+/// Whether a larger or a smaller metric is better.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Goal {
+    #[default]
+    Maximize,
+    Minimize,
+}
+
+/// The `metric:` of a sweep.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MetricSpec {
+    pub name: String,
+    #[serde(default)]
+    pub goal: Goal,
+}
+
+impl Default for MetricSpec {
+    fn default() -> Self {
+        MetricSpec {
+            name: "test_acc".into(),
+            goal: Goal::Maximize,
+        }
+    }
+}
+
+/// `concurrency:` a number of trials at a time, or `auto`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum Concurrency {
+    Fixed(u32),
+    Auto(AutoWord),
+}
+
+/// The word `auto`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AutoWord {
+    Auto,
+}
+
+impl Default for Concurrency {
+    fn default() -> Self {
+        Concurrency::Fixed(4)
+    }
+}
+
+/// The metrics a built-in trial reports, by name.
+pub const BUILTIN_METRICS: [&str; 4] = ["test_acc", "test_loss", "final_loss", "train_acc"];
 
 fn default_seed() -> u64 {
     0
@@ -539,9 +614,55 @@ impl Job {
                 ),
             ));
         }
+        match (&f.model, &f.command) {
+            (Some(_), Some(_)) => {
+                return Err(self.invalid("command", "give either model or command, not both"))
+            }
+            (None, None) => {
+                return Err(self.invalid("model", "is missing: give model (with data), or command"))
+            }
+            (Some(_), None) if f.data.is_none() => {
+                return Err(self.invalid("data", "is missing: a built-in model needs data"))
+            }
+            (None, Some(c)) if c.trim().is_empty() => {
+                return Err(self.invalid("command", "must not be empty"))
+            }
+            (None, Some(c)) => {
+                if let Err(e) = shell_words::split(c) {
+                    return Err(self.invalid("command", format!("cannot be split into words: {e}")));
+                }
+            }
+            _ => {}
+        }
         self.check_model()?;
-        if let Err((k, m)) = f.data.validate() {
-            return Err(self.invalid(&format!("data.{k}"), m));
+        if let Some(d) = &f.data {
+            if let Err((k, m)) = d.validate() {
+                return Err(self.invalid(&format!("data.{k}"), m));
+            }
+        }
+        if f.metric.name.trim().is_empty() {
+            return Err(self.invalid("metric.name", "must not be empty"));
+        }
+        if f.command.is_none() && !BUILTIN_METRICS.contains(&f.metric.name.as_str()) {
+            return Err(self.invalid(
+                "metric.name",
+                format!(
+                    "`{}` is not a metric of a built-in trial (expected one of {})",
+                    f.metric.name,
+                    BUILTIN_METRICS.join(", ")
+                ),
+            ));
+        }
+        if f.run_cap == Some(0) {
+            return Err(self.invalid("run_cap", "must be at least 1"));
+        }
+        if let Concurrency::Fixed(c) = f.concurrency {
+            if c == 0 || c > MAX_N {
+                return Err(self.invalid(
+                    "concurrency",
+                    format!("must be from 1 to {MAX_N}, or auto, not {c}"),
+                ));
+            }
         }
         let t = &f.train;
         if t.epochs == 0 || t.epochs > 100_000 {
@@ -603,7 +724,9 @@ impl Job {
     }
 
     fn check_model(&self) -> Result<(), JobError> {
-        let m = &self.file.model;
+        let Some(m) = &self.file.model else {
+            return Ok(());
+        };
         let only = |key: &str, present: bool, kind: ModelKind| {
             if present && m.kind != kind {
                 Err(self.invalid(
@@ -651,8 +774,9 @@ impl Job {
 
     fn check_space(&mut self) -> Result<(), JobError> {
         let mut dists = BTreeMap::new();
+        let external = self.file.command.is_some();
         for (name, spec) in &self.file.parameters {
-            if !PARAMETERS.contains(&name.as_str()) {
+            if !external && !PARAMETERS.contains(&name.as_str()) {
                 return Err(self.invalid(
                     &format!("parameters.{name}"),
                     format!(
@@ -670,7 +794,8 @@ impl Job {
                     "grid search needs `value` or `values`, not a range",
                 ));
             }
-            for v in dist.extremes() {
+            let checked = !external || PARAMETERS.contains(&name.as_str());
+            for v in dist.extremes().into_iter().filter(|_| checked) {
                 let mut point = BTreeMap::new();
                 point.insert(name.clone(), v);
                 if let Err((k, m)) = Hyper::from_point(&self.file.train, &point) {
@@ -718,9 +843,10 @@ impl Job {
         Ok(())
     }
 
-    /// The hyperparameters of trial `index`.
+    /// The hyperparameters of trial `index` (names an external command invents are left out).
     pub fn hyper(&self, index: usize) -> Result<Hyper, JobError> {
-        let point = self.space.point(self.file.seed, index);
+        let mut point = self.space.point(self.file.seed, index);
+        point.retain(|name, _| PARAMETERS.contains(&name.as_str()));
         Hyper::from_point(&self.file.train, &point).map_err(|(k, m)| {
             let key = if k.starts_with("parameters.") {
                 k
@@ -729,6 +855,46 @@ impl Job {
             };
             self.invalid(&key, format!("drew a bad value for trial {index}: {m}"))
         })
+    }
+
+    /// Every value trial `index` is given: the built-in hyperparameters (drawn or default),
+    /// `epochs`, and any other parameter of the space (for an external command's template).
+    pub fn params(&self, index: usize) -> Result<BTreeMap<String, ParamValue>, JobError> {
+        let h = self.hyper(index)?;
+        let mut out = BTreeMap::new();
+        out.insert("lr".into(), ParamValue::Num(h.lr));
+        out.insert("batch_size".into(), ParamValue::Num(h.batch_size as f64));
+        out.insert(
+            "optimizer".into(),
+            ParamValue::Word(h.optimizer.to_string()),
+        );
+        out.insert("momentum".into(), ParamValue::Num(h.momentum));
+        out.insert("weight_decay".into(), ParamValue::Num(h.weight_decay));
+        out.insert("dropout".into(), ParamValue::Num(h.dropout));
+        out.insert(
+            "epochs".into(),
+            ParamValue::Num(self.file.train.epochs as f64),
+        );
+        out.extend(self.space.point(self.file.seed, index));
+        Ok(out)
+    }
+
+    /// The built-in model; an error for a job that runs an external command.
+    pub fn model(&self) -> Result<&ModelSpec, JobError> {
+        self.file.model.as_ref().ok_or_else(|| {
+            self.invalid(
+                "command",
+                "this job runs an external command: run it with `gpumux sweep`",
+            )
+        })
+    }
+
+    /// The dataset of the built-in model.
+    pub fn data(&self) -> Result<&DataSpec, JobError> {
+        self.file
+            .data
+            .as_ref()
+            .ok_or_else(|| self.invalid("data", "is missing: a built-in model needs data"))
     }
 }
 

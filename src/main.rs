@@ -243,8 +243,13 @@ fn train_job(a: TrainArgs) -> Result<(Job, u32, Option<PathBuf>), Error> {
         Some(j) => j.file.clone(),
         None => JobFile {
             name: Some("train".into()),
-            model: ModelSpec::of(ModelKind::Mlp),
-            data: gpumux::data::DataSpec::of(gpumux::data::Source::Mnist10k),
+            model: Some(ModelSpec::of(ModelKind::Mlp)),
+            data: Some(gpumux::data::DataSpec::of(gpumux::data::Source::Mnist10k)),
+            command: None,
+            metric: Default::default(),
+            run_cap: None,
+            concurrency: Default::default(),
+            split: SplitMode::Logical,
             train: TrainSpec::default(),
             seed: 0,
             method: Default::default(),
@@ -262,20 +267,24 @@ fn train_job(a: TrainArgs) -> Result<(Job, u32, Option<PathBuf>), Error> {
             ModelArg::Mlp => ModelKind::Mlp,
             ModelArg::Cnn => ModelKind::Cnn,
         };
-        if kind != file.model.kind {
-            file.model = ModelSpec::of(kind);
+        if file.model.as_ref().map(|m| m.kind) != Some(kind) {
+            file.model = Some(ModelSpec::of(kind));
         }
     }
     if let Some(h) = a.hidden {
-        file.model.hidden = Some(h);
+        if let Some(m) = file.model.as_mut() {
+            m.hidden = Some(h);
+        }
     }
     if let Some(d) = a.data {
         let source: gpumux::data::Source = serde_yaml::from_str(&d)
             .map_err(|_| Error::Usage(format!("--data: unknown source `{d}` (expected mnist-10k, fashion-mnist, idx or synthetic)")))?;
-        file.data = gpumux::data::DataSpec::of(source);
+        file.data = Some(gpumux::data::DataSpec::of(source));
     }
     if let Some(p) = a.data_path {
-        file.data.path = Some(p);
+        if let Some(d) = file.data.as_mut() {
+            d.path = Some(p);
+        }
     }
     let t = &mut file.train;
     let mut set = |name: &str, given: bool| {

@@ -32,6 +32,9 @@ pub struct TrialSpec {
     pub id: String,
     pub index: u32,
     pub hyper: Hyper,
+    /// Every value the trial is given, by name (what an external command's template refers to).
+    #[serde(default)]
+    pub params: std::collections::BTreeMap<String, crate::space::ParamValue>,
     pub seed: u64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fault: Option<FaultSpec>,
@@ -69,6 +72,7 @@ pub fn trials(job: &Job, n: u32) -> Result<Vec<TrialSpec>, JobError> {
                 id: format!("t{i:03}"),
                 index: i,
                 hyper: job.hyper(i as usize)?,
+                params: job.params(i as usize)?,
                 seed: trial_seed(job.file.seed, i),
                 fault: job.file.faults.iter().find(|f| f.trial == i).cloned(),
             })

@@ -79,7 +79,7 @@ fn bad_flags_exit_2() {
 }
 
 #[test]
-fn an_unusable_backend_is_exit_3() {
+fn an_unusable_backend_is_exit_4() {
     let probe = gpumux(&root(), &["devices"]);
     if stdout(&probe).contains("backend: cuda") {
         eprintln!("skipped: a GPU is usable here, so backend cuda is not an error");
@@ -96,7 +96,7 @@ fn an_unusable_backend_is_exit_3() {
             "1",
         ],
     );
-    assert_eq!(o.status.code(), Some(3), "{}", stderr(&o));
+    assert_eq!(o.status.code(), Some(4), "{}", stderr(&o));
     assert!(stderr(&o).contains("backend cuda"), "{}", stderr(&o));
 }
 

@@ -1,5 +1,6 @@
 //! The supervisor: a crossbeam queue of trials, one worker per slice (a thread, or a thread minding a child process), and the trial lifecycle.
 
+pub mod cancel;
 pub mod process;
 pub mod thread;
 
