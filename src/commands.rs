@@ -15,6 +15,7 @@ use crate::gpu::{self, Discovery};
 use crate::job::{BackendChoice, EngineOptions, Job, SplitMode};
 use crate::plan::{self, DeviceBudget, Round, MIB};
 use crate::report::{self, ProgressRow, RunRow, TrialRow};
+use crate::sched::cancel::Cancel;
 use crate::sched::{self, Device, Event, RoundContext, RoundOutcome, TrialOutcome, TrialState};
 use crate::telemetry::{Sampler, Telemetry};
 use crate::train::{run_trial, TrialConfig};
@@ -258,6 +259,8 @@ pub fn train(job: &Job, trial: u32, data_dir: Option<&Path>, out: &mut dyn Write
         classes: data.classes,
         fault: spec.fault.clone(),
         engine: job.file.engine.clone(),
+        max_steps: None,
+        cancel: Default::default(),
     };
     let h = &spec.hyper;
     let w = |out: &mut dyn Write, s: String| writeln!(out, "{s}").map_err(|e| io("stdout", e));
@@ -403,6 +406,12 @@ pub fn fib(job: &Job, opts: &FibOptions, out: &mut dyn Write) -> Result<PathBuf>
         ),
     )
     .map_err(|e| io(&format!("{}", dir.join("command.txt").display()), e))?;
+    // A signal stops the experiment: running trials end as INTERRUPTED, the round is not
+    // recorded (its makespan would be wrong), and gpumux exits with code 3.
+    let cancel = Cancel::new();
+    if let Err(e) = cancel.on_signals(std::time::Duration::ZERO) {
+        eprintln!("note: cannot watch for signals: {e}");
+    }
     let ctx = RoundContext {
         data: Arc::clone(&data),
         data_spec: job.data()?.clone(),
@@ -413,6 +422,8 @@ pub fn fib(job: &Job, opts: &FibOptions, out: &mut dyn Write) -> Result<PathBuf>
         engine: job.file.engine.clone(),
         device: r.device_for(&data)?,
         worker_exe: opts.worker_exe.clone(),
+        cancel: cancel.clone(),
+        max_steps: None,
     };
     let total: u64 = rounds.iter().map(|r| r.n as u64).sum();
     eprintln!(
@@ -497,6 +508,17 @@ pub fn fib(job: &Job, opts: &FibOptions, out: &mut dyn Write) -> Result<PathBuf>
             return Err(e.into());
         }
         let telemetry = sampler.map(Sampler::stop).unwrap_or_default();
+        if cancel.draining() {
+            bar.finish_and_clear();
+            return Err(Error::Interrupted(format!(
+                "stopped during round {} (N={} {}); {} rounds recorded in {}",
+                round.index,
+                round.n,
+                round.split,
+                runs.len(),
+                dir.display()
+            )));
+        }
         let row = run_row(job, round, &outcome, &data, &r, &telemetry);
         writer.run(&row)?;
         bar.println(format!(

@@ -86,6 +86,8 @@ pub enum TrialError {
     },
     #[error("injected fault: {0}")]
     Injected(String),
+    #[error("interrupted")]
+    Interrupted,
     #[error("panic: {0}")]
     Panic(String),
     #[error("worker process: {0}")]

@@ -23,6 +23,12 @@ pub struct TrialConfig {
     pub fault: Option<FaultSpec>,
     #[serde(default)]
     pub engine: EngineOptions,
+    /// Stop after this many steps per epoch (short probes); `None` runs whole epochs.
+    #[serde(default)]
+    pub max_steps: Option<usize>,
+    /// Checked at every step: an aborted trial stops with [`TrialError::Interrupted`].
+    #[serde(skip)]
+    pub cancel: crate::sched::cancel::Cancel,
 }
 
 /// The figures of one epoch.
@@ -91,6 +97,7 @@ pub fn run_trial(
     net.init(be, cfg.seed)?;
     let dropout_seed = derive(cfg.seed, 2);
     let steps_per_epoch = n_train / batch;
+    let steps_run = cfg.max_steps.map_or(steps_per_epoch, |m| m.min(steps_per_epoch));
     let graphs = cfg.engine.graphs && be.supports_graphs();
     let check_every = cfg.engine.check_every.max(1);
     let mut captured = false;
@@ -100,7 +107,10 @@ pub fn run_trial(
         let order = HostRng::new(derive(cfg.seed, 0x100 + epoch as u64)).permutation(n_train);
         be.set_train_order(&order)?;
         be.fill(net.stats, 0.0)?;
-        for step in 0..steps_per_epoch {
+        for step in 0..steps_run {
+            if cfg.cancel.aborted() {
+                return Err(TrialError::Interrupted);
+            }
             if epoch == 1 {
                 inject(be, &net, cfg.fault.as_ref(), step)?;
             }
@@ -123,7 +133,7 @@ pub fn run_trial(
                 net.train_step(be, steps_per_epoch, dropout_seed, h)?;
             }
             // A diverged trial stops soon rather than training on NaNs.
-            if (step + 1) % check_every == 0 || step + 1 == steps_per_epoch {
+            if (step + 1) % check_every == 0 || step + 1 == steps_run {
                 be.read(net.stats, &mut stats)?;
                 if !stats[0].is_finite() {
                     return Err(TrialError::NonFiniteLoss {
@@ -134,7 +144,7 @@ pub fn run_trial(
                 }
             }
         }
-        let seen = (steps_per_epoch * batch).max(1) as f64;
+        let seen = (steps_run * batch).max(1) as f64;
         let (train_loss, train_acc) = (stats[0] as f64 / seen, stats[1] as f64 / seen);
         let (test_loss, test_acc) = evaluate(be, &net, n_test)?;
         let e = EpochStats {
@@ -150,7 +160,7 @@ pub fn run_trial(
     }
     be.synchronize()?;
     let wall_s = started.elapsed().as_secs_f64();
-    let train_samples = (steps_per_epoch * batch) as u64 * cfg.epochs as u64;
+    let train_samples = (steps_run * batch) as u64 * cfg.epochs as u64;
     let last = last.ok_or_else(|| TrialError::Worker("no epoch ran".into()))?;
     Ok(TrialResult {
         test_acc: last.test_acc,

@@ -28,6 +28,8 @@ pub enum TrialState {
     Running,
     Complete,
     Fail,
+    /// Stopped by a signal before it ended; `--resume` runs it again.
+    Interrupted,
 }
 
 impl TrialState {
@@ -37,6 +39,7 @@ impl TrialState {
             TrialState::Running => "RUNNING",
             TrialState::Complete => "COMPLETE",
             TrialState::Fail => "FAIL",
+            TrialState::Interrupted => "INTERRUPTED",
         }
     }
 }
@@ -83,6 +86,10 @@ pub struct RoundContext {
     pub device: Device,
     /// The gpumux executable that child processes run as `gpumux worker`.
     pub worker_exe: PathBuf,
+    /// Draining stops workers taking new trials; aborting stops running ones.
+    pub cancel: cancel::Cancel,
+    /// Short probes: at most this many steps per epoch.
+    pub max_steps: Option<usize>,
 }
 
 impl RoundContext {
@@ -97,6 +104,8 @@ impl RoundContext {
             classes: self.data.classes,
             fault: trial.fault.clone(),
             engine: self.engine.clone(),
+            max_steps: self.max_steps,
+            cancel: self.cancel.clone(),
         }
     }
 }
@@ -211,17 +220,24 @@ pub fn run_round(round: &Round, ctx: &RoundContext, sink: &mut dyn FnMut(&Event)
             };
             s.spawn(move || {
                 while let Ok(trial) = queue.recv() {
+                    if ctx.cancel.draining() {
+                        break; // Left queued: a resumed run picks it up.
+                    }
                     let _ = events.send(Event::Started {
                         trial: trial.clone(),
                         slice: slice.index,
                     });
-                    let outcome = match &part {
+                    let mut outcome = match &part {
                         Err(e) => outcome(trial, slice, Err(e.clone()), 0.0),
                         Ok(_) if split.one_process_per_trial() => {
                             process::run(ctx, slice, round, trial, &events)
                         }
                         Ok(p) => thread::run(ctx, slice, p.clone(), trial, &events),
                     };
+                    let stopped = outcome.error.as_deref().is_some_and(|e| interrupted(&ctx.cancel, e));
+                    if outcome.state == TrialState::Fail && stopped {
+                        outcome.state = TrialState::Interrupted;
+                    }
                     let _ = events.send(Event::Finished(Box::new(outcome)));
                 }
             });
@@ -270,6 +286,15 @@ pub(crate) fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
     } else {
         "unknown panic".into()
     }
+}
+
+/// Whether a trial's error is the interruption itself (a signal while draining).
+pub(crate) fn interrupted(cancel: &cancel::Cancel, error: &str) -> bool {
+    cancel.draining()
+        && (error == "interrupted"
+            || error.contains("(SIGTERM)")
+            || error.contains("(SIGINT)")
+            || (cancel.aborted() && error.contains("(SIGKILL)")))
 }
 
 /// The outcome of a trial that ran to an end, good or bad.

@@ -8,6 +8,9 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use crossbeam_channel::Sender;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use super::cancel::Cancel;
 
 use super::{
     epoch_event, open_backend, outcome, panic_text, Device, Event, RoundContext, TrialOutcome,
@@ -68,6 +71,29 @@ pub fn run(
     outcome(trial, slice, res, started.elapsed().as_secs_f64())
 }
 
+/// Stops a child when the run is aborted: SIGTERM to its process group, SIGKILL 3 s later.
+fn abort_watch(pid: u32, cancel: Cancel, done: Arc<AtomicBool>) -> std::io::Result<std::thread::JoinHandle<()>> {
+    std::thread::Builder::new().name("gpumux-abort-watch".into()).spawn(move || {
+        let group = -(pid as i32);
+        while !done.load(Ordering::SeqCst) {
+            if cancel.aborted() {
+                // SAFETY: kill(2) has no memory-safety preconditions; the group is our child's.
+                unsafe { libc::kill(group, libc::SIGTERM) };
+                for _ in 0..60 {
+                    if done.load(Ordering::SeqCst) {
+                        return;
+                    }
+                    std::thread::sleep(std::time::Duration::from_millis(50));
+                }
+                // SAFETY: as above.
+                unsafe { libc::kill(group, libc::SIGKILL) };
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+    })
+}
+
 /// The MPS client limits of one of `n` slices: an equal share of the SMs' threads, and the
 /// slice's memory cap as the pinned device-memory limit.
 pub fn mps_env(n: u32, slice: &SliceSpec) -> Vec<(String, String)> {
@@ -92,14 +118,19 @@ fn supervise(
 ) -> Result<TrialResult, String> {
     let body =
         serde_json::to_vec(req).map_err(|e| format!("cannot encode the worker request: {e}"))?;
+    use std::os::unix::process::CommandExt;
     let mut child = Command::new(&ctx.worker_exe)
         .arg("worker")
+        // Its own process group: a terminal's Ctrl-C reaches the supervisor, which then drains.
+        .process_group(0)
         .envs(env.iter().map(|(k, v)| (k, v)))
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .map_err(|e| format!("cannot start worker {}: {e}", ctx.worker_exe.display()))?;
+    let done = Arc::new(AtomicBool::new(false));
+    let _watch = abort_watch(child.id(), ctx.cancel.clone(), Arc::clone(&done));
     if let Some(mut stdin) = child.stdin.take() {
         // A child that died at once shows up below through its exit status.
         let _ = stdin.write_all(&body);
@@ -126,6 +157,7 @@ fn supervise(
     let status = child
         .wait()
         .map_err(|e| format!("cannot wait for the worker: {e}"))?;
+    done.store(true, Ordering::SeqCst);
     let err_text = stderr.and_then(|h| h.join().ok()).unwrap_or_default();
     match result {
         Some(r) => r,
