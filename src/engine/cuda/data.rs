@@ -33,6 +33,12 @@ impl DevBuf {
             // synchronous copy reads before returning.
             let r = unsafe { sys::cuMemcpyHtoD_v2(buf.ptr, host.as_ptr().cast(), bytes) };
             check(r, "cuMemcpyHtoD_v2")?;
+            // From pageable memory the synchronous copy returns once `host` is staged, while the
+            // DMA to the device may still run on the legacy stream, which the trials'
+            // non-blocking streams do not wait for. Wait for it here.
+            // SAFETY: the null stream is the current context's legacy stream.
+            let r = unsafe { sys::cuStreamSynchronize(std::ptr::null_mut()) };
+            check(r, "cuStreamSynchronize")?;
         }
         Ok(buf)
     }
