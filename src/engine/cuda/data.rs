@@ -6,6 +6,7 @@ use cudarc::driver::sys;
 
 use super::check::check;
 use super::context::Ctx;
+use super::graph;
 use crate::data::{Dataset, Samples};
 use crate::error::EngineError;
 
@@ -90,11 +91,14 @@ impl Drop for DevBuf {
         if self.ptr == 0 {
             return;
         }
-        if let Ok(_in) = self.ctx.enter() {
-            // SAFETY: allocated by cuMemAlloc_v2 and freed once; cuMemFree waits for work using
-            // it to finish. Errors cannot be reported from Drop.
-            let _ = unsafe { sys::cuMemFree_v2(self.ptr) };
-        }
+        // cuMemFree may synchronise the device: not while another thread captures a graph.
+        graph::without_captures(|| {
+            if let Ok(_in) = self.ctx.enter() {
+                // SAFETY: allocated by cuMemAlloc_v2 and freed once; cuMemFree waits for work
+                // using it to finish. Errors cannot be reported from Drop.
+                let _ = unsafe { sys::cuMemFree_v2(self.ptr) };
+            }
+        });
     }
 }
 
