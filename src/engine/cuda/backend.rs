@@ -258,9 +258,15 @@ impl CudaBackend {
         if self.capturing {
             return Err(EngineError::Device("a capture is already running".into()));
         }
-        {
-            let entered = self.ctx.enter()?;
-            graph::begin(&entered, &self.stream)?;
+        // Counted outside the context, whose lock a device-wide teardown may be waiting for.
+        graph::capture_started();
+        let begun = self
+            .ctx
+            .enter()
+            .and_then(|entered| graph::begin(&entered, &self.stream));
+        if let Err(e) = begun {
+            graph::capture_ended();
+            return Err(e);
         }
         self.capturing = true;
         Ok(())
@@ -271,10 +277,11 @@ impl CudaBackend {
             return Err(EngineError::Device("no capture is running".into()));
         }
         self.capturing = false;
-        let exec = {
-            let entered = self.ctx.enter()?;
-            graph::end(&entered, &self.stream)
-        };
+        let exec = self
+            .ctx
+            .enter()
+            .and_then(|entered| graph::end(&entered, &self.stream));
+        graph::capture_ended();
         // Replacing the old graph enters the context to destroy it: not while entered above.
         self.graph = Some(exec?);
         Ok(())
@@ -287,6 +294,18 @@ impl CudaBackend {
             .ok_or_else(|| EngineError::Device("no graph has been captured".into()))?;
         let entered = self.ctx.enter()?;
         g.launch(&entered)
+    }
+}
+
+impl Drop for CudaBackend {
+    fn drop(&mut self) {
+        // Dropped between begin and end capture (a panic mid-step): end the capture first, so
+        // that the frees below run instead of being recorded, and the process's count of running
+        // captures, which device-wide teardown waits on, goes back down. The fields then drop in
+        // their declared order.
+        if self.capturing {
+            let _ = self.end();
+        }
     }
 }
 

@@ -7,6 +7,7 @@ use cudarc::driver::sys;
 
 use super::check::{check_blas, to_i32};
 use super::context::Entered;
+use super::graph;
 use super::stream::Stream;
 use crate::engine::GemmShape;
 use crate::error::EngineError;
@@ -155,10 +156,15 @@ impl Blas {
 
 impl Drop for Blas {
     fn drop(&mut self) {
-        if let Ok(_in) = self.stream.ctx().enter() {
-            // SAFETY: the handle is live and destroyed once. Errors cannot be reported from Drop.
-            let _ = unsafe { blas::cublasDestroy_v2(self.handle) };
-        }
+        // cublasDestroy synchronises the device, which would invalidate a graph that another
+        // trial's thread is capturing: wait until none is.
+        graph::without_captures(|| {
+            if let Ok(_in) = self.stream.ctx().enter() {
+                // SAFETY: the handle is live and destroyed once. Errors cannot be reported from
+                // Drop.
+                let _ = unsafe { blas::cublasDestroy_v2(self.handle) };
+            }
+        });
     }
 }
 

@@ -12,6 +12,7 @@ use cudarc::driver::sys;
 
 use super::check::check;
 use super::device::Device;
+use super::graph;
 use super::kernels::CompiledModule;
 use super::launch::Kernels;
 use crate::error::EngineError;
@@ -148,13 +149,16 @@ impl Ctx {
 impl Drop for Ctx {
     fn drop(&mut self) {
         let mut kernels = std::mem::replace(&mut self.kernels, Kernels::empty());
-        if let Ok(entered) = self.enter() {
-            kernels.unload(&entered);
-        }
-        if self.is_green() {
-            // SAFETY: the last user of the green context is gone (this is its only owner) and
-            // the primary context is current again (`entered` was dropped above).
-            let _ = unsafe { sys::cuGreenCtxDestroy(self.green) };
-        }
+        // Unloading modules and destroying a context may synchronise: not while a graph is captured.
+        graph::without_captures(|| {
+            if let Ok(entered) = self.enter() {
+                kernels.unload(&entered);
+            }
+            if self.is_green() {
+                // SAFETY: the last user of the green context is gone (this is its only owner)
+                // and the primary context is current again (`entered` was dropped above).
+                let _ = unsafe { sys::cuGreenCtxDestroy(self.green) };
+            }
+        });
     }
 }

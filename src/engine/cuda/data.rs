@@ -6,6 +6,7 @@ use cudarc::driver::sys;
 
 use super::check::check;
 use super::context::Ctx;
+use super::graph;
 use crate::data::{Dataset, Samples};
 use crate::error::EngineError;
 
@@ -33,6 +34,12 @@ impl DevBuf {
             // synchronous copy reads before returning.
             let r = unsafe { sys::cuMemcpyHtoD_v2(buf.ptr, host.as_ptr().cast(), bytes) };
             check(r, "cuMemcpyHtoD_v2")?;
+            // From pageable memory the synchronous copy returns once `host` is staged, while the
+            // DMA to the device may still run on the legacy stream, which the trials'
+            // non-blocking streams do not wait for. Wait for it here.
+            // SAFETY: the null stream is the current context's legacy stream.
+            let r = unsafe { sys::cuStreamSynchronize(std::ptr::null_mut()) };
+            check(r, "cuStreamSynchronize")?;
         }
         Ok(buf)
     }
@@ -84,11 +91,14 @@ impl Drop for DevBuf {
         if self.ptr == 0 {
             return;
         }
-        if let Ok(_in) = self.ctx.enter() {
-            // SAFETY: allocated by cuMemAlloc_v2 and freed once; cuMemFree waits for work using
-            // it to finish. Errors cannot be reported from Drop.
-            let _ = unsafe { sys::cuMemFree_v2(self.ptr) };
-        }
+        // cuMemFree may synchronise the device: not while another thread captures a graph.
+        graph::without_captures(|| {
+            if let Ok(_in) = self.ctx.enter() {
+                // SAFETY: allocated by cuMemAlloc_v2 and freed once; cuMemFree waits for work
+                // using it to finish. Errors cannot be reported from Drop.
+                let _ = unsafe { sys::cuMemFree_v2(self.ptr) };
+            }
+        });
     }
 }
 

@@ -10,8 +10,10 @@ use crate::gpu::libs::{self, CudaLib};
 
 /// Oldest driver accepted: memory pools with a `maxSize` cap appeared in CUDA 12.2.
 pub(crate) const MIN_DRIVER: i32 = 12020;
-/// Oldest driver with green contexts (CUDA 12.4).
-pub(crate) const GREEN_DRIVER: i32 = 12040;
+/// Oldest driver with everything the green partitions use: green contexts came with CUDA 12.4,
+/// but `cuGreenCtxStreamCreate` (a trial's stream on a partition) only with 12.5, and cudarc
+/// panics on a missing symbol.
+pub(crate) const GREEN_DRIVER: i32 = 12050;
 
 /// Checks, without panicking, that a CUDA GPU is usable: preloads the driver library, runs
 /// `cuInit`, and counts at least one device. `Err` says why not.

@@ -1,6 +1,6 @@
 //! CUDA graphs for a trial: capture the ops issued on its stream once, then replay them.
 
-use std::sync::Arc;
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
 
 use cudarc::driver::sys;
 
@@ -9,8 +9,41 @@ use super::context::Entered;
 use super::stream::Stream;
 use crate::error::EngineError;
 
+/// Captures running in this process (between [`capture_started`] and [`capture_ended`]).
+static CAPTURES: Mutex<usize> = Mutex::new(0);
+/// Signalled when the last running capture ends.
+static NO_CAPTURES: Condvar = Condvar::new();
+
+/// Counts a capture as running; call it before `begin`, with no context entered.
+pub(crate) fn capture_started() {
+    *CAPTURES.lock().unwrap_or_else(PoisonError::into_inner) += 1;
+}
+
+/// Counts a capture as over, whether it ended well or not; call it with no context entered.
+pub(crate) fn capture_ended() {
+    let mut n = CAPTURES.lock().unwrap_or_else(PoisonError::into_inner);
+    *n = n.saturating_sub(1);
+    if *n == 0 {
+        NO_CAPTURES.notify_all();
+    }
+}
+
+/// Runs `f` once no capture is running in the process, and keeps new ones from starting until it
+/// returns. For teardown that may synchronise the whole device (`cublasDestroy`, `cuMemFree`,
+/// module unloading): the thread-local capture mode does not protect a capture on one thread
+/// from a device synchronisation on another, which invalidates it. Call it with no context
+/// entered (it may enter one inside `f`), and never from a thread with a capture of its own.
+pub(crate) fn without_captures<R>(f: impl FnOnce() -> R) -> R {
+    let mut n = CAPTURES.lock().unwrap_or_else(PoisonError::into_inner);
+    while *n > 0 {
+        n = NO_CAPTURES.wait(n).unwrap_or_else(PoisonError::into_inner);
+    }
+    f()
+}
+
 /// Starts capturing `stream`. Thread-local mode: only this thread's unsafe calls (allocations,
-/// synchronous copies) are forbidden meanwhile, so other trials' threads carry on.
+/// synchronous copies) are forbidden meanwhile, so other trials' threads carry on; teardown that
+/// synchronises the device waits for the capture to end ([`without_captures`]).
 pub(crate) fn begin(_in: &Entered, stream: &Stream) -> Result<(), EngineError> {
     let mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL;
     // SAFETY: the stream belongs to the current context and is not capturing.
@@ -77,5 +110,29 @@ impl Drop for GraphExec {
             // own resources until it completes. Errors cannot be reported from Drop.
             let _ = unsafe { sys::cuGraphExecDestroy(self.raw) };
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::time::Duration;
+
+    #[test]
+    fn device_wide_teardown_waits_for_running_captures() {
+        let done = Arc::new(AtomicBool::new(false));
+        capture_started();
+        let teardown = {
+            let done = Arc::clone(&done);
+            std::thread::spawn(move || without_captures(|| done.store(true, Ordering::SeqCst)))
+        };
+        std::thread::sleep(Duration::from_millis(50));
+        assert!(!done.load(Ordering::SeqCst), "ran during a capture");
+        capture_ended();
+        teardown.join().unwrap();
+        assert!(done.load(Ordering::SeqCst));
+        // With no capture running it runs at once.
+        assert_eq!(without_captures(|| 7), 7);
     }
 }

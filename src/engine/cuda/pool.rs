@@ -100,6 +100,9 @@ impl Pool {
         let props = sys::CUmemPoolProps {
             allocType: sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED,
             handleTypes: sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_NONE,
+            // A device location's id is the device ordinal, which is what cuDeviceGet returns
+            // as the CUdevice handle. The release threshold stays at its default (0): the pool
+            // holds one allocation for the trial's life, so nothing is kept cached.
             location: sys::CUmemLocation {
                 type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
                 id: dev,
