@@ -494,7 +494,7 @@ pub fn fib(job: &Job, opts: &FibOptions, out: &mut dyn Write) -> Result<PathBuf>
                         _ => states.failed += 1,
                     }
                     bar.set_message(states.line(round));
-                    let row = trial_row(job, round, o);
+                    let row = trial_row(job, round.index, round.split, round.n, o);
                     let res = writer.trial(&row);
                     trials.push(row);
                     res
@@ -595,14 +595,16 @@ pub fn model_name(job: &Job) -> String {
         .map_or_else(|| "external".to_string(), |m| m.kind.to_string())
 }
 
-fn trial_row(job: &Job, round: &Round, o: &TrialOutcome) -> TrialRow {
+/// The `trials.csv` row of a trial that ended in round `round` (N trials under `split`).
+pub fn trial_row(job: &Job, round: u32, split: SplitMode, n: u32, o: &TrialOutcome) -> TrialRow {
     let h = &o.trial.hyper;
     let r = o.result.as_ref();
+    let metric = |name: &str| r.and_then(|r| r.metrics.get(name).copied());
     TrialRow {
         trial_id: o.trial.id.clone(),
-        round: round.index,
-        split: round.split.to_string(),
-        n: round.n,
+        round,
+        split: split.to_string(),
+        n,
         slice: o.slice.index,
         model: model_name(job),
         params_lr: h.lr,
@@ -613,14 +615,18 @@ fn trial_row(job: &Job, round: &Round, o: &TrialOutcome) -> TrialRow {
         params_dropout: h.dropout,
         seed: o.trial.seed,
         state: o.state.name().to_string(),
-        test_acc: r.map(|r| r.test_acc),
-        final_loss: r.map(|r| r.final_loss),
+        test_acc: metric("test_acc"),
+        final_loss: metric("final_loss"),
         epochs: r.map(|r| r.epochs).unwrap_or(0),
         wall_s: o.wall_s,
-        samples_per_s: r.map(|r| r.samples_per_s),
-        peak_mem_mib: r.map(|r| r.peak_mem_bytes as f64 / MIB),
+        samples_per_s: r.map(|r| r.samples_per_s).filter(|x| *x > 0.0),
+        peak_mem_mib: r
+            .map(|r| r.peak_mem_bytes as f64 / MIB)
+            .filter(|x| *x > 0.0),
         mem_cap_mib: o.slice.cap_mib(),
         error: o.error.clone().unwrap_or_default(),
+        metric: metric(&job.file.metric.name),
+        params: serde_json::to_string(&o.trial.params).unwrap_or_default(),
     }
 }
 

@@ -13,6 +13,7 @@ pub mod plan;
 pub mod report;
 pub mod sched;
 pub mod space;
+pub mod sweep;
 pub mod telemetry;
 pub mod train;
 

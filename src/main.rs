@@ -8,8 +8,10 @@ use clap::{Parser, Subcommand};
 use gpumux::commands::{self, FibOptions};
 use gpumux::error::{exit, Error};
 use gpumux::job::{
-    BackendChoice, Job, JobFile, ModelKind, ModelSpec, Optimizer, SplitMode, TrainSpec,
+    AutoWord, BackendChoice, Concurrency, Goal, Job, JobFile, ModelKind, ModelSpec, Optimizer,
+    SplitMode, TrainSpec,
 };
+use gpumux::sweep::{Shard, SweepOptions};
 
 /// Multiplex one GPU among many concurrent trainings, and measure the time per training with and without the split.
 #[derive(Parser, Debug)]
@@ -63,6 +65,20 @@ enum Command {
         #[command(flatten)]
         engine: EngineFlags,
     },
+    /// Run every trial of the job's parameter space, `concurrency` at a time; resumable and shardable.
+    Sweep(SweepArgs),
+    /// Combine the results of sweep shards (or several runs) into one folder.
+    Merge {
+        /// Sweep result folders holding trials.csv.
+        #[arg(required = true)]
+        dirs: Vec<PathBuf>,
+        /// Where the merged trials.csv and progress.csv go.
+        #[arg(long)]
+        out: PathBuf,
+        /// Whether a larger or smaller metric is better, to name the best trial.
+        #[arg(long, value_enum, default_value = "maximize")]
+        goal: GoalArg,
+    },
     /// Redraw the plots and summary from result folders; merge several with --out.
     Report {
         /// Result folders holding runs.csv and trials.csv.
@@ -75,6 +91,46 @@ enum Command {
     /// Internal: the child side of `process` mode (reads a request on stdin).
     #[command(hide = true)]
     Worker,
+}
+
+#[derive(clap::Args, Debug)]
+struct SweepArgs {
+    /// The job file (YAML).
+    job: PathBuf,
+    /// Output folder (default out/<job name>-sweep[/shard-i-of-n]).
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// Append to the results in --out and skip trials already COMPLETE there.
+    #[arg(long)]
+    resume: bool,
+    /// Run only part i of n of the trials (by trial id), e.g. 2/4, for job arrays.
+    #[arg(long)]
+    shard: Option<Shard>,
+    /// Print the trials, slices and caps, and run nothing.
+    #[arg(long)]
+    dry_run: bool,
+    /// Seconds running trials may go on after SIGINT/SIGTERM before they are stopped.
+    #[arg(long, default_value_t = 30.0)]
+    grace: f64,
+    /// Trials at a time (a number or auto); overrides the job's `concurrency`.
+    #[arg(long)]
+    concurrency: Option<String>,
+    /// Split mode; overrides the job's `split`.
+    #[arg(long)]
+    split: Option<SplitMode>,
+    /// Folder that relative data paths are taken from.
+    #[arg(long)]
+    data_dir: Option<PathBuf>,
+    #[arg(long, value_enum)]
+    backend: Option<BackendChoice>,
+    #[command(flatten)]
+    engine: EngineFlags,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug)]
+enum GoalArg {
+    Maximize,
+    Minimize,
 }
 
 #[derive(clap::Args, Debug)]
@@ -157,6 +213,13 @@ enum OptArg {
 
 fn main() {
     let cli = Cli::parse();
+    // Log lines go to stderr: plain when it is not a terminal (Slurm logs), coloured when it is.
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .with_ansi(std::io::stderr().is_terminal())
+        .with_max_level(tracing::Level::INFO)
+        .init();
     let code = match run(cli) {
         Ok(()) => exit::OK,
         Err(e) => {
@@ -225,7 +288,64 @@ fn run(cli: Cli) -> Result<(), Error> {
         }
         Command::Report { dirs, out } => commands::report(&dirs, out.as_deref(), &mut stdout),
         Command::Worker => commands::worker(),
+        Command::Sweep(a) => sweep(a),
+        Command::Merge { dirs, out, goal } => {
+            let goal = match goal {
+                GoalArg::Maximize => Goal::Maximize,
+                GoalArg::Minimize => Goal::Minimize,
+            };
+            let m = gpumux::sweep::merge::merge(&dirs)?;
+            gpumux::sweep::merge::write(&m, &out, goal, &mut std::io::stdout())
+        }
     }
+}
+
+fn sweep(a: SweepArgs) -> Result<(), Error> {
+    let loaded = Job::load(&a.job)?;
+    let mut file = loaded.file.clone();
+    if let Some(b) = a.backend {
+        file.backend = b;
+    }
+    a.engine.apply(&mut file);
+    let job = if file == loaded.file {
+        loaded
+    } else {
+        rebuild(file, &loaded)?
+    };
+    let concurrency = match a.concurrency.as_deref() {
+        None => None,
+        Some("auto") => Some(Concurrency::Auto(AutoWord::Auto)),
+        Some(n) => match n.parse::<u32>() {
+            Ok(n) if n >= 1 => Some(Concurrency::Fixed(n)),
+            _ => {
+                return Err(Error::Usage(format!(
+                    "--concurrency wants a number from 1, or auto, not `{n}`"
+                )))
+            }
+        },
+    };
+    if !(a.grace.is_finite() && a.grace >= 0.0) {
+        return Err(Error::Usage(format!(
+            "--grace wants seconds, not {}",
+            a.grace
+        )));
+    }
+    let opts = SweepOptions {
+        out: a.out,
+        data_dir: a.data_dir,
+        resume: a.resume,
+        shard: a.shard,
+        dry_run: a.dry_run,
+        grace: std::time::Duration::from_secs_f64(a.grace),
+        concurrency,
+        split: a.split,
+        worker_exe: std::env::current_exe().map_err(|e| Error::Io {
+            context: "cannot find the gpumux executable".into(),
+            source: e,
+        })?,
+        progress: std::io::stderr().is_terminal(),
+    };
+    gpumux::sweep::run(&job, &opts, &mut std::io::stdout()).map(|_| ())
 }
 
 /// A job whose fields were overridden by flags, checked again; it keeps the original name.

@@ -47,11 +47,24 @@ pub struct ParamSpec {
 }
 
 /// A parameter's value: a number or a word.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Deserialize)]
 #[serde(untagged)]
 pub enum ParamValue {
     Num(f64),
     Word(String),
+}
+
+/// Whole numbers are written as integers (`batch_size: 32`, not `32.0`).
+impl Serialize for ParamValue {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            ParamValue::Num(x) if x.fract() == 0.0 && x.abs() < 9.0e15 => {
+                s.serialize_i64(*x as i64)
+            }
+            ParamValue::Num(x) => s.serialize_f64(*x),
+            ParamValue::Word(w) => s.serialize_str(w),
+        }
+    }
 }
 
 impl std::fmt::Display for ParamValue {

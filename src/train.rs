@@ -57,6 +57,10 @@ pub struct TrialResult {
     /// The arena's bytes (the static plan, allocated once).
     pub peak_mem_bytes: u64,
     pub param_count: u64,
+    /// The trial's metrics by name: `test_acc`, `test_loss`, `final_loss`, `train_acc` for a
+    /// built-in model; whatever an external command printed.
+    #[serde(default)]
+    pub metrics: std::collections::BTreeMap<String, f64>,
 }
 
 /// Trains one trial on `be`, calling `on_epoch` after each epoch.
@@ -97,7 +101,9 @@ pub fn run_trial(
     net.init(be, cfg.seed)?;
     let dropout_seed = derive(cfg.seed, 2);
     let steps_per_epoch = n_train / batch;
-    let steps_run = cfg.max_steps.map_or(steps_per_epoch, |m| m.min(steps_per_epoch));
+    let steps_run = cfg
+        .max_steps
+        .map_or(steps_per_epoch, |m| m.min(steps_per_epoch));
     let graphs = cfg.engine.graphs && be.supports_graphs();
     let check_every = cfg.engine.check_every.max(1);
     let mut captured = false;
@@ -146,7 +152,12 @@ pub fn run_trial(
         }
         let seen = (steps_run * batch).max(1) as f64;
         let (train_loss, train_acc) = (stats[0] as f64 / seen, stats[1] as f64 / seen);
-        let (test_loss, test_acc) = evaluate(be, &net, n_test)?;
+        // Short probes (max_steps) time training alone and skip evaluation.
+        let (test_loss, test_acc) = if cfg.max_steps.is_some() {
+            (f64::NAN, f64::NAN)
+        } else {
+            evaluate(be, &net, n_test)?
+        };
         let e = EpochStats {
             epoch,
             train_loss,
@@ -162,7 +173,18 @@ pub fn run_trial(
     let wall_s = started.elapsed().as_secs_f64();
     let train_samples = (steps_run * batch) as u64 * cfg.epochs as u64;
     let last = last.ok_or_else(|| TrialError::Worker("no epoch ran".into()))?;
+    let metrics = [
+        ("test_acc", last.test_acc),
+        ("test_loss", last.test_loss),
+        ("final_loss", last.train_loss),
+        ("train_acc", last.train_acc),
+    ]
+    .into_iter()
+    .filter(|(_, v)| v.is_finite())
+    .map(|(k, v)| (k.to_string(), v))
+    .collect();
     Ok(TrialResult {
+        metrics,
         test_acc: last.test_acc,
         final_loss: last.train_loss,
         epochs: cfg.epochs,

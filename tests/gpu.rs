@@ -607,6 +607,8 @@ fn trial(model: ModelSpec, optimizer: Optimizer, graphs: bool, data: &Dataset) -
         input: data.shape,
         classes: data.classes,
         fault: None,
+        max_steps: None,
+        cancel: Default::default(),
         engine: EngineOptions {
             graphs,
             ..EngineOptions::default()

@@ -1,7 +1,7 @@
 //! Writing `runs.csv`, `trials.csv` and `progress.csv` one flushed row at a time, and reading them back.
 
 use std::fs::{self, File, OpenOptions};
-use std::io::{BufReader, Read, Seek, SeekFrom, Write};
+use std::io::{BufReader, Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 
 use serde::de::DeserializeOwned;
@@ -80,7 +80,10 @@ impl Sink {
     /// Hands the row to the OS and to the disk (fsync), so a crash right after loses nothing.
     fn flush(&mut self) -> Result<(), ReportError> {
         self.writer.flush().map_err(io_err(&self.path))?;
-        self.writer.get_ref().sync_data().map_err(io_err(&self.path))
+        self.writer
+            .get_ref()
+            .sync_data()
+            .map_err(io_err(&self.path))
     }
 }
 
@@ -132,7 +135,12 @@ fn end_with_newline(path: &Path, file: &mut File) -> Result<(), ReportError> {
     let keep = match tail.iter().rposition(|&b| b == b'\n') {
         Some(i) => from + i as u64 + 1,
         None if from == 0 => 0,
-        None => return Err(ReportError::Invalid(format!("{}: its last line is over 64 KiB", path.display()))),
+        None => {
+            return Err(ReportError::Invalid(format!(
+                "{}: its last line is over 64 KiB",
+                path.display()
+            )))
+        }
     };
     file.set_len(keep).map_err(io_err(path))?;
     file.sync_data().map_err(io_err(path))
@@ -219,6 +227,7 @@ pub fn read_progress(dir: &Path) -> Result<Vec<ProgressRow>, ReportError> {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+    use std::io::Write;
 
     pub(crate) fn run_row(split: &str, n: u32, tpt: f64) -> RunRow {
         RunRow {
@@ -275,6 +284,8 @@ pub(crate) mod tests {
             peak_mem_mib: None,
             mem_cap_mib: Some(512.0),
             error: String::new(),
+            metric: acc,
+            params: "{}".into(),
         }
     }
 
@@ -416,7 +427,11 @@ pub(crate) mod tests {
         let text = fs::read_to_string(&path).unwrap();
         assert!(!text.contains("t0,0,shared"), "the cut row is gone: {text}");
         assert_eq!(text.lines().count(), 2, "header and the new row: {text}");
-        assert_eq!(read_trials(dir.path()).unwrap().len(), 1, "the file reads cleanly");
+        assert_eq!(
+            read_trials(dir.path()).unwrap().len(),
+            1,
+            "the file reads cleanly"
+        );
     }
 
     #[test]

@@ -82,7 +82,7 @@ pub struct TrialRow {
     pub params_weight_decay: f64,
     pub params_dropout: f64,
     pub seed: u64,
-    /// `COMPLETE` or `FAIL`.
+    /// `COMPLETE`, `FAIL` or `INTERRUPTED`.
     pub state: String,
     pub test_acc: Option<f64>,
     pub final_loss: Option<f64>,
@@ -92,6 +92,10 @@ pub struct TrialRow {
     pub peak_mem_mib: Option<f64>,
     pub mem_cap_mib: Option<f64>,
     pub error: String,
+    /// The value of the job's metric (a sweep's `metric.name`; `test_acc` by default).
+    pub metric: Option<f64>,
+    /// Every parameter the trial was given, as a JSON object (external commands' too).
+    pub params: String,
 }
 
 /// One row of `progress.csv`: one trial after one epoch.

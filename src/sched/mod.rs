@@ -234,7 +234,10 @@ pub fn run_round(round: &Round, ctx: &RoundContext, sink: &mut dyn FnMut(&Event)
                         }
                         Ok(p) => thread::run(ctx, slice, p.clone(), trial, &events),
                     };
-                    let stopped = outcome.error.as_deref().is_some_and(|e| interrupted(&ctx.cancel, e));
+                    let stopped = outcome
+                        .error
+                        .as_deref()
+                        .is_some_and(|e| interrupted(&ctx.cancel, e));
                     if outcome.state == TrialState::Fail && stopped {
                         outcome.state = TrialState::Interrupted;
                     }

@@ -72,26 +72,32 @@ pub fn run(
 }
 
 /// Stops a child when the run is aborted: SIGTERM to its process group, SIGKILL 3 s later.
-fn abort_watch(pid: u32, cancel: Cancel, done: Arc<AtomicBool>) -> std::io::Result<std::thread::JoinHandle<()>> {
-    std::thread::Builder::new().name("gpumux-abort-watch".into()).spawn(move || {
-        let group = -(pid as i32);
-        while !done.load(Ordering::SeqCst) {
-            if cancel.aborted() {
-                // SAFETY: kill(2) has no memory-safety preconditions; the group is our child's.
-                unsafe { libc::kill(group, libc::SIGTERM) };
-                for _ in 0..60 {
-                    if done.load(Ordering::SeqCst) {
-                        return;
+fn abort_watch(
+    pid: u32,
+    cancel: Cancel,
+    done: Arc<AtomicBool>,
+) -> std::io::Result<std::thread::JoinHandle<()>> {
+    std::thread::Builder::new()
+        .name("gpumux-abort-watch".into())
+        .spawn(move || {
+            let group = -(pid as i32);
+            while !done.load(Ordering::SeqCst) {
+                if cancel.aborted() {
+                    // SAFETY: kill(2) has no memory-safety preconditions; the group is our child's.
+                    unsafe { libc::kill(group, libc::SIGTERM) };
+                    for _ in 0..60 {
+                        if done.load(Ordering::SeqCst) {
+                            return;
+                        }
+                        std::thread::sleep(std::time::Duration::from_millis(50));
                     }
-                    std::thread::sleep(std::time::Duration::from_millis(50));
+                    // SAFETY: as above.
+                    unsafe { libc::kill(group, libc::SIGKILL) };
+                    return;
                 }
-                // SAFETY: as above.
-                unsafe { libc::kill(group, libc::SIGKILL) };
-                return;
+                std::thread::sleep(std::time::Duration::from_millis(50));
             }
-            std::thread::sleep(std::time::Duration::from_millis(50));
-        }
-    })
+        })
 }
 
 /// The MPS client limits of one of `n` slices: an equal share of the SMs' threads, and the

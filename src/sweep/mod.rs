@@ -1,0 +1,585 @@
+//! The sweep runner: every trial of a job's parameter space, `concurrency` at a time under one split mode; resumable, shardable and interruptible.
+
+pub mod identity;
+pub mod merge;
+pub mod probe;
+
+use std::collections::{BTreeMap, HashSet};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use indicatif::{ProgressBar, ProgressStyle};
+use serde::Serialize;
+
+use crate::commands::{self, Resolved};
+use crate::error::{Error, Result};
+use crate::job::{Concurrency, Goal, Job, SplitMode};
+use crate::plan::{self, Round, TrialSpec};
+use crate::report::{self, ProgressRow, TrialRow};
+use crate::sched::cancel::Cancel;
+use crate::sched::{self, Device, Event, RoundContext, TrialState};
+use crate::space::{Method, ParamValue};
+pub use identity::{trial_key, Shard};
+
+/// Options of `gpumux sweep` beyond the job.
+#[derive(Clone, Debug)]
+pub struct SweepOptions {
+    pub out: Option<PathBuf>,
+    pub data_dir: Option<PathBuf>,
+    /// Append to the results in `out` and skip the trials they hold as COMPLETE.
+    pub resume: bool,
+    pub shard: Option<Shard>,
+    /// Print the plan and run nothing.
+    pub dry_run: bool,
+    /// After SIGINT/SIGTERM, how long running trials may go on before they are stopped.
+    pub grace: Duration,
+    pub concurrency: Option<Concurrency>,
+    pub split: Option<SplitMode>,
+    /// The gpumux executable, for `process` mode.
+    pub worker_exe: PathBuf,
+    /// Show a progress bar (stderr is a terminal); otherwise log lines.
+    pub progress: bool,
+}
+
+/// Every trial of a job's sweep, each once: the grid's points (capped by `run_cap`), or
+/// `run_cap` random draws.
+pub fn sweep_trials(job: &Job) -> Result<Vec<TrialSpec>> {
+    let count = match job.space.method {
+        Method::Grid => {
+            let grid = job.space.grid_size();
+            job.file.run_cap.map_or(grid, |cap| grid.min(cap as usize))
+        }
+        Method::Random => match job.file.run_cap {
+            Some(cap) => cap as usize,
+            None if job.space.dists.values().all(|d| d.is_discrete())
+                && !job.space.dists.is_empty() =>
+            {
+                job.space.grid_size()
+            }
+            None => {
+                return Err(job
+                    .invalid(
+                        "run_cap",
+                        "is missing: a random sweep needs the number of trials to draw",
+                    )
+                    .into())
+            }
+        },
+    };
+    let mut seen = HashSet::new();
+    let mut out = Vec::new();
+    for i in 0..count as u32 {
+        let params = job.params(i as usize)?;
+        let seed = plan::trial_seed(job.file.seed, i);
+        let id = trial_key(job, &params, seed);
+        if !seen.insert(id.clone()) {
+            continue; // the same draw twice is one trial
+        }
+        out.push(TrialSpec {
+            id,
+            index: i,
+            hyper: job.hyper(i as usize)?,
+            params,
+            seed,
+            fault: job.file.faults.iter().find(|f| f.trial == i).cloned(),
+        });
+    }
+    Ok(out)
+}
+
+/// The latest row of each trial id, in first-seen order.
+pub fn latest_rows(rows: &[TrialRow]) -> Vec<TrialRow> {
+    let mut order = Vec::new();
+    let mut last: BTreeMap<&str, &TrialRow> = BTreeMap::new();
+    for r in rows {
+        if last.insert(&r.trial_id, r).is_none() {
+            order.push(r.trial_id.as_str());
+        }
+    }
+    order
+        .into_iter()
+        .filter_map(|id| last.get(id).map(|r| (*r).clone()))
+        .collect()
+}
+
+/// The best COMPLETE row by the metric column and the goal (ties: the lower trial id).
+pub fn best(rows: &[TrialRow], goal: Goal) -> Option<&TrialRow> {
+    rows.iter()
+        .filter(|r| r.state == "COMPLETE")
+        .filter_map(|r| r.metric.filter(|m| m.is_finite()).map(|m| (m, r)))
+        .min_by(|(a, ra), (b, rb)| {
+            let ord = match goal {
+                Goal::Maximize => b.total_cmp(a),
+                Goal::Minimize => a.total_cmp(b),
+            };
+            ord.then_with(|| ra.trial_id.cmp(&rb.trial_id))
+        })
+        .map(|(_, r)| r)
+}
+
+/// `best.yaml`: the best trial, with its parameters as a job's `parameters:` section.
+#[derive(Serialize)]
+struct BestFile<'a> {
+    job: &'a str,
+    trial_id: &'a str,
+    metric: BestMetric<'a>,
+    seed: u64,
+    parameters: BTreeMap<String, BTreeMap<&'static str, ParamValue>>,
+}
+
+#[derive(Serialize)]
+struct BestMetric<'a> {
+    name: &'a str,
+    goal: Goal,
+    value: f64,
+}
+
+fn write_best(dir: &Path, job: &Job, row: &TrialRow) -> Result<PathBuf> {
+    let params: BTreeMap<String, ParamValue> =
+        serde_json::from_str(&row.params).unwrap_or_default();
+    let file = BestFile {
+        job: &job.name,
+        trial_id: &row.trial_id,
+        metric: BestMetric {
+            name: &job.file.metric.name,
+            goal: job.file.metric.goal,
+            value: row.metric.unwrap_or(f64::NAN),
+        },
+        seed: row.seed,
+        parameters: params
+            .into_iter()
+            .map(|(k, v)| (k, BTreeMap::from([("value", v)])))
+            .collect(),
+    };
+    let text =
+        serde_yaml::to_string(&file).map_err(|e| Error::Internal(format!("best.yaml: {e}")))?;
+    let path = dir.join("best.yaml");
+    let body = format!(
+        "# the best trial of sweep {}; `parameters` can be pasted into a job\n{text}",
+        job.name
+    );
+    std::fs::write(&path, body).map_err(|e| Error::Io {
+        context: path.display().to_string(),
+        source: e,
+    })?;
+    Ok(path)
+}
+
+fn io(context: &str) -> impl Fn(std::io::Error) -> Error + '_ {
+    move |source| Error::Io {
+        context: context.into(),
+        source,
+    }
+}
+
+/// `gpumux sweep`: runs the trials of this shard that are not COMPLETE yet.
+pub fn run(job: &Job, opts: &SweepOptions, out: &mut dyn Write) -> Result<PathBuf> {
+    let all = sweep_trials(job)?;
+    let mine: Vec<TrialSpec> = match opts.shard {
+        Some(s) => all.iter().filter(|t| s.contains(&t.id)).cloned().collect(),
+        None => all.clone(),
+    };
+    let dir = opts.out.clone().unwrap_or_else(|| {
+        let base = PathBuf::from("out").join(format!("{}-sweep", job.name));
+        match opts.shard {
+            Some(s) => base.join(format!("shard-{}-of-{}", s.index, s.count)),
+            None => base,
+        }
+    });
+    let has_rows = report::read_trials(&dir)
+        .map(|r| !r.is_empty())
+        .unwrap_or(false);
+    if has_rows && !opts.resume && !opts.dry_run {
+        return Err(Error::Usage(format!(
+            "{} already holds sweep results: add --resume to finish them, or choose another --out",
+            dir.display()
+        )));
+    }
+    let previous = if opts.resume {
+        read_previous(&dir)?
+    } else {
+        Vec::new()
+    };
+    let done: HashSet<&str> = previous
+        .iter()
+        .filter(|r| r.state == "COMPLETE")
+        .map(|r| r.trial_id.as_str())
+        .collect();
+    let todo: Vec<TrialSpec> = mine
+        .iter()
+        .filter(|t| !done.contains(t.id.as_str()))
+        .cloned()
+        .collect();
+    let split = opts.split.unwrap_or(job.file.split);
+    let concurrency = opts.concurrency.unwrap_or(job.file.concurrency);
+    let w = |out: &mut dyn Write, s: String| writeln!(out, "{s}").map_err(io("stdout"));
+    let shard_note = opts
+        .shard
+        .map(|s| format!(", shard {s}"))
+        .unwrap_or_default();
+    w(out, format!(
+        "sweep {}: {} trials in the space{shard_note}: {} here, {} already COMPLETE, {} to run; split {split}; metric {} ({:?})",
+        job.name,
+        all.len(),
+        mine.len(),
+        mine.len() - todo.len(),
+        todo.len(),
+        job.file.metric.name,
+        job.file.metric.goal
+    ))?;
+    if opts.dry_run {
+        return dry_run(job, &todo, split, concurrency, &dir, out).map(|_| dir);
+    }
+    let found = crate::gpu::discover();
+    let resolved = commands::resolve_backend(job.file.backend, &found, &job.file.engine)?;
+    tracing::info!("{}", resolved.note);
+    if split.gpu_only() && resolved.engine.is_none() {
+        return Err(Error::Usage(format!(
+            "split mode {split} needs a GPU; {}",
+            resolved.note
+        )));
+    }
+    let cancel = Cancel::new();
+    cancel
+        .on_signals(opts.grace)
+        .map_err(io("cannot watch for SIGINT/SIGTERM"))?;
+    let mut writer = if opts.resume {
+        report::ReportWriter::append(&dir)?
+    } else {
+        report::ReportWriter::create(&dir)?
+    };
+    let mut rows = previous.clone();
+    if !todo.is_empty() {
+        let ctx = context(job, opts, &resolved, &cancel)?;
+        let n = match concurrency {
+            Concurrency::Fixed(n) => n,
+            Concurrency::Auto(_) => probe::choose(job, &todo, &ctx, &resolved, split, out)?,
+        };
+        let n = n.min(todo.len() as u32).max(1);
+        let round = Round {
+            index: 0,
+            n,
+            split,
+            slices: plan::slices(job, n, split, &resolved.budget)?,
+            trials: todo.clone(),
+        };
+        rows.extend(execute(job, &round, &ctx, &mut writer, opts.progress)?);
+    }
+    finish(job, &dir, &mine, &rows, &cancel, out)?;
+    Ok(dir)
+}
+
+/// Rows of an earlier run, read after the writer has dropped a row cut short by a kill.
+fn read_previous(dir: &Path) -> Result<Vec<TrialRow>> {
+    if !dir.join(report::TRIALS_CSV).exists() {
+        return Ok(Vec::new());
+    }
+    drop(report::ReportWriter::append(dir)?);
+    Ok(report::read_trials(dir)?)
+}
+
+/// The context every worker of the sweep shares.
+fn context(job: &Job, opts: &SweepOptions, r: &Resolved, cancel: &Cancel) -> Result<RoundContext> {
+    let (data, data_spec, model) = match (&job.file.model, &job.file.data) {
+        (Some(model), Some(spec)) => {
+            let data = spec.load(opts.data_dir.as_deref(), job.file.seed)?;
+            (Arc::new(data), spec.clone(), model.clone())
+        }
+        _ => {
+            return Err(Error::Usage(
+                "external commands are not supported by this build's sweep runner yet".into(),
+            ))
+        }
+    };
+    let device: Device = r.device_for(&data)?;
+    Ok(RoundContext {
+        data,
+        data_spec,
+        data_base: opts.data_dir.clone(),
+        data_seed: job.file.seed,
+        model,
+        epochs: job.file.train.epochs,
+        engine: job.file.engine.clone(),
+        device,
+        worker_exe: opts.worker_exe.clone(),
+        cancel: cancel.clone(),
+        max_steps: None,
+    })
+}
+
+/// Runs the round of the sweep, writing each row as it comes; returns the trial rows written.
+fn execute(
+    job: &Job,
+    round: &Round,
+    ctx: &RoundContext,
+    writer: &mut report::ReportWriter,
+    progress: bool,
+) -> Result<Vec<TrialRow>> {
+    let total = round.trials.len() as u64;
+    let bar = if progress {
+        ProgressBar::new(total)
+    } else {
+        ProgressBar::hidden()
+    };
+    bar.set_style(
+        ProgressStyle::with_template(
+            "{elapsed_precise} [{bar:30}] {pos}/{len} trials, ETA {eta}  {msg}",
+        )
+        .unwrap_or_else(|_| ProgressStyle::default_bar())
+        .progress_chars("=> "),
+    );
+    let started = Instant::now();
+    let (mut running, mut failed, mut finished) = (0u32, 0u32, 0u64);
+    let mut rows = Vec::new();
+    let mut first_err = None;
+    sched::run_round(round, ctx, &mut |ev| {
+        let res = match ev {
+            Event::Started { .. } => {
+                running += 1;
+                Ok(())
+            }
+            Event::Epoch { trial, stats, .. } => writer.progress(&ProgressRow {
+                round: round.index,
+                trial_id: trial.id.clone(),
+                split: round.split.to_string(),
+                n: round.n,
+                epoch: stats.epoch,
+                train_loss: stats.train_loss,
+                train_acc: stats.train_acc,
+                test_loss: stats.test_loss,
+                test_acc: stats.test_acc,
+                wall_s: stats.wall_s,
+            }),
+            Event::Finished(o) => {
+                running = running.saturating_sub(1);
+                finished += 1;
+                if o.state != TrialState::Complete {
+                    failed += 1;
+                }
+                let row = commands::trial_row(job, round.index, round.split, round.n, o);
+                let metric = row
+                    .metric
+                    .map(|m| format!("{} {m:.4}", job.file.metric.name))
+                    .unwrap_or_default();
+                let line = format!(
+                    "trial {finished}/{total} {} {} {metric} in {:.1} s ({running} running, {failed} failed){}",
+                    row.trial_id,
+                    row.state,
+                    row.wall_s,
+                    if row.error.is_empty() { String::new() } else { format!(": {}", row.error) }
+                );
+                if progress {
+                    bar.println(line);
+                } else {
+                    tracing::info!("{line}");
+                }
+                bar.inc(1);
+                let res = writer.trial(&row);
+                rows.push(row);
+                res
+            }
+        };
+        bar.set_message(format!("{running} running, {failed} failed"));
+        if let Err(e) = res {
+            first_err.get_or_insert(e);
+        }
+    });
+    bar.finish_and_clear();
+    if let Some(e) = first_err {
+        return Err(e.into());
+    }
+    tracing::info!(
+        "ran {} trials in {:.1} s with {} at a time",
+        rows.len(),
+        started.elapsed().as_secs_f64(),
+        round.n
+    );
+    Ok(rows)
+}
+
+/// The end of a sweep: counts, the best trial and best.yaml, and the exit status.
+fn finish(
+    job: &Job,
+    dir: &Path,
+    mine: &[TrialSpec],
+    rows: &[TrialRow],
+    cancel: &Cancel,
+    out: &mut dyn Write,
+) -> Result<()> {
+    let latest = latest_rows(rows);
+    let ids: HashSet<&str> = mine.iter().map(|t| t.id.as_str()).collect();
+    let mine_rows: Vec<&TrialRow> = latest
+        .iter()
+        .filter(|r| ids.contains(r.trial_id.as_str()))
+        .collect();
+    let count = |state: &str| mine_rows.iter().filter(|r| r.state == state).count();
+    let (complete, failed, interrupted) = (count("COMPLETE"), count("FAIL"), count("INTERRUPTED"));
+    let not_started = mine.len() - mine_rows.len();
+    let w = |out: &mut dyn Write, s: String| writeln!(out, "{s}").map_err(io("stdout"));
+    w(out, format!(
+        "{complete} COMPLETE, {failed} FAIL, {interrupted} INTERRUPTED, {not_started} not started, of {} trials; results in {}",
+        mine.len(),
+        dir.display()
+    ))?;
+    if let Some(b) = best(&latest, job.file.metric.goal) {
+        let path = write_best(dir, job, b)?;
+        w(
+            out,
+            format!(
+                "best trial {}: {} {:.4} ({:?}), params {}; written to {}",
+                b.trial_id,
+                job.file.metric.name,
+                b.metric.unwrap_or(f64::NAN),
+                job.file.metric.goal,
+                b.params,
+                path.display()
+            ),
+        )?;
+    }
+    if cancel.draining() {
+        return Err(Error::Interrupted(format!(
+            "{complete} of {} trials COMPLETE; run again with --resume to finish",
+            mine.len()
+        )));
+    }
+    if failed > 0 {
+        return Err(Error::TrialsFailed(format!(
+            "{failed} of {} trials failed (see {})",
+            mine.len(),
+            dir.join(report::TRIALS_CSV).display()
+        )));
+    }
+    Ok(())
+}
+
+/// `--dry-run`: the trials, the slices and their caps, without running anything.
+fn dry_run(
+    job: &Job,
+    todo: &[TrialSpec],
+    split: SplitMode,
+    concurrency: Concurrency,
+    dir: &Path,
+    out: &mut dyn Write,
+) -> Result<()> {
+    let found = crate::gpu::discover();
+    let budget = match found.gpus.first() {
+        Some(g) => plan::DeviceBudget {
+            memory_bytes: g.memory_bytes,
+            sm_count: None,
+            sm_granularity: None,
+        },
+        None => plan::DeviceBudget {
+            memory_bytes: found.host.memory_bytes,
+            sm_count: None,
+            sm_granularity: None,
+        },
+    };
+    let device = found
+        .gpus
+        .first()
+        .map_or_else(|| found.host.device_line(), |g| g.name.clone());
+    let w = |out: &mut dyn Write, s: String| writeln!(out, "{s}").map_err(io("stdout"));
+    match concurrency {
+        Concurrency::Fixed(n) => {
+            let n = n.min(todo.len().max(1) as u32);
+            let slices = plan::slices(job, n, split, &budget)?;
+            let cap = slices.first().and_then(|s| s.cap_mib()).map_or("none".into(), |c| format!("{c:.0} MiB"));
+            w(out, format!("{n} slices at a time on {device}, split {split}, cap per slice {cap}"))?;
+        }
+        Concurrency::Auto(_) => w(out, format!(
+            "concurrency auto: a short probe over N = 1, 2, 3, 5, 8, ... picks it on {device}, split {split}"
+        ))?,
+    }
+    w(out, format!("results would go to {}", dir.display()))?;
+    for t in todo {
+        w(
+            out,
+            format!(
+                "  {} seed {:>20} {}",
+                t.id,
+                t.seed,
+                serde_json::to_string(&t.params).unwrap_or_default()
+            ),
+        )?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(id: &str, state: &str, metric: Option<f64>) -> TrialRow {
+        TrialRow {
+            trial_id: id.into(),
+            state: state.into(),
+            metric,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn latest_rows_keep_the_last_state_in_first_seen_order() {
+        let rows = vec![
+            row("a", "FAIL", None),
+            row("b", "COMPLETE", Some(0.5)),
+            row("a", "COMPLETE", Some(0.7)),
+        ];
+        let l = latest_rows(&rows);
+        assert_eq!(l.len(), 2);
+        assert_eq!(
+            (l[0].trial_id.as_str(), l[0].state.as_str()),
+            ("a", "COMPLETE")
+        );
+    }
+
+    #[test]
+    fn best_follows_the_goal_and_skips_failures() {
+        let rows = vec![
+            row("a", "COMPLETE", Some(0.5)),
+            row("b", "COMPLETE", Some(0.9)),
+            row("c", "FAIL", Some(0.99)),
+        ];
+        assert_eq!(
+            best(&rows, Goal::Maximize).map(|r| r.trial_id.as_str()),
+            Some("b")
+        );
+        assert_eq!(
+            best(&rows, Goal::Minimize).map(|r| r.trial_id.as_str()),
+            Some("a")
+        );
+        assert!(best(&[row("c", "FAIL", Some(1.0))], Goal::Maximize).is_none());
+    }
+
+    #[test]
+    fn grid_and_random_sweeps_list_each_trial_once() {
+        let grid = Job::parse(
+            "model: {kind: mlp}\ndata: {source: synthetic}\nmethod: grid\nparameters:\n  lr: {values: [0.1, 0.01, 0.1]}\n  batch_size: {values: [16, 32]}\n",
+            Path::new("g.yaml"),
+        )
+        .unwrap();
+        let t = sweep_trials(&grid).unwrap();
+        assert_eq!(t.len(), 6, "every grid point, each with its own seed");
+        let ids: HashSet<&str> = t.iter().map(|x| x.id.as_str()).collect();
+        assert_eq!(ids.len(), 6);
+        let random = Job::parse(
+            "model: {kind: mlp}\ndata: {source: synthetic}\nrun_cap: 40\nparameters:\n  lr: {min: 0.0001, max: 0.1, distribution: log_uniform_values}\n",
+            Path::new("r.yaml"),
+        )
+        .unwrap();
+        let t = sweep_trials(&random).unwrap();
+        assert_eq!(t.len(), 40);
+        assert_eq!(t, sweep_trials(&random).unwrap(), "deterministic");
+        let no_cap = Job::parse(
+            "model: {kind: mlp}\ndata: {source: synthetic}\nparameters:\n  lr: {min: 0.0001, max: 0.1}\n",
+            Path::new("n.yaml"),
+        )
+        .unwrap();
+        assert!(sweep_trials(&no_cap)
+            .unwrap_err()
+            .to_string()
+            .contains("run_cap"));
+    }
+}
