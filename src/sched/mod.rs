@@ -1,6 +1,7 @@
 //! The supervisor: a crossbeam queue of trials, one worker per slice (a thread, or a thread minding a child process), and the trial lifecycle.
 
 pub mod cancel;
+pub mod external;
 pub mod process;
 pub mod thread;
 
