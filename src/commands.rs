@@ -424,6 +424,7 @@ pub fn fib(job: &Job, opts: &FibOptions, out: &mut dyn Write) -> Result<PathBuf>
         worker_exe: opts.worker_exe.clone(),
         cancel: cancel.clone(),
         max_steps: None,
+        external: None,
     };
     let total: u64 = rounds.iter().map(|r| r.n as u64).sum();
     eprintln!(

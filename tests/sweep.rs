@@ -376,3 +376,57 @@ fn the_slurm_script_runs_every_shard_and_merges_them() {
     assert_eq!(rows.len(), 40);
     assert!(rows.iter().all(|r| r["state"] == "COMPLETE"));
 }
+
+#[test]
+fn external_command_trials_report_their_json_metrics() {
+    let root = root();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out = dir.path().join("ext");
+    let o = gpumux(
+        &root,
+        &[
+            "sweep",
+            "jobs/sweep-external.yaml",
+            "--out",
+            out.to_str().unwrap(),
+        ],
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let rows = read_csv(&out.join("trials.csv"));
+    assert_eq!(rows.len(), 8);
+    for r in &rows {
+        assert_eq!(r["state"], "COMPLETE", "{r:?}");
+        assert_eq!(r["model"], "external");
+        let acc: f64 = r["metric"]
+            .parse()
+            .expect("the metric column holds test_acc");
+        assert!((0.0..=1.0).contains(&acc));
+        assert!(r["params"].contains("\"lr\""), "{}", r["params"]);
+    }
+    assert!(
+        !read_csv(&out.join("progress.csv")).is_empty(),
+        "epoch lines become progress rows"
+    );
+    // A command that fails is a FAIL row with its stderr, and exit code 1.
+    let bad = job(
+        dir.path(),
+        "bad.yaml",
+        "command: \"python3 -c 'import sys; sys.exit(\\\"no luck for {lr}\\\")'\"\nrun_cap: 2\nparameters:\n  lr: {values: [0.1, 0.2]}\nconcurrency: 2\n",
+    );
+    let o = gpumux(
+        dir.path(),
+        &[
+            "sweep",
+            bad.to_str().unwrap(),
+            "--out",
+            dir.path().join("bad").to_str().unwrap(),
+        ],
+    );
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let rows = read_csv(&dir.path().join("bad/trials.csv"));
+    assert!(
+        rows.iter()
+            .all(|r| r["state"] == "FAIL" && r["error"].contains("no luck")),
+        "{rows:?}"
+    );
+}

@@ -91,6 +91,15 @@ pub struct RoundContext {
     pub cancel: cancel::Cancel,
     /// Short probes: at most this many steps per epoch.
     pub max_steps: Option<usize>,
+    /// Trials run this command instead of a built-in model (sweeps with `command:`).
+    pub external: Option<ExternalTrials>,
+}
+
+/// An external command run for each trial, and where it runs.
+#[derive(Clone, Debug)]
+pub struct ExternalTrials {
+    pub template: String,
+    pub env: external::ExternalEnv,
 }
 
 impl RoundContext {
@@ -230,6 +239,7 @@ pub fn run_round(round: &Round, ctx: &RoundContext, sink: &mut dyn FnMut(&Event)
                     });
                     let mut outcome = match &part {
                         Err(e) => outcome(trial, slice, Err(e.clone()), 0.0),
+                        Ok(_) if ctx.external.is_some() => run_external(ctx, slice, trial, &events),
                         Ok(_) if split.one_process_per_trial() => {
                             process::run(ctx, slice, round, trial, &events)
                         }
@@ -265,6 +275,63 @@ pub fn run_round(round: &Round, ctx: &RoundContext, sink: &mut dyn FnMut(&Event)
         makespan_s,
         outcomes,
     }
+}
+
+/// Runs a trial as its external command; epoch lines it prints as JSON become progress rows.
+fn run_external(
+    ctx: &RoundContext,
+    slice: &SliceSpec,
+    trial: TrialSpec,
+    events: &Sender<Event>,
+) -> TrialOutcome {
+    let started = Instant::now();
+    let Some(ext) = &ctx.external else {
+        return outcome(trial, slice, Err("no external command".into()), 0.0);
+    };
+    let res = external::render(&ext.template, &trial.params).and_then(|argv| {
+        external::run(
+            &argv,
+            &trial.id,
+            slice,
+            &ext.env,
+            &ctx.cancel,
+            &mut |line| {
+                if let Some(stats) = epoch_line(line, started) {
+                    epoch_event(events, &trial, slice.index, &stats);
+                }
+            },
+        )
+    });
+    let wall_s = started.elapsed().as_secs_f64();
+    let res = res.map(|o| TrialResult {
+        test_acc: o.metrics.get("test_acc").copied().unwrap_or(f64::NAN),
+        final_loss: o.metrics.get("final_loss").copied().unwrap_or(f64::NAN),
+        epochs: o.metrics.get("epochs").map_or(0, |e| *e as u32),
+        wall_s: o.wall_s,
+        train_samples: 0,
+        samples_per_s: 0.0,
+        peak_mem_bytes: o
+            .peak_mem_mib
+            .map_or(0, |m| (m * (1u64 << 20) as f64) as u64),
+        param_count: 0,
+        metrics: o.metrics,
+    });
+    outcome(trial, slice, res, wall_s)
+}
+
+/// A progress line of an external command: a JSON object with an `epoch` number.
+fn epoch_line(line: &str, started: Instant) -> Option<EpochStats> {
+    let v: serde_json::Value = serde_json::from_str(line.trim()).ok()?;
+    let num = |k: &str| v.get(k).and_then(|x| x.as_f64()).unwrap_or(f64::NAN);
+    let epoch = v.get("epoch")?.as_u64()?;
+    Some(EpochStats {
+        epoch: epoch as u32,
+        train_loss: num("train_loss"),
+        train_acc: num("train_acc"),
+        test_loss: num("test_loss"),
+        test_acc: num("test_acc"),
+        wall_s: started.elapsed().as_secs_f64(),
+    })
 }
 
 /// Sends an epoch event for a trial.

@@ -19,7 +19,8 @@ use crate::job::{Concurrency, Goal, Job, SplitMode};
 use crate::plan::{self, Round, TrialSpec};
 use crate::report::{self, ProgressRow, TrialRow};
 use crate::sched::cancel::Cancel;
-use crate::sched::{self, Device, Event, RoundContext, TrialState};
+use crate::sched::external::ExternalEnv;
+use crate::sched::{self, Device, Event, ExternalTrials, RoundContext, TrialState};
 use crate::space::{Method, ParamValue};
 pub use identity::{trial_key, Shard};
 
@@ -253,10 +254,17 @@ pub fn run(job: &Job, opts: &SweepOptions, out: &mut dyn Write) -> Result<PathBu
     let mut rows = previous.clone();
     if !todo.is_empty() {
         let ctx = context(job, opts, &resolved, &cancel)?;
-        let n = match concurrency {
-            Concurrency::Fixed(n) => n,
-            Concurrency::Auto(_) => probe::choose(job, &todo, &ctx, &resolved, split, out)?,
-        };
+        let n =
+            match concurrency {
+                Concurrency::Fixed(n) => n,
+                Concurrency::Auto(_) if ctx.external.is_some() => return Err(job
+                    .invalid(
+                        "concurrency",
+                        "auto probes built-in models only; give a number for an external command",
+                    )
+                    .into()),
+                Concurrency::Auto(_) => probe::choose(job, &todo, &ctx, &resolved, split, out)?,
+            };
         let n = n.min(todo.len() as u32).max(1);
         let round = Round {
             index: 0,
@@ -282,31 +290,76 @@ fn read_previous(dir: &Path) -> Result<Vec<TrialRow>> {
 
 /// The context every worker of the sweep shares.
 fn context(job: &Job, opts: &SweepOptions, r: &Resolved, cancel: &Cancel) -> Result<RoundContext> {
-    let (data, data_spec, model) = match (&job.file.model, &job.file.data) {
-        (Some(model), Some(spec)) => {
-            let data = spec.load(opts.data_dir.as_deref(), job.file.seed)?;
-            (Arc::new(data), spec.clone(), model.clone())
+    let mut ctx = match (&job.file.model, &job.file.data, &job.file.command) {
+        (Some(model), Some(spec), _) => {
+            let data = Arc::new(spec.load(opts.data_dir.as_deref(), job.file.seed)?);
+            RoundContext {
+                device: r.device_for(&data)?,
+                data,
+                data_spec: spec.clone(),
+                data_base: opts.data_dir.clone(),
+                data_seed: job.file.seed,
+                model: model.clone(),
+                epochs: job.file.train.epochs,
+                engine: job.file.engine.clone(),
+                worker_exe: opts.worker_exe.clone(),
+                cancel: cancel.clone(),
+                max_steps: None,
+                external: None,
+            }
         }
+        (_, _, Some(template)) => external_context(job, template, opts, r, cancel),
         _ => {
-            return Err(Error::Usage(
-                "external commands are not supported by this build's sweep runner yet".into(),
-            ))
+            return Err(job
+                .invalid("model", "is missing: give model (with data), or command")
+                .into())
         }
     };
-    let device: Device = r.device_for(&data)?;
-    Ok(RoundContext {
-        data,
-        data_spec,
+    ctx.cancel = cancel.clone();
+    Ok(ctx)
+}
+
+/// An external command's trials: no dataset or model of ours; the command gets the device by
+/// UUID (CUDA_VISIBLE_DEVICES), its cap, and an NVML watchdog on a GPU.
+fn external_context(
+    job: &Job,
+    template: &str,
+    opts: &SweepOptions,
+    r: &Resolved,
+    cancel: &Cancel,
+) -> RoundContext {
+    let uuid = r.engine.as_ref().map(|e| e.info().uuid.clone());
+    let env = ExternalEnv {
+        cuda_visible_devices: uuid.clone(),
+        device_mem_bytes: uuid.as_ref().map(|_| r.budget.memory_bytes),
+        watch_uuid: uuid,
+        cwd: None,
+        ..ExternalEnv::default()
+    };
+    RoundContext {
+        // Placeholders: an external trial never reads them.
+        data: Arc::new(crate::data::Dataset {
+            name: "external".into(),
+            shape: [1, 1, 1],
+            classes: 2,
+            train: Default::default(),
+            test: Default::default(),
+        }),
+        data_spec: crate::data::DataSpec::of(crate::data::Source::Synthetic),
         data_base: opts.data_dir.clone(),
         data_seed: job.file.seed,
-        model,
+        model: crate::job::ModelSpec::of(crate::job::ModelKind::Mlp),
         epochs: job.file.train.epochs,
         engine: job.file.engine.clone(),
-        device,
+        device: Device::Cpu,
         worker_exe: opts.worker_exe.clone(),
         cancel: cancel.clone(),
         max_steps: None,
-    })
+        external: Some(ExternalTrials {
+            template: template.to_string(),
+            env,
+        }),
+    }
 }
 
 /// Runs the round of the sweep, writing each row as it comes; returns the trial rows written.
