@@ -222,6 +222,10 @@ fn main() {
         .init();
     let code = match run(cli) {
         Ok(()) => exit::OK,
+        // A reader that went away (`gpumux ... | head`) is not an error worth a message.
+        Err(Error::Io { source, .. }) if source.kind() == std::io::ErrorKind::BrokenPipe => {
+            exit::OK
+        }
         Err(e) => {
             let code = e.exit_code();
             eprintln!("error: {e}");

@@ -8,8 +8,20 @@ use crate::job::{Job, SplitMode, DEFAULT_N};
 use crate::plan::{self, Round, TrialSpec};
 use crate::sched::{self, RoundContext, TrialState};
 
-/// Steps each probe trial trains (no evaluation): long enough to time, short enough to be cheap.
+/// Steps each probe trial starts with (no evaluation).
 pub const PROBE_STEPS: usize = 20;
+/// A probe round at N=1 should last about this long, so timer noise stays small: the steps are
+/// scaled up until it does (up to a whole epoch).
+pub const PROBE_TARGET_S: f64 = 0.3;
+
+/// Steps that make one training last about `target` seconds, given that `steps` took `took`.
+pub fn calibrate(steps: usize, took: f64, target: f64) -> usize {
+    if took >= target || steps == 0 {
+        return steps;
+    }
+    let scaled = (steps as f64 * target / took.max(1e-4)).ceil();
+    (scaled as usize).clamp(steps, 100_000)
+}
 
 /// The N with the lowest time per training, and the figures it was chosen from.
 pub fn pick(times: &[(u32, f64)]) -> Option<u32> {
@@ -33,15 +45,7 @@ pub fn choose(
     let mut probe_ctx = ctx.clone();
     probe_ctx.max_steps = Some(PROBE_STEPS);
     probe_ctx.epochs = 1;
-    let mut times: Vec<(u32, f64)> = Vec::new();
-    let mut worse = 0;
-    for &n in DEFAULT_N
-        .iter()
-        .filter(|&&n| n as usize <= todo.len().max(1))
-    {
-        if ctx.cancel.draining() {
-            break;
-        }
+    let time = |n: u32, ctx: &RoundContext| -> Result<Option<f64>> {
         let trials: Vec<TrialSpec> = (0..n as usize)
             .map(|i| todo[i % todo.len()].clone())
             .collect();
@@ -52,22 +56,41 @@ pub fn choose(
             slices: plan::slices(job, n, split, &r.budget)?,
             trials,
         };
-        let outcome = sched::run_round(&round, &probe_ctx, &mut |_| {});
-        let ok = outcome
+        let outcome = sched::run_round(&round, ctx, &mut |_| {});
+        if let Some(o) = outcome
             .outcomes
             .iter()
-            .all(|o| o.state == TrialState::Complete);
-        if !ok {
-            let why = outcome
-                .outcomes
-                .iter()
-                .find_map(|o| o.error.clone())
-                .unwrap_or_default();
-            tracing::info!("probe N={n}: a trial failed ({why}); stopping the probe here");
+            .find(|o| o.state != TrialState::Complete)
+        {
+            tracing::info!(
+                "probe N={n}: a trial failed ({}); stopping the probe here",
+                o.error.clone().unwrap_or_default()
+            );
+            return Ok(None);
+        }
+        Ok(Some(outcome.makespan_s / n as f64))
+    };
+    // Calibrate: enough steps that N=1 takes about PROBE_TARGET_S.
+    // When an epoch is shorter than that, the probe spans epochs, up to a whole trial.
+    let per_epoch = (ctx.data.train.len() / todo[0].hyper.batch_size.max(1) as usize).max(1);
+    if let Some(t1) = time(1, &probe_ctx)? {
+        let ran = PROBE_STEPS.min(per_epoch);
+        let want = calibrate(ran, t1, PROBE_TARGET_S);
+        probe_ctx.max_steps = Some(want.min(per_epoch));
+        probe_ctx.epochs = (want.div_ceil(per_epoch) as u32).clamp(1, ctx.epochs.max(1));
+    }
+    let steps = probe_ctx.max_steps.unwrap_or(PROBE_STEPS) * probe_ctx.epochs as usize;
+    let mut times: Vec<(u32, f64)> = Vec::new();
+    let mut worse = 0;
+    for &n in DEFAULT_N
+        .iter()
+        .filter(|&&n| n as usize <= todo.len().max(1))
+    {
+        if ctx.cancel.draining() {
             break;
         }
-        let t = outcome.makespan_s / n as f64;
-        tracing::info!("probe N={n}: {t:.4} s per training ({PROBE_STEPS} steps each)");
+        let Some(t) = time(n, &probe_ctx)? else { break };
+        tracing::info!("probe N={n}: {t:.4} s per training ({steps} steps each)");
         let best_so_far = times.iter().map(|x| x.1).fold(f64::INFINITY, f64::min);
         worse = if t < best_so_far { 0 } else { worse + 1 };
         times.push((n, t));
@@ -84,7 +107,7 @@ pub fn choose(
         .collect();
     writeln!(
         out,
-        "concurrency auto: probed time per training ({PROBE_STEPS} steps each) {}; chose {n}, the lowest",
+        "concurrency auto: probed time per training ({steps} steps each) {}; chose {n}, the lowest",
         table.join(", ")
     )
     .map_err(|e| Error::Io {
@@ -97,6 +120,14 @@ pub fn choose(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn calibration_scales_short_probes_up_only() {
+        assert_eq!(calibrate(20, 0.03, 0.3), 200);
+        assert_eq!(calibrate(20, 0.5, 0.3), 20);
+        assert_eq!(calibrate(20, 0.0, 0.3), 60_000);
+        assert_eq!(calibrate(20, 1e-9, 1e9), 100_000);
+    }
 
     #[test]
     fn pick_takes_the_lowest_time_per_training() {
