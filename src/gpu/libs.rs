@@ -133,12 +133,17 @@ pub fn preload(lib: CudaLib) -> Result<PathBuf, LibError> {
 }
 
 /// The sonames of `lib` to load, in load order; each is one file, and the last is `lib` itself.
-/// An inner list holds alternative names of one file.
+/// An inner list holds alternative names of one file, the preferred first: CUDA 13, else CUDA 12,
+/// whose NVRTC and cuBLAS entry points that gpumux calls are the same (a PyTorch environment may
+/// carry either).
 fn sonames(lib: CudaLib) -> &'static [&'static [&'static str]] {
     match lib {
         CudaLib::Driver => &[&["libcuda.so.1", "libcuda.so"]],
-        CudaLib::Nvrtc => &[&["libnvrtc.so.13"]],
-        CudaLib::Cublas => &[&["libcublasLt.so.13"], &["libcublas.so.13"]],
+        CudaLib::Nvrtc => &[&["libnvrtc.so.13", "libnvrtc.so.12"]],
+        CudaLib::Cublas => &[
+            &["libcublasLt.so.13", "libcublasLt.so.12"],
+            &["libcublas.so.13", "libcublas.so.12"],
+        ],
     }
 }
 
@@ -163,9 +168,11 @@ pub fn locate(lib: CudaLib, dirs: &[PathBuf]) -> Result<Vec<PathBuf>, LibError> 
     Ok(files)
 }
 
-/// NVRTC's builtins library next to `nvrtc` (`libnvrtc-builtins.so.13.*`, the newest), if present.
+/// NVRTC's builtins library next to `nvrtc` (`libnvrtc-builtins.so.<major>.*`, the newest), if present.
 fn nvrtc_builtins(nvrtc: &Path) -> Option<PathBuf> {
     let dir = nvrtc.parent()?;
+    let major = file_name(nvrtc).rsplit('.').next()?.to_string();
+    let prefix = format!("libnvrtc-builtins.so.{major}.");
     let mut found: Vec<PathBuf> = std::fs::read_dir(dir)
         .ok()?
         .filter_map(|e| e.ok())
@@ -173,7 +180,7 @@ fn nvrtc_builtins(nvrtc: &Path) -> Option<PathBuf> {
         .filter(|p| {
             p.file_name()
                 .and_then(|n| n.to_str())
-                .is_some_and(|n| n.starts_with("libnvrtc-builtins.so.13."))
+                .is_some_and(|n| n.starts_with(&prefix))
         })
         .collect();
     found.sort_by_key(|p| version_key(&file_name(p)));
@@ -475,7 +482,7 @@ mod tests {
         mkdir(r, "b");
         let dirs = search_dirs_from(&env);
         let err = locate(CudaLib::Cublas, &dirs).unwrap_err();
-        assert_eq!(err.lib, "libcublasLt.so.13");
+        assert_eq!(err.lib, "libcublasLt.so.13 or libcublasLt.so.12");
         let msg = err.to_string();
         for d in &dirs {
             assert!(msg.contains(&d.display().to_string()), "{msg}");
@@ -511,5 +518,28 @@ mod tests {
         if let (Ok(a), Ok(b)) = (first, second) {
             assert_eq!(a, b);
         }
+    }
+
+    #[test]
+    fn cuda_12_libraries_are_a_fallback_with_their_own_builtins() {
+        let tmp = tempfile::tempdir().unwrap();
+        let r = tmp.path();
+        touch(r, "site/nvidia/cuda_nvrtc/lib/libnvrtc-builtins.so.12.8");
+        let nvrtc = touch(r, "site/nvidia/cuda_nvrtc/lib/libnvrtc.so.12");
+        let dirs = vec![r.join("site/nvidia/cuda_nvrtc/lib")];
+        let files = locate(CudaLib::Nvrtc, &dirs).unwrap();
+        assert_eq!(
+            files,
+            vec![
+                r.join("site/nvidia/cuda_nvrtc/lib/libnvrtc-builtins.so.12.8"),
+                nvrtc
+            ]
+        );
+        let thirteen = touch(r, "site/nvidia/cuda_nvrtc/lib/libnvrtc.so.13");
+        assert_eq!(
+            locate(CudaLib::Nvrtc, &dirs).unwrap().last(),
+            Some(&thirteen),
+            "13 is preferred"
+        );
     }
 }
