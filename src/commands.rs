@@ -475,18 +475,9 @@ pub fn fib(job: &Job, opts: &FibOptions, out: &mut dyn Write) -> Result<PathBuf>
                     bar.set_message(states.line(round));
                     Ok(())
                 }
-                Event::Epoch { trial, stats, .. } => writer.progress(&ProgressRow {
-                    round: round.index,
-                    trial_id: trial.id.clone(),
-                    split: round.split.to_string(),
-                    n: round.n,
-                    epoch: stats.epoch,
-                    train_loss: stats.train_loss,
-                    train_acc: stats.train_acc,
-                    test_loss: stats.test_loss,
-                    test_acc: stats.test_acc,
-                    wall_s: stats.wall_s,
-                }),
+                Event::Epoch { trial, stats, .. } => {
+                    writer.progress(&progress_row(round, &trial.id, stats))
+                }
                 Event::Finished(o) => {
                     bar.inc(1);
                     states.running -= 1;
@@ -594,6 +585,26 @@ pub fn model_name(job: &Job) -> String {
         .model
         .as_ref()
         .map_or_else(|| "external".to_string(), |m| m.kind.to_string())
+}
+
+/// The `progress.csv` row of one trial's epoch in a round.
+pub fn progress_row(
+    round: &Round,
+    trial_id: &str,
+    stats: &crate::train::EpochStats,
+) -> ProgressRow {
+    ProgressRow {
+        round: round.index,
+        trial_id: trial_id.to_string(),
+        split: round.split.to_string(),
+        n: round.n,
+        epoch: stats.epoch,
+        train_loss: stats.train_loss,
+        train_acc: stats.train_acc,
+        test_loss: stats.test_loss,
+        test_acc: stats.test_acc,
+        wall_s: stats.wall_s,
+    }
 }
 
 /// The `trials.csv` row of a trial that ended in round `round` (N trials under `split`).

@@ -290,3 +290,42 @@ fn devices_without_a_gpu_shows_the_cpu_and_a_slice_plan() {
     let o = gpumux(&root(), &["devices", "--n", "2", "--mib-per-slice", "1e12"]);
     assert_eq!(o.status.code(), Some(2));
 }
+
+#[test]
+fn sigterm_stops_fib_with_exit_code_3_and_keeps_the_rounds_done() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let job = job(
+        dir.path(),
+        "long.yaml",
+        "model: {kind: mlp, hidden: [64]}\ndata: {source: synthetic, train_samples: 2048, test_samples: 256}\n\
+         train: {epochs: 4, batch_size: 32}\nn: [1, 2, 3, 5, 8, 13]\nsplits: [shared]\nbackend: cpu\n",
+    );
+    let out = dir.path().join("out");
+    let child = std::process::Command::new(assert_cmd::cargo::cargo_bin("gpumux"))
+        .args(["fib", job.to_str().unwrap(), "--out", out.to_str().unwrap()])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("starts");
+    let start = std::time::Instant::now();
+    let runs = out.join("runs.csv");
+    while std::fs::read_to_string(&runs).map_or(0, |t| t.lines().count()) < 3 {
+        assert!(start.elapsed().as_secs() < 60, "two rounds never finished");
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    // SAFETY: kill(2) on our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let o = child.wait_with_output().expect("waits");
+    assert_eq!(
+        o.status.code(),
+        Some(3),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(String::from_utf8_lossy(&o.stderr).contains("interrupted"));
+    let rounds = read_csv(&runs).len();
+    assert!(
+        (2..6).contains(&rounds),
+        "the rounds done are kept, the cut one is not: {rounds}"
+    );
+}

@@ -17,7 +17,7 @@ use crate::commands::{self, Resolved};
 use crate::error::{Error, Result};
 use crate::job::{Concurrency, Goal, Job, SplitMode};
 use crate::plan::{self, Round, TrialSpec};
-use crate::report::{self, ProgressRow, TrialRow};
+use crate::report::{self, TrialRow};
 use crate::sched::cancel::Cancel;
 use crate::sched::external::ExternalEnv;
 use crate::sched::{self, Device, Event, ExternalTrials, RoundContext, TrialState};
@@ -393,18 +393,9 @@ fn execute(
                 running += 1;
                 Ok(())
             }
-            Event::Epoch { trial, stats, .. } => writer.progress(&ProgressRow {
-                round: round.index,
-                trial_id: trial.id.clone(),
-                split: round.split.to_string(),
-                n: round.n,
-                epoch: stats.epoch,
-                train_loss: stats.train_loss,
-                train_acc: stats.train_acc,
-                test_loss: stats.test_loss,
-                test_acc: stats.test_acc,
-                wall_s: stats.wall_s,
-            }),
+            Event::Epoch { trial, stats, .. } => {
+                writer.progress(&commands::progress_row(round, &trial.id, stats))
+            }
             Event::Finished(o) => {
                 running = running.saturating_sub(1);
                 finished += 1;
