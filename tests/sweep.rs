@@ -430,3 +430,51 @@ fn external_command_trials_report_their_json_metrics() {
         "{rows:?}"
     );
 }
+
+#[test]
+fn aborting_a_process_mode_sweep_stops_the_workers_and_records_them_interrupted() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let text = JOB
+        .replace("split: logical", "split: process")
+        .replace("epochs: 6", "epochs: 40");
+    let job = job(dir.path(), "p.yaml", &text);
+    let out = dir.path().join("out");
+    let mut child = spawn(
+        dir.path(),
+        &[
+            "sweep",
+            job.to_str().unwrap(),
+            "--out",
+            out.to_str().unwrap(),
+            "--grace",
+            "0",
+        ],
+    );
+    // Wait until the workers have begun training (their epochs reach progress.csv).
+    let start = Instant::now();
+    while rows_in(&out.join("progress.csv")) < 2 {
+        assert!(start.elapsed() < Duration::from_secs(60), "no progress");
+        assert!(child.try_wait().expect("poll").is_none(), "ended early");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    // SAFETY: kill(2) on our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let o = child.wait_with_output().expect("waits");
+    assert_eq!(
+        o.status.code(),
+        Some(3),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let rows = states(&out);
+    let interrupted = rows.iter().filter(|(_, s)| s == "INTERRUPTED").count();
+    assert!(
+        interrupted >= 1,
+        "the running workers were stopped: {rows:?}"
+    );
+    assert!(
+        rows.iter()
+            .all(|(_, s)| s == "INTERRUPTED" || s == "COMPLETE"),
+        "{rows:?}"
+    );
+}
