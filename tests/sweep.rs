@@ -478,3 +478,59 @@ fn aborting_a_process_mode_sweep_stops_the_workers_and_records_them_interrupted(
         "{rows:?}"
     );
 }
+
+#[test]
+fn workers_die_with_a_supervisor_killed_outright() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let text = JOB
+        .replace("split: logical", "split: process")
+        .replace("epochs: 6", "epochs: 5000");
+    let job = job(dir.path(), "p.yaml", &text);
+    let out = dir.path().join("out");
+    let mut child = spawn(
+        dir.path(),
+        &[
+            "sweep",
+            job.to_str().unwrap(),
+            "--out",
+            out.to_str().unwrap(),
+        ],
+    );
+    let start = Instant::now();
+    while rows_in(&out.join("progress.csv")) < 2 {
+        assert!(start.elapsed() < Duration::from_secs(60), "no progress");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let pgrep = Command::new("pgrep")
+        .args(["-P", &child.id().to_string()])
+        .output()
+        .expect("pgrep");
+    let workers: Vec<String> = String::from_utf8_lossy(&pgrep.stdout)
+        .lines()
+        .map(String::from)
+        .collect();
+    assert!(!workers.is_empty(), "the sweep has worker processes");
+    child.kill().expect("SIGKILL");
+    let _ = child.wait();
+    let alive = |pid: &String| {
+        std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .map(|s| !s.contains(") Z "))
+            .unwrap_or(false)
+    };
+    let start = Instant::now();
+    while workers.iter().any(alive) {
+        // A trial here takes minutes; only dying with the supervisor ends it within seconds.
+        if start.elapsed() > Duration::from_secs(3) {
+            for pid in workers
+                .iter()
+                .filter_map(|p| p.parse::<i32>().ok())
+                .filter(|&p| p > 1)
+            {
+                // SAFETY: kill(2) on the orphans this test made, so none outlives it.
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+            }
+            panic!("orphaned workers: {workers:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}

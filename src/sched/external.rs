@@ -313,6 +313,7 @@ fn spawn(
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .process_group(0);
+    super::die_with_parent(&mut cmd);
     if let Some(dir) = cwd {
         cmd.current_dir(dir);
     }

@@ -359,6 +359,22 @@ pub(crate) fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
     }
 }
 
+/// Makes a child die with its parent (Linux `PR_SET_PDEATHSIG`): a supervisor killed outright
+/// leaves no trial training on as an orphan. A resumed run redoes those trials.
+pub(crate) fn die_with_parent(cmd: &mut std::process::Command) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: the closure runs in the forked child before exec and only calls prctl(2), which is
+    // async-signal-safe and touches no memory of the parent.
+    unsafe {
+        cmd.pre_exec(|| {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+}
+
 /// Whether a trial's error is the interruption itself (a signal while draining).
 pub(crate) fn interrupted(cancel: &cancel::Cancel, error: &str) -> bool {
     cancel.draining()

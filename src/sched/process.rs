@@ -125,14 +125,16 @@ fn supervise(
     let body =
         serde_json::to_vec(req).map_err(|e| format!("cannot encode the worker request: {e}"))?;
     use std::os::unix::process::CommandExt;
-    let mut child = Command::new(&ctx.worker_exe)
-        .arg("worker")
+    let mut cmd = Command::new(&ctx.worker_exe);
+    cmd.arg("worker")
         // Its own process group: a terminal's Ctrl-C reaches the supervisor, which then drains.
         .process_group(0)
         .envs(env.iter().map(|(k, v)| (k, v)))
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
+        .stderr(Stdio::piped());
+    super::die_with_parent(&mut cmd);
+    let mut child = cmd
         .spawn()
         .map_err(|e| format!("cannot start worker {}: {e}", ctx.worker_exe.display()))?;
     let done = Arc::new(AtomicBool::new(false));
