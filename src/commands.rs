@@ -241,6 +241,7 @@ fn load_data(job: &Job, data_dir: Option<&Path>) -> Result<Arc<Dataset>> {
 
 /// `gpumux train`: one trial of a job, with loss and accuracy each epoch.
 pub fn train(job: &Job, trial: u32, data_dir: Option<&Path>, out: &mut dyn Write) -> Result<()> {
+    job.model()?;
     let found = gpu::discover();
     let r = resolve_backend(job.file.backend, &found, &job.file.engine)?;
     eprintln!("{}", r.note);
@@ -368,6 +369,7 @@ pub fn mps_daemon_running() -> bool {
 
 /// `gpumux fib`: every round of the job; writes the CSVs row by row, the plots and the summary.
 pub fn fib(job: &Job, opts: &FibOptions, out: &mut dyn Write) -> Result<PathBuf> {
+    job.model()?;
     let found = gpu::discover();
     let r = resolve_backend(job.file.backend, &found, &job.file.engine)?;
     eprintln!("{}", r.note);

@@ -106,3 +106,12 @@ fn a_missing_job_file_is_exit_2() {
     assert_eq!(o.status.code(), Some(2));
     assert!(stderr(&o).contains("cannot read the job file"));
 }
+
+#[test]
+fn an_external_command_job_is_for_sweep_only() {
+    for cmd in ["fib", "train"] {
+        let o = gpumux(&root(), &[cmd, "jobs/sweep-external.yaml"]);
+        assert_eq!(o.status.code(), Some(2), "{cmd}: {}", stderr(&o));
+        assert!(stderr(&o).contains("gpumux sweep"), "{cmd}: {}", stderr(&o));
+    }
+}
