@@ -884,7 +884,7 @@ impl Job {
         self.file.model.as_ref().ok_or_else(|| {
             self.invalid(
                 "command",
-                "this job runs an external command: run it with `gpumux sweep`",
+                "makes this an external-command job: run it with `gpumux sweep`",
             )
         })
     }
