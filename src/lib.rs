@@ -7,6 +7,7 @@ pub mod data;
 pub mod engine;
 pub mod error;
 pub mod gpu;
+pub mod hash;
 pub mod job;
 pub mod models;
 pub mod plan;

@@ -1,6 +1,7 @@
 //! The CUDA kernel sources (`kernels/*.cu`) and their compilation to PTX with NVRTC, once per process.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::path::{Path, PathBuf};
 use std::sync::{Mutex, OnceLock};
 
 use cudarc::nvrtc::{compile_ptx_with_opts, CompileError, CompileOptions};
@@ -140,18 +141,89 @@ fn arch_name(arch: Option<(u32, u32)>) -> String {
 }
 
 fn compile_modules(arch: Option<(u32, u32)>) -> Compiled {
-    libs::preload(CudaLib::Nvrtc).map_err(|e| Failure::Unavailable(e.to_string()))?;
+    let nvrtc = libs::preload(CudaLib::Nvrtc).map_err(|e| Failure::Unavailable(e.to_string()))?;
     let arch = arch_name(arch);
+    let dir = cache_dir();
+    let compiler = compiler_id(&nvrtc);
     MODULES
         .iter()
         .map(|m| {
+            let ptx = cached(dir.as_deref(), m, &arch, &compiler, || {
+                compile_source(m.name, m.source, &arch)
+            })?;
             Ok(CompiledModule {
                 name: m.name,
-                ptx: compile_source(m.name, m.source, &arch)?,
+                ptx,
                 functions: m.functions,
             })
         })
         .collect()
+}
+
+/// Where compiled PTX is kept between processes (every `process`-mode worker would otherwise
+/// compile every kernel again): `$GPUMUX_CACHE_DIR`, else `$XDG_CACHE_HOME/gpumux`, else
+/// `~/.cache/gpumux`, else the temporary folder. `GPUMUX_CACHE_DIR=off` turns the cache off.
+fn cache_dir() -> Option<PathBuf> {
+    let var = |k: &str| {
+        std::env::var_os(k)
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+    };
+    match var("GPUMUX_CACHE_DIR") {
+        Some(d) if d.as_os_str() == "off" => None,
+        Some(d) => Some(d),
+        None => Some(
+            var("XDG_CACHE_HOME")
+                .map(|d| d.join("gpumux"))
+                .or_else(|| var("HOME").map(|h| h.join(".cache").join("gpumux")))
+                .unwrap_or_else(|| std::env::temp_dir().join("gpumux-cache")),
+        ),
+    }
+}
+
+/// Names the NVRTC in use: its path, size and modification time (a new NVRTC, a new cache entry).
+fn compiler_id(nvrtc: &Path) -> String {
+    let meta = std::fs::metadata(nvrtc).ok();
+    let size = meta.as_ref().map_or(0, |m| m.len());
+    let mtime = meta
+        .and_then(|m| m.modified().ok())
+        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+        .map_or(0, |d| d.as_secs());
+    format!("{}:{size}:{mtime}", nvrtc.display())
+}
+
+/// The PTX of module `m` for `arch` from the cache in `dir`, or `compile`d and stored there.
+/// A cached file that lacks any of the module's kernels is ignored; the cache never makes a
+/// compilation fail (a folder that cannot be written only costs the next process a compile).
+fn cached(
+    dir: Option<&Path>,
+    m: &KernelModule,
+    arch: &str,
+    compiler: &str,
+    compile: impl FnOnce() -> Result<String, Failure>,
+) -> Result<String, Failure> {
+    let Some(dir) = dir else { return compile() };
+    let key =
+        crate::hash::fnv1a(format!("{}\0{arch}\0fmad=false\0{compiler}", m.source).as_bytes());
+    let path = dir.join(format!("{}-{arch}-{key:016x}.ptx", m.name));
+    if let Ok(ptx) = std::fs::read_to_string(&path) {
+        if m.functions
+            .iter()
+            .all(|f| ptx.contains(&format!(".entry {f}(")))
+        {
+            return Ok(ptx);
+        }
+    }
+    let ptx = compile()?;
+    // Written under a unique name, then renamed: a reader never sees half a file.
+    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+    let stored = std::fs::create_dir_all(dir)
+        .and_then(|()| std::fs::write(&tmp, &ptx))
+        .and_then(|()| std::fs::rename(&tmp, &path));
+    if stored.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    Ok(ptx)
 }
 
 /// Compiles one source to PTX for `arch` (`compute_XY`). NVRTC must be loaded already.
@@ -323,6 +395,45 @@ mod tests {
         assert!(
             !ptx.contains("fma.rn.f32") && ptx.contains("mul.rn.f32"),
             "{ptx}"
+        );
+    }
+
+    #[test]
+    fn the_ptx_cache_compiles_once_and_ignores_damaged_files() {
+        let tmp = tempfile::tempdir().unwrap();
+        let m = &MODULES[0];
+        let ptx: String = m
+            .functions
+            .iter()
+            .map(|f| format!(".visible .entry {f}(\n"))
+            .collect();
+        let compiles = std::cell::Cell::new(0);
+        let run = |dir: Option<&Path>, compiler: &str| {
+            cached(dir, m, "compute_90", compiler, || {
+                compiles.set(compiles.get() + 1);
+                Ok(ptx.clone())
+            })
+            .unwrap()
+        };
+        assert_eq!(run(Some(tmp.path()), "nvrtc-a"), ptx);
+        assert_eq!(run(Some(tmp.path()), "nvrtc-a"), ptx);
+        assert_eq!(compiles.get(), 1, "the second process reads the cache");
+        run(Some(tmp.path()), "nvrtc-b");
+        assert_eq!(compiles.get(), 2, "another NVRTC is another entry");
+        for f in std::fs::read_dir(tmp.path()).unwrap() {
+            std::fs::write(f.unwrap().path(), "garbage").unwrap();
+        }
+        run(Some(tmp.path()), "nvrtc-a");
+        assert_eq!(compiles.get(), 3, "a damaged entry is compiled again");
+        run(None, "nvrtc-a");
+        assert_eq!(compiles.get(), 4, "no cache folder, no cache");
+        let names: Vec<String> = std::fs::read_dir(tmp.path())
+            .unwrap()
+            .map(|f| f.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        assert!(
+            names.iter().all(|n| n.ends_with(".ptx")),
+            "no temporary files left: {names:?}"
         );
     }
 }
