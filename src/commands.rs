@@ -114,9 +114,8 @@ pub fn devices(
     out: &mut dyn Write,
 ) -> Result<()> {
     let found = gpu::discover();
-    let w = |out: &mut dyn Write, s: String| writeln!(out, "{s}").map_err(|e| io("stdout", e));
     if found.gpus.is_empty() {
-        w(
+        say(
             out,
             format!(
                 "GPUs: none ({})",
@@ -125,14 +124,14 @@ pub fn devices(
         )?;
     } else {
         if let Some(d) = &found.driver_version {
-            w(out, format!("driver {d}"))?;
+            say(out, format!("driver {d}"))?;
         }
         for g in &found.gpus {
             let sms = g
                 .sm_count
                 .map(|s| format!("{s} SMs"))
                 .unwrap_or_else(|| "SMs: n/a without CUDA".into());
-            w(
+            say(
                 out,
                 format!(
                     "GPU {}: {} [{}] {:.0} MiB, {sms}",
@@ -144,9 +143,9 @@ pub fn devices(
             )?;
         }
     }
-    w(out, format!("host: {}", found.host.device_line()))?;
+    say(out, format!("host: {}", found.host.device_line()))?;
     let r = resolve_backend(BackendChoice::Auto, &found, &EngineOptions::default())?;
-    w(out, r.note.clone())?;
+    say(out, r.note.clone())?;
     if let Some(engine) = &r.engine {
         let i = engine.info();
         let nvml = found.gpus.iter().find(|g| g.uuid == i.uuid);
@@ -157,7 +156,7 @@ pub fn devices(
             ),
             None => "green contexts: not supported".into(),
         };
-        w(out, format!(
+        say(out, format!(
             "CUDA device {}: {} [{}], compute capability {}.{}, {} SMs; {green}; NVML match by UUID: {}",
             i.ordinal, i.name, i.uuid, i.compute_capability.0, i.compute_capability.1, i.sm_count,
             nvml.map(|g| format!("NVML index {}", g.index)).unwrap_or_else(|| "none".into())
@@ -175,18 +174,18 @@ pub fn devices(
     );
     let job = Job::parse(&text, Path::new("<flags>"))?;
     if split.gpu_only() && r.kind == BackendKind::Cpu {
-        w(
+        say(
             out,
             format!("split {split} needs a GPU; on the CPU backend it is not available"),
         )?;
         return Ok(());
     }
     let slices = plan::slices(&job, n, split, &r.budget)?;
-    w(
+    say(
         out,
         format!("slice plan: N={n}, split {split}, on {}", r.device),
     )?;
-    w(
+    say(
         out,
         format!(
             "{:>5}  {:>12}  {:>8}  {:>9}",
@@ -206,7 +205,7 @@ pub fn devices(
             .partition
             .map(|c| c.to_string())
             .unwrap_or_else(|| "-".into());
-        w(
+        say(
             out,
             format!("{:>5}  {:>12}  {:>8}  {:>9}", s.index, cap, sm, part),
         )?;
@@ -214,15 +213,13 @@ pub fn devices(
     Ok(())
 }
 
-fn io(context: &str, source: std::io::Error) -> Error {
-    Error::Io {
-        context: context.into(),
-        source,
-    }
+/// Writes one line of a command's output.
+pub fn say(out: &mut dyn Write, line: impl std::fmt::Display) -> Result<()> {
+    writeln!(out, "{line}").map_err(Error::io("stdout"))
 }
 
 /// Loads a job's dataset, saying what was loaded.
-fn load_data(job: &Job, data_dir: Option<&Path>) -> Result<Arc<Dataset>> {
+pub fn load_data(job: &Job, data_dir: Option<&Path>) -> Result<Arc<Dataset>> {
     let started = Instant::now();
     let data = job.data()?.load(data_dir, job.file.seed)?;
     eprintln!(
@@ -264,8 +261,7 @@ pub fn train(job: &Job, trial: u32, data_dir: Option<&Path>, out: &mut dyn Write
         cancel: Default::default(),
     };
     let h = &spec.hyper;
-    let w = |out: &mut dyn Write, s: String| writeln!(out, "{s}").map_err(|e| io("stdout", e));
-    w(out, format!(
+    say(out, format!(
         "trial {}: {} on {}, {} epochs, batch {}, {} lr {}, momentum {}, weight decay {}, dropout {}, seed {}",
         spec.id, job.model()?.kind, data.name, cfg.epochs, h.batch_size, h.optimizer, h.lr, h.momentum, h.weight_decay, h.dropout, spec.seed
     ))?;
@@ -286,7 +282,7 @@ pub fn train(job: &Job, trial: u32, data_dir: Option<&Path>, out: &mut dyn Write
         &|s| be.conv_workspace_len(s),
     )
     .map_err(|m| Error::Usage(format!("model: {m}")))?;
-    w(out, format!("memory plan: {}", net.plan.summary()))?;
+    say(out, format!("memory plan: {}", net.plan.summary()))?;
     let mut lines = Vec::new();
     let res = run_trial(be.as_mut(), &cfg, &mut |e| {
         let line = format!(
@@ -297,7 +293,7 @@ pub fn train(job: &Job, trial: u32, data_dir: Option<&Path>, out: &mut dyn Write
         lines.push(line);
     });
     match res {
-        Ok(r) => w(out, format!(
+        Ok(r) => say(out, format!(
             "done: test acc {:.4}, final loss {:.4}, {:.1} s, {:.0} samples/s, {} parameters, arena {:.2} MiB",
             r.test_acc, r.final_loss, r.wall_s, r.samples_per_s, r.param_count, r.peak_mem_bytes as f64 / MIB
         )),
@@ -407,27 +403,21 @@ pub fn fib(job: &Job, opts: &FibOptions, out: &mut dyn Write) -> Result<PathBuf>
             r.device
         ),
     )
-    .map_err(|e| io(&format!("{}", dir.join("command.txt").display()), e))?;
+    .map_err(Error::io(dir.join("command.txt").display().to_string()))?;
     // A signal stops the experiment: running trials end as INTERRUPTED, the round is not
     // recorded (its makespan would be wrong), and gpumux exits with code 3.
     let cancel = Cancel::new();
     if let Err(e) = cancel.on_signals(std::time::Duration::ZERO) {
         eprintln!("note: cannot watch for signals: {e}");
     }
-    let ctx = RoundContext {
-        data: Arc::clone(&data),
-        data_spec: job.data()?.clone(),
-        data_base: opts.data_dir.clone(),
-        data_seed: job.file.seed,
-        model: job.model()?.clone(),
-        epochs: job.file.train.epochs,
-        engine: job.file.engine.clone(),
-        device: r.device_for(&data)?,
-        worker_exe: opts.worker_exe.clone(),
-        cancel: cancel.clone(),
-        max_steps: None,
-        external: None,
-    };
+    let ctx = builtin_context(
+        job,
+        &data,
+        &r,
+        opts.data_dir.as_deref(),
+        &opts.worker_exe,
+        &cancel,
+    )?;
     let total: u64 = rounds.iter().map(|r| r.n as u64).sum();
     eprintln!(
         "{}: {} rounds ({} trials) of {} on {}, N = {:?}, splits {}; writing {}",
@@ -559,9 +549,9 @@ impl StateCounts {
 
 fn finish(dir: &Path, runs: &[RunRow], trials: &[TrialRow], out: &mut dyn Write) -> Result<()> {
     let paths = report::write_report(dir, runs, trials)?;
-    let text = summary_text(runs, trials);
-    write!(out, "{text}").map_err(|e| io("stdout", e))?;
-    writeln!(out, "results: {}", dir.display()).map_err(|e| io("stdout", e))?;
+    let text = report::summary_text(runs, trials);
+    write!(out, "{text}").map_err(Error::io("stdout"))?;
+    say(out, format!("results: {}", dir.display()))?;
     print_paths(&paths, out)
 }
 
@@ -571,14 +561,9 @@ fn print_paths(paths: &report::ReportPaths, out: &mut dyn Write) -> Result<()> {
         &paths.samples_per_s,
         &paths.summary,
     ] {
-        writeln!(out, "wrote {}", p.display()).map_err(|e| io("stdout", e))?;
+        say(out, format!("wrote {}", p.display()))?;
     }
     Ok(())
-}
-
-/// The summary: the table, the best N per split, the best trial and the split-mode parity line.
-pub fn summary_text(runs: &[RunRow], trials: &[TrialRow]) -> String {
-    report::summary_text(runs, trials)
 }
 
 /// The model column of a job's rows: the built-in kind, or `external`.
@@ -587,6 +572,32 @@ pub fn model_name(job: &Job) -> String {
         .model
         .as_ref()
         .map_or_else(|| "external".to_string(), |m| m.kind.to_string())
+}
+
+/// What the workers of a built-in model's rounds share: the dataset (on the device too, on a
+/// GPU), how a child process finds it again, the model and the engine options.
+pub fn builtin_context(
+    job: &Job,
+    data: &Arc<Dataset>,
+    r: &Resolved,
+    data_dir: Option<&Path>,
+    worker_exe: &Path,
+    cancel: &Cancel,
+) -> Result<RoundContext> {
+    Ok(RoundContext {
+        data: Arc::clone(data),
+        data_spec: job.data()?.clone(),
+        data_base: data_dir.map(Path::to_path_buf),
+        data_seed: job.file.seed,
+        model: job.model()?.clone(),
+        epochs: job.file.train.epochs,
+        engine: job.file.engine.clone(),
+        device: r.device_for(data)?,
+        worker_exe: worker_exe.to_path_buf(),
+        cancel: cancel.clone(),
+        max_steps: None,
+        external: None,
+    })
 }
 
 /// The `progress.csv` row of one trial's epoch in a round.
@@ -714,7 +725,7 @@ pub fn report(dirs: &[PathBuf], out_dir: Option<&Path>, out: &mut dyn Write) -> 
         }
     };
     let paths = report::write_report(&target, &runs, &trials)?;
-    write!(out, "{}", summary_text(&runs, &trials)).map_err(|e| io("stdout", e))?;
+    write!(out, "{}", report::summary_text(&runs, &trials)).map_err(Error::io("stdout"))?;
     print_paths(&paths, out)
 }
 

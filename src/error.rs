@@ -143,6 +143,12 @@ pub enum Error {
 }
 
 impl Error {
+    /// Turns an I/O error into one that says what was being done (`map_err(Error::io("..."))`).
+    pub fn io(context: impl Into<String>) -> impl FnOnce(std::io::Error) -> Error {
+        let context = context.into();
+        move |source| Error::Io { context, source }
+    }
+
     /// The stable exit code for this error.
     pub fn exit_code(&self) -> i32 {
         match self {

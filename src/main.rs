@@ -258,33 +258,25 @@ fn run(cli: Cli) -> Result<(), Error> {
             epochs,
             engine,
         } => {
-            let loaded = Job::load(&job)?;
-            let mut file = loaded.file.clone();
-            if let Some(b) = backend {
-                file.backend = b;
-            }
-            if let Some(n) = n {
-                file.n = n;
-            }
-            if let Some(s) = splits {
-                file.splits = s;
-            }
-            if let Some(e) = epochs {
-                file.train.epochs = e;
-            }
-            engine.apply(&mut file);
-            let job = if file == loaded.file {
-                loaded
-            } else {
-                rebuild(file, &loaded)?
-            };
+            let job = load_with(&job, |file| {
+                if let Some(b) = backend {
+                    file.backend = b;
+                }
+                if let Some(n) = n {
+                    file.n = n;
+                }
+                if let Some(s) = splits {
+                    file.splits = s;
+                }
+                if let Some(e) = epochs {
+                    file.train.epochs = e;
+                }
+                engine.apply(file);
+            })?;
             let opts = FibOptions {
                 out,
                 data_dir,
-                worker_exe: std::env::current_exe().map_err(|e| Error::Io {
-                    context: "cannot find the gpumux executable".into(),
-                    source: e,
-                })?,
+                worker_exe: worker_exe()?,
                 command: std::env::args().collect::<Vec<_>>().join(" "),
                 progress: std::io::stderr().is_terminal(),
             };
@@ -305,17 +297,12 @@ fn run(cli: Cli) -> Result<(), Error> {
 }
 
 fn sweep(a: SweepArgs) -> Result<(), Error> {
-    let loaded = Job::load(&a.job)?;
-    let mut file = loaded.file.clone();
-    if let Some(b) = a.backend {
-        file.backend = b;
-    }
-    a.engine.apply(&mut file);
-    let job = if file == loaded.file {
-        loaded
-    } else {
-        rebuild(file, &loaded)?
-    };
+    let job = load_with(&a.job, |file| {
+        if let Some(b) = a.backend {
+            file.backend = b;
+        }
+        a.engine.apply(file);
+    })?;
     let concurrency = match a.concurrency.as_deref() {
         None => None,
         Some("auto") => Some(Concurrency::Auto(AutoWord::Auto)),
@@ -343,13 +330,27 @@ fn sweep(a: SweepArgs) -> Result<(), Error> {
         grace: std::time::Duration::from_secs_f64(a.grace),
         concurrency,
         split: a.split,
-        worker_exe: std::env::current_exe().map_err(|e| Error::Io {
-            context: "cannot find the gpumux executable".into(),
-            source: e,
-        })?,
+        worker_exe: worker_exe()?,
         progress: std::io::stderr().is_terminal(),
     };
     gpumux::sweep::run(&job, &opts, &mut std::io::stdout()).map(|_| ())
+}
+
+/// The gpumux executable, which `process` mode runs as `gpumux worker`.
+fn worker_exe() -> Result<PathBuf, Error> {
+    std::env::current_exe().map_err(Error::io("cannot find the gpumux executable"))
+}
+
+/// Loads a job file and applies flag overrides; a changed job is checked again.
+fn load_with(path: &std::path::Path, overrides: impl FnOnce(&mut JobFile)) -> Result<Job, Error> {
+    let loaded = Job::load(path)?;
+    let mut file = loaded.file.clone();
+    overrides(&mut file);
+    if file == loaded.file {
+        Ok(loaded)
+    } else {
+        rebuild(file, &loaded)
+    }
 }
 
 /// A job whose fields were overridden by flags, checked again; it keeps the original name.

@@ -83,7 +83,7 @@ pub fn run_trial(
             message: format!("batch size {batch} is larger than the {n_train} training samples"),
         }));
     }
-    let net = models::build(
+    let mut net = models::build(
         &cfg.model,
         cfg.input,
         cfg.classes,
@@ -97,7 +97,6 @@ pub fn run_trial(
         message,
     })?;
     be.alloc_arena(net.plan.total)?;
-    let mut net = net;
     net.init(be, cfg.seed)?;
     let dropout_seed = derive(cfg.seed, 2);
     let steps_per_epoch = n_train / batch;

@@ -9,6 +9,7 @@ use crate::job::Goal;
 use crate::report::{self, ProgressRow, TrialRow};
 
 use super::{best, latest_rows};
+use crate::commands::say;
 
 /// What a merge found.
 #[derive(Clone, Debug, PartialEq)]
@@ -63,13 +64,7 @@ pub fn write(m: &Merged, out_dir: &Path, goal: Goal, out: &mut dyn Write) -> Res
         w.progress(p)?;
     }
     let count = |s: &str| m.trials.iter().filter(|r| r.state == s).count();
-    let line = |out: &mut dyn Write, s: String| {
-        writeln!(out, "{s}").map_err(|e| Error::Io {
-            context: "stdout".into(),
-            source: e,
-        })
-    };
-    line(
+    say(
         out,
         format!(
             "merged {} trials: {} COMPLETE, {} FAIL, {} INTERRUPTED; written to {}",
@@ -81,7 +76,7 @@ pub fn write(m: &Merged, out_dir: &Path, goal: Goal, out: &mut dyn Write) -> Res
         ),
     )?;
     if let Some(b) = best(&m.trials, goal) {
-        line(
+        say(
             out,
             format!(
                 "best trial {}: metric {:.4} ({goal:?}), params {}",

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 
-use crate::commands::{self, Resolved};
+use crate::commands::{self, say, Resolved};
 use crate::error::{Error, Result};
 use crate::job::{Concurrency, Goal, Job, SplitMode};
 use crate::plan::{self, Round, TrialSpec};
@@ -168,13 +168,6 @@ fn write_best(dir: &Path, job: &Job, row: &TrialRow) -> Result<PathBuf> {
     Ok(path)
 }
 
-fn io(context: &str) -> impl Fn(std::io::Error) -> Error + '_ {
-    move |source| Error::Io {
-        context: context.into(),
-        source,
-    }
-}
-
 /// `gpumux sweep`: runs the trials of this shard that are not COMPLETE yet.
 pub fn run(job: &Job, opts: &SweepOptions, out: &mut dyn Write) -> Result<PathBuf> {
     let all = sweep_trials(job)?;
@@ -215,12 +208,11 @@ pub fn run(job: &Job, opts: &SweepOptions, out: &mut dyn Write) -> Result<PathBu
         .collect();
     let split = opts.split.unwrap_or(job.file.split);
     let concurrency = opts.concurrency.unwrap_or(job.file.concurrency);
-    let w = |out: &mut dyn Write, s: String| writeln!(out, "{s}").map_err(io("stdout"));
     let shard_note = opts
         .shard
         .map(|s| format!(", shard {s}"))
         .unwrap_or_default();
-    w(out, format!(
+    say(out, format!(
         "sweep {}: {} trials in the space{shard_note}: {} here, {} already COMPLETE, {} to run; split {split}; metric {} ({:?})",
         job.name,
         all.len(),
@@ -245,7 +237,7 @@ pub fn run(job: &Job, opts: &SweepOptions, out: &mut dyn Write) -> Result<PathBu
     let cancel = Cancel::new();
     cancel
         .on_signals(opts.grace)
-        .map_err(io("cannot watch for SIGINT/SIGTERM"))?;
+        .map_err(Error::io("cannot watch for SIGINT/SIGTERM"))?;
     let mut writer = if opts.resume {
         report::ReportWriter::append(&dir)?
     } else {
@@ -290,33 +282,23 @@ fn read_previous(dir: &Path) -> Result<Vec<TrialRow>> {
 
 /// The context every worker of the sweep shares.
 fn context(job: &Job, opts: &SweepOptions, r: &Resolved, cancel: &Cancel) -> Result<RoundContext> {
-    let mut ctx = match (&job.file.model, &job.file.data, &job.file.command) {
-        (Some(model), Some(spec), _) => {
-            let data = Arc::new(spec.load(opts.data_dir.as_deref(), job.file.seed)?);
-            RoundContext {
-                device: r.device_for(&data)?,
-                data,
-                data_spec: spec.clone(),
-                data_base: opts.data_dir.clone(),
-                data_seed: job.file.seed,
-                model: model.clone(),
-                epochs: job.file.train.epochs,
-                engine: job.file.engine.clone(),
-                worker_exe: opts.worker_exe.clone(),
-                cancel: cancel.clone(),
-                max_steps: None,
-                external: None,
-            }
+    match (&job.file.model, &job.file.command) {
+        (Some(_), _) => {
+            let data = commands::load_data(job, opts.data_dir.as_deref())?;
+            commands::builtin_context(
+                job,
+                &data,
+                r,
+                opts.data_dir.as_deref(),
+                &opts.worker_exe,
+                cancel,
+            )
         }
-        (_, _, Some(template)) => external_context(job, template, opts, r, cancel),
-        _ => {
-            return Err(job
-                .invalid("model", "is missing: give model (with data), or command")
-                .into())
-        }
-    };
-    ctx.cancel = cancel.clone();
-    Ok(ctx)
+        (None, Some(template)) => Ok(external_context(job, template, opts, r, cancel)),
+        (None, None) => Err(job
+            .invalid("model", "is missing: give model (with data), or command")
+            .into()),
+    }
 }
 
 /// An external command's trials: no dataset or model of ours; the command gets the device by
@@ -461,15 +443,14 @@ fn finish(
     let count = |state: &str| mine_rows.iter().filter(|r| r.state == state).count();
     let (complete, failed, interrupted) = (count("COMPLETE"), count("FAIL"), count("INTERRUPTED"));
     let not_started = mine.len() - mine_rows.len();
-    let w = |out: &mut dyn Write, s: String| writeln!(out, "{s}").map_err(io("stdout"));
-    w(out, format!(
+    say(out, format!(
         "{complete} COMPLETE, {failed} FAIL, {interrupted} INTERRUPTED, {not_started} not started, of {} trials; results in {}",
         mine.len(),
         dir.display()
     ))?;
     if let Some(b) = best(&latest, job.file.metric.goal) {
         let path = write_best(dir, job, b)?;
-        w(
+        say(
             out,
             format!(
                 "best trial {}: {} {:.4} ({:?}), params {}; written to {}",
@@ -524,21 +505,20 @@ fn dry_run(
         .gpus
         .first()
         .map_or_else(|| found.host.device_line(), |g| g.name.clone());
-    let w = |out: &mut dyn Write, s: String| writeln!(out, "{s}").map_err(io("stdout"));
     match concurrency {
         Concurrency::Fixed(n) => {
             let n = n.min(todo.len().max(1) as u32);
             let slices = plan::slices(job, n, split, &budget)?;
             let cap = slices.first().and_then(|s| s.cap_mib()).map_or("none".into(), |c| format!("{c:.0} MiB"));
-            w(out, format!("{n} slices at a time on {device}, split {split}, cap per slice {cap}"))?;
+            say(out, format!("{n} slices at a time on {device}, split {split}, cap per slice {cap}"))?;
         }
-        Concurrency::Auto(_) => w(out, format!(
+        Concurrency::Auto(_) => say(out, format!(
             "concurrency auto: a short probe over N = 1, 2, 3, 5, 8, ... picks it on {device}, split {split}"
         ))?,
     }
-    w(out, format!("results would go to {}", dir.display()))?;
+    say(out, format!("results would go to {}", dir.display()))?;
     for t in todo {
-        w(
+        say(
             out,
             format!(
                 "  {} seed {:>20} {}",

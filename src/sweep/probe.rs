@@ -2,7 +2,7 @@
 
 use std::io::Write;
 
-use crate::commands::Resolved;
+use crate::commands::{say, Resolved};
 use crate::error::{Error, Result};
 use crate::job::{Job, SplitMode, DEFAULT_N};
 use crate::plan::{self, Round, TrialSpec};
@@ -105,15 +105,13 @@ pub fn choose(
         .iter()
         .map(|(n, t)| format!("N={n}: {t:.4} s"))
         .collect();
-    writeln!(
+    say(
         out,
-        "concurrency auto: probed time per training ({steps} steps each) {}; chose {n}, the lowest",
-        table.join(", ")
-    )
-    .map_err(|e| Error::Io {
-        context: "stdout".into(),
-        source: e,
-    })?;
+        format!(
+            "concurrency auto: probed time per training ({steps} steps each) {}; chose {n}, the lowest",
+            table.join(", ")
+        ),
+    )?;
     Ok(n)
 }
 
