@@ -41,11 +41,12 @@ fn rows_in(path: &Path) -> usize {
         .unwrap_or(0)
 }
 
-/// Waits until `trials.csv` in `out` has at least `n` rows (or the process ends); false on timeout.
-fn wait_rows(child: &mut Child, out: &Path, n: usize) -> bool {
+/// Waits until the CSV file `csv` has at least `n` rows; false when the process ends first or
+/// after a minute.
+fn wait_rows(child: &mut Child, csv: &Path, n: usize) -> bool {
     let start = Instant::now();
     while start.elapsed() < Duration::from_secs(60) {
-        if rows_in(&out.join("trials.csv")) >= n {
+        if rows_in(csv) >= n {
             return true;
         }
         if let Ok(Some(_)) = child.try_wait() {
@@ -54,6 +55,20 @@ fn wait_rows(child: &mut Child, out: &Path, n: usize) -> bool {
         std::thread::sleep(Duration::from_millis(3));
     }
     false
+}
+
+/// Sends SIGTERM and waits: an interrupted sweep exits with code 3.
+fn terminate(child: Child) -> std::process::Output {
+    // SAFETY: kill(2) on our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let o = child.wait_with_output().expect("waits");
+    assert_eq!(
+        o.status.code(),
+        Some(3),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    o
 }
 
 fn states(out: &Path) -> Vec<(String, String)> {
@@ -72,7 +87,7 @@ fn a_sweep_killed_with_sigkill_and_resumed_completes_each_trial_exactly_once() {
         let out = dir.path().join(format!("out-{kill_after}"));
         let out_s = out.to_str().unwrap();
         let mut child = spawn(dir.path(), &["sweep", job, "--out", out_s]);
-        let reached = wait_rows(&mut child, &out, kill_after);
+        let reached = wait_rows(&mut child, &out.join("trials.csv"), kill_after);
         child.kill().expect("SIGKILL");
         let _ = child.wait();
         assert!(reached, "the sweep ended before {kill_after} rows");
@@ -178,16 +193,11 @@ fn sigterm_stops_the_sweep_with_exit_code_3_and_keeps_every_completed_trial() {
                 grace,
             ],
         );
-        assert!(wait_rows(&mut child, &out, 5), "it ran some trials");
-        // SAFETY: kill(2) on our own child.
-        unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
-        let o = child.wait_with_output().expect("waits");
-        assert_eq!(
-            o.status.code(),
-            Some(3),
-            "grace {grace}: {}",
-            String::from_utf8_lossy(&o.stderr)
+        assert!(
+            wait_rows(&mut child, &out.join("trials.csv"), 5),
+            "it ran some trials"
         );
+        let o = terminate(child);
         let rows = states(&out);
         let complete = rows.iter().filter(|(_, s)| s == "COMPLETE").count();
         let said = String::from_utf8_lossy(&o.stdout);
@@ -451,21 +461,11 @@ fn aborting_a_process_mode_sweep_stops_the_workers_and_records_them_interrupted(
         ],
     );
     // Wait until the workers have begun training (their epochs reach progress.csv).
-    let start = Instant::now();
-    while rows_in(&out.join("progress.csv")) < 2 {
-        assert!(start.elapsed() < Duration::from_secs(60), "no progress");
-        assert!(child.try_wait().expect("poll").is_none(), "ended early");
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    // SAFETY: kill(2) on our own child.
-    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
-    let o = child.wait_with_output().expect("waits");
-    assert_eq!(
-        o.status.code(),
-        Some(3),
-        "{}",
-        String::from_utf8_lossy(&o.stderr)
+    assert!(
+        wait_rows(&mut child, &out.join("progress.csv"), 2),
+        "no progress, or it ended early"
     );
+    terminate(child);
     let rows = states(&out);
     let interrupted = rows.iter().filter(|(_, s)| s == "INTERRUPTED").count();
     assert!(
@@ -496,11 +496,10 @@ fn workers_die_with_a_supervisor_killed_outright() {
             out.to_str().unwrap(),
         ],
     );
-    let start = Instant::now();
-    while rows_in(&out.join("progress.csv")) < 2 {
-        assert!(start.elapsed() < Duration::from_secs(60), "no progress");
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    assert!(
+        wait_rows(&mut child, &out.join("progress.csv"), 2),
+        "no progress, or it ended early"
+    );
     let pgrep = Command::new("pgrep")
         .args(["-P", &child.id().to_string()])
         .output()
