@@ -533,3 +533,50 @@ fn workers_die_with_a_supervisor_killed_outright() {
         std::thread::sleep(Duration::from_millis(20));
     }
 }
+
+#[test]
+fn a_dry_run_with_resume_leaves_the_results_untouched() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let text = JOB
+        .replace("run_cap: 40", "run_cap: 3")
+        .replace("epochs: 6", "epochs: 1");
+    let job = job(dir.path(), "small.yaml", &text);
+    let out = dir.path().join("out");
+    let (job, out_s) = (job.to_str().unwrap(), out.to_str().unwrap());
+    assert_eq!(
+        gpumux(dir.path(), &["sweep", job, "--out", out_s])
+            .status
+            .code(),
+        Some(0)
+    );
+    // A row cut short, as a kill in the middle of a write leaves it.
+    let csv = out.join("trials.csv");
+    let cut = format!(
+        "{}{}",
+        std::fs::read_to_string(&csv).unwrap(),
+        "deadbeef,0,logical"
+    );
+    std::fs::write(&csv, &cut).unwrap();
+    let o = gpumux(
+        dir.path(),
+        &["sweep", job, "--out", out_s, "--resume", "--dry-run"],
+    );
+    assert_eq!(
+        o.status.code(),
+        Some(1),
+        "the cut row is reported, not repaired"
+    );
+    assert!(stderr(&o).contains("trials.csv"), "{}", stderr(&o));
+    assert_eq!(
+        std::fs::read_to_string(&csv).unwrap(),
+        cut,
+        "a dry run writes nothing"
+    );
+    let o = gpumux(dir.path(), &["sweep", job, "--out", out_s, "--resume"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(
+        stdout(&o).contains("3 already COMPLETE, 0 to run"),
+        "{}",
+        stdout(&o)
+    );
+}

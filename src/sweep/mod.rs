@@ -191,8 +191,15 @@ pub fn run(job: &Job, opts: &SweepOptions, out: &mut dyn Write) -> Result<PathBu
             dir.display()
         )));
     }
-    let previous = if opts.resume {
-        read_previous(&dir)?
+    // Resuming opens the files for appending first, which drops a row cut short by a kill, so
+    // what is read next parses; the same writer takes the new rows. A dry run only reads.
+    let resumed = if opts.resume && !opts.dry_run {
+        Some(report::ReportWriter::append(&dir)?)
+    } else {
+        None
+    };
+    let previous = if opts.resume && dir.join(report::TRIALS_CSV).exists() {
+        report::read_trials(&dir)?
     } else {
         Vec::new()
     };
@@ -238,10 +245,9 @@ pub fn run(job: &Job, opts: &SweepOptions, out: &mut dyn Write) -> Result<PathBu
     cancel
         .on_signals(opts.grace)
         .map_err(Error::io("cannot watch for SIGINT/SIGTERM"))?;
-    let mut writer = if opts.resume {
-        report::ReportWriter::append(&dir)?
-    } else {
-        report::ReportWriter::create(&dir)?
+    let mut writer = match resumed {
+        Some(w) => w,
+        None => report::ReportWriter::create(&dir)?,
     };
     let mut rows = previous.clone();
     if !todo.is_empty() {
@@ -269,15 +275,6 @@ pub fn run(job: &Job, opts: &SweepOptions, out: &mut dyn Write) -> Result<PathBu
     }
     finish(job, &dir, &mine, &rows, &cancel, out)?;
     Ok(dir)
-}
-
-/// Rows of an earlier run, read after the writer has dropped a row cut short by a kill.
-fn read_previous(dir: &Path) -> Result<Vec<TrialRow>> {
-    if !dir.join(report::TRIALS_CSV).exists() {
-        return Ok(Vec::new());
-    }
-    drop(report::ReportWriter::append(dir)?);
-    Ok(report::read_trials(dir)?)
 }
 
 /// The context every worker of the sweep shares.
