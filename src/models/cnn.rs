@@ -1,6 +1,7 @@
 //! The CNN of the Keras MNIST example: conv32-conv64-maxpool-(dropout)-fc128-(dropout)-fc10.
 
 use super::LayerDef;
+use crate::engine::{Conv2dShape, PoolShape};
 use crate::job::{ModelSpec, Padding};
 
 /// The layer list for inputs `[c, h, w]`; an error when the input is too small for the kernels.
@@ -23,14 +24,15 @@ pub fn layers(
                 "a {h}×{w} input is too small for a {k}×{k} convolution"
             ));
         }
-        out.push(LayerDef::Conv {
+        out.push(LayerDef::Conv(Conv2dShape {
+            n: 1,
             c_in: c,
             h,
             w,
             c_out,
             k,
             pad,
-        });
+        }));
         out.push(LayerDef::Relu);
         c = c_out;
         h = h + 2 * pad + 1 - k;
@@ -41,7 +43,13 @@ pub fn layers(
             "a {h}×{w} feature map is too small for 2×2 max-pooling"
         ));
     }
-    out.push(LayerDef::MaxPool { c, h, w, k: 2 });
+    out.push(LayerDef::MaxPool(PoolShape {
+        n: 1,
+        c,
+        h,
+        w,
+        k: 2,
+    }));
     if dropout > 0.0 {
         out.push(LayerDef::Dropout { p: dropout });
     }

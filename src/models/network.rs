@@ -18,23 +18,11 @@ pub enum LayerDef {
         inputs: usize,
         outputs: usize,
     },
-    /// Stride-1 convolution over `[c_in, h, w]`.
-    Conv {
-        c_in: usize,
-        h: usize,
-        w: usize,
-        c_out: usize,
-        k: usize,
-        pad: usize,
-    },
+    /// Stride-1 convolution of one sample (`n == 1`; `with_n` gives a batch's).
+    Conv(Conv2dShape),
     Relu,
-    /// `k×k` max-pooling with stride `k` over `[c, h, w]`.
-    MaxPool {
-        c: usize,
-        h: usize,
-        w: usize,
-        k: usize,
-    },
+    /// `k×k` max-pooling with stride `k` of one sample (`n == 1`).
+    MaxPool(PoolShape),
     /// Inverted dropout, active in training only.
     Dropout {
         p: f32,
@@ -96,28 +84,23 @@ fn out_len(def: &LayerDef, in_len: usize) -> Result<usize, String> {
             }
             outputs
         }
-        LayerDef::Conv {
-            c_in,
-            h,
-            w,
-            c_out,
-            k,
-            pad,
-        } => {
-            if c_in * h * w != in_len {
+        LayerDef::Conv(c) => {
+            if c.x_len() != in_len {
                 return Err(format!(
-                    "conv layer expects {c_in}×{h}×{w} inputs, gets {in_len}"
+                    "conv layer expects {}×{}×{} inputs, gets {in_len}",
+                    c.c_in, c.h, c.w
                 ));
             }
-            c_out * (h + 2 * pad + 1 - k) * (w + 2 * pad + 1 - k)
+            c.y_len()
         }
-        LayerDef::MaxPool { c, h, w, k } => {
-            if c * h * w != in_len {
+        LayerDef::MaxPool(p) => {
+            if p.x_len() != in_len {
                 return Err(format!(
-                    "max-pool expects {c}×{h}×{w} inputs, gets {in_len}"
+                    "max-pool expects {}×{}×{} inputs, gets {in_len}",
+                    p.c, p.h, p.w
                 ));
             }
-            c * (h / k) * (w / k)
+            p.y_len()
         }
         LayerDef::Relu | LayerDef::Dropout { .. } => in_len,
     })
@@ -152,9 +135,7 @@ impl Network {
                 LayerDef::Dense { inputs, outputs } => {
                     (take(inputs * outputs), take(outputs), inputs)
                 }
-                LayerDef::Conv { c_in, c_out, k, .. } => {
-                    (take(c_out * c_in * k * k), take(c_out), c_in * k * k)
-                }
+                LayerDef::Conv(c) => (take(c.w_len()), take(c.c_out), c.c_in * c.k * c.k),
                 _ => (Region::default(), Region::default(), 0),
             };
             layers.push(Layer {
@@ -205,24 +186,8 @@ impl Network {
                 MemKind::Activations,
                 batch * l.out_len,
             ));
-            if let LayerDef::Conv {
-                c_in,
-                h,
-                w,
-                c_out,
-                k,
-                pad,
-            } = l.def
-            {
-                let s = Conv2dShape {
-                    n: batch,
-                    c_in,
-                    h,
-                    w,
-                    c_out,
-                    k,
-                    pad,
-                };
+            if let LayerDef::Conv(c) = l.def {
+                let s = c.with_n(batch);
                 l.ws = plan.add(format!("layer{i}.im2col"), MemKind::Workspace, ws_len(&s));
             }
         }
@@ -304,37 +269,11 @@ impl Network {
                     be.gemm(g, x, l.w, y)?;
                     be.bias_add(y, l.b, rows, outputs)?;
                 }
-                LayerDef::Conv {
-                    c_in,
-                    h,
-                    w,
-                    c_out,
-                    k,
-                    pad,
-                } => {
-                    let s = Conv2dShape {
-                        n: rows,
-                        c_in,
-                        h,
-                        w,
-                        c_out,
-                        k,
-                        pad,
-                    };
-                    be.conv2d_fwd(&s, x, l.w, l.b, y, l.ws)?;
+                LayerDef::Conv(c) => {
+                    be.conv2d_fwd(&c.with_n(rows), x, l.w, l.b, y, l.ws)?;
                 }
                 LayerDef::Relu => be.relu_fwd(x, y, rows * l.out_len)?,
-                LayerDef::MaxPool { c, h, w, k } => be.maxpool_fwd(
-                    &PoolShape {
-                        n: rows,
-                        c,
-                        h,
-                        w,
-                        k,
-                    },
-                    x,
-                    y,
-                )?,
+                LayerDef::MaxPool(p) => be.maxpool_fwd(&p.with_n(rows), x, y)?,
                 LayerDef::Dropout { p } => {
                     let p = if train { p } else { 0.0 };
                     be.dropout_fwd(x, y, rows * l.out_len, p, seed, self.counter, i as u32)?;
@@ -383,45 +322,17 @@ impl Network {
                         be.gemm(GemmShape::nn(rows, inputs, outputs), dy, l.w, dx)?;
                     }
                 }
-                LayerDef::Conv {
-                    c_in,
-                    h,
-                    w,
-                    c_out,
-                    k,
-                    pad,
-                } => {
-                    let s = Conv2dShape {
-                        n: rows,
-                        c_in,
-                        h,
-                        w,
-                        c_out,
-                        k,
-                        pad,
-                    };
-                    be.conv2d_bwd(&s, x, l.w, dy, dx, l.dw, l.db, l.ws)?;
+                LayerDef::Conv(c) => {
+                    be.conv2d_bwd(&c.with_n(rows), x, l.w, dy, dx, l.dw, l.db, l.ws)?;
                 }
                 LayerDef::Relu => {
                     if let Some(dx) = dx {
                         be.relu_bwd(y, dy, dx, rows * l.out_len)?;
                     }
                 }
-                LayerDef::MaxPool { c, h, w, k } => {
+                LayerDef::MaxPool(p) => {
                     if let Some(dx) = dx {
-                        be.maxpool_bwd(
-                            &PoolShape {
-                                n: rows,
-                                c,
-                                h,
-                                w,
-                                k,
-                            },
-                            x,
-                            y,
-                            dy,
-                            dx,
-                        )?;
+                        be.maxpool_bwd(&p.with_n(rows), x, y, dy, dx)?;
                     }
                 }
                 LayerDef::Dropout { p } => {
