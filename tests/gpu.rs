@@ -259,6 +259,7 @@ fn convolutions_match_the_cpu() {
             c_out: 4,
             k,
             pad,
+            stride: 1,
         };
         // Each backend gets the workspace it asks for; the GPU's is the larger.
         let ws_len = p
@@ -271,17 +272,17 @@ fn convolutions_match_the_cpu() {
         let y = p.region(s.y_len());
         let ws = p.region(ws_len);
         let what = format!("k{k} pad{pad}");
-        p.both(|be| be.conv2d_fwd(&s, x, w, b, y, ws));
+        p.both(|be| be.conv2d_fwd(&s, x, w, Some(b), y, ws));
         p.assert_close(y, 1e-4, 1e-4, &format!("conv fwd {what}"));
         let dy = p.random(s.y_len(), -1.0, 1.0);
         let (dx, dw, db) = (p.region(s.x_len()), p.region(s.w_len()), p.region(s.c_out));
-        p.both(|be| be.conv2d_bwd(&s, x, w, dy, Some(dx), dw, db, ws));
+        p.both(|be| be.conv2d_bwd(&s, x, w, dy, Some(dx), dw, Some(db), ws));
         p.assert_close(dx, 1e-4, 1e-4, &format!("conv dx {what}"));
         p.assert_close(dw, 1e-3, 1e-4, &format!("conv dw {what}"));
         p.assert_close(db, 1e-4, 1e-4, &format!("conv db {what}"));
         // Without dx (a first layer): dw and db alone, dx untouched.
         let (dw2, db2) = (p.region(s.w_len()), p.region(s.c_out));
-        p.both(|be| be.conv2d_bwd(&s, x, w, dy, None, dw2, db2, ws));
+        p.both(|be| be.conv2d_bwd(&s, x, w, dy, None, dw2, Some(db2), ws));
         p.assert_close(dw2, 1e-3, 1e-4, &format!("conv dw (no dx) {what}"));
         p.assert_close(db2, 1e-4, 1e-4, &format!("conv db (no dx) {what}"));
     }
@@ -297,6 +298,8 @@ fn max_pooling_matches_the_cpu_ties_included() {
         h: 9,
         w: 7,
         k: 2,
+        stride: 2,
+        pad: 0,
     };
     // Values on a coarse grid, so windows hold ties: the first maximum takes the gradient.
     let x = p.region(s.x_len());

@@ -10,7 +10,7 @@ pub mod rng;
 pub mod shapes;
 
 use crate::error::EngineError;
-pub use shapes::{Conv2dShape, GemmShape, PoolShape};
+pub use shapes::{BnParams, Conv2dShape, GemmShape, PlaneShape, PoolShape};
 
 /// A span of `f32` elements inside a trial's arena.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default, serde::Serialize)]
@@ -173,17 +173,18 @@ pub trait Backend: Send {
         dx: Region,
         len: usize,
     ) -> Result<(), EngineError>;
-    /// Stride-1 convolution, NCHW, weights `[c_out, c_in, k, k]`; `ws` holds one sample's im2col.
+    /// Convolution, NCHW, weights `[c_out, c_in, k, k]`, with a bias `[c_out]` when `b` is given;
+    /// `ws` holds [`Backend::conv_workspace_len`] elements of lowering scratch.
     fn conv2d_fwd(
         &mut self,
         s: &Conv2dShape,
         x: Region,
         w: Region,
-        b: Region,
+        b: Option<Region>,
         y: Region,
         ws: Region,
     ) -> Result<(), EngineError>;
-    /// Gradients of the convolution: `dw` and `db` are overwritten; `dx` too when given.
+    /// Gradients of the convolution: `dw` is overwritten; `db` and `dx` too when given.
     #[allow(clippy::too_many_arguments)]
     fn conv2d_bwd(
         &mut self,
@@ -193,9 +194,46 @@ pub trait Backend: Send {
         dy: Region,
         dx: Option<Region>,
         dw: Region,
-        db: Region,
+        db: Option<Region>,
         ws: Region,
     ) -> Result<(), EngineError>;
+    /// Batch normalisation per channel (see `cpu::ops::batchnorm_fwd`): `running` holds
+    /// `[mean; c] ++ [var; c]`, `saved` receives `[mean; c] ++ [1/√(var+eps); c]` in training.
+    #[allow(clippy::too_many_arguments)]
+    fn batchnorm_fwd(
+        &mut self,
+        s: &PlaneShape,
+        x: Region,
+        gamma: Region,
+        beta: Region,
+        running: Region,
+        saved: Region,
+        y: Region,
+        p: BnParams,
+    ) -> Result<(), EngineError>;
+    /// Gradients of training-mode batch normalisation: overwrites `dx`, `dgamma` and `dbeta`.
+    #[allow(clippy::too_many_arguments)]
+    fn batchnorm_bwd(
+        &mut self,
+        s: &PlaneShape,
+        x: Region,
+        gamma: Region,
+        saved: Region,
+        dy: Region,
+        dx: Region,
+        dgamma: Region,
+        dbeta: Region,
+    ) -> Result<(), EngineError>;
+    /// Global average pooling: `y[n, c]` is the mean of plane `(n, c)`.
+    fn avgpool_fwd(&mut self, s: &PlaneShape, x: Region, y: Region) -> Result<(), EngineError>;
+    /// `dx[n, c, :] = dy[n, c] / hw`.
+    fn avgpool_bwd(&mut self, s: &PlaneShape, dy: Region, dx: Region) -> Result<(), EngineError>;
+    /// `y = a + b` over `len` elements (a residual connection).
+    fn add(&mut self, a: Region, b: Region, y: Region, len: usize) -> Result<(), EngineError>;
+    /// `y += x` over `len` elements (a gradient reaching a tensor by a second path).
+    fn add_assign(&mut self, y: Region, x: Region, len: usize) -> Result<(), EngineError>;
+    /// `y = x` over `len` elements.
+    fn copy(&mut self, x: Region, y: Region, len: usize) -> Result<(), EngineError>;
     fn maxpool_fwd(&mut self, s: &PoolShape, x: Region, y: Region) -> Result<(), EngineError>;
     fn maxpool_bwd(
         &mut self,

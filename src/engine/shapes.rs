@@ -36,7 +36,8 @@ impl GemmShape {
     }
 }
 
-/// A stride-1 2-D convolution over NCHW input with square `k×k` kernels and `pad` zeros each side.
+/// A 2-D convolution over NCHW input with square `k×k` kernels, `pad` zeros each side and the
+/// same `stride` both ways. Callers check `h + 2·pad ≥ k` (and the same for `w`) first.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Conv2dShape {
     pub n: usize,
@@ -46,14 +47,26 @@ pub struct Conv2dShape {
     pub c_out: usize,
     pub k: usize,
     pub pad: usize,
+    pub stride: usize,
 }
 
 impl Conv2dShape {
     pub fn h_out(&self) -> usize {
-        self.h + 2 * self.pad + 1 - self.k
+        (self.h + 2 * self.pad - self.k) / self.stride.max(1) + 1
     }
     pub fn w_out(&self) -> usize {
-        self.w + 2 * self.pad + 1 - self.k
+        (self.w + 2 * self.pad - self.k) / self.stride.max(1) + 1
+    }
+    /// Whether the input is large enough for one window each way (the other methods assume it).
+    pub fn fits(&self) -> bool {
+        self.k >= 1
+            && self.stride >= 1
+            && self.h + 2 * self.pad >= self.k
+            && self.w + 2 * self.pad >= self.k
+    }
+    /// A 1×1, stride-1, unpadded convolution: a plain GEMM per sample, with no lowering.
+    pub fn is_pointwise(&self) -> bool {
+        self.k == 1 && self.stride == 1 && self.pad == 0
     }
     pub fn x_len(&self) -> usize {
         self.n * self.c_in * self.h * self.w
@@ -64,9 +77,14 @@ impl Conv2dShape {
     pub fn w_len(&self) -> usize {
         self.c_out * self.c_in * self.k * self.k
     }
-    /// Elements of the im2col workspace for one sample: `(c_in·k·k) × (h_out·w_out)`.
+    /// Elements of the im2col workspace for one sample: `(c_in·k·k) × (h_out·w_out)`, or none for
+    /// a pointwise convolution, whose input already is its column matrix.
     pub fn ws_len(&self) -> usize {
-        self.c_in * self.k * self.k * self.h_out() * self.w_out()
+        if self.is_pointwise() {
+            0
+        } else {
+            self.c_in * self.k * self.k * self.h_out() * self.w_out()
+        }
     }
     /// The same convolution over a different number of samples.
     pub fn with_n(&self, n: usize) -> Self {
@@ -74,7 +92,10 @@ impl Conv2dShape {
     }
 }
 
-/// Non-overlapping max pooling: window `k×k`, stride `k`; trailing rows/columns that do not fill a window are dropped.
+/// Max pooling: window `k×k`, `stride`, and `pad` positions each side that never win (−∞);
+/// trailing rows/columns that do not fill a window are dropped. The Keras CNN pools with
+/// `stride == k, pad == 0`; ResNet's stem with `k = 3, stride = 2, pad = 1`.
+/// Callers check `h + 2·pad ≥ k`, `w + 2·pad ≥ k` and `pad < k` first.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PoolShape {
     pub n: usize,
@@ -82,14 +103,36 @@ pub struct PoolShape {
     pub h: usize,
     pub w: usize,
     pub k: usize,
+    pub stride: usize,
+    pub pad: usize,
 }
 
 impl PoolShape {
+    /// Non-overlapping `k×k` windows with stride `k`.
+    pub fn square(n: usize, c: usize, h: usize, w: usize, k: usize) -> Self {
+        PoolShape {
+            n,
+            c,
+            h,
+            w,
+            k,
+            stride: k,
+            pad: 0,
+        }
+    }
     pub fn h_out(&self) -> usize {
-        self.h / self.k
+        (self.h + 2 * self.pad - self.k) / self.stride.max(1) + 1
     }
     pub fn w_out(&self) -> usize {
-        self.w / self.k
+        (self.w + 2 * self.pad - self.k) / self.stride.max(1) + 1
+    }
+    /// Whether every window holds at least one real position (the other methods assume it).
+    pub fn fits(&self) -> bool {
+        self.k >= 1
+            && self.stride >= 1
+            && self.pad < self.k
+            && self.h + 2 * self.pad >= self.k
+            && self.w + 2 * self.pad >= self.k
     }
     pub fn x_len(&self) -> usize {
         self.n * self.c * self.h * self.w
@@ -99,5 +142,49 @@ impl PoolShape {
     }
     pub fn with_n(&self, n: usize) -> Self {
         PoolShape { n, ..*self }
+    }
+}
+
+/// Per-channel ops over NCHW data seen as `n × c` planes of `hw` elements: batch norm and
+/// global average pooling.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PlaneShape {
+    pub n: usize,
+    pub c: usize,
+    pub hw: usize,
+}
+
+impl PlaneShape {
+    pub fn len(&self) -> usize {
+        self.n * self.c * self.hw
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// Values each channel's statistics are taken over: `n·hw`.
+    pub fn per_channel(&self) -> usize {
+        self.n * self.hw
+    }
+    pub fn with_n(&self, n: usize) -> Self {
+        PlaneShape { n, ..*self }
+    }
+}
+
+/// Batch normalisation's settings (PyTorch's defaults: momentum 0.1, eps 1e-5).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct BnParams {
+    /// Normalise with the batch's statistics and update the running ones; else use the running ones.
+    pub train: bool,
+    pub momentum: f32,
+    pub eps: f32,
+}
+
+impl Default for BnParams {
+    fn default() -> Self {
+        BnParams {
+            train: true,
+            momentum: 0.1,
+            eps: 1e-5,
+        }
     }
 }

@@ -24,15 +24,19 @@ pub fn layers(
                 "a {h}×{w} input is too small for a {k}×{k} convolution"
             ));
         }
-        out.push(LayerDef::Conv(Conv2dShape {
-            n: 1,
-            c_in: c,
-            h,
-            w,
-            c_out,
-            k,
-            pad,
-        }));
+        out.push(LayerDef::Conv {
+            shape: Conv2dShape {
+                n: 1,
+                c_in: c,
+                h,
+                w,
+                c_out,
+                k,
+                pad,
+                stride: 1,
+            },
+            bias: true,
+        });
         out.push(LayerDef::Relu);
         c = c_out;
         h = h + 2 * pad + 1 - k;
@@ -43,13 +47,7 @@ pub fn layers(
             "a {h}×{w} feature map is too small for 2×2 max-pooling"
         ));
     }
-    out.push(LayerDef::MaxPool(PoolShape {
-        n: 1,
-        c,
-        h,
-        w,
-        k: 2,
-    }));
+    out.push(LayerDef::MaxPool(PoolShape::square(1, c, h, w, 2)));
     if dropout > 0.0 {
         out.push(LayerDef::Dropout { p: dropout });
     }

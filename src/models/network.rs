@@ -1,9 +1,18 @@
-//! A feed-forward network over a Backend: layers planned into one arena, forward, backward and the optimiser step.
+//! A network over a Backend: a graph of layers planned into one arena, forward, backward and the optimiser step.
+//!
+//! Layers form a graph in topological order: layer `i` reads value `src` (value 0 is the input
+//! batch, value `i + 1` is layer `i`'s output), and an [`LayerDef::Add`] also reads value `other`.
+//! A chain of layers (MLP, CNN) is the graph where layer `i` reads value `i`.
+//!
+//! Every forward value keeps its own region (backward reads them). Gradients of values live only
+//! from the step that first writes them to the step that consumes them, so they share one block
+//! laid out by liveness; a gradient reaching a value by a second path (a residual's shortcut) is
+//! added into it.
 
 use crate::engine::rng::{derive, HostRng};
 use crate::engine::{
-    AdamParams, Backend, Conv2dShape, GemmShape, PoolShape, Region, SgdParams, COUNTER_LEN,
-    STATS_LEN,
+    AdamParams, Backend, BnParams, Conv2dShape, GemmShape, PlaneShape, PoolShape, Region,
+    SgdParams, COUNTER_LEN, STATS_LEN,
 };
 use crate::error::EngineError;
 use crate::job::Optimizer;
@@ -18,32 +27,98 @@ pub enum LayerDef {
         inputs: usize,
         outputs: usize,
     },
-    /// Stride-1 convolution of one sample (`n == 1`; `with_n` gives a batch's).
-    Conv(Conv2dShape),
+    /// Convolution of one sample (`n == 1`; `with_n` gives a batch's). With a bias, weights start
+    /// as PyTorch's default; without one (it would be cancelled by a following batch norm), as
+    /// torchvision's ResNet: Kaiming normal, fan-out, gain √2.
+    Conv {
+        shape: Conv2dShape,
+        bias: bool,
+    },
     Relu,
-    /// `k×k` max-pooling with stride `k` of one sample (`n == 1`).
+    /// Max-pooling of one sample (`n == 1`).
     MaxPool(PoolShape),
     /// Inverted dropout, active in training only.
     Dropout {
         p: f32,
     },
+    /// Batch normalisation of one sample's `c` planes of `hw` (`n == 1`); γ starts at 1, β at 0.
+    BatchNorm(PlaneShape),
+    /// The mean of each of one sample's `c` planes of `hw` (`n == 1`): `c` outputs.
+    GlobalAvgPool(PlaneShape),
+    /// `y = value[src] + value[other]`, of equal lengths: a residual connection.
+    Add {
+        other: usize,
+    },
+}
+
+/// A layer and the value it reads.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Node {
+    pub def: LayerDef,
+    /// The value this layer reads: 0 for the input batch, `j + 1` for layer `j`'s output.
+    pub src: usize,
+}
+
+/// The graph of a chain of layers, each reading the previous one's output.
+pub fn chain(defs: &[LayerDef]) -> Vec<Node> {
+    defs.iter()
+        .enumerate()
+        .map(|(i, &def)| Node { def, src: i })
+        .collect()
+}
+
+/// How a layer's backward step delivers the gradient of one value it reads.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Deliver {
+    /// The value is the network input: nothing to deliver.
+    None,
+    /// The first gradient to reach the value: written straight into its region.
+    Write(Region),
+    /// A later one: written into the scratch region, then added into the value's gradient.
+    Add(Region),
+    /// A residual add passing its gradient on unchanged to a value no one else reads: the value's
+    /// gradient is the add's own region.
+    Alias,
 }
 
 #[derive(Clone, Debug)]
 struct Layer {
     def: LayerDef,
-    /// Elements per sample of the layer's input and output.
+    /// Values read: `src`, and `other` for an add.
+    src: usize,
+    other: Option<usize>,
+    /// Elements per sample of the layer's (first) input and its output.
     in_len: usize,
     out_len: usize,
-    /// Weights, bias and their gradients (dense and conv).
+    /// Weights (γ for batch norm), bias (β) and their gradients; empty when absent.
     w: Region,
     b: Region,
     dw: Region,
     db: Region,
-    /// Fan-in for initialisation.
-    fan_in: usize,
-    /// im2col scratch (conv).
-    ws: Region,
+    /// How the weights start.
+    init: Init,
+    /// Batch norm: running `[mean; c] ++ [var; c]` and the batch's saved `[mean; c] ++ [invstd; c]`.
+    running: Region,
+    saved: Region,
+    /// Where the backward step puts the gradient of `src` and of `other`.
+    dsrc: Deliver,
+    dother: Deliver,
+}
+
+/// How a layer's parameters start.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Init {
+    None,
+    /// PyTorch's default for dense and biased conv layers: `U(±1/√fan_in)` for weights and bias.
+    Uniform {
+        fan_in: usize,
+    },
+    /// torchvision's ResNet convolutions: `N(0, 2/fan_out)`, no bias.
+    KaimingFanOut {
+        fan_out: usize,
+    },
+    /// Batch norm: γ = 1, β = 0.
+    Affine,
 }
 
 /// Optimiser state regions.
@@ -63,8 +138,13 @@ pub struct Network {
     pub sample_len: usize,
     /// `acts[0]` is the input batch; `acts[i+1]` the output of layer `i`.
     acts: Vec<Region>,
-    /// Gradients of `acts[i]` for `i ≥ 1`.
+    /// The gradient of each value at the step that reads it (regions of the liveness block may be
+    /// shared by values whose gradients are never alive at once); empty for the input.
     dacts: Vec<Region>,
+    /// Scratch for a layer's input gradient that must be added to one already there.
+    scratch: Region,
+    /// Convolution lowering scratch, shared by every convolution (they run one at a time).
+    ws: Region,
     pub labels: Region,
     pub stats: Region,
     pub params: Region,
@@ -74,42 +154,111 @@ pub struct Network {
     pub counter: Region,
 }
 
+/// Elements per sample of a layer's output, checking that its input has the length it expects.
 fn out_len(def: &LayerDef, in_len: usize) -> Result<usize, String> {
+    let expect = |what: String, want: usize| {
+        if want == in_len {
+            Ok(())
+        } else {
+            Err(format!("{what} expects {want} inputs, gets {in_len}"))
+        }
+    };
     Ok(match *def {
         LayerDef::Dense { inputs, outputs } => {
-            if inputs != in_len {
-                return Err(format!(
-                    "dense layer expects {inputs} inputs, gets {in_len}"
-                ));
-            }
+            expect("dense layer".into(), inputs)?;
             outputs
         }
-        LayerDef::Conv(c) => {
-            if c.x_len() != in_len {
+        LayerDef::Conv { shape: c, .. } => {
+            if !c.fits() {
                 return Err(format!(
-                    "conv layer expects {}×{}×{} inputs, gets {in_len}",
-                    c.c_in, c.h, c.w
+                    "a {}×{} convolution with stride {} and padding {} does not fit a {}×{} input",
+                    c.k, c.k, c.stride, c.pad, c.h, c.w
                 ));
             }
+            expect(
+                format!("conv layer ({}×{}×{})", c.c_in, c.h, c.w),
+                c.x_len(),
+            )?;
             c.y_len()
         }
         LayerDef::MaxPool(p) => {
-            if p.x_len() != in_len {
+            if !p.fits() {
                 return Err(format!(
-                    "max-pool expects {}×{}×{} inputs, gets {in_len}",
-                    p.c, p.h, p.w
+                    "a {}×{} max-pool with stride {} and padding {} does not fit a {}×{} input",
+                    p.k, p.k, p.stride, p.pad, p.h, p.w
                 ));
             }
+            expect(format!("max-pool ({}×{}×{})", p.c, p.h, p.w), p.x_len())?;
             p.y_len()
         }
-        LayerDef::Relu | LayerDef::Dropout { .. } => in_len,
+        LayerDef::BatchNorm(p) => {
+            expect(format!("batch norm ({}×{})", p.c, p.hw), p.len())?;
+            in_len
+        }
+        LayerDef::GlobalAvgPool(p) => {
+            expect(format!("global average pool ({}×{})", p.c, p.hw), p.len())?;
+            p.c
+        }
+        LayerDef::Relu | LayerDef::Dropout { .. } | LayerDef::Add { .. } => in_len,
     })
 }
 
+/// First-fit placement of gradient buffers by liveness: offsets relative to the block's start.
+#[derive(Default)]
+struct Liveness {
+    /// Live buffers: `(offset, len, references)`.
+    live: Vec<(usize, usize, usize)>,
+    peak: usize,
+}
+
+impl Liveness {
+    /// Places a buffer of `len` elements where no live buffer is; returns its offset.
+    fn alloc(&mut self, len: usize) -> usize {
+        let mut spans: Vec<(usize, usize)> = self.live.iter().map(|&(o, l, _)| (o, l)).collect();
+        spans.sort_unstable();
+        let mut at = 0;
+        for (o, l) in spans {
+            if at + len <= o {
+                break;
+            }
+            at = at.max((o + l).div_ceil(ALIGN) * ALIGN);
+        }
+        self.live.push((at, len, 1));
+        self.peak = self.peak.max(at + len);
+        at
+    }
+    fn retain(&mut self, offset: usize) {
+        if let Some(b) = self.live.iter_mut().find(|b| b.0 == offset) {
+            b.2 += 1;
+        }
+    }
+    fn release(&mut self, offset: usize) {
+        if let Some(i) = self.live.iter().position(|b| b.0 == offset) {
+            self.live[i].2 -= 1;
+            if self.live[i].2 == 0 {
+                self.live.swap_remove(i);
+            }
+        }
+    }
+}
+
 impl Network {
-    /// Plans every tensor of training `defs` on batches of `batch` samples of shape `input`.
+    /// Plans a chain of layers: see [`Network::graph`].
     pub fn new(
         defs: &[LayerDef],
+        input: [usize; 3],
+        classes: usize,
+        batch: usize,
+        optimizer: Optimizer,
+        ws_len: &dyn Fn(&Conv2dShape) -> usize,
+    ) -> Result<Network, String> {
+        Self::graph(&chain(defs), input, classes, batch, optimizer, ws_len)
+    }
+
+    /// Plans every tensor of training the graph `nodes` on batches of `batch` samples of shape
+    /// `input`; `ws_len` gives the backend's convolution scratch for a batch's shape.
+    pub fn graph(
+        nodes: &[Node],
         input: [usize; 3],
         classes: usize,
         batch: usize,
@@ -119,42 +268,105 @@ impl Network {
         if batch == 0 {
             return Err("batch size must be at least 1".into());
         }
+        if nodes.is_empty() {
+            return Err("a network needs at least one layer".into());
+        }
         let sample_len: usize = input.iter().product();
+        // Value lengths and consumers, checking the graph reads only values already computed.
+        let mut lens = vec![sample_len];
+        let mut readers = vec![0usize; nodes.len() + 1];
+        for (i, n) in nodes.iter().enumerate() {
+            let other = match n.def {
+                LayerDef::Add { other } => Some(other),
+                _ => None,
+            };
+            for v in std::iter::once(n.src).chain(other) {
+                if v > i {
+                    return Err(format!(
+                        "layer {i} reads value {v}, which is not computed yet"
+                    ));
+                }
+                readers[v] += 1;
+            }
+            if let Some(o) = other {
+                if o == n.src {
+                    return Err(format!("layer {i} adds value {o} to itself"));
+                }
+                if lens[o] != lens[n.src] {
+                    return Err(format!(
+                        "layer {i} adds values of {} and {} elements",
+                        lens[n.src], lens[o]
+                    ));
+                }
+            }
+            let out = out_len(&n.def, lens[n.src]).map_err(|e| format!("layer {i}: {e}"))?;
+            if let LayerDef::BatchNorm(p) = n.def {
+                if batch * p.hw < 2 {
+                    return Err(format!(
+                        "layer {i}: batch norm over 1×1 planes needs a batch of at least 2"
+                    ));
+                }
+            }
+            lens.push(out);
+        }
+        if let Some(v) = (1..nodes.len()).find(|&v| readers[v] == 0) {
+            return Err(format!("the output of layer {} is never used", v - 1));
+        }
+        if lens[nodes.len()] != classes {
+            return Err(format!(
+                "the last layer has {} outputs for {classes} classes",
+                lens[nodes.len()]
+            ));
+        }
+
         // Parameters first: one block, each tensor aligned inside it, so one optimiser call covers all.
-        let mut layers = Vec::new();
         let mut param_len = 0usize;
-        let mut width = sample_len;
         let mut take = |n: usize| {
             let off = param_len.div_ceil(ALIGN) * ALIGN;
             param_len = off + n;
             Region::new(off, n)
         };
-        for def in defs {
-            let out = out_len(def, width)?;
-            let (w, b, fan_in) = match *def {
-                LayerDef::Dense { inputs, outputs } => {
-                    (take(inputs * outputs), take(outputs), inputs)
+        let mut layers = Vec::new();
+        for (i, n) in nodes.iter().enumerate() {
+            let none = Region::default();
+            let (w, b, init) = match n.def {
+                LayerDef::Dense { inputs, outputs } => (
+                    take(inputs * outputs),
+                    take(outputs),
+                    Init::Uniform { fan_in: inputs },
+                ),
+                LayerDef::Conv { shape: c, bias } => {
+                    let w = take(c.w_len());
+                    if bias {
+                        let fan_in = c.c_in * c.k * c.k;
+                        (w, take(c.c_out), Init::Uniform { fan_in })
+                    } else {
+                        let fan_out = c.c_out * c.k * c.k;
+                        (w, none, Init::KaimingFanOut { fan_out })
+                    }
                 }
-                LayerDef::Conv(c) => (take(c.w_len()), take(c.c_out), c.c_in * c.k * c.k),
-                _ => (Region::default(), Region::default(), 0),
+                LayerDef::BatchNorm(p) => (take(p.c), take(p.c), Init::Affine),
+                _ => (none, none, Init::None),
             };
             layers.push(Layer {
-                def: *def,
-                in_len: width,
-                out_len: out,
+                def: n.def,
+                src: n.src,
+                other: match n.def {
+                    LayerDef::Add { other } => Some(other),
+                    _ => None,
+                },
+                in_len: lens[n.src],
+                out_len: lens[i + 1],
                 w,
                 b,
                 dw: w,
                 db: b,
-                fan_in,
-                ws: Region::default(),
+                init,
+                running: none,
+                saved: none,
+                dsrc: Deliver::None,
+                dother: Deliver::None,
             });
-            width = out;
-        }
-        if width != classes {
-            return Err(format!(
-                "the last layer has {width} outputs for {classes} classes"
-            ));
         }
         let mut plan = MemoryPlan::default();
         let params = plan.add("params", MemKind::Params, param_len);
@@ -168,27 +380,101 @@ impl Network {
                 v: plan.add("adam.v", MemKind::OptState, param_len),
             },
         };
-        let shift = |r: Region, base: Region| Region::new(base.offset + r.offset, r.len);
+        let shift = |r: Region, base: Region| {
+            if r.len == 0 {
+                r
+            } else {
+                Region::new(base.offset + r.offset, r.len)
+            }
+        };
         for l in &mut layers {
             (l.dw, l.db) = (shift(l.w, grads), shift(l.b, grads));
             (l.w, l.b) = (shift(l.w, params), shift(l.b, params));
         }
-        let mut acts = vec![plan.add("input", MemKind::Activations, batch * sample_len)];
-        let mut dacts = vec![Region::default()];
         for (i, l) in layers.iter_mut().enumerate() {
+            if let LayerDef::BatchNorm(p) = l.def {
+                l.running = plan.add(format!("layer{i}.running"), MemKind::Params, 2 * p.c);
+                l.saved = plan.add(format!("layer{i}.saved"), MemKind::Activations, 2 * p.c);
+            }
+        }
+        let mut acts = vec![plan.add("input", MemKind::Activations, batch * sample_len)];
+        for (i, l) in layers.iter().enumerate() {
             acts.push(plan.add(
                 format!("layer{i}.out"),
                 MemKind::Activations,
                 batch * l.out_len,
             ));
-            dacts.push(plan.add(
-                format!("layer{i}.grad"),
-                MemKind::Activations,
-                batch * l.out_len,
-            ));
-            if let LayerDef::Conv(c) = l.def {
-                let s = c.with_n(batch);
-                l.ws = plan.add(format!("layer{i}.im2col"), MemKind::Workspace, ws_len(&s));
+        }
+        let ws_need = layers
+            .iter()
+            .filter_map(|l| match l.def {
+                LayerDef::Conv { shape, .. } => Some(ws_len(&shape.with_n(batch))),
+                _ => None,
+            })
+            .max()
+            .unwrap_or(0);
+        let ws = plan.add("conv workspace", MemKind::Workspace, ws_need);
+
+        // Gradients of values by liveness, walking the backward pass: a value's gradient is born
+        // when the first layer reading it (the last in forward order) delivers it, and dies once
+        // its own layer has run backward.
+        let mut live = Liveness::default();
+        let mut buf: Vec<Option<usize>> = vec![None; nodes.len() + 1];
+        let last = nodes.len();
+        buf[last] = Some(live.alloc(batch * lens[last]));
+        let mut scratch_len = 0;
+        let mut deliveries = Vec::new();
+        for (i, l) in layers.iter().enumerate().rev() {
+            if l.src == 0 && matches!(l.def, LayerDef::BatchNorm(_)) {
+                scratch_len = scratch_len.max(batch * sample_len);
+            }
+            let v = i + 1;
+            let dy = buf[v].ok_or_else(|| format!("layer {i} gets no gradient"))?;
+            let mut plan_one = |s: usize, buf: &mut Vec<Option<usize>>| -> Deliver {
+                if s == 0 {
+                    return Deliver::None;
+                }
+                let len = batch * lens[s];
+                match buf[s] {
+                    None if l.other.is_some() && readers[s] == 1 => {
+                        live.retain(dy);
+                        buf[s] = Some(dy);
+                        Deliver::Alias
+                    }
+                    None => {
+                        let at = live.alloc(len);
+                        buf[s] = Some(at);
+                        Deliver::Write(Region::new(at, len))
+                    }
+                    Some(at) => {
+                        if l.other.is_none() {
+                            scratch_len = scratch_len.max(len);
+                        }
+                        Deliver::Add(Region::new(at, len))
+                    }
+                }
+            };
+            let dsrc = plan_one(l.src, &mut buf);
+            let dother = l.other.map_or(Deliver::None, |o| plan_one(o, &mut buf));
+            deliveries.push((i, dsrc, dother));
+            live.release(dy);
+        }
+        let block = plan.add("activation gradients", MemKind::Activations, live.peak);
+        let scratch = plan.add("gradient scratch", MemKind::Workspace, scratch_len);
+        let place = |r: Region| Region::new(block.offset + r.offset, r.len);
+        let deliver = |d: Deliver| match d {
+            Deliver::Write(r) => Deliver::Write(place(r)),
+            Deliver::Add(r) => Deliver::Add(place(r)),
+            d => d,
+        };
+        for (i, dsrc, dother) in deliveries {
+            layers[i].dsrc = deliver(dsrc);
+            layers[i].dother = deliver(dother);
+        }
+        let mut dacts = vec![Region::default(); nodes.len() + 1];
+        for (v, b) in buf.iter().enumerate().skip(1) {
+            if let Some(at) = b {
+                dacts[v] = place(Region::new(*at, batch * lens[v]));
             }
         }
         let labels = plan.add("labels", MemKind::Activations, batch);
@@ -202,6 +488,8 @@ impl Network {
             sample_len,
             acts,
             dacts,
+            scratch,
+            ws,
             labels,
             stats,
             params,
@@ -221,8 +509,13 @@ impl Network {
         self.layers.iter().map(|l| l.w.len + l.b.len).sum()
     }
 
-    /// Writes initial weights: PyTorch's default, `U(±1/√fan_in)` for weights and biases; zeros
-    /// elsewhere in the arena's parameter and optimiser blocks.
+    /// The gradient of every parameter, one block in the same layout as [`Network::params`].
+    pub fn grads(&self) -> Region {
+        self.grads
+    }
+
+    /// Writes initial weights (see [`LayerDef`] for each layer's rule), zeros in the gradient and
+    /// optimiser blocks, and batch norm's running statistics at mean 0, variance 1.
     pub fn init(&mut self, be: &mut dyn Backend, seed: u64) -> Result<(), EngineError> {
         let mut rng = HostRng::new(derive(seed, 1));
         for r in [self.params, self.grads] {
@@ -236,13 +529,29 @@ impl Network {
             }
         }
         for l in &self.layers {
-            if l.fan_in == 0 {
-                continue;
-            }
-            let bound = 1.0 / (l.fan_in as f32).sqrt();
-            for r in [l.w, l.b] {
-                let vals: Vec<f32> = (0..r.len).map(|_| rng.uniform_f32(-bound, bound)).collect();
-                be.write(r, &vals)?;
+            match l.init {
+                Init::None => {}
+                Init::Uniform { fan_in } => {
+                    let bound = 1.0 / (fan_in as f32).sqrt();
+                    for r in [l.w, l.b] {
+                        let vals: Vec<f32> =
+                            (0..r.len).map(|_| rng.uniform_f32(-bound, bound)).collect();
+                        be.write(r, &vals)?;
+                    }
+                }
+                Init::KaimingFanOut { fan_out } => {
+                    let std = (2.0 / fan_out as f64).sqrt();
+                    let vals: Vec<f32> =
+                        (0..l.w.len).map(|_| (rng.normal() * std) as f32).collect();
+                    be.write(l.w, &vals)?;
+                }
+                Init::Affine => {
+                    be.fill(l.w, 1.0)?;
+                    be.fill(l.b, 0.0)?;
+                    let c = l.running.len / 2;
+                    be.fill(l.running.prefix(c), 0.0)?;
+                    be.fill(Region::new(l.running.offset + c, c), 1.0)?;
+                }
             }
         }
         be.write(self.counter, &[f32::from_bits(0)])?;
@@ -250,7 +559,8 @@ impl Network {
     }
 
     /// Runs the layers on the first `rows` samples of the input batch; returns the logits region.
-    /// `train` enables dropout, whose mask depends on `(seed, step counter, layer)`.
+    /// `train` enables dropout, whose mask depends on `(seed, step counter, layer)`, and batch
+    /// statistics in batch norm (which then updates its running ones).
     pub fn forward(
         &self,
         be: &mut dyn Backend,
@@ -259,7 +569,7 @@ impl Network {
         seed: u64,
     ) -> Result<Region, EngineError> {
         for (i, l) in self.layers.iter().enumerate() {
-            let (x, y) = (self.acts[i], self.acts[i + 1]);
+            let (x, y) = (self.acts[l.src], self.acts[i + 1]);
             match l.def {
                 LayerDef::Dense { inputs, outputs } => {
                     let g = GemmShape {
@@ -269,14 +579,27 @@ impl Network {
                     be.gemm(g, x, l.w, y)?;
                     be.bias_add(y, l.b, rows, outputs)?;
                 }
-                LayerDef::Conv(c) => {
-                    be.conv2d_fwd(&c.with_n(rows), x, l.w, l.b, y, l.ws)?;
+                LayerDef::Conv { shape, bias } => {
+                    let b = bias.then_some(l.b);
+                    be.conv2d_fwd(&shape.with_n(rows), x, l.w, b, y, self.ws)?;
                 }
                 LayerDef::Relu => be.relu_fwd(x, y, rows * l.out_len)?,
                 LayerDef::MaxPool(p) => be.maxpool_fwd(&p.with_n(rows), x, y)?,
                 LayerDef::Dropout { p } => {
                     let p = if train { p } else { 0.0 };
                     be.dropout_fwd(x, y, rows * l.out_len, p, seed, self.counter, i as u32)?;
+                }
+                LayerDef::BatchNorm(p) => {
+                    let bn = BnParams {
+                        train,
+                        ..BnParams::default()
+                    };
+                    let s = p.with_n(rows);
+                    be.batchnorm_fwd(&s, x, l.w, l.b, l.running, l.saved, y, bn)?;
+                }
+                LayerDef::GlobalAvgPool(p) => be.avgpool_fwd(&p.with_n(rows), x, y)?,
+                LayerDef::Add { other } => {
+                    be.add(x, self.acts[other], y, rows * l.out_len)?;
                 }
             }
         }
@@ -308,8 +631,14 @@ impl Network {
         seed: u64,
     ) -> Result<(), EngineError> {
         for (i, l) in self.layers.iter().enumerate().rev() {
-            let (x, y, dy) = (self.acts[i], self.acts[i + 1], self.dacts[i + 1]);
-            let dx = (i > 0).then(|| self.dacts[i]);
+            let (x, y, dy) = (self.acts[l.src], self.acts[i + 1], self.dacts[i + 1]);
+            let n_in = rows * l.in_len;
+            // Where this layer writes its input's gradient, and what to add afterwards.
+            let (dx, then_add) = match l.dsrc {
+                Deliver::None | Deliver::Alias => (None, None),
+                Deliver::Write(r) => (Some(r), None),
+                Deliver::Add(r) => (Some(self.scratch), Some(r)),
+            };
             match l.def {
                 LayerDef::Dense { inputs, outputs } => {
                     let gw = GemmShape {
@@ -322,12 +651,13 @@ impl Network {
                         be.gemm(GemmShape::nn(rows, inputs, outputs), dy, l.w, dx)?;
                     }
                 }
-                LayerDef::Conv(c) => {
-                    be.conv2d_bwd(&c.with_n(rows), x, l.w, dy, dx, l.dw, l.db, l.ws)?;
+                LayerDef::Conv { shape, bias } => {
+                    let db = bias.then_some(l.db);
+                    be.conv2d_bwd(&shape.with_n(rows), x, l.w, dy, dx, l.dw, db, self.ws)?;
                 }
                 LayerDef::Relu => {
                     if let Some(dx) = dx {
-                        be.relu_bwd(y, dy, dx, rows * l.out_len)?;
+                        be.relu_bwd(y, dy, dx, n_in)?;
                     }
                 }
                 LayerDef::MaxPool(p) => {
@@ -337,9 +667,32 @@ impl Network {
                 }
                 LayerDef::Dropout { p } => {
                     if let Some(dx) = dx {
-                        be.dropout_bwd(dy, dx, rows * l.in_len, p, seed, self.counter, i as u32)?;
+                        be.dropout_bwd(dy, dx, n_in, p, seed, self.counter, i as u32)?;
                     }
                 }
+                LayerDef::BatchNorm(p) => {
+                    // γ and β need the pass even when the input (the network's) has no gradient.
+                    let dx = dx.unwrap_or(self.scratch);
+                    let s = p.with_n(rows);
+                    be.batchnorm_bwd(&s, x, l.w, l.saved, dy, dx, l.dw, l.db)?;
+                }
+                LayerDef::GlobalAvgPool(p) => {
+                    if let Some(dx) = dx {
+                        be.avgpool_bwd(&p.with_n(rows), dy, dx)?;
+                    }
+                }
+                LayerDef::Add { .. } => {
+                    for d in [l.dsrc, l.dother] {
+                        match d {
+                            Deliver::Write(r) => be.copy(dy, r, n_in)?,
+                            Deliver::Add(r) => be.add_assign(r, dy, n_in)?,
+                            Deliver::None | Deliver::Alias => {}
+                        }
+                    }
+                }
+            }
+            if let (Some(r), false) = (then_add, matches!(l.def, LayerDef::Add { .. })) {
+                be.add_assign(r, self.scratch, n_in)?;
             }
         }
         Ok(())

@@ -1,13 +1,15 @@
-//! The im2col lowering of a stride-1 zero-padded convolution, and its adjoint col2im.
+//! The im2col lowering of a zero-padded, strided convolution, and its adjoint col2im.
 //!
 //! For one sample, the column matrix has `c_in·k·k` rows, indexed `(ci, ky, kx)`, and
-//! `h_out·w_out` columns, indexed `(oy, ox)`: `col[(ci, ky, kx), (oy, ox)] = x[ci, oy+ky-pad, ox+kx-pad]`,
+//! `h_out·w_out` columns, indexed `(oy, ox)`:
+//! `col[(ci, ky, kx), (oy, ox)] = x[ci, oy·stride+ky-pad, ox·stride+kx-pad]`,
 //! zero where that position falls in the padding.
 
 use crate::engine::shapes::Conv2dShape;
 
 /// One output row of one column-matrix row: `w_out` entries starting at `col`, of which those in
-/// `lo..hi` read the input row starting (at `lo`) from `x`; `x` is `None` when all `w_out` entries are padding.
+/// `lo..hi` read the input row from `x` (at `lo`) onwards, every `stride`-th element; `x` is `None`
+/// when all `w_out` entries are padding.
 struct Segment {
     col: usize,
     x: Option<usize>,
@@ -17,18 +19,20 @@ struct Segment {
 
 /// Calls `f` on every segment of one sample's column matrix, in memory order.
 fn for_each_segment(s: &Conv2dShape, mut f: impl FnMut(Segment)) {
-    let (ho, wo, pad) = (s.h_out(), s.w_out(), s.pad);
+    let (ho, wo, pad, st) = (s.h_out(), s.w_out(), s.pad, s.stride.max(1));
     let mut col = 0;
     for ci in 0..s.c_in {
         let plane = ci * s.h * s.w;
         for ky in 0..s.k {
             for kx in 0..s.k {
-                // Output columns whose input column `ox + kx - pad` lies in `0..w`.
-                let lo = pad.saturating_sub(kx).min(wo);
-                let hi = (s.w + pad).saturating_sub(kx).min(wo).max(lo);
+                // Output columns whose input column `ox·stride + kx - pad` lies in `0..w`.
+                let lo = pad.saturating_sub(kx).div_ceil(st).min(wo);
+                let hi = (s.w + pad).saturating_sub(kx).div_ceil(st).min(wo).max(lo);
                 for oy in 0..ho {
-                    let iy = (oy + ky).checked_sub(pad).filter(|&iy| iy < s.h && lo < hi);
-                    let x = iy.map(|iy| plane + iy * s.w + lo + kx - pad);
+                    let iy = (oy * st + ky)
+                        .checked_sub(pad)
+                        .filter(|&iy| iy < s.h && lo < hi);
+                    let x = iy.map(|iy| plane + iy * s.w + lo * st + kx - pad);
                     f(Segment { col, x, lo, hi });
                     col += wo;
                 }
@@ -39,14 +43,24 @@ fn for_each_segment(s: &Conv2dShape, mut f: impl FnMut(Segment)) {
 
 /// Writes the column matrix of one sample `x` (`c_in·h·w`) into `col` (`s.ws_len()`).
 pub fn im2col(s: &Conv2dShape, x: &[f32], col: &mut [f32]) {
-    let wo = s.w_out();
+    let (wo, st) = (s.w_out(), s.stride.max(1));
     for_each_segment(s, |seg| {
         let dst = &mut col[seg.col..seg.col + wo];
         match seg.x {
             None => dst.fill(0.0),
             Some(x0) => {
                 dst[..seg.lo].fill(0.0);
-                dst[seg.lo..seg.hi].copy_from_slice(&x[x0..x0 + (seg.hi - seg.lo)]);
+                let n = seg.hi - seg.lo;
+                if st == 1 {
+                    dst[seg.lo..seg.hi].copy_from_slice(&x[x0..x0 + n]);
+                } else {
+                    for (d, &v) in dst[seg.lo..seg.hi]
+                        .iter_mut()
+                        .zip(x[x0..].iter().step_by(st))
+                    {
+                        *d = v;
+                    }
+                }
                 dst[seg.hi..].fill(0.0);
             }
         }
@@ -56,11 +70,12 @@ pub fn im2col(s: &Conv2dShape, x: &[f32], col: &mut [f32]) {
 /// The adjoint of [`im2col`]: overwrites one sample `dx` (`c_in·h·w`) with the sum, over every
 /// column-matrix entry, of that entry added into the input position it was read from.
 pub fn col2im(s: &Conv2dShape, col: &[f32], dx: &mut [f32]) {
+    let st = s.stride.max(1);
     dx[..s.c_in * s.h * s.w].fill(0.0);
     for_each_segment(s, |seg| {
         if let Some(x0) = seg.x {
             let src = &col[seg.col + seg.lo..seg.col + seg.hi];
-            for (d, &c) in dx[x0..x0 + src.len()].iter_mut().zip(src) {
+            for (d, &c) in dx[x0..].iter_mut().step_by(st).zip(src) {
                 *d += c;
             }
         }
@@ -84,6 +99,7 @@ mod tests {
                     c_out: 1,
                     k,
                     pad,
+                    stride: 1,
                 });
             }
         }
@@ -96,6 +112,7 @@ mod tests {
             c_out: 1,
             k: 5,
             pad: 2,
+            stride: 1,
         });
         v.push(Conv2dShape {
             n: 1,
@@ -105,7 +122,24 @@ mod tests {
             c_out: 1,
             k: 3,
             pad: 1,
+            stride: 1,
         });
+        // Strided, as in ResNet: 1×1/2, 3×3/2 pad 1, 7×7/2 pad 3, and a stride larger than k.
+        for (k, pad, stride) in [(1, 0, 2), (3, 1, 2), (7, 3, 2), (3, 0, 3), (2, 1, 3)] {
+            for (h, w) in [(7, 8), (9, 9), (4, 5)] {
+                v.push(Conv2dShape {
+                    n: 1,
+                    c_in: 2,
+                    h,
+                    w,
+                    c_out: 1,
+                    k,
+                    pad,
+                    stride,
+                });
+            }
+        }
+        v.retain(|s| s.fits());
         v
     }
 
@@ -122,8 +156,8 @@ mod tests {
                 for kx in 0..s.k {
                     for oy in 0..ho {
                         for ox in 0..wo {
-                            let iy = (oy + ky) as isize - s.pad as isize;
-                            let ix = (ox + kx) as isize - s.pad as isize;
+                            let iy = (oy * s.stride + ky) as isize - s.pad as isize;
+                            let ix = (ox * s.stride + kx) as isize - s.pad as isize;
                             let inside =
                                 (0..s.h as isize).contains(&iy) && (0..s.w as isize).contains(&ix);
                             col.push(if inside {

@@ -7,8 +7,8 @@ use std::sync::Arc;
 
 use crate::data::Dataset;
 use crate::engine::{
-    dropout_stream, AdamParams, Backend, BackendKind, Conv2dShape, GemmShape, PoolShape, Region,
-    SgdParams, Split, COUNTER_LEN, STATS_LEN,
+    dropout_stream, AdamParams, Backend, BackendKind, BnParams, Conv2dShape, GemmShape, PlaneShape,
+    PoolShape, Region, SgdParams, Split, COUNTER_LEN, STATS_LEN,
 };
 use crate::error::EngineError;
 use crate::plan::MIB;
@@ -99,6 +99,44 @@ fn need(op: &'static str, what: &str, region: Region, len: usize) -> Result<Regi
         });
     }
     Ok(region.prefix(len))
+}
+
+/// `region` checked as [`need`] does when given; an empty region (which overlaps nothing) when not.
+fn optional(
+    op: &'static str,
+    what: &str,
+    region: Option<Region>,
+    len: usize,
+) -> Result<Region, EngineError> {
+    region.map_or(Ok(Region::default()), |r| need(op, what, r, len))
+}
+
+/// A convolution whose window does not fit its padded input has no output size.
+pub(crate) fn check_conv(op: &'static str, s: &Conv2dShape) -> Result<(), EngineError> {
+    if s.fits() {
+        return Ok(());
+    }
+    Err(EngineError::Shape {
+        op,
+        message: format!(
+            "a {}×{} kernel with stride {} and padding {} does not fit a {}×{} input",
+            s.k, s.k, s.stride, s.pad, s.h, s.w
+        ),
+    })
+}
+
+/// A pooling window must fit its padded input and hold a real position.
+pub(crate) fn check_pool(op: &'static str, s: &PoolShape) -> Result<(), EngineError> {
+    if s.fits() {
+        return Ok(());
+    }
+    Err(EngineError::Shape {
+        op,
+        message: format!(
+            "a {}×{} window with stride {} and padding {} does not fit a {}×{} input",
+            s.k, s.k, s.stride, s.pad, s.h, s.w
+        ),
+    })
 }
 
 impl Backend for CpuBackend {
@@ -305,18 +343,20 @@ impl Backend for CpuBackend {
         s: &Conv2dShape,
         x: Region,
         w: Region,
-        b: Region,
+        b: Option<Region>,
         y: Region,
         ws: Region,
     ) -> Result<(), EngineError> {
         let op = "conv2d_fwd";
+        check_conv(op, s)?;
         let x = need(op, "x", x, s.x_len())?;
         let w = need(op, "w", w, s.w_len())?;
-        let b = need(op, "b", b, s.c_out)?;
+        let has_b = b.is_some();
+        let b = optional(op, "b", b, s.c_out)?;
         let y = need(op, "y", y, s.y_len())?;
         let ws = need(op, "workspace", ws, s.ws_len())?;
         let ([x, w, b], [y, ws]) = self.views(op, [x, w, b], [y, ws])?;
-        ops::conv2d_fwd(s, x, w, b, y, ws);
+        ops::conv2d_fwd(s, x, w, has_b.then_some(b), y, ws);
         Ok(())
     }
 
@@ -328,32 +368,127 @@ impl Backend for CpuBackend {
         dy: Region,
         dx: Option<Region>,
         dw: Region,
-        db: Region,
+        db: Option<Region>,
         ws: Region,
     ) -> Result<(), EngineError> {
         let op = "conv2d_bwd";
+        check_conv(op, s)?;
         let x = need(op, "x", x, s.x_len())?;
         let w = need(op, "w", w, s.w_len())?;
         let dy = need(op, "dy", dy, s.y_len())?;
         let dw = need(op, "dw", dw, s.w_len())?;
-        let db = need(op, "db", db, s.c_out)?;
+        let (has_dx, has_db) = (dx.is_some(), db.is_some());
+        let db = optional(op, "db", db, s.c_out)?;
+        let dx = optional(op, "dx", dx, s.x_len())?;
         let ws = need(op, "workspace", ws, s.ws_len())?;
-        match dx {
-            Some(dx) => {
-                let dx = need(op, "dx", dx, s.x_len())?;
-                let ([x, w, dy], [dx, dw, db, ws]) =
-                    self.views(op, [x, w, dy], [dx, dw, db, ws])?;
-                ops::conv2d_bwd(s, x, w, dy, Some(dx), dw, db, ws);
-            }
-            None => {
-                let ([x, w, dy], [dw, db, ws]) = self.views(op, [x, w, dy], [dw, db, ws])?;
-                ops::conv2d_bwd(s, x, w, dy, None, dw, db, ws);
-            }
-        }
+        let ([x, w, dy], [dx, dw, db, ws]) = self.views(op, [x, w, dy], [dx, dw, db, ws])?;
+        ops::conv2d_bwd(
+            s,
+            x,
+            w,
+            dy,
+            has_dx.then_some(dx),
+            dw,
+            has_db.then_some(db),
+            ws,
+        );
+        Ok(())
+    }
+
+    fn batchnorm_fwd(
+        &mut self,
+        s: &PlaneShape,
+        x: Region,
+        gamma: Region,
+        beta: Region,
+        running: Region,
+        saved: Region,
+        y: Region,
+        p: BnParams,
+    ) -> Result<(), EngineError> {
+        let op = "batchnorm_fwd";
+        let x = need(op, "x", x, s.len())?;
+        let gamma = need(op, "gamma", gamma, s.c)?;
+        let beta = need(op, "beta", beta, s.c)?;
+        let running = need(op, "running statistics", running, 2 * s.c)?;
+        let saved = need(op, "saved statistics", saved, 2 * s.c)?;
+        let y = need(op, "y", y, s.len())?;
+        let ([x, gamma, beta], [running, saved, y]) =
+            self.views(op, [x, gamma, beta], [running, saved, y])?;
+        ops::batchnorm_fwd(s, x, gamma, beta, running, saved, y, p);
+        Ok(())
+    }
+
+    fn batchnorm_bwd(
+        &mut self,
+        s: &PlaneShape,
+        x: Region,
+        gamma: Region,
+        saved: Region,
+        dy: Region,
+        dx: Region,
+        dgamma: Region,
+        dbeta: Region,
+    ) -> Result<(), EngineError> {
+        let op = "batchnorm_bwd";
+        let x = need(op, "x", x, s.len())?;
+        let gamma = need(op, "gamma", gamma, s.c)?;
+        let saved = need(op, "saved statistics", saved, 2 * s.c)?;
+        let dy = need(op, "dy", dy, s.len())?;
+        let dx = need(op, "dx", dx, s.len())?;
+        let dgamma = need(op, "dgamma", dgamma, s.c)?;
+        let dbeta = need(op, "dbeta", dbeta, s.c)?;
+        let ([x, gamma, saved, dy], [dx, dgamma, dbeta]) =
+            self.views(op, [x, gamma, saved, dy], [dx, dgamma, dbeta])?;
+        ops::batchnorm_bwd(s, x, gamma, saved, dy, dx, dgamma, dbeta);
+        Ok(())
+    }
+
+    fn avgpool_fwd(&mut self, s: &PlaneShape, x: Region, y: Region) -> Result<(), EngineError> {
+        let op = "avgpool_fwd";
+        let x = need(op, "x", x, s.len())?;
+        let y = need(op, "y", y, s.n * s.c)?;
+        let ([x], [y]) = self.views(op, [x], [y])?;
+        ops::avgpool_fwd(s, x, y);
+        Ok(())
+    }
+
+    fn avgpool_bwd(&mut self, s: &PlaneShape, dy: Region, dx: Region) -> Result<(), EngineError> {
+        let op = "avgpool_bwd";
+        let dy = need(op, "dy", dy, s.n * s.c)?;
+        let dx = need(op, "dx", dx, s.len())?;
+        let ([dy], [dx]) = self.views(op, [dy], [dx])?;
+        ops::avgpool_bwd(s, dy, dx);
+        Ok(())
+    }
+
+    fn add(&mut self, a: Region, b: Region, y: Region, len: usize) -> Result<(), EngineError> {
+        let a = need("add", "a", a, len)?;
+        let b = need("add", "b", b, len)?;
+        let y = need("add", "y", y, len)?;
+        let ([a, b], [y]) = self.views("add", [a, b], [y])?;
+        ops::add(a, b, y);
+        Ok(())
+    }
+
+    fn add_assign(&mut self, y: Region, x: Region, len: usize) -> Result<(), EngineError> {
+        let x = need("add_assign", "x", x, len)?;
+        let y = need("add_assign", "y", y, len)?;
+        let ([x], [y]) = self.views("add_assign", [x], [y])?;
+        ops::add_assign(y, x);
+        Ok(())
+    }
+
+    fn copy(&mut self, x: Region, y: Region, len: usize) -> Result<(), EngineError> {
+        let x = need("copy", "x", x, len)?;
+        let y = need("copy", "y", y, len)?;
+        let ([x], [y]) = self.views("copy", [x], [y])?;
+        y.copy_from_slice(x);
         Ok(())
     }
 
     fn maxpool_fwd(&mut self, s: &PoolShape, x: Region, y: Region) -> Result<(), EngineError> {
+        check_pool("maxpool_fwd", s)?;
         let x = need("maxpool_fwd", "x", x, s.x_len())?;
         let y = need("maxpool_fwd", "y", y, s.y_len())?;
         let ([x], [y]) = self.views("maxpool_fwd", [x], [y])?;
@@ -370,6 +505,7 @@ impl Backend for CpuBackend {
         dx: Region,
     ) -> Result<(), EngineError> {
         let op = "maxpool_bwd";
+        check_pool(op, s)?;
         let x = need(op, "x", x, s.x_len())?;
         let y = need(op, "y", y, s.y_len())?;
         let dy = need(op, "dy", dy, s.y_len())?;

@@ -5,7 +5,7 @@
 
 use super::im2col::{col2im, im2col};
 use crate::engine::rng;
-use crate::engine::shapes::{Conv2dShape, GemmShape, PoolShape};
+use crate::engine::shapes::{BnParams, Conv2dShape, GemmShape, PlaneShape, PoolShape};
 
 /// Row-major `C = alpha·op(A)·op(B) + beta·C` (with `beta == 0`, `C` is overwritten, NaNs included).
 pub fn gemm(g: &GemmShape, a: &[f32], b: &[f32], c: &mut [f32]) {
@@ -75,28 +75,43 @@ pub fn relu_bwd(y: &[f32], dy: &[f32], dx: &mut [f32]) {
     }
 }
 
-/// Stride-1 convolution with zero padding: `y[n, co] = b[co] + Σ w[co, ci, :, :] ⋆ x[n, ci]`.
-/// `ws` is scratch for one sample's im2col (`s.ws_len()` elements).
-pub fn conv2d_fwd(s: &Conv2dShape, x: &[f32], w: &[f32], b: &[f32], y: &mut [f32], ws: &mut [f32]) {
+/// Convolution with zero padding and stride: `y[n, co] = b[co] + Σ w[co, ci, :, :] ⋆ x[n, ci]`
+/// (no bias term when `b` is `None`). `ws` is scratch for one sample's im2col (`s.ws_len()`
+/// elements; a pointwise convolution reads its input directly).
+pub fn conv2d_fwd(
+    s: &Conv2dShape,
+    x: &[f32],
+    w: &[f32],
+    b: Option<&[f32]>,
+    y: &mut [f32],
+    ws: &mut [f32],
+) {
     let (x_n, hw) = (s.c_in * s.h * s.w, s.h_out() * s.w_out());
     let y_n = s.c_out * hw;
     let ws = &mut ws[..s.ws_len()];
     // y_n[c_out × hw] = w[c_out × c_in·k·k] · col[c_in·k·k × hw] + y_n, with y_n preset to the bias.
     let g = GemmShape {
-        beta: 1.0,
+        beta: if b.is_some() { 1.0 } else { 0.0 },
         ..GemmShape::nn(s.c_out, hw, s.c_in * s.k * s.k)
     };
     for i in 0..s.n {
         let yi = &mut y[i * y_n..(i + 1) * y_n];
-        for (co, &bias) in b[..s.c_out].iter().enumerate() {
-            yi[co * hw..(co + 1) * hw].fill(bias);
+        if let Some(b) = b {
+            for (co, &bias) in b[..s.c_out].iter().enumerate() {
+                yi[co * hw..(co + 1) * hw].fill(bias);
+            }
         }
-        im2col(s, &x[i * x_n..(i + 1) * x_n], ws);
-        gemm(&g, w, ws, yi);
+        let xi = &x[i * x_n..(i + 1) * x_n];
+        if s.is_pointwise() {
+            gemm(&g, w, xi, yi);
+        } else {
+            im2col(s, xi, ws);
+            gemm(&g, w, ws, yi);
+        }
     }
 }
 
-/// Gradients of [`conv2d_fwd`]: overwrites `dw`, `db`, and `dx` when given.
+/// Gradients of [`conv2d_fwd`]: overwrites `dw`, and `db` and `dx` when given.
 #[allow(clippy::too_many_arguments)]
 pub fn conv2d_bwd(
     s: &Conv2dShape,
@@ -105,7 +120,7 @@ pub fn conv2d_bwd(
     dy: &[f32],
     mut dx: Option<&mut [f32]>,
     dw: &mut [f32],
-    db: &mut [f32],
+    db: Option<&mut [f32]>,
     ws: &mut [f32],
 ) {
     let (x_n, hw, ckk) = (
@@ -115,7 +130,9 @@ pub fn conv2d_bwd(
     );
     let y_n = s.c_out * hw;
     let ws = &mut ws[..s.ws_len()];
-    conv_bias_grad(s, dy, db);
+    if let Some(db) = db {
+        conv_bias_grad(s, dy, db);
+    }
     dw[..s.w_len()].fill(0.0);
     // dw[c_out × ckk] += dy_n[c_out × hw] · col_nᵀ
     let dw_g = GemmShape {
@@ -130,11 +147,19 @@ pub fn conv2d_bwd(
     };
     for i in 0..s.n {
         let dyi = &dy[i * y_n..(i + 1) * y_n];
-        im2col(s, &x[i * x_n..(i + 1) * x_n], ws);
-        gemm(&dw_g, dyi, ws, dw);
-        if let Some(dx) = dx.as_deref_mut() {
-            gemm(&col_g, w, dyi, ws);
-            col2im(s, ws, &mut dx[i * x_n..(i + 1) * x_n]);
+        let xi = &x[i * x_n..(i + 1) * x_n];
+        if s.is_pointwise() {
+            gemm(&dw_g, dyi, xi, dw);
+            if let Some(dx) = dx.as_deref_mut() {
+                gemm(&col_g, w, dyi, &mut dx[i * x_n..(i + 1) * x_n]);
+            }
+        } else {
+            im2col(s, xi, ws);
+            gemm(&dw_g, dyi, ws, dw);
+            if let Some(dx) = dx.as_deref_mut() {
+                gemm(&col_g, w, dyi, ws);
+                col2im(s, ws, &mut dx[i * x_n..(i + 1) * x_n]);
+            }
         }
     }
 }
@@ -152,15 +177,20 @@ fn conv_bias_grad(s: &Conv2dShape, dy: &[f32], db: &mut [f32]) {
     }
 }
 
-/// Plane indices of the `k×k` window of output pixel `(oy, ox)`, row-major within the window.
-fn window(w: usize, k: usize, oy: usize, ox: usize) -> impl Iterator<Item = usize> {
-    (0..k).flat_map(move |dy| {
-        let row = (oy * k + dy) * w + ox * k;
-        row..row + k
+/// Plane indices of the window of output pixel `(oy, ox)` that fall inside the plane,
+/// row-major within the window (padding positions are skipped: they never win).
+fn window(s: &PoolShape, oy: usize, ox: usize) -> impl Iterator<Item = usize> {
+    let (h, w, k, st, pad) = (s.h, s.w, s.k, s.stride.max(1), s.pad);
+    (0..k).flat_map(move |ky| {
+        let iy = (oy * st + ky).checked_sub(pad).filter(|&iy| iy < h);
+        (0..k).filter_map(move |kx| {
+            let ix = (ox * st + kx).checked_sub(pad).filter(|&ix| ix < w)?;
+            Some(iy? * w + ix)
+        })
     })
 }
 
-/// Max over each `k×k` window (stride `k`).
+/// Max over each window.
 pub fn maxpool_fwd(s: &PoolShape, x: &[f32], y: &mut [f32]) {
     let (plane, ho, wo) = (s.h * s.w, s.h_out(), s.w_out());
     for p in 0..s.n * s.c {
@@ -168,19 +198,20 @@ pub fn maxpool_fwd(s: &PoolShape, x: &[f32], y: &mut [f32]) {
         let yp = &mut y[p * ho * wo..(p + 1) * ho * wo];
         for oy in 0..ho {
             for ox in 0..wo {
-                let max = window(s.w, s.k, oy, ox)
+                let max = window(s, oy, ox)
                     .map(|i| xp[i])
                     .reduce(|m, v| if v > m { v } else { m });
-                // Windows are never empty (k ≥ 1); the fallback is only for the type.
+                // Windows hold a real position when the shape fits; the fallback is only for the type.
                 yp[oy * wo + ox] = max.unwrap_or(f32::NEG_INFINITY);
             }
         }
     }
 }
 
-/// Routes each window's gradient to the first position (row-major in the window) holding its max;
-/// overwrites `dx` (zeros elsewhere, including dropped trailing rows/columns).
-/// The max is the window's `y`; a window holding no element equal to it (a NaN max) routes nothing.
+/// Routes each window's gradient to the first position (row-major in the window) holding its
+/// max, adding where windows overlap (windows taken in row-major order); overwrites `dx` (zeros
+/// elsewhere, including dropped trailing rows/columns). The max is the window's `y`; a window
+/// holding no element equal to it (a NaN max) routes nothing.
 pub fn maxpool_bwd(s: &PoolShape, x: &[f32], y: &[f32], dy: &[f32], dx: &mut [f32]) {
     let (plane, ho, wo) = (s.h * s.w, s.h_out(), s.w_out());
     dx[..s.x_len()].fill(0.0);
@@ -190,11 +221,142 @@ pub fn maxpool_bwd(s: &PoolShape, x: &[f32], y: &[f32], dy: &[f32], dx: &mut [f3
         for oy in 0..ho {
             for ox in 0..wo {
                 let o = p * ho * wo + oy * wo + ox;
-                if let Some(i) = window(s.w, s.k, oy, ox).find(|&i| xp[i] == y[o]) {
-                    dxp[i] = dy[o];
+                if let Some(i) = window(s, oy, ox).find(|&i| xp[i] == y[o]) {
+                    dxp[i] += dy[o];
                 }
             }
         }
+    }
+}
+
+/// Batch normalisation over each channel of `s` (statistics over `n·hw` values, accumulated in
+/// `f64`). Training: normalises with the batch mean and biased variance, writes `saved =
+/// [mean; c] ++ [1/√(var+eps); c]`, and updates `running = [mean; c] ++ [var; c]` as PyTorch does
+/// (`r = (1−momentum)·r + momentum·batch`, the variance unbiased by `m/(m−1)`). Inference:
+/// normalises with `running` and touches neither. `y = gamma·x̂ + beta`.
+#[allow(clippy::too_many_arguments)]
+pub fn batchnorm_fwd(
+    s: &PlaneShape,
+    x: &[f32],
+    gamma: &[f32],
+    beta: &[f32],
+    running: &mut [f32],
+    saved: &mut [f32],
+    y: &mut [f32],
+    p: BnParams,
+) {
+    let (c, hw, m) = (s.c, s.hw, s.per_channel());
+    for ch in 0..c {
+        let planes = (0..s.n).map(|i| (i * c + ch) * hw);
+        let (mean, invstd) = if p.train {
+            let mut sum = 0f64;
+            for o in planes.clone() {
+                sum += x[o..o + hw].iter().map(|&v| v as f64).sum::<f64>();
+            }
+            let mean = sum / m as f64;
+            let mut sq = 0f64;
+            for o in planes.clone() {
+                sq += x[o..o + hw]
+                    .iter()
+                    .map(|&v| (v as f64 - mean).powi(2))
+                    .sum::<f64>();
+            }
+            let var = sq / m as f64;
+            let unbiased = if m > 1 {
+                var * m as f64 / (m - 1) as f64
+            } else {
+                var
+            };
+            let mom = p.momentum as f64;
+            running[ch] = ((1.0 - mom) * running[ch] as f64 + mom * mean) as f32;
+            running[c + ch] = ((1.0 - mom) * running[c + ch] as f64 + mom * unbiased) as f32;
+            let invstd = 1.0 / (var + p.eps as f64).sqrt();
+            saved[ch] = mean as f32;
+            saved[c + ch] = invstd as f32;
+            (mean as f32, invstd as f32)
+        } else {
+            (running[ch], 1.0 / (running[c + ch] + p.eps).sqrt())
+        };
+        let (g, b) = (gamma[ch], beta[ch]);
+        for o in planes {
+            for (yv, &xv) in y[o..o + hw].iter_mut().zip(&x[o..o + hw]) {
+                *yv = g * ((xv - mean) * invstd) + b;
+            }
+        }
+    }
+}
+
+/// Gradients of training-mode [`batchnorm_fwd`] from its `saved` statistics: overwrites `dx`,
+/// `dgamma = Σ dy·x̂` and `dbeta = Σ dy`, with
+/// `dx = gamma·invstd/m · (m·dy − dbeta − x̂·dgamma)` (sums accumulated in `f64`).
+#[allow(clippy::too_many_arguments)]
+pub fn batchnorm_bwd(
+    s: &PlaneShape,
+    x: &[f32],
+    gamma: &[f32],
+    saved: &[f32],
+    dy: &[f32],
+    dx: &mut [f32],
+    dgamma: &mut [f32],
+    dbeta: &mut [f32],
+) {
+    let (c, hw, m) = (s.c, s.hw, s.per_channel());
+    for ch in 0..c {
+        let (mean, invstd) = (saved[ch], saved[c + ch]);
+        let planes = (0..s.n).map(|i| (i * c + ch) * hw);
+        let (mut sdy, mut sdyx) = (0f64, 0f64);
+        for o in planes.clone() {
+            for (&g, &xv) in dy[o..o + hw].iter().zip(&x[o..o + hw]) {
+                sdy += g as f64;
+                sdyx += g as f64 * ((xv - mean) * invstd) as f64;
+            }
+        }
+        dbeta[ch] = sdy as f32;
+        dgamma[ch] = sdyx as f32;
+        let k = gamma[ch] * invstd / m as f32;
+        let (sdy, sdyx) = (sdy as f32, sdyx as f32);
+        for o in planes {
+            for ((d, &g), &xv) in dx[o..o + hw]
+                .iter_mut()
+                .zip(&dy[o..o + hw])
+                .zip(&x[o..o + hw])
+            {
+                let xhat = (xv - mean) * invstd;
+                *d = k * (m as f32 * g - sdy - xhat * sdyx);
+            }
+        }
+    }
+}
+
+/// Global average pooling: `y[n, c] = mean of plane (n, c)` (summed in `f64`).
+pub fn avgpool_fwd(s: &PlaneShape, x: &[f32], y: &mut [f32]) {
+    for (p, yv) in y[..s.n * s.c].iter_mut().enumerate() {
+        let sum: f64 = x[p * s.hw..(p + 1) * s.hw].iter().map(|&v| v as f64).sum();
+        *yv = (sum / s.hw as f64) as f32;
+    }
+}
+
+/// The gradient of [`avgpool_fwd`]: `dx[n, c, :] = dy[n, c] / hw`.
+pub fn avgpool_bwd(s: &PlaneShape, dy: &[f32], dx: &mut [f32]) {
+    let scale = 1.0 / s.hw as f32;
+    for (p, &g) in dy[..s.n * s.c].iter().enumerate() {
+        dx[p * s.hw..(p + 1) * s.hw].fill(g * scale);
+    }
+}
+
+/// `y = a + b`.
+pub fn add(a: &[f32], b: &[f32], y: &mut [f32]) {
+    let (a, b) = (&a[..y.len()], &b[..y.len()]);
+    for ((y, &a), &b) in y.iter_mut().zip(a).zip(b) {
+        *y = a + b;
+    }
+}
+
+/// `y += x`.
+pub fn add_assign(y: &mut [f32], x: &[f32]) {
+    let x = &x[..y.len()];
+    for (y, &x) in y.iter_mut().zip(x) {
+        *y += x;
     }
 }
 
@@ -599,9 +761,19 @@ mod tests {
 
     // ---- conv2d ----
 
-    /// The four configurations the models use: k 3 and 5, "valid" and "same".
-    fn conv_cases() -> Vec<(usize, usize)> {
-        vec![(3, 0), (3, 1), (5, 0), (5, 2)]
+    /// The configurations the models use, as `(k, pad, stride)`: the CNN's k 3 and 5, "valid" and
+    /// "same"; ResNet's pointwise 1×1, strided 1×1/2 and 3×3/2, and its 7×7/2 stem.
+    fn conv_cases() -> Vec<(usize, usize, usize)> {
+        vec![
+            (3, 0, 1),
+            (3, 1, 1),
+            (5, 0, 1),
+            (5, 2, 1),
+            (1, 0, 1),
+            (1, 0, 2),
+            (3, 1, 2),
+            (7, 3, 2),
+        ]
     }
 
     /// Direct convolution in f64, with the sum of |terms| per output.
@@ -616,8 +788,8 @@ mod tests {
                         for ci in 0..s.c_in {
                             for ky in 0..k {
                                 for kx in 0..k {
-                                    let iy = (oy + ky) as isize - s.pad as isize;
-                                    let ix = (ox + kx) as isize - s.pad as isize;
+                                    let iy = (oy * s.stride + ky) as isize - s.pad as isize;
+                                    let ix = (ox * s.stride + kx) as isize - s.pad as isize;
                                     if iy < 0 || ix < 0 || iy >= s.h as isize || ix >= s.w as isize
                                     {
                                         continue;
@@ -642,14 +814,14 @@ mod tests {
     fn conv_y(s: &Conv2dShape, x: &[f32], w: &[f32], b: &[f32]) -> Vec<f32> {
         let mut y = vec![f32::NAN; s.y_len()];
         let mut ws = vec![f32::NAN; s.ws_len()];
-        conv2d_fwd(s, x, w, b, &mut y, &mut ws);
+        conv2d_fwd(s, x, w, Some(b), &mut y, &mut ws);
         y
     }
 
     #[test]
     fn conv2d_fwd_matches_direct_convolution() {
         let mut rng = HostRng::new(31);
-        for (k, pad) in conv_cases() {
+        for (k, pad, stride) in conv_cases() {
             for c_in in 1..=3 {
                 for c_out in 1..=4 {
                     for n in 1..=2 {
@@ -661,6 +833,7 @@ mod tests {
                             c_out,
                             k,
                             pad,
+                            stride,
                         };
                         let x = random(&mut rng, s.x_len(), -1.0, 1.0);
                         let w = random(&mut rng, s.w_len(), -1.0, 1.0);
@@ -673,6 +846,19 @@ mod tests {
                                 "{s:?} y[{i}]: {g} vs {w}"
                             );
                         }
+                        // Without a bias, the same less the bias (NaNs in y must be overwritten).
+                        let mut y = vec![f32::NAN; s.y_len()];
+                        let mut ws = vec![f32::NAN; s.ws_len()];
+                        conv2d_fwd(&s, &x, &w, None, &mut y, &mut ws);
+                        let hw = s.h_out() * s.w_out();
+                        for (i, (&g, &want)) in y.iter().zip(&got).enumerate() {
+                            let bias = b[(i / hw) % c_out];
+                            assert!(
+                                (g - (want - bias)).abs() <= 1e-5 * (1.0 + want.abs()),
+                                "{s:?} no bias y[{i}]: {g} vs {}",
+                                want - bias
+                            );
+                        }
                     }
                 }
             }
@@ -682,7 +868,7 @@ mod tests {
     #[test]
     fn conv2d_gradients_match_finite_differences() {
         let mut rng = HostRng::new(32);
-        for (k, pad) in conv_cases() {
+        for (k, pad, stride) in conv_cases() {
             let s = Conv2dShape {
                 n: 2,
                 c_in: 2,
@@ -691,6 +877,7 @@ mod tests {
                 c_out: 3,
                 k,
                 pad,
+                stride,
             };
             let x = random(&mut rng, s.x_len(), -1.0, 1.0);
             let w = random(&mut rng, s.w_len(), -1.0, 1.0);
@@ -701,8 +888,17 @@ mod tests {
             let mut dw = vec![f32::NAN; s.w_len()];
             let mut db = vec![f32::NAN; s.c_out];
             let mut ws = vec![f32::NAN; s.ws_len()];
-            conv2d_bwd(&s, &x, &w, &r, Some(&mut dx), &mut dw, &mut db, &mut ws);
-            let what = format!("conv k={k} pad={pad}");
+            conv2d_bwd(
+                &s,
+                &x,
+                &w,
+                &r,
+                Some(&mut dx),
+                &mut dw,
+                Some(&mut db),
+                &mut ws,
+            );
+            let what = format!("conv k={k} pad={pad} stride={stride}");
             check_grad(&format!("{what} dx"), &x, &dx, |x| {
                 dot(&r, &conv_y(&s, x, &w, &b))
             });
@@ -715,8 +911,12 @@ mod tests {
 
             // Without dx, dw and db come out the same.
             let (mut dw2, mut db2) = (vec![f32::NAN; s.w_len()], vec![f32::NAN; s.c_out]);
-            conv2d_bwd(&s, &x, &w, &r, None, &mut dw2, &mut db2, &mut ws);
-            assert_eq!((dw2, db2), (dw, db), "{what}");
+            conv2d_bwd(&s, &x, &w, &r, None, &mut dw2, Some(&mut db2), &mut ws);
+            assert_eq!((&dw2, &db2), (&dw, &db), "{what}");
+            // Without a bias gradient, dw and dx come out the same.
+            let (mut dw3, mut dx3) = (vec![f32::NAN; s.w_len()], vec![f32::NAN; s.x_len()]);
+            conv2d_bwd(&s, &x, &w, &r, Some(&mut dx3), &mut dw3, None, &mut ws);
+            assert_eq!((dw3, dx3), (dw, dx), "{what}");
         }
     }
 
@@ -739,6 +939,8 @@ mod tests {
             h: 5,
             w: 5,
             k: 2,
+            stride: 2,
+            pad: 0,
         };
         let mut y = [f32::NAN; 4];
         maxpool_fwd(&s, &x, &mut y);
@@ -762,6 +964,8 @@ mod tests {
             h: 7,
             w: 6,
             k: 2,
+            stride: 2,
+            pad: 0,
         };
         let mut rng = HostRng::new(41);
         let x: Vec<f32> = rng
@@ -781,6 +985,189 @@ mod tests {
         check_grad("maxpool dx", &x, &dx, |x| dot(&r, &pool(x)));
         // Exactly one nonzero per window; the dropped row 6 gets nothing.
         assert_eq!(dx.iter().filter(|&&d| d != 0.0).count(), s.y_len());
+    }
+
+    #[test]
+    fn overlapping_padded_maxpool_by_hand() {
+        // ResNet's stem pool: k 3, stride 2, pad 1 over a 4×4 plane gives 2×2.
+        #[rustfmt::skip]
+        let x = [
+            1.0, 2.0, 0.0, 5.0,
+            3.0, 7.0, 7.0, 0.0,
+            0.0, 1.0, 2.0, 0.0,
+            -4.0, 0.0, 0.0, 6.0,
+        ];
+        let s = PoolShape {
+            n: 1,
+            c: 1,
+            h: 4,
+            w: 4,
+            k: 3,
+            stride: 2,
+            pad: 1,
+        };
+        assert_eq!((s.h_out(), s.w_out()), (2, 2));
+        let mut y = [f32::NAN; 4];
+        maxpool_fwd(&s, &x, &mut y);
+        // Windows: rows/cols −1..=1, −1..=1 | −1..=1, 1..=3 | 1..=3, −1..=1 | 1..=3, 1..=3.
+        assert_eq!(y, [7.0, 7.0, 7.0, 7.0]);
+        let mut dx = [f32::NAN; 16];
+        maxpool_bwd(&s, &x, &y, &[1.0, 10.0, 100.0, 1000.0], &mut dx);
+        let mut want = [0.0; 16];
+        // The 7 at (1,1) is the first max of windows 0, 1 (its first 7), 2 and 3.
+        want[5] = 1111.0;
+        assert_eq!(dx, want);
+    }
+
+    #[test]
+    fn overlapping_maxpool_gradient_matches_finite_differences() {
+        let s = PoolShape {
+            n: 2,
+            c: 2,
+            h: 7,
+            w: 8,
+            k: 3,
+            stride: 2,
+            pad: 1,
+        };
+        let mut rng = HostRng::new(42);
+        let x: Vec<f32> = rng
+            .permutation(s.x_len())
+            .iter()
+            .map(|&i| i as f32 * 0.1 - 5.0)
+            .collect();
+        let r = random(&mut rng, s.y_len(), -1.0, 1.0);
+        let pool = |x: &[f32]| {
+            let mut y = vec![f32::NAN; s.y_len()];
+            maxpool_fwd(&s, x, &mut y);
+            y
+        };
+        let y = pool(&x);
+        let mut dx = vec![f32::NAN; s.x_len()];
+        maxpool_bwd(&s, &x, &y, &r, &mut dx);
+        check_grad("overlapping maxpool dx", &x, &dx, |x| dot(&r, &pool(x)));
+    }
+
+    // ---- batch norm ----
+
+    fn bn_y(s: &PlaneShape, x: &[f32], gamma: &[f32], beta: &[f32], p: BnParams) -> Vec<f32> {
+        let mut running = vec![0.0; 2 * s.c];
+        running[s.c..].fill(1.0);
+        let mut saved = vec![f32::NAN; 2 * s.c];
+        let mut y = vec![f32::NAN; s.len()];
+        batchnorm_fwd(s, x, gamma, beta, &mut running, &mut saved, &mut y, p);
+        y
+    }
+
+    #[test]
+    fn batchnorm_normalises_and_updates_running_statistics() {
+        let s = PlaneShape { n: 3, c: 2, hw: 4 };
+        let mut rng = HostRng::new(71);
+        let x = random(&mut rng, s.len(), -2.0, 3.0);
+        let (gamma, beta) = ([1.0, 1.0], [0.0, 0.0]);
+        let mut running = vec![0.5, -0.5, 2.0, 3.0];
+        let mut saved = vec![f32::NAN; 4];
+        let mut y = vec![f32::NAN; s.len()];
+        let p = BnParams::default();
+        batchnorm_fwd(&s, &x, &gamma, &beta, &mut running, &mut saved, &mut y, p);
+        for ch in 0..2 {
+            let vals: Vec<f64> = (0..3)
+                .flat_map(|i| x[(i * 2 + ch) * 4..(i * 2 + ch + 1) * 4].iter())
+                .map(|&v| v as f64)
+                .collect();
+            let mean = vals.iter().sum::<f64>() / 12.0;
+            let var = vals.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / 12.0;
+            assert!((saved[ch] as f64 - mean).abs() < 1e-6);
+            assert!((saved[2 + ch] as f64 - 1.0 / (var + 1e-5).sqrt()).abs() < 1e-5);
+            let r0 = [0.5, -0.5][ch];
+            let v0 = [2.0, 3.0][ch];
+            assert!((running[ch] as f64 - (0.9 * r0 + 0.1 * mean)).abs() < 1e-6);
+            let unbiased = var * 12.0 / 11.0;
+            assert!((running[2 + ch] as f64 - (0.9 * v0 + 0.1 * unbiased)).abs() < 1e-5);
+            // Each channel of y has mean 0 and variance var/(var+eps) ≈ 1.
+            let ys: Vec<f64> = (0..3)
+                .flat_map(|i| y[(i * 2 + ch) * 4..(i * 2 + ch + 1) * 4].iter())
+                .map(|&v| v as f64)
+                .collect();
+            let ym = ys.iter().sum::<f64>() / 12.0;
+            let yv = ys.iter().map(|v| (v - ym).powi(2)).sum::<f64>() / 12.0;
+            assert!(ym.abs() < 1e-6 && (yv - 1.0).abs() < 1e-4, "{ym} {yv}");
+        }
+        // Inference uses the running statistics and leaves them alone.
+        let before = running.clone();
+        let inf = BnParams { train: false, ..p };
+        let mut y2 = vec![f32::NAN; s.len()];
+        let mut saved2 = vec![7.0; 4];
+        batchnorm_fwd(
+            &s,
+            &x,
+            &[2.0, 1.0],
+            &[0.5, 0.0],
+            &mut running,
+            &mut saved2,
+            &mut y2,
+            inf,
+        );
+        assert_eq!(running, before);
+        assert_eq!(saved2, [7.0; 4]);
+        let want = 2.0 * (x[0] - running[0]) / (running[2] + 1e-5).sqrt() + 0.5;
+        assert!((y2[0] - want).abs() < 1e-6, "{} vs {want}", y2[0]);
+    }
+
+    #[test]
+    fn batchnorm_gradients_match_finite_differences() {
+        let s = PlaneShape { n: 3, c: 3, hw: 5 };
+        let mut rng = HostRng::new(72);
+        let x = random(&mut rng, s.len(), -2.0, 2.0);
+        let gamma = random(&mut rng, s.c, 0.5, 1.5);
+        let beta = random(&mut rng, s.c, -0.5, 0.5);
+        let r = random(&mut rng, s.len(), -1.0, 1.0);
+        let p = BnParams::default();
+        let mut running = vec![0.0; 2 * s.c];
+        let mut saved = vec![f32::NAN; 2 * s.c];
+        let mut y = vec![f32::NAN; s.len()];
+        batchnorm_fwd(&s, &x, &gamma, &beta, &mut running, &mut saved, &mut y, p);
+        let mut dx = vec![f32::NAN; s.len()];
+        let (mut dg, mut db) = (vec![f32::NAN; s.c], vec![f32::NAN; s.c]);
+        batchnorm_bwd(&s, &x, &gamma, &saved, &r, &mut dx, &mut dg, &mut db);
+        check_grad("batchnorm dx", &x, &dx, |x| {
+            dot(&r, &bn_y(&s, x, &gamma, &beta, p))
+        });
+        check_grad("batchnorm dgamma", &gamma, &dg, |g| {
+            dot(&r, &bn_y(&s, &x, g, &beta, p))
+        });
+        check_grad("batchnorm dbeta", &beta, &db, |b| {
+            dot(&r, &bn_y(&s, &x, &gamma, b, p))
+        });
+    }
+
+    // ---- global average pooling and adds ----
+
+    #[test]
+    fn avgpool_values_and_gradient() {
+        let s = PlaneShape { n: 2, c: 3, hw: 4 };
+        let mut rng = HostRng::new(81);
+        let x = random(&mut rng, s.len(), -1.0, 1.0);
+        let fwd = |x: &[f32]| {
+            let mut y = vec![f32::NAN; s.n * s.c];
+            avgpool_fwd(&s, x, &mut y);
+            y
+        };
+        let y = fwd(&x);
+        assert!((y[4] - x[16..20].iter().sum::<f32>() / 4.0).abs() < 1e-6);
+        let r = random(&mut rng, s.n * s.c, -1.0, 1.0);
+        let mut dx = vec![f32::NAN; s.len()];
+        avgpool_bwd(&s, &r, &mut dx);
+        check_grad("avgpool dx", &x, &dx, |x| dot(&r, &fwd(x)));
+    }
+
+    #[test]
+    fn add_and_add_assign() {
+        let mut y = [f32::NAN; 3];
+        add(&[1.0, 2.0, 3.0], &[10.0, 20.0, 30.0], &mut y);
+        assert_eq!(y, [11.0, 22.0, 33.0]);
+        add_assign(&mut y, &[1.0, 1.0, -33.0]);
+        assert_eq!(y, [12.0, 23.0, 0.0]);
     }
 
     // ---- relu ----

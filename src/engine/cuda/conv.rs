@@ -196,6 +196,7 @@ mod tests {
             c_out: 32,
             k: 3,
             pad: 0,
+            stride: 1,
         };
         assert_eq!(col_len(&s), 9 * 64 * 26 * 26);
         assert_eq!(cnhw_len(&s), 32 * 64 * 26 * 26);
@@ -219,6 +220,7 @@ mod tests {
             c_out: 4,
             k: 3,
             pad: 1,
+            stride: 1,
         };
         let (col, yt) = split_ws(&s, 0x1000);
         assert_eq!(col, 0x1000);

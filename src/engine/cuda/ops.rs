@@ -15,7 +15,64 @@ fn counter_region(counter: Region) -> Result<Region, EngineError> {
     need("counter", "counter", counter, COUNTER_LEN)
 }
 
+// TEMPORARY: replaced by the kernels of the ResNet ops.
+fn todo_gpu(op: &'static str) -> EngineError {
+    EngineError::Device(format!("{op} is not on the GPU yet"))
+}
+
 impl Backend for CudaBackend {
+    fn batchnorm_fwd(
+        &mut self,
+        _s: &crate::engine::PlaneShape,
+        _x: Region,
+        _gamma: Region,
+        _beta: Region,
+        _running: Region,
+        _saved: Region,
+        _y: Region,
+        _p: crate::engine::BnParams,
+    ) -> Result<(), EngineError> {
+        Err(todo_gpu("batchnorm_fwd"))
+    }
+    fn batchnorm_bwd(
+        &mut self,
+        _s: &crate::engine::PlaneShape,
+        _x: Region,
+        _gamma: Region,
+        _saved: Region,
+        _dy: Region,
+        _dx: Region,
+        _dgamma: Region,
+        _dbeta: Region,
+    ) -> Result<(), EngineError> {
+        Err(todo_gpu("batchnorm_bwd"))
+    }
+    fn avgpool_fwd(
+        &mut self,
+        _s: &crate::engine::PlaneShape,
+        _x: Region,
+        _y: Region,
+    ) -> Result<(), EngineError> {
+        Err(todo_gpu("avgpool_fwd"))
+    }
+    fn avgpool_bwd(
+        &mut self,
+        _s: &crate::engine::PlaneShape,
+        _dy: Region,
+        _dx: Region,
+    ) -> Result<(), EngineError> {
+        Err(todo_gpu("avgpool_bwd"))
+    }
+    fn add(&mut self, _a: Region, _b: Region, _y: Region, _len: usize) -> Result<(), EngineError> {
+        Err(todo_gpu("add"))
+    }
+    fn add_assign(&mut self, _y: Region, _x: Region, _len: usize) -> Result<(), EngineError> {
+        Err(todo_gpu("add_assign"))
+    }
+    fn copy(&mut self, _x: Region, _y: Region, _len: usize) -> Result<(), EngineError> {
+        Err(todo_gpu("copy"))
+    }
+
     fn kind(&self) -> BackendKind {
         BackendKind::Cuda
     }
@@ -252,11 +309,12 @@ impl Backend for CudaBackend {
         s: &Conv2dShape,
         x: Region,
         w: Region,
-        b: Region,
+        b: Option<Region>,
         y: Region,
         ws: Region,
     ) -> Result<(), EngineError> {
         let op = "conv2d_fwd";
+        let b = b.ok_or_else(|| todo_gpu(op))?;
         let x = need(op, "x", x, s.x_len())?;
         let w = need(op, "w", w, s.w_len())?;
         let b = need(op, "b", b, s.c_out)?;
@@ -282,10 +340,11 @@ impl Backend for CudaBackend {
         dy: Region,
         dx: Option<Region>,
         dw: Region,
-        db: Region,
+        db: Option<Region>,
         ws: Region,
     ) -> Result<(), EngineError> {
         let op = "conv2d_bwd";
+        let db = db.ok_or_else(|| todo_gpu(op))?;
         let x = need(op, "x", x, s.x_len())?;
         let w = need(op, "w", w, s.w_len())?;
         let dy = need(op, "dy", dy, s.y_len())?;
