@@ -21,6 +21,8 @@ pub enum ModelKind {
     Mlp,
     /// conv32-conv64-maxpool-fc128-fc10, as in the Keras MNIST example.
     Cnn,
+    /// ResNet-50 v1.5 with batch norm, an `imagenet` or `cifar` stem and a width multiplier.
+    Resnet50,
 }
 
 impl std::fmt::Display for ModelKind {
@@ -28,6 +30,7 @@ impl std::fmt::Display for ModelKind {
         f.write_str(match self {
             ModelKind::Mlp => "mlp",
             ModelKind::Cnn => "cnn",
+            ModelKind::Resnet50 => "resnet50",
         })
     }
 }
@@ -61,6 +64,31 @@ pub struct ModelSpec {
     /// CNN width of the dense layer after pooling (default 128).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fc: Option<usize>,
+    /// ResNet width multiplier on every layer's channels (default 1; e.g. 0.0625 for tests).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub width: Option<f64>,
+    /// ResNet stem (default `imagenet` for inputs of 64×64 or more, else `cifar`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stem: Option<Stem>,
+}
+
+/// The first layers of a ResNet.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Stem {
+    /// 7×7/2 conv, batch norm, ReLU, 3×3/2 max-pool: for 224×224 images.
+    Imagenet,
+    /// 3×3/1 conv, batch norm, ReLU: for 32×32 images.
+    Cifar,
+}
+
+impl std::fmt::Display for Stem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Stem::Imagenet => "imagenet",
+            Stem::Cifar => "cifar",
+        })
+    }
 }
 
 impl ModelSpec {
@@ -72,6 +100,8 @@ impl ModelSpec {
             kernel: None,
             padding: None,
             fc: None,
+            width: None,
+            stem: None,
         }
     }
     pub fn hidden(&self) -> Vec<usize> {
@@ -88,6 +118,17 @@ impl ModelSpec {
     }
     pub fn fc(&self) -> usize {
         self.fc.unwrap_or(128)
+    }
+    pub fn width(&self) -> f64 {
+        self.width.unwrap_or(1.0)
+    }
+    /// The stem for inputs of `h × w`: as set, else `imagenet` from 64×64 up and `cifar` below.
+    pub fn stem(&self, h: usize, w: usize) -> Stem {
+        self.stem.unwrap_or(if h.min(w) >= 64 {
+            Stem::Imagenet
+        } else {
+            Stem::Cifar
+        })
     }
 }
 
@@ -742,6 +783,16 @@ impl Job {
         only("kernel", m.kernel.is_some(), ModelKind::Cnn)?;
         only("padding", m.padding.is_some(), ModelKind::Cnn)?;
         only("fc", m.fc.is_some(), ModelKind::Cnn)?;
+        only("width", m.width.is_some(), ModelKind::Resnet50)?;
+        only("stem", m.stem.is_some(), ModelKind::Resnet50)?;
+        if let Some(w) = m.width {
+            if !(w.is_finite() && (1.0 / 64.0..=4.0).contains(&w)) {
+                return Err(self.invalid(
+                    "model.width",
+                    format!("must be from 0.015625 (1/64) to 4, not {w}"),
+                ));
+            }
+        }
         let width_ok = |w: &usize| (1..=1 << 16).contains(w);
         if let Some(h) = &m.hidden {
             if h.len() > 16 || !h.iter().all(width_ok) {

@@ -146,6 +146,12 @@ struct TrainArgs {
     /// MLP hidden widths, e.g. 256,128,100.
     #[arg(long, value_delimiter = ',')]
     hidden: Option<Vec<usize>>,
+    /// ResNet width multiplier, e.g. 0.0625 for a reduced ResNet-50.
+    #[arg(long)]
+    width: Option<f64>,
+    /// ResNet stem: imagenet (7×7/2 conv and max-pool) or cifar (3×3/1 conv).
+    #[arg(long, value_enum)]
+    stem: Option<StemArg>,
     /// Data source: mnist-10k, fashion-mnist, idx or synthetic.
     #[arg(long)]
     data: Option<String>,
@@ -203,6 +209,13 @@ impl EngineFlags {
 enum ModelArg {
     Mlp,
     Cnn,
+    Resnet50,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug)]
+enum StemArg {
+    Imagenet,
+    Cifar,
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug)]
@@ -391,6 +404,7 @@ fn train_job(a: TrainArgs) -> Result<(Job, u32, Option<PathBuf>), Error> {
         let kind = match m {
             ModelArg::Mlp => ModelKind::Mlp,
             ModelArg::Cnn => ModelKind::Cnn,
+            ModelArg::Resnet50 => ModelKind::Resnet50,
         };
         if file.model.as_ref().map(|m| m.kind) != Some(kind) {
             file.model = Some(ModelSpec::of(kind));
@@ -399,6 +413,19 @@ fn train_job(a: TrainArgs) -> Result<(Job, u32, Option<PathBuf>), Error> {
     if let Some(h) = a.hidden {
         if let Some(m) = file.model.as_mut() {
             m.hidden = Some(h);
+        }
+    }
+    if let Some(w) = a.width {
+        if let Some(m) = file.model.as_mut() {
+            m.width = Some(w);
+        }
+    }
+    if let Some(st) = a.stem {
+        if let Some(m) = file.model.as_mut() {
+            m.stem = Some(match st {
+                StemArg::Imagenet => gpumux::job::Stem::Imagenet,
+                StemArg::Cifar => gpumux::job::Stem::Cifar,
+            });
         }
     }
     if let Some(d) = a.data {

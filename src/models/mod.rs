@@ -4,23 +4,37 @@ pub mod cnn;
 pub mod memplan;
 pub mod mlp;
 pub mod network;
+pub mod resnet;
 
 pub use memplan::{MemKind, MemoryPlan};
-pub use network::{LayerDef, Network};
+pub use network::{LayerDef, Network, Node};
 
 use crate::engine::Conv2dShape;
 use crate::job::{ModelKind, ModelSpec, Optimizer};
 
-/// The layer list of a model for inputs of shape `[c, h, w]` and `classes` outputs.
-pub fn layers(
+
+/// The layer graph of a model for inputs of shape `[c, h, w]` and `classes` outputs.
+/// (ResNet has no dropout: `dropout` applies to the MLP and the CNN.)
+pub fn nodes(
     spec: &ModelSpec,
     input: [usize; 3],
     classes: usize,
     dropout: f32,
-) -> Result<Vec<LayerDef>, String> {
+) -> Result<Vec<Node>, String> {
     match spec.kind {
-        ModelKind::Mlp => Ok(mlp::layers(&spec.hidden(), input, classes, dropout)),
-        ModelKind::Cnn => cnn::layers(spec, input, classes, dropout),
+        ModelKind::Mlp => Ok(network::chain(&mlp::layers(
+            &spec.hidden(),
+            input,
+            classes,
+            dropout,
+        ))),
+        ModelKind::Cnn => Ok(network::chain(&cnn::layers(spec, input, classes, dropout)?)),
+        ModelKind::Resnet50 => resnet::nodes(
+            input,
+            classes,
+            spec.width(),
+            spec.stem(input[1], input[2]),
+        ),
     }
 }
 
@@ -34,8 +48,8 @@ pub fn build(
     optimizer: Optimizer,
     ws_len: &dyn Fn(&Conv2dShape) -> usize,
 ) -> Result<Network, String> {
-    Network::new(
-        &layers(spec, input, classes, dropout)?,
+    Network::graph(
+        &nodes(spec, input, classes, dropout)?,
         input,
         classes,
         batch,
