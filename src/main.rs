@@ -152,10 +152,10 @@ struct TrainArgs {
     /// ResNet stem: imagenet (7×7/2 conv and max-pool) or cifar (3×3/1 conv).
     #[arg(long, value_enum)]
     stem: Option<StemArg>,
-    /// Data source: mnist-10k, fashion-mnist, idx or synthetic.
+    /// Data source: mnist-10k, fashion-mnist, idx, cifar10 or synthetic.
     #[arg(long)]
     data: Option<String>,
-    /// Data folder (for fashion-mnist, idx, or a copy of mnist-10k).
+    /// Data folder (for fashion-mnist, idx, cifar10, or a copy of mnist-10k).
     #[arg(long)]
     data_path: Option<PathBuf>,
     /// Folder that relative data paths are taken from.
@@ -430,7 +430,7 @@ fn train_job(a: TrainArgs) -> Result<(Job, u32, Option<PathBuf>), Error> {
     }
     if let Some(d) = a.data {
         let source: gpumux::data::Source = serde_yaml::from_str(&d)
-            .map_err(|_| Error::Usage(format!("--data: unknown source `{d}` (expected mnist-10k, fashion-mnist, idx or synthetic)")))?;
+            .map_err(|_| Error::Usage(format!("--data: unknown source `{d}` (expected mnist-10k, fashion-mnist, idx, cifar10 or synthetic)")))?;
         file.data = Some(gpumux::data::DataSpec::of(source));
     }
     if let Some(p) = a.data_path {

@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 
 use crate::error::DataError;
 
+pub mod cifar;
 pub mod embedded;
 pub mod idx;
 pub mod split;
@@ -66,6 +67,10 @@ pub enum Source {
     FashionMnist,
     /// Any MNIST-style IDX folder given by `path`.
     Idx,
+    /// CIFAR-10, binary version: a folder given by `path` with `data_batch_1.bin` … `data_batch_5.bin`
+    /// and `test_batch.bin` (or its subfolder `cifar-10-batches-bin`).
+    #[serde(rename = "cifar10")]
+    Cifar10,
     /// Learnable synthetic images of any shape, generated from the seed.
     Synthetic,
 }
@@ -75,8 +80,8 @@ pub enum Source {
 #[serde(deny_unknown_fields)]
 pub struct DataSpec {
     pub source: Source,
-    /// A folder (or, for `idx`, a folder of IDX files). Relative paths are taken from `--data-dir`,
-    /// else from the current directory.
+    /// A folder (for `idx`, of IDX files; for `cifar10`, of the CIFAR-10 binary batches). Relative
+    /// paths are taken from `--data-dir`, else from the current directory.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub path: Option<PathBuf>,
     /// Fraction held out for testing when the source has no separate test files (default 0.2).
@@ -100,13 +105,20 @@ pub struct DataSpec {
     /// Synthetic only: test samples (default 2000).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub test_samples: Option<usize>,
-    /// Standardise pixels with the training split's mean and standard deviation (default true),
-    /// as PyTorch's MNIST example does with `Normalize((0.1307,), (0.3081,))`.
+    /// Standardise pixels with the training split's mean and standard deviation, per channel
+    /// (default true), as PyTorch's MNIST example does with `Normalize((0.1307,), (0.3081,))` and
+    /// CIFAR-10 recipes do with one mean and one standard deviation per colour plane.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub normalize: Option<bool>,
+    /// Zero-pad every image, centred, to `[height, width]` (e.g. 28×28 digits to 32×32), as
+    /// torchvision's `Pad` does before `Normalize`: the border is pixel value 0, standardised like
+    /// any other pixel with the moments of the unpadded training images.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pad_to: Option<[usize; 2]>,
 }
 
-/// Samples of one split: images as `f32` (`byte/255`, then standardised unless `normalize: false`), `n × (c·h·w)`, and their labels.
+/// Samples of one split: images as `f32` (`byte/255`, zero-padded to `pad_to` if set, then standardised
+/// per channel unless `normalize: false`), `n × (c·h·w)`, and their labels.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Samples {
     pub images: Vec<f32>,
@@ -154,18 +166,104 @@ impl Dataset {
         (mean, var.sqrt())
     }
 
-    /// Standardises both splits with the training split's moments (a constant image is left centred).
+    /// The training split's mean and standard deviation of each channel (in f64). With one
+    /// channel this is [`train_moments`](Self::train_moments).
+    pub fn channel_moments(&self) -> Vec<(f64, f64)> {
+        let [channels, h, w] = self.shape;
+        let plane = (h * w).max(1);
+        let planes = |c: usize| {
+            self.train
+                .images
+                .chunks_exact(plane)
+                .skip(c)
+                .step_by(channels.max(1))
+        };
+        (0..channels)
+            .map(|c| {
+                let n = (self.train.len() * plane).max(1) as f64;
+                let mean = planes(c).flatten().map(|&x| x as f64).sum::<f64>() / n;
+                let var = planes(c)
+                    .flatten()
+                    .map(|&x| (x as f64 - mean).powi(2))
+                    .sum::<f64>()
+                    / n;
+                (mean, var.sqrt())
+            })
+            .collect()
+    }
+
+    /// Standardises both splits, channel by channel, with the training split's moments (a
+    /// constant channel is left centred).
     pub fn standardize(&mut self) {
-        let (mean, std) = self.train_moments();
-        let scale = if std > 1e-12 { 1.0 / std } else { 1.0 };
-        for x in self
+        let moments = self.channel_moments();
+        self.standardize_with(&moments);
+    }
+
+    /// Standardises both splits with one `(mean, standard deviation)` per channel.
+    fn standardize_with(&mut self, moments: &[(f64, f64)]) {
+        let plane = (self.shape[1] * self.shape[2]).max(1);
+        let images = self
             .train
             .images
-            .iter_mut()
-            .chain(self.test.images.iter_mut())
-        {
-            *x = ((*x as f64 - mean) * scale) as f32;
+            .chunks_exact_mut(plane)
+            .chain(self.test.images.chunks_exact_mut(plane));
+        for (values, &(mean, std)) in images.zip(moments.iter().cycle()) {
+            let scale = if std > 1e-12 { 1.0 / std } else { 1.0 };
+            for x in values {
+                *x = ((*x as f64 - mean) * scale) as f32;
+            }
         }
+    }
+
+    /// Pads every image of both splits with zeros to `height × width`, centred: the top and left
+    /// borders get half the extra rows and columns, rounded down, and the bottom and right ones
+    /// the rest (as torchvision's `CenterCrop` pads an image smaller than its size).
+    pub fn pad(&mut self, [height, width]: [usize; 2]) -> Result<(), DataError> {
+        let [channels, h, w] = self.shape;
+        if height < h || width < w {
+            return Err(DataError::Invalid(format!(
+                "`pad_to` [{height}, {width}] is smaller than the {} images, {h}×{w}: padding cannot crop",
+                self.name
+            )));
+        }
+        if (height, width) == (h, w) {
+            return Ok(());
+        }
+        let len = [channels, height, width]
+            .iter()
+            .try_fold(1usize, |a, &d| a.checked_mul(d))
+            .filter(|&n| n <= MAX_SAMPLE_ELEMENTS)
+            .ok_or_else(|| {
+                DataError::Invalid(format!(
+                    "`pad_to` [{height}, {width}] makes {channels}×{height}×{width} samples, more \
+                     than 2^28 ({MAX_SAMPLE_ELEMENTS}) elements each"
+                ))
+            })?;
+        let (top, left) = ((height - h) / 2, (width - w) / 2);
+        for samples in [&mut self.train, &mut self.test] {
+            let mut padded = Vec::new();
+            let total = samples.len().checked_mul(len);
+            if total
+                .map(|n| padded.try_reserve_exact(n).is_err())
+                .unwrap_or(true)
+            {
+                return Err(DataError::Invalid(format!(
+                    "`pad_to` [{height}, {width}]: {} samples of {len} elements do not fit in memory",
+                    samples.len()
+                )));
+            }
+            padded.resize(samples.len() * len, 0.0f32);
+            let out_planes = padded.chunks_exact_mut((height * width).max(1));
+            for (src, dst) in samples.images.chunks_exact((h * w).max(1)).zip(out_planes) {
+                for (row, src_row) in src.chunks_exact(w.max(1)).enumerate() {
+                    let start = (top + row) * width + left;
+                    dst[start..start + w].copy_from_slice(src_row);
+                }
+            }
+            samples.images = padded;
+        }
+        self.shape = [channels, height, width];
+        Ok(())
     }
 }
 
@@ -183,6 +281,7 @@ impl DataSpec {
             train_samples: None,
             test_samples: None,
             normalize: None,
+            pad_to: None,
         }
     }
 
@@ -198,13 +297,20 @@ impl DataSpec {
             (Source::Idx, None) => {
                 return fail("path", "is required for source idx (a folder of IDX files)")
             }
+            (Source::Cifar10, None) => return fail(
+                "path",
+                "is required for source cifar10 (the folder of data_batch_1.bin … test_batch.bin)",
+            ),
             (Source::Synthetic, Some(_)) => {
                 return fail("path", "does not apply to source synthetic")
             }
             _ => {}
         }
         if let Some(f) = self.test_fraction {
-            if matches!(self.source, Source::Synthetic | Source::FashionMnist) {
+            if matches!(
+                self.source,
+                Source::Synthetic | Source::FashionMnist | Source::Cifar10
+            ) {
                 return fail(
                     "test_fraction",
                     format!("does not apply to source {source}, which has its own test set"),
@@ -223,6 +329,17 @@ impl DataSpec {
         ] {
             if limit == Some(0) {
                 return fail(key, "must be at least 1");
+            }
+        }
+        if let Some(target) = self.pad_to {
+            if target.contains(&0) {
+                return fail("pad_to", format!("{target:?} has a zero dimension"));
+            }
+            if !matches!(target[0].checked_mul(target[1]), Some(e) if e <= MAX_SAMPLE_ELEMENTS) {
+                return fail(
+                    "pad_to",
+                    format!("{target:?} has more than 2^28 ({MAX_SAMPLE_ELEMENTS}) pixels"),
+                );
             }
         }
         if !synthetic {
@@ -278,7 +395,10 @@ impl DataSpec {
     /// Single-set sources (`mnist-10k`, `idx` with one pair of files) are split by class with
     /// `test_fraction`, each side in a seeded random order; sources with their own test files keep
     /// them and their file order. Synthetic data is generated from `seed`. `train_limit` and
-    /// `test_limit` then keep the first samples of each side.
+    /// `test_limit` then keep the first samples of each side. With `normalize`, each channel is
+    /// standardised with the mean and standard deviation of that channel over the (limited)
+    /// training images, taken before `pad_to` adds its zero border, so padding changes no pixel of
+    /// the image itself and its border is what a 0 pixel becomes.
     pub fn load(&self, base: Option<&Path>, seed: u64) -> Result<Dataset, DataError> {
         self.validate()
             .map_err(|(key, message)| DataError::Invalid(format!("`{key}` {message}")))?;
@@ -331,6 +451,12 @@ impl DataSpec {
                     });
                 }
             }
+            Source::Cifar10 => {
+                let dir = folder.ok_or_else(|| {
+                    DataError::Invalid("`path` is required for source cifar10".into())
+                })?;
+                cifar::read(&dir, self.train_limit, self.test_limit)?
+            }
             Source::Synthetic => {
                 let shape = self.shape.unwrap_or(DEFAULT_SHAPE);
                 let classes = self.classes.unwrap_or(DEFAULT_CLASSES);
@@ -353,8 +479,15 @@ impl DataSpec {
         let len = data.sample_len();
         split::truncate(&mut data.train, self.train_limit, len);
         split::truncate(&mut data.test, self.test_limit, len);
-        if self.normalize.unwrap_or(true) {
-            data.standardize();
+        let moments = self
+            .normalize
+            .unwrap_or(true)
+            .then(|| data.channel_moments());
+        if let Some(target) = self.pad_to {
+            data.pad(target)?;
+        }
+        if let Some(moments) = moments {
+            data.standardize_with(&moments);
         }
         Ok(data)
     }
@@ -367,6 +500,7 @@ impl Source {
             Source::Mnist10k => "mnist-10k",
             Source::FashionMnist => "fashion-mnist",
             Source::Idx => "idx",
+            Source::Cifar10 => "cifar10",
             Source::Synthetic => "synthetic",
         }
     }

@@ -1,4 +1,4 @@
-//! Tests of the data sources: the built-in MNIST-10k, IDX folders, Fashion-MNIST, synthetic data, and validation.
+//! Tests of the data sources (the built-in MNIST-10k, IDX folders, Fashion-MNIST, CIFAR-10, synthetic data), padding, standardisation and validation.
 
 use super::*;
 use std::collections::{hash_map::DefaultHasher, HashSet};
@@ -430,6 +430,7 @@ fn sources_parse_by_their_job_file_names() {
         Source::Mnist10k,
         Source::FashionMnist,
         Source::Idx,
+        Source::Cifar10,
         Source::Synthetic,
     ] {
         let parsed: Source = serde_yaml::from_str(s.name()).unwrap();
@@ -452,4 +453,242 @@ fn normalize_standardises_with_the_training_moments() {
     // The test split uses the training moments, not its own.
     let x = raw.test.images[300] as f64;
     assert!(((x - m0) / s0 - norm.test.images[300] as f64).abs() < 1e-5);
+}
+
+/// Writes six CIFAR-10 batches into `dir`: two records in each training batch and three in the
+/// test batch. Record `k` has label `k % 10`; its red plane is `10·k`, green `10·k + 1`, and blue
+/// `10·k + 2` plus the column.
+fn write_cifar(dir: &Path) {
+    let record =
+        |k: usize| cifar::encode_record((k % 10) as u8, |c, _, x| (10 * k + c + x * (c / 2)) as u8);
+    for (f, name) in cifar::TRAIN_FILES.iter().enumerate() {
+        let bytes: Vec<u8> = (0..2).flat_map(|i| record(2 * f + i)).collect();
+        std::fs::write(dir.join(name), bytes).unwrap();
+    }
+    let bytes: Vec<u8> = (0..3).flat_map(|i| record(20 + i)).collect();
+    std::fs::write(dir.join(cifar::TEST_FILE), bytes).unwrap();
+}
+
+#[test]
+fn cifar10_loads_from_a_relative_path_and_standardises_each_plane() {
+    let base = tempfile::tempdir().unwrap();
+    let dir = base.path().join("cifar").join(cifar::EXTRACTED);
+    std::fs::create_dir_all(&dir).unwrap();
+    write_cifar(&dir);
+    let mut s = spec(Source::Cifar10);
+    s.path = Some(PathBuf::from("cifar"));
+    let raw = s.load(Some(base.path()), 0).unwrap();
+    assert_eq!(
+        (raw.name.as_str(), raw.shape, raw.classes),
+        ("cifar10", [3, 32, 32], 10)
+    );
+    assert_eq!((raw.train.len(), raw.test.len()), (10, 3));
+    assert_eq!(raw.train.labels, (0..10).collect::<Vec<u32>>());
+    // Sample 4, green plane, any pixel: 10·4 + 1.
+    assert_eq!(raw.train.images[4 * 3072 + 1024 + 33], 41.0 / 255.0);
+    // Blue plane, row 3, column 31: 10·4 + 2 + 31.
+    assert_eq!(
+        raw.train.images[4 * 3072 + 2048 + 3 * 32 + 31],
+        73.0 / 255.0
+    );
+
+    s.normalize = None;
+    s.train_limit = Some(6);
+    let norm = s.load(Some(base.path()), 0).unwrap();
+    assert_eq!((norm.train.len(), norm.test.len()), (6, 3));
+    for (c, (mean, std)) in norm.channel_moments().into_iter().enumerate() {
+        assert!(
+            mean.abs() < 1e-5 && (std - 1.0).abs() < 1e-4,
+            "channel {c}: {mean} {std}"
+        );
+    }
+    // The red plane of the six training samples is 0, 10, ..., 50 (/255): mean 25, std √291.67.
+    let expected = (200.0 - 25.0) / (291.666_666_7f64).sqrt();
+    assert!(
+        (norm.test.images[0] as f64 - expected).abs() < 1e-4,
+        "{}",
+        norm.test.images[0]
+    );
+}
+
+#[test]
+fn cifar10_errors_reach_the_spec() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut s = spec(Source::Cifar10);
+    s.path = Some(dir.path().to_path_buf());
+    let e = s.load(None, 0).unwrap_err();
+    assert!(matches!(e, DataError::Missing { .. }), "{e:?}");
+    assert!(e.to_string().contains("data_batch_1.bin"), "{e}");
+    write_cifar(dir.path());
+    std::fs::write(dir.path().join("data_batch_2.bin"), [1u8; 3074]).unwrap();
+    let m = s.load(None, 0).unwrap_err().to_string();
+    assert!(
+        m.contains("data_batch_2.bin") && m.contains("3074 bytes"),
+        "{m}"
+    );
+    let e = spec(Source::Cifar10).load(None, 0).unwrap_err();
+    assert!(
+        matches!(&e, DataError::Invalid(m) if m.contains("`path`")),
+        "{e:?}"
+    );
+}
+
+#[test]
+fn per_channel_moments_match_the_global_ones_for_one_channel() {
+    let d = spec(Source::Mnist10k).load(None, 2).unwrap();
+    assert_eq!(d.channel_moments(), vec![d.train_moments()]);
+    let mut s = spec(Source::Synthetic);
+    s.shape = Some([3, 6, 5]);
+    s.train_samples = Some(40);
+    s.test_samples = Some(10);
+    let raw = s.load(None, 2).unwrap();
+    let moments = raw.channel_moments();
+    assert_eq!(moments.len(), 3);
+    // The channels differ, so one global mean would leave them off centre.
+    assert!(
+        moments.windows(2).any(|m| (m[0].0 - m[1].0).abs() > 1e-3),
+        "{moments:?}"
+    );
+    s.normalize = None;
+    let norm = s.load(None, 2).unwrap();
+    for (c, (mean, std)) in norm.channel_moments().into_iter().enumerate() {
+        assert!(
+            mean.abs() < 1e-5 && (std - 1.0).abs() < 1e-4,
+            "channel {c}: {mean} {std}"
+        );
+    }
+    // Test pixel: sample 1, channel 2, element 7, standardised with the training moments.
+    let i = 90 + 2 * 30 + 7;
+    let (m2, s2) = moments[2];
+    assert!(((raw.test.images[i] as f64 - m2) / s2 - norm.test.images[i] as f64).abs() < 1e-5);
+}
+
+#[test]
+fn pad_to_centres_each_image_in_a_zero_border() {
+    // 3×2 images padded to 6×5: one row above and two below, one column left and two right.
+    let mut s = spec(Source::Synthetic);
+    s.shape = Some([2, 3, 2]);
+    s.train_samples = Some(4);
+    s.test_samples = Some(3);
+    let raw = s.load(None, 1).unwrap();
+    s.pad_to = Some([6, 5]);
+    let padded = s.load(None, 1).unwrap();
+    assert_eq!((padded.shape, padded.sample_len()), ([2, 6, 5], 60));
+    assert_eq!((padded.train.len(), padded.test.len()), (4, 3));
+    assert_eq!(padded.train.labels, raw.train.labels);
+    assert_eq!(padded.test.images.len(), 3 * 60);
+    for (split_raw, split_pad) in [(&raw.train, &padded.train), (&raw.test, &padded.test)] {
+        for (src, dst) in split_raw
+            .images
+            .chunks_exact(6)
+            .zip(split_pad.images.chunks_exact(30))
+        {
+            for y in 0..6 {
+                for x in 0..5 {
+                    let inside = (1..4).contains(&y) && (1..3).contains(&x);
+                    let want = if inside {
+                        src[(y - 1) * 2 + (x - 1)]
+                    } else {
+                        0.0
+                    };
+                    assert_eq!(dst[y * 5 + x], want, "row {y} column {x}");
+                }
+            }
+        }
+    }
+    // The same size changes nothing.
+    s.pad_to = Some([3, 2]);
+    assert_eq!(s.load(None, 1).unwrap(), raw);
+}
+
+#[test]
+fn pad_to_borders_are_standardised_zeros_and_images_keep_their_values() {
+    let mut s = DataSpec::of(Source::Mnist10k);
+    s.train_limit = Some(500);
+    s.test_limit = Some(100);
+    let plain = s.load(None, 4).unwrap();
+    let (mean, std) = spec(Source::Mnist10k)
+        .load(None, 4)
+        .map(|mut d| {
+            d.train.labels.truncate(500);
+            d.train.images.truncate(500 * 784);
+            d.train_moments()
+        })
+        .unwrap();
+    s.pad_to = Some([32, 32]);
+    let padded = s.load(None, 4).unwrap();
+    assert_eq!(padded.shape, [1, 32, 32]);
+    assert_eq!(padded.train.images.len(), 500 * 1024);
+    let zero = ((0.0 - mean) / std) as f32;
+    assert!(zero < -0.3, "a 0 pixel standardises below the mean: {zero}");
+    for (src, dst) in plain
+        .test
+        .images
+        .chunks_exact(784)
+        .zip(padded.test.images.chunks_exact(1024))
+    {
+        for y in 0..32 {
+            for x in 0..32 {
+                let v = dst[y * 32 + x];
+                if (2..30).contains(&y) && (2..30).contains(&x) {
+                    assert_eq!(v, src[(y - 2) * 28 + (x - 2)]);
+                } else {
+                    assert!(
+                        (v - zero).abs() < 1e-6,
+                        "border ({y}, {x}) is {v}, want {zero}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn pad_to_smaller_than_the_image_is_an_error() {
+    let mut s = spec(Source::Mnist10k);
+    s.pad_to = Some([32, 27]);
+    let e = s.load(None, 0).unwrap_err();
+    assert!(
+        matches!(&e, DataError::Invalid(m) if m.contains("`pad_to` [32, 27]") && m.contains("28×28")),
+        "{e:?}"
+    );
+    let mut s = spec(Source::Synthetic);
+    s.shape = Some([1, 1 << 14, 1 << 14]);
+    s.train_samples = Some(1);
+    s.test_samples = Some(1);
+    s.pad_to = Some([1 << 14, 1 << 14]);
+    assert_eq!(s.validate(), Ok(()));
+    let mut d = Dataset {
+        name: "tiny".into(),
+        shape: [2, 1, 1],
+        classes: 2,
+        train: Samples::default(),
+        test: Samples::default(),
+    };
+    let e = d.pad([1 << 14, 1 << 14]).unwrap_err();
+    assert!(e.to_string().contains("2^28"), "{e}");
+}
+
+#[test]
+fn validate_checks_cifar10_and_pad_to() {
+    let mut s = spec(Source::Cifar10);
+    assert_eq!(invalid(&s).0, "path");
+    s.path = Some("cifar".into());
+    s.pad_to = Some([40, 40]);
+    s.train_limit = Some(100);
+    assert_eq!(s.validate(), Ok(()));
+    s.test_fraction = Some(0.2);
+    let (k, m) = invalid(&s);
+    assert!(
+        k == "test_fraction" && m.contains("own test set"),
+        "{k} {m}"
+    );
+    s.test_fraction = None;
+    s.classes = Some(10);
+    assert_eq!(invalid(&s).0, "classes");
+    s.classes = None;
+    for bad in [[0, 32], [32, 0], [1 << 15, 1 << 14], [usize::MAX, 2]] {
+        s.pad_to = Some(bad);
+        assert_eq!(invalid(&s).0, "pad_to", "{bad:?}");
+    }
 }
