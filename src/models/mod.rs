@@ -12,7 +12,6 @@ pub use network::{LayerDef, Network, Node};
 use crate::engine::Conv2dShape;
 use crate::job::{ModelKind, ModelSpec, Optimizer};
 
-
 /// The layer graph of a model for inputs of shape `[c, h, w]` and `classes` outputs.
 /// (ResNet has no dropout: `dropout` applies to the MLP and the CNN.)
 pub fn nodes(
@@ -29,12 +28,9 @@ pub fn nodes(
             dropout,
         ))),
         ModelKind::Cnn => Ok(network::chain(&cnn::layers(spec, input, classes, dropout)?)),
-        ModelKind::Resnet50 => resnet::nodes(
-            input,
-            classes,
-            spec.width(),
-            spec.stem(input[1], input[2]),
-        ),
+        ModelKind::Resnet50 => {
+            resnet::nodes(input, classes, spec.width(), spec.stem(input[1], input[2]))
+        }
     }
 }
 

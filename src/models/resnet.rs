@@ -91,7 +91,9 @@ impl Builder {
         let shortcut = if stride != 1 || xs[0] != out_c {
             let (d, ds) = self.conv(x, xs, out_c, 1, stride, 0)?;
             if ds != s {
-                return Err(format!("shortcut shape {ds:?} differs from the block's {s:?}"));
+                return Err(format!(
+                    "shortcut shape {ds:?} differs from the block's {s:?}"
+                ));
             }
             self.bn(d, ds, false)
         } else {
@@ -115,6 +117,17 @@ pub fn nodes(
     classes: usize,
     width: f64,
     stem: Stem,
+) -> Result<Vec<Node>, String> {
+    nodes_with_blocks(input, classes, width, stem, BLOCKS)
+}
+
+/// The same architecture with `blocks` bottlenecks per stage (ResNet-50 has [`BLOCKS`]).
+pub fn nodes_with_blocks(
+    input: [usize; 3],
+    classes: usize,
+    width: f64,
+    stem: Stem,
+    blocks: [usize; 4],
 ) -> Result<Vec<Node>, String> {
     let mut b = Builder {
         nodes: Vec::new(),
@@ -146,7 +159,7 @@ pub fn nodes(
         b.push(LayerDef::MaxPool(pool), v);
         b.shape = [s[0], pool.h_out(), pool.w_out()];
     }
-    for (stage, &blocks) in BLOCKS.iter().enumerate() {
+    for (stage, &blocks) in blocks.iter().enumerate() {
         for block in 0..blocks {
             let stride = if stage > 0 && block == 0 { 2 } else { 1 };
             b.bottleneck(planes(stage, width), stride)?;
@@ -154,7 +167,10 @@ pub fn nodes(
     }
     let [c, h, w] = b.shape;
     let last = b.last();
-    let pooled = b.push(LayerDef::GlobalAvgPool(PlaneShape { n: 1, c, hw: h * w }), last);
+    let pooled = b.push(
+        LayerDef::GlobalAvgPool(PlaneShape { n: 1, c, hw: h * w }),
+        last,
+    );
     b.push(
         LayerDef::Dense {
             inputs: c,
@@ -185,7 +201,10 @@ mod tests {
         // num_classes=10 replaces the 2048×1000 classifier: 23,528,522.
         assert_eq!(count([3, 224, 224], 10, 1.0, Stem::Imagenet), 23_528_522);
         // The CIFAR stem's 3×3 conv has 64·3·9 weights instead of 64·3·49.
-        assert_eq!(count([3, 32, 32], 10, 1.0, Stem::Cifar), 23_528_522 - 64 * 3 * 40);
+        assert_eq!(
+            count([3, 32, 32], 10, 1.0, Stem::Cifar),
+            23_528_522 - 64 * 3 * 40
+        );
     }
 
     #[test]
@@ -209,7 +228,14 @@ mod tests {
             LayerDef::GlobalAvgPool(p) => Some(p),
             _ => None,
         });
-        assert_eq!(pool, Some(PlaneShape { n: 1, c: 2048, hw: 49 }));
+        assert_eq!(
+            pool,
+            Some(PlaneShape {
+                n: 1,
+                c: 2048,
+                hw: 49
+            })
+        );
     }
 
     #[test]
@@ -224,8 +250,8 @@ mod tests {
             })));
         // Batch norm on 1×1 maps needs two samples.
         let nodes = nodes([1, 1, 1], 10, 0.0625, Stem::Cifar).unwrap();
-        let e = Network::graph(&nodes, [1, 1, 1], 10, 1, Optimizer::Sgd, &|s| s.ws_len())
-            .unwrap_err();
+        let e =
+            Network::graph(&nodes, [1, 1, 1], 10, 1, Optimizer::Sgd, &|s| s.ws_len()).unwrap_err();
         assert!(e.contains("batch of at least 2"), "{e}");
     }
 }
