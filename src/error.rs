@@ -84,6 +84,20 @@ pub enum TrialError {
         epoch: usize,
         step: usize,
     },
+    /// The trial's plan at its batch size does not fit under its slice's cap; it never starts.
+    #[error("batch {batch} needs {need_mib:.1} MiB, slice cap {cap_mib:.1} MiB; {}", match largest {
+        Some(b) => format!("the largest batch that fits is {b}"),
+        None => format!("no batch size fits (batch 1 needs {floor_mib:.1} MiB)"),
+    })]
+    DoesNotFit {
+        batch: usize,
+        need_mib: f64,
+        cap_mib: f64,
+        /// The largest batch size whose plan fits, if any.
+        largest: Option<usize>,
+        /// What batch size 1 needs.
+        floor_mib: f64,
+    },
     #[error("injected fault: {0}")]
     Injected(String),
     #[error("interrupted")]

@@ -8,6 +8,7 @@ use crate::engine::{Backend, Split, STATS_LEN};
 use crate::error::TrialError;
 use crate::job::{EngineOptions, FaultKind, FaultSpec, Hyper, ModelSpec};
 use crate::models;
+use crate::plan::MIB;
 
 /// What a trial trains.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -83,20 +84,47 @@ pub fn run_trial(
             message: format!("batch size {batch} is larger than the {n_train} training samples"),
         }));
     }
-    let mut net = models::build(
-        &cfg.model,
-        cfg.input,
-        cfg.classes,
-        batch,
-        h.dropout as f32,
-        h.optimizer,
-        &|s| be.conv_workspace_len(s),
-    )
-    .map_err(|message| crate::error::EngineError::Shape {
+    let plan = |be: &dyn Backend, batch: usize| {
+        models::build(
+            &cfg.model,
+            cfg.input,
+            cfg.classes,
+            batch,
+            h.dropout as f32,
+            h.optimizer,
+            &|s| be.conv_workspace_len(s),
+        )
+    };
+    let mut net = plan(&*be, batch).map_err(|message| crate::error::EngineError::Shape {
         op: "model",
         message,
     })?;
-    be.alloc_arena(net.plan.total)?;
+    match be.alloc_arena(net.plan.total) {
+        Err(crate::error::EngineError::CapExceeded { need_mib, cap_mib }) => {
+            // What the backend adds to the plan (e.g. its BLAS workspace) does not depend on the
+            // batch, and a plan only grows with it: search for the largest batch that fits.
+            let extra = need_mib * MIB - net.plan.bytes() as f64;
+            let need = |b: usize| plan(&*be, b).map(|n| (n.plan.bytes() as f64 + extra) / MIB);
+            let fits = |b: usize| need(b).is_ok_and(|mib| mib <= cap_mib);
+            let (mut lo, mut hi) = (0, batch);
+            while hi - lo > 1 {
+                let mid = lo + (hi - lo) / 2;
+                if fits(mid) {
+                    lo = mid;
+                } else {
+                    hi = mid;
+                }
+            }
+            return Err(TrialError::DoesNotFit {
+                batch,
+                need_mib,
+                cap_mib,
+                largest: (lo > 0).then_some(lo),
+                floor_mib: need(1).unwrap_or(need_mib),
+            });
+        }
+        r => r?,
+    }
     net.init(be, cfg.seed)?;
     let dropout_seed = derive(cfg.seed, 2);
     let steps_per_epoch = n_train / batch;
@@ -244,4 +272,94 @@ fn inject(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::data::{Dataset, Samples};
+    use crate::engine::cpu::CpuBackend;
+    use crate::job::{ModelKind, Optimizer};
+    use std::sync::Arc;
+
+    fn config(batch: u32) -> TrialConfig {
+        let mut model = ModelSpec::of(ModelKind::Resnet50);
+        model.width = Some(0.0625);
+        TrialConfig {
+            model,
+            hyper: Hyper {
+                lr: 0.1,
+                batch_size: batch,
+                optimizer: Optimizer::Sgd,
+                momentum: 0.9,
+                weight_decay: 0.0,
+                dropout: 0.0,
+            },
+            epochs: 1,
+            seed: 1,
+            input: [3, 16, 16],
+            classes: 10,
+            fault: None,
+            engine: EngineOptions::default(),
+            max_steps: Some(1),
+            cancel: Default::default(),
+        }
+    }
+
+    fn backend(cap_mib: f64) -> CpuBackend {
+        let n = 256;
+        let data = Dataset {
+            name: "zeros".into(),
+            shape: [3, 16, 16],
+            classes: 10,
+            train: Samples {
+                images: vec![0.0; n * 768],
+                labels: (0..n as u32).map(|i| i % 10).collect(),
+            },
+            test: Samples {
+                images: vec![0.0; 10 * 768],
+                labels: (0..10).collect(),
+            },
+        };
+        CpuBackend::new(Arc::new(data), Some((cap_mib * MIB) as u64))
+    }
+
+    #[test]
+    fn a_batch_over_the_cap_names_the_largest_batch_that_fits() {
+        let plan_mib = |b: u32| {
+            let c = config(b);
+            let n = models::build(
+                &c.model,
+                c.input,
+                10,
+                b as usize,
+                0.0,
+                Optimizer::Sgd,
+                &|s| s.ws_len(),
+            )
+            .unwrap();
+            n.plan.bytes() as f64 / MIB
+        };
+        // A cap between the plans of batch 37 and 38.
+        let cap = (plan_mib(37) + plan_mib(38)) / 2.0;
+        let e = run_trial(&mut backend(cap), &config(128), &mut |_| {}).unwrap_err();
+        match e {
+            TrialError::DoesNotFit { batch, largest, .. } => {
+                assert_eq!((batch, largest), (128, Some(37)), "{e}")
+            }
+            other => panic!("{other}"),
+        }
+        assert!(
+            e.to_string().contains("the largest batch that fits is 37"),
+            "{e}"
+        );
+        // And batch 37 does run under that cap.
+        assert!(run_trial(&mut backend(cap), &config(37), &mut |_| {}).is_ok());
+        // Under the parameters' own size, nothing fits.
+        let e = run_trial(&mut backend(0.5), &config(8), &mut |_| {}).unwrap_err();
+        assert!(
+            e.to_string().contains("no batch size fits (batch 1 needs"),
+            "{e}"
+        );
+    }
 }

@@ -139,7 +139,8 @@ fn a_trial_over_its_cap_fails_alone_and_at_once() {
     assert_eq!(sgd["state"], "COMPLETE", "{sgd:?}");
     assert_eq!(adam["state"], "FAIL");
     assert!(
-        adam["error"].starts_with("needs ") && adam["error"].contains("MiB, slice cap 5.5 MiB"),
+        adam["error"].starts_with("batch 64 needs ")
+            && adam["error"].contains("MiB, slice cap 5.5 MiB; no batch size fits (batch 1 needs "),
         "{}",
         adam["error"]
     );
