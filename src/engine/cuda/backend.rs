@@ -10,7 +10,7 @@ use super::context::{Ctx, Entered};
 use super::data::DeviceData;
 use super::graph::{self, GraphExec};
 use super::launch::{grid_for, launch, Arg, BLOCK};
-use super::pool::{layout, Allocation, Layout, Pool};
+use super::pool::{blas_workspace_bytes, layout, Allocation, Layout, Pool};
 use super::stream::Stream;
 use crate::engine::Region;
 use crate::error::EngineError;
@@ -217,15 +217,17 @@ impl CudaBackend {
         self.stream.wait()
     }
 
-    /// Allocates the trial's one block from its pool: cuBLAS workspace, arena (zeroed) and the
-    /// training order (identity), replacing any earlier arena and graph.
+    /// Allocates the trial's one block from its pool: cuBLAS workspace (32 MiB on Hopper and
+    /// newer, 4 MiB before), arena (zeroed) and the training order (identity), replacing any
+    /// earlier arena and graph.
     pub(crate) fn allocate(&mut self, elems: usize) -> Result<(), EngineError> {
         self.not_capturing("alloc_arena")?;
         // A graph records the old arena's addresses, and the old arena counts against the cap.
         self.graph = None;
         self.arena = None;
         let n_train = self.data.train.len;
-        let layout = layout(elems, n_train)?;
+        let cc = self.ctx.device().info.compute_capability;
+        let layout = layout(blas_workspace_bytes(cc), elems, n_train)?;
         let alloc = self.pool.alloc(layout.total)?;
         {
             let entered = self.ctx.enter()?;
