@@ -1,4 +1,4 @@
-//! A trial's CUDA backend: its stream, pool, cuBLAS handle and arena, region checks, and the host-facing ops.
+//! A trial's CUDA backend: its stream, pool, cuBLAS and cuDNN handles and arena, region checks, and the host-facing ops.
 
 use std::sync::Arc;
 
@@ -7,6 +7,7 @@ use cudarc::driver::sys;
 use super::blas::Blas;
 use super::check::{check, to_u32};
 use super::context::{Ctx, Entered};
+use super::cudnn::Dnn;
 use super::data::DeviceData;
 use super::graph::{self, GraphExec};
 use super::launch::{grid_for, launch, Arg, BLOCK};
@@ -25,10 +26,12 @@ pub(crate) struct Arena {
 
 /// One trial's engine on the GPU. Ops are issued in order on the trial's stream.
 pub struct CudaBackend {
-    // Fields drop in this order: the graph and the cuBLAS handle before the memory they use, the
+    // Fields drop in this order: the graph and the library handles before the memory they use, the
     // memory before its pool. Each of them also holds the stream (and so the context) alive.
     pub(crate) graph: Option<GraphExec>,
     pub(crate) blas: Blas,
+    /// cuDNN for the convolutions; `None` runs them as im2col and cuBLAS GEMMs.
+    pub(crate) dnn: Option<Dnn>,
     pub(crate) arena: Option<Arena>,
     pub(crate) pool: Arc<Pool>,
     pub(crate) stream: Arc<Stream>,
@@ -66,13 +69,20 @@ impl CudaBackend {
         data: Arc<DeviceData>,
         cap: Option<u64>,
         opts: &EngineOptions,
+        cudnn: bool,
     ) -> Result<CudaBackend, EngineError> {
         let stream = Stream::new(Arc::clone(&ctx))?;
         let pool = Arc::new(Pool::new(Arc::clone(&stream), dev, cap)?);
         let blas = Blas::new(Arc::clone(&stream), opts.tf32)?;
+        let dnn = if cudnn {
+            Some(Dnn::new(Arc::clone(&stream), opts.tf32)?)
+        } else {
+            None
+        };
         Ok(CudaBackend {
             graph: None,
             blas,
+            dnn,
             arena: None,
             pool,
             stream,

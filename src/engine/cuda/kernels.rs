@@ -28,6 +28,8 @@ pub const MODULES: &[KernelModule] = &[
             "fill",
             "relu_fwd",
             "relu_bwd",
+            "add",
+            "add_assign",
             "bias_add",
             "bias_grad",
             "dropout_fwd",
@@ -43,7 +45,20 @@ pub const MODULES: &[KernelModule] = &[
             "col2im",
             "nchw_to_cnhw",
             "cnhw_to_nchw_bias",
+            "channel_bias",
+            "channel_sum",
             "row_sum",
+        ],
+    },
+    KernelModule {
+        name: "norm",
+        source: include_str!("../../../kernels/norm.cu"),
+        functions: &[
+            "batchnorm_fwd_train",
+            "batchnorm_fwd_infer",
+            "batchnorm_bwd",
+            "avgpool_fwd",
+            "avgpool_bwd",
         ],
     },
     KernelModule {
@@ -528,7 +543,7 @@ mod tests {
     #[test]
     fn every_kernel_of_the_readme_is_in_its_module_and_source() {
         let listed = readme_kernels();
-        assert_eq!(listed.len(), 22, "{listed:?}");
+        assert_eq!(listed.len(), 31, "{listed:?}");
         for (file, name) in &listed {
             let m = MODULES.iter().find(|m| m.name == file).unwrap();
             assert!(m.functions.contains(&name.as_str()), "{file}: {name}");
