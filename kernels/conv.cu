@@ -1,7 +1,8 @@
 // Convolution lowering over the whole batch: im2col/col2im and the layout changes around the GEMMs.
 // CPU twins: src/engine/cpu/im2col.rs (im2col, col2im, per sample) and ops::conv2d_fwd/conv2d_bwd
 // (bias add, bias gradient).
-// Stride 1, zero padding: h_out = h + 2·pad + 1 − k, w_out = w + 2·pad + 1 − k (engine::shapes).
+// Zero padding and a stride: h_out = (h + 2·pad − k)/stride + 1, and the same for w_out
+// (engine::shapes).
 
 typedef unsigned long long u64;
 
@@ -18,7 +19,7 @@ __device__ __forceinline__ bool fits32(u64 total)
 
 // The sizes shared by im2col and col2im.
 struct ConvSizes {
-    unsigned int n, c_in, h, w, k, pad, h_out, w_out;
+    unsigned int n, c_in, h, w, k, pad, stride, h_out, w_out;
 };
 
 template <typename I>
@@ -33,7 +34,8 @@ __device__ void im2col_body(const float* x, float* col, ConvSizes s)
         const I bo = j / s.w_out, b = bo / s.h_out;
         const unsigned int ox = (unsigned int)(j - bo * s.w_out);
         const unsigned int oy = (unsigned int)(bo - b * s.h_out);
-        const long long iy = (long long)oy + ky - s.pad, ix = (long long)ox + kx - s.pad;
+        const long long iy = (long long)oy * s.stride + ky - s.pad,
+                        ix = (long long)ox * s.stride + kx - s.pad;
         float v = 0.0f;
         if (iy >= 0 && iy < s.h && ix >= 0 && ix < s.w) {
             v = x[((b * s.c_in + ci) * s.h + (I)iy) * s.w + (I)ix];
@@ -42,13 +44,17 @@ __device__ void im2col_body(const float* x, float* col, ConvSizes s)
     }
 }
 
-// col[(ci·k·k + ky·k + kx)][(b·h_out + oy)·w_out + ox] = x[b, ci, oy+ky−pad, ox+kx−pad], 0 outside.
+// col[(ci·k·k + ky·k + kx)][(b·h_out + oy)·w_out + ox]
+//   = x[b, ci, oy·stride + ky − pad, ox·stride + kx − pad], 0 outside.
 // One thread per column-matrix entry, consecutive threads along ox.
 extern "C" __global__ void im2col(const float* x, float* col, unsigned int n, unsigned int c_in,
                                   unsigned int h, unsigned int w, unsigned int k, unsigned int pad,
-                                  unsigned int h_out, unsigned int w_out)
+                                  unsigned int stride, unsigned int h_out, unsigned int w_out)
 {
-    const ConvSizes s = {n, c_in, h, w, k, pad, h_out, w_out};
+    if (stride == 0) {
+        return;
+    }
+    const ConvSizes s = {n, c_in, h, w, k, pad, stride, h_out, w_out};
     if (fits32((u64)c_in * k * k * n * h_out * w_out)) {
         im2col_body<unsigned int>(x, col, s);
     } else {
@@ -67,15 +73,18 @@ __device__ void col2im_body(const float* col, float* dx, ConvSizes s)
         const I ci = plane - b * s.c_in;
         float sum = 0.0f;
         for (unsigned int ky = 0; ky < s.k; ++ky) {
-            const long long oy = iy + s.pad - ky;
-            if (oy < 0 || oy >= s.h_out) {
+            // Read by output row oy when oy·stride + ky − pad = iy.
+            const long long ty = iy + s.pad - ky;
+            if (ty < 0 || ty % s.stride != 0 || ty / s.stride >= s.h_out) {
                 continue;
             }
+            const long long oy = ty / s.stride;
             for (unsigned int kx = 0; kx < s.k; ++kx) {
-                const long long ox = ix + s.pad - kx;
-                if (ox < 0 || ox >= s.w_out) {
+                const long long tx = ix + s.pad - kx;
+                if (tx < 0 || tx % s.stride != 0 || tx / s.stride >= s.w_out) {
                     continue;
                 }
+                const long long ox = tx / s.stride;
                 const I row = (ci * s.k + ky) * s.k + kx;
                 sum += col[row * cols + (b * s.h_out + (I)oy) * s.w_out + (I)ox];
             }
@@ -88,9 +97,12 @@ __device__ void col2im_body(const float* col, float* dx, ConvSizes s)
 // it in (ky, kx) order, the order of the CPU twin; overwrites dx.
 extern "C" __global__ void col2im(const float* col, float* dx, unsigned int n, unsigned int c_in,
                                   unsigned int h, unsigned int w, unsigned int k, unsigned int pad,
-                                  unsigned int h_out, unsigned int w_out)
+                                  unsigned int stride, unsigned int h_out, unsigned int w_out)
 {
-    const ConvSizes s = {n, c_in, h, w, k, pad, h_out, w_out};
+    if (stride == 0) {
+        return;
+    }
+    const ConvSizes s = {n, c_in, h, w, k, pad, stride, h_out, w_out};
     // The column matrix is indexed too, and it may be larger than dx.
     const u64 col_len = (u64)c_in * k * k * n * h_out * w_out, dx_len = (u64)n * c_in * h * w;
     if (fits32(col_len > dx_len ? col_len : dx_len)) {
@@ -129,11 +141,13 @@ __device__ void cnhw_to_nchw_bias_body(const float* src, const float* bias, floa
     FOR_EACH(I, e, n * c * hw)
     {
         const I plane = e / hw, j = e - plane * hw, b = plane / c, ch = plane - b * c;
-        dst[e] = src[(ch * n + b) * hw + j] + bias[ch];
+        const float v = src[(ch * n + b) * hw + j];
+        dst[e] = bias ? v + bias[ch] : v;
     }
 }
 
-// dst[b][ch][j] = src[ch][b·hw + j] + bias[ch]; one thread per dst element.
+// dst[b][ch][j] = src[ch][b·hw + j] + bias[ch], or without the bias when `bias` is null; one
+// thread per dst element.
 extern "C" __global__ void cnhw_to_nchw_bias(const float* src, const float* bias, float* dst,
                                              unsigned int n, unsigned int c, unsigned int hw)
 {
@@ -141,6 +155,44 @@ extern "C" __global__ void cnhw_to_nchw_bias(const float* src, const float* bias
         cnhw_to_nchw_bias_body<unsigned int>(src, bias, dst, n, c, hw);
     } else {
         cnhw_to_nchw_bias_body<u64>(src, bias, dst, n, c, hw);
+    }
+}
+
+template <typename I>
+__device__ void channel_bias_body(float* y, const float* bias, I c, I hw, I total)
+{
+    FOR_EACH(I, e, total) { y[e] += bias[(e / hw) % c]; }
+}
+
+// y[b][ch][j] += bias[ch] over n·c·hw elements (the bias of a pointwise convolution, whose GEMMs
+// write NCHW directly); one thread per element.
+extern "C" __global__ void channel_bias(float* y, const float* bias, unsigned int n, unsigned int c,
+                                        unsigned int hw)
+{
+    if (fits32((u64)n * c * hw)) {
+        channel_bias_body<unsigned int>(y, bias, c, hw, n * c * hw);
+    } else {
+        channel_bias_body<u64>(y, bias, c, hw, (u64)n * c * hw);
+    }
+}
+
+// db[ch] = Σ_b (Σ_j dy[b][ch][j]): each sample's plane summed in order, those sums added in
+// sample order (ops::conv2d_bwd's bias gradient, bit for bit); one thread per channel, over NCHW.
+extern "C" __global__ void channel_sum(const float* dy, float* db, unsigned int n, unsigned int c,
+                                       unsigned int hw)
+{
+    FOR_EACH(u64, ch, c)
+    {
+        float total = 0.0f;
+        for (u64 b = 0; b < n; ++b) {
+            const float* plane = dy + (b * c + ch) * hw;
+            float sum = 0.0f;
+            for (unsigned int j = 0; j < hw; ++j) {
+                sum += plane[j];
+            }
+            total += sum;
+        }
+        db[ch] = total;
     }
 }
 

@@ -1,6 +1,6 @@
-// Elementwise kernels: fill, ReLU, bias, dropout and the step counter.
-// CPU twins: src/engine/cpu/ops.rs (relu_*, bias_*, dropout_*), src/engine/rng.rs (mix64, uniform),
-// src/engine/cpu/mod.rs (fill, advance).
+// Elementwise kernels: fill, ReLU, adds, bias, dropout and the step counter.
+// CPU twins: src/engine/cpu/ops.rs (relu_*, add, add_assign, bias_*, dropout_*),
+// src/engine/rng.rs (mix64, uniform), src/engine/cpu/mod.rs (fill, advance).
 
 typedef unsigned long long u64;
 
@@ -60,6 +60,18 @@ extern "C" __global__ void relu_fwd(const float* x, float* y, unsigned int n)
 extern "C" __global__ void relu_bwd(const float* y, const float* dy, float* dx, unsigned int n)
 {
     FOR_EACH(u64, i, n) { dx[i] = y[i] > 0.0f ? dy[i] : 0.0f; }
+}
+
+// y = a + b (a residual connection; ops::add).
+extern "C" __global__ void add(const float* a, const float* b, float* y, unsigned int n)
+{
+    FOR_EACH(u64, i, n) { y[i] = a[i] + b[i]; }
+}
+
+// y += x (a gradient reaching a tensor by a second path; ops::add_assign).
+extern "C" __global__ void add_assign(float* y, const float* x, unsigned int n)
+{
+    FOR_EACH(u64, i, n) { y[i] += x[i]; }
 }
 
 template <typename I>

@@ -1,5 +1,7 @@
-// Max pooling with a k×k window and stride k; h_out = h/k, w_out = w/k (trailing rows and columns
-// that fill no window are dropped). CPU twins: ops::maxpool_fwd, ops::maxpool_bwd.
+// Max pooling with a k×k window, a stride and pad positions each side that never win;
+// h_out = (h + 2·pad − k)/stride + 1 (trailing rows and columns that fill no window are dropped).
+// CPU twins: ops::maxpool_fwd, ops::maxpool_bwd (the launchers check pad < k and that every
+// window holds a real position).
 
 typedef unsigned long long u64;
 
@@ -14,98 +16,147 @@ __device__ __forceinline__ bool fits32(u64 total)
     return total + (u64)blockDim.x * gridDim.x <= 0xffffffffULL;
 }
 
-// The max of the window whose top-left element is `win` in a plane of row length w: the first
-// element, replaced by each later one (row-major) that is greater (ops::maxpool_fwd's fold).
-__device__ __forceinline__ float window_max(const float* win, unsigned int w, unsigned int k)
+struct PoolSizes {
+    unsigned int h, w, k, stride, pad, h_out, w_out;
+};
+
+// The max of the window of output (oy, ox) in a plane: its first real position (row-major), then
+// each later one that is greater replaces it (ops::maxpool_fwd's fold; a NaN first value stays).
+__device__ __forceinline__ float window_max(const float* plane, PoolSizes s, unsigned int oy,
+                                            unsigned int ox)
 {
-    float m = win[0];
-    for (unsigned int dy = 0; dy < k; ++dy) {
-        for (unsigned int dx = 0; dx < k; ++dx) {
-            const float v = win[(u64)dy * w + dx];
-            m = v > m ? v : m;
+    bool have = false;
+    float m = 0.0f;
+    for (unsigned int ky = 0; ky < s.k; ++ky) {
+        const int iy = (int)(oy * s.stride + ky) - (int)s.pad;
+        if (iy < 0 || iy >= (int)s.h) {
+            continue;
+        }
+        for (unsigned int kx = 0; kx < s.k; ++kx) {
+            const int ix = (int)(ox * s.stride + kx) - (int)s.pad;
+            if (ix < 0 || ix >= (int)s.w) {
+                continue;
+            }
+            const float v = plane[(u64)iy * s.w + ix];
+            if (!have) {
+                m = v;
+                have = true;
+            } else if (v > m) {
+                m = v;
+            }
         }
     }
-    return m;
+    return have ? m : __int_as_float(0xff800000); // −∞ for a window with no real position
 }
 
 template <typename I>
-__device__ void maxpool_fwd_body(const float* x, float* y, I planes, unsigned int h, unsigned int w,
-                                 unsigned int k)
+__device__ void maxpool_fwd_body(const float* x, float* y, I planes, PoolSizes s)
 {
-    const unsigned int ho = h / k, wo = w / k;
-    const I out_plane = (I)ho * wo;
+    const I out_plane = (I)s.h_out * s.w_out;
     FOR_EACH(I, e, planes * out_plane)
     {
         const I p = e / out_plane;
-        const unsigned int o = (unsigned int)(e - p * out_plane), oy = o / wo, ox = o - oy * wo;
-        y[e] = window_max(x + (p * h + (I)oy * k) * w + (I)ox * k, w, k);
+        const unsigned int o = (unsigned int)(e - p * out_plane), oy = o / s.w_out,
+                           ox = o - oy * s.w_out;
+        y[e] = window_max(x + p * s.h * s.w, s, oy, ox);
     }
 }
 
 // One thread per y element.
 extern "C" __global__ void maxpool_fwd(const float* x, float* y, unsigned int n, unsigned int c,
-                                       unsigned int h, unsigned int w, unsigned int k)
+                                       unsigned int h, unsigned int w, unsigned int k,
+                                       unsigned int stride, unsigned int pad, unsigned int h_out,
+                                       unsigned int w_out)
 {
-    if (k == 0) {
+    if (k == 0 || stride == 0) {
         return;
     }
-    if (fits32((u64)n * c * h * w)) {
-        maxpool_fwd_body<unsigned int>(x, y, (unsigned int)n * c, h, w, k);
+    const PoolSizes s = {h, w, k, stride, pad, h_out, w_out};
+    if (fits32((u64)n * c * h * w) && fits32((u64)n * c * h_out * w_out)) {
+        maxpool_fwd_body<unsigned int>(x, y, (unsigned int)n * c, s);
     } else {
-        maxpool_fwd_body<u64>(x, y, (u64)n * c, h, w, k);
+        maxpool_fwd_body<u64>(x, y, (u64)n * c, s);
     }
 }
 
-// Whether (iy, ix) is the first position (row-major) of the window at `win` holding `max`; a NaN
-// max matches nothing, so such a window routes no gradient.
-__device__ __forceinline__ bool first_max(const float* win, unsigned int w, unsigned int k,
-                                          float max, unsigned int ry, unsigned int rx)
+// Whether (iy, ix) is the first real position (row-major) of the window of (oy, ox) holding
+// `max`; a NaN max matches nothing, so such a window routes no gradient.
+__device__ __forceinline__ bool first_max(const float* plane, PoolSizes s, unsigned int oy,
+                                          unsigned int ox, float max, int iy, int ix)
 {
-    for (unsigned int dy = 0; dy < k; ++dy) {
-        for (unsigned int dx = 0; dx < k; ++dx) {
-            if (win[(u64)dy * w + dx] == max) {
-                return dy == ry && dx == rx;
+    for (unsigned int ky = 0; ky < s.k; ++ky) {
+        const int wy = (int)(oy * s.stride + ky) - (int)s.pad;
+        if (wy < 0 || wy >= (int)s.h) {
+            continue;
+        }
+        for (unsigned int kx = 0; kx < s.k; ++kx) {
+            const int wx = (int)(ox * s.stride + kx) - (int)s.pad;
+            if (wx < 0 || wx >= (int)s.w) {
+                continue;
+            }
+            if (plane[(u64)wy * s.w + wx] == max) {
+                return wy == iy && wx == ix;
             }
         }
     }
     return false;
 }
 
+// The first and one-past-last output index whose windows cover input index i along one axis:
+// o·stride − pad ≤ i ≤ o·stride − pad + k − 1, 0 ≤ o < out.
+__device__ __forceinline__ void covering(int i, PoolSizes s, unsigned int out, int* lo, int* hi)
+{
+    const int st = (int)s.stride, top = i + (int)s.pad;
+    const int first = top - (int)s.k + 1;
+    *lo = first <= 0 ? 0 : (first + st - 1) / st;
+    const int last = top / st + 1;
+    *hi = last < (int)out ? last : (int)out;
+}
+
 template <typename I>
 __device__ void maxpool_bwd_body(const float* x, const float* y, const float* dy, float* dx,
-                                 I planes, unsigned int h, unsigned int w, unsigned int k)
+                                 I planes, PoolSizes s)
 {
-    const unsigned int ho = h / k, wo = w / k;
-    const I plane = (I)h * w;
+    const I plane = (I)s.h * s.w, out_plane = (I)s.h_out * s.w_out;
     FOR_EACH(I, e, planes * plane)
     {
         const I p = e / plane;
-        const unsigned int r = (unsigned int)(e - p * plane), iy = r / w, ix = r - iy * w;
-        const unsigned int oy = iy / k, ox = ix / k;
+        const unsigned int r = (unsigned int)(e - p * plane);
+        const int iy = (int)(r / s.w), ix = (int)(r - (unsigned int)iy * s.w);
+        int oy0, oy1, ox0, ox1;
+        covering(iy, s, s.h_out, &oy0, &oy1);
+        covering(ix, s, s.w_out, &ox0, &ox1);
+        const float* xp = x + p * plane;
+        // Windows in row-major order, each adding its gradient when this is its first max: the
+        // order in which ops::maxpool_bwd adds into this element.
         float g = 0.0f;
-        if (oy < ho && ox < wo) {
-            const I o = (p * ho + oy) * wo + ox;
-            const float* win = x + (p * h + (I)oy * k) * w + (I)ox * k;
-            if (first_max(win, w, k, y[o], iy - oy * k, ix - ox * k)) {
-                g = dy[o];
+        for (int oy = oy0; oy < oy1; ++oy) {
+            for (int ox = ox0; ox < ox1; ++ox) {
+                const I o = p * out_plane + (I)oy * s.w_out + (I)ox;
+                if (first_max(xp, s, (unsigned int)oy, (unsigned int)ox, y[o], iy, ix)) {
+                    g += dy[o];
+                }
             }
         }
         dx[e] = g;
     }
 }
 
-// One thread per dx element: dy of its window if it is the window's first max, else 0; overwrites
-// dx, dropped edges included.
+// One thread per dx element: the sum, over the windows holding it in row-major order, of the
+// window's dy where it is the window's first max; 0 elsewhere (dropped edges included).
+// Overwrites dx.
 extern "C" __global__ void maxpool_bwd(const float* x, const float* y, const float* dy, float* dx,
                                        unsigned int n, unsigned int c, unsigned int h,
-                                       unsigned int w, unsigned int k)
+                                       unsigned int w, unsigned int k, unsigned int stride,
+                                       unsigned int pad, unsigned int h_out, unsigned int w_out)
 {
-    if (k == 0) {
+    if (k == 0 || stride == 0) {
         return;
     }
-    if (fits32((u64)n * c * h * w)) {
-        maxpool_bwd_body<unsigned int>(x, y, dy, dx, (unsigned int)n * c, h, w, k);
+    const PoolSizes s = {h, w, k, stride, pad, h_out, w_out};
+    if (fits32((u64)n * c * h * w) && fits32((u64)n * c * h_out * w_out)) {
+        maxpool_bwd_body<unsigned int>(x, y, dy, dx, (unsigned int)n * c, s);
     } else {
-        maxpool_bwd_body<u64>(x, y, dy, dx, (u64)n * c, h, w, k);
+        maxpool_bwd_body<u64>(x, y, dy, dx, (u64)n * c, s);
     }
 }

@@ -12,6 +12,8 @@ mkdir -p "$out"
 bin="$carry/gpumux"
 export CARGO_BIN_EXE_gpumux="$PWD/$bin"
 export GPUMUX_REQUIRE_GPU=1
+# The PyTorch environment there has cuDNN 9: the cuDNN convolution tests must run, not skip.
+export GPUMUX_REQUIRE_CUDNN=1
 export RUST_BACKTRACE=1
 if [ ! -x "$bin" ]; then
     echo "gpu-check: $bin is missing; run scripts/build-gpu-check.sh first" >&2
@@ -38,7 +40,7 @@ step() { # step NAME LOGFILE COMMAND...
 } | tee "$out/device.txt"
 
 step "devices and slice plan" devices.log "$bin" devices --n 34 --split green
-step "GPU tests (ops vs CPU, caps, green, graphs)" gpu-tests.log "$carry/tests/gpu" --test-threads=1 --nocapture
+step "GPU tests (ops vs CPU, ResNet parity, caps, graphs)" gpu-tests.log "$carry/tests/gpu" --test-threads=1 --nocapture
 step "library tests on this machine" lib-tests.log "$carry/tests/lib" --test-threads=2
 step "CLI tests: fib, isolation, caps" cli-fib.log "$carry/tests/fib" --test-threads=2
 step "CLI tests: accuracy of single trainings" cli-train.log "$carry/tests/train" --test-threads=1

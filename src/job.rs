@@ -408,6 +408,8 @@ pub struct EngineOptions {
     pub tf32: bool,
     /// Read the loss back and check it is finite every this many steps (default 50; and at each epoch's end).
     pub check_every: usize,
+    /// How the GPU runs convolutions (default `auto`).
+    pub conv: ConvEngine,
 }
 
 impl Default for EngineOptions {
@@ -416,8 +418,22 @@ impl Default for EngineOptions {
             graphs: true,
             tf32: false,
             check_every: 50,
+            conv: ConvEngine::Auto,
         }
     }
+}
+
+/// `engine.conv`: the GPU's convolutions.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ConvEngine {
+    /// cuDNN when it is installed, else `gemm` (and it says so).
+    #[default]
+    Auto,
+    /// cuDNN (FP32, or TF32 with `tf32: true`); a GPU run fails when it is missing.
+    Cudnn,
+    /// The backend's own im2col kernels and cuBLAS GEMMs.
+    Gemm,
 }
 
 /// A fault injected into one trial, to test isolation.

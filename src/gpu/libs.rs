@@ -1,4 +1,4 @@
-//! Finding the CUDA libraries (driver, NVRTC, cuBLAS) at run time and preloading them by absolute path.
+//! Finding the CUDA libraries (driver, NVRTC, cuBLAS, cuDNN) at run time and preloading them by absolute path.
 //!
 //! The CUDA bindings open their libraries by soname and panic when none loads. Preloading the file
 //! found here with `RTLD_GLOBAL` first makes that later `dlopen` by soname return the loaded
@@ -16,6 +16,8 @@ pub enum CudaLib {
     Driver,
     Nvrtc,
     Cublas,
+    /// cuDNN 9: its front library and the sub-libraries it opens by soname.
+    Cudnn,
 }
 
 /// A library that is not installed where we looked (or did not load).
@@ -58,7 +60,7 @@ impl Env {
     }
 }
 
-/// The folders searched for NVRTC and cuBLAS, in order (the driver's search adds the system folders).
+/// The folders searched for NVRTC, cuBLAS and cuDNN, in order (the driver's search adds the system folders).
 pub fn search_dirs() -> Vec<PathBuf> {
     search_dirs_from(&Env::from_process())
 }
@@ -132,6 +134,25 @@ pub fn preload(lib: CudaLib) -> Result<PathBuf, LibError> {
     Ok(path)
 }
 
+/// Loads the first file named `soname` in the search folders, if there is one and it loads
+/// (`RTLD_GLOBAL`, kept for the process's life); returns its path. For libraries another one
+/// opens by soname at run time, such as the cuBLASLt of cuDNN's CUDA version.
+pub fn preload_optional(soname: &str) -> Option<PathBuf> {
+    static LOADED: Mutex<Vec<(String, PathBuf, Library)>> = Mutex::new(Vec::new());
+    let mut loaded = LOADED.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some((_, path, _)) = loaded.iter().find(|(n, _, _)| n == soname) {
+        return Some(path.clone());
+    }
+    let file = search_dirs()
+        .into_iter()
+        .map(|d| d.join(soname))
+        .find(|f| f.is_file())?;
+    // SAFETY: as in `load_files`.
+    let handle = unsafe { Library::open(Some(file.as_path()), RTLD_NOW | RTLD_GLOBAL) }.ok()?;
+    loaded.push((soname.to_string(), file.clone(), handle));
+    Some(file)
+}
+
 /// The sonames of `lib` to load, in load order; each is one file, and the last is `lib` itself.
 /// An inner list holds alternative names of one file, the preferred first: CUDA 13, else CUDA 12,
 /// whose NVRTC and cuBLAS entry points that gpumux calls are the same (a PyTorch environment may
@@ -144,8 +165,22 @@ fn sonames(lib: CudaLib) -> &'static [&'static [&'static str]] {
             &["libcublasLt.so.13", "libcublasLt.so.12"],
             &["libcublas.so.13", "libcublas.so.12"],
         ],
+        CudaLib::Cudnn => &[&["libcudnn.so.9"]],
     }
 }
+
+/// cuDNN 9's sub-libraries, which its front library opens by bare soname when first used: each
+/// one found next to it is loaded first, dependencies before dependants (the graph library
+/// before the legacy and engine ones), so that those opens find them loaded.
+const CUDNN_PARTS: &[&str] = &[
+    "libcudnn_graph.so.9",
+    "libcudnn_ops.so.9",
+    "libcudnn_cnn.so.9",
+    "libcudnn_adv.so.9",
+    "libcudnn_engines_precompiled.so.9",
+    "libcudnn_engines_runtime_compiled.so.9",
+    "libcudnn_heuristic.so.9",
+];
 
 /// The files to load for `lib` from `dirs`, in load order, or the error naming the first miss.
 pub fn locate(lib: CudaLib, dirs: &[PathBuf]) -> Result<Vec<PathBuf>, LibError> {
@@ -162,6 +197,16 @@ pub fn locate(lib: CudaLib, dirs: &[PathBuf]) -> Result<Vec<PathBuf>, LibError> 
         };
         if lib == CudaLib::Nvrtc {
             files.extend(nvrtc_builtins(&file));
+        }
+        if lib == CudaLib::Cudnn {
+            if let Some(dir) = file.parent() {
+                files.extend(
+                    CUDNN_PARTS
+                        .iter()
+                        .map(|p| dir.join(p))
+                        .filter(|f| f.is_file()),
+                );
+            }
         }
         files.push(file);
     }
@@ -492,6 +537,38 @@ mod tests {
         assert!(err
             .to_string()
             .starts_with("libcuda.so.1 or libcuda.so not found"));
+    }
+
+    #[test]
+    fn cudnn_is_found_in_site_packages_with_its_sub_libraries_first() {
+        let t = tempfile::tempdir().unwrap();
+        let r = t.path();
+        let site = r.join("site");
+        let lib = "nvidia/cudnn/lib";
+        let front = touch(&site, &format!("{lib}/libcudnn.so.9"));
+        let graph = touch(&site, &format!("{lib}/libcudnn_graph.so.9"));
+        let cnn = touch(&site, &format!("{lib}/libcudnn_cnn.so.9"));
+        let ops = touch(&site, &format!("{lib}/libcudnn_ops.so.9"));
+        touch(&site, &format!("{lib}/libcudnn.so.9.10.2"));
+        let env = Env {
+            python_sys_path: vec![site.clone()],
+            ..env_at(r)
+        };
+        let dirs = search_dirs_from(&env);
+        assert_eq!(
+            locate(CudaLib::Cudnn, &dirs).unwrap(),
+            vec![graph, ops, cnn, front],
+            "sub-libraries present, in dependency order, then the front library"
+        );
+        // Missing: the error names the library and every folder searched.
+        let err = locate(CudaLib::Cudnn, &search_dirs_from(&env_at(r))).unwrap_err();
+        assert!(
+            err.to_string()
+                .starts_with("libcudnn.so.9 not found; searched"),
+            "{err}"
+        );
+        let err = locate(CudaLib::Cudnn, &dirs[..0]).unwrap_err();
+        assert!(err.to_string().contains("the system loader"), "{err}");
     }
 
     #[test]

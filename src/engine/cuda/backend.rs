@@ -1,4 +1,4 @@
-//! A trial's CUDA backend: its stream, pool, cuBLAS handle and arena, region checks, and the host-facing ops.
+//! A trial's CUDA backend: its stream, pool, cuBLAS and cuDNN handles and arena, region checks, and the host-facing ops.
 
 use std::sync::Arc;
 
@@ -7,10 +7,11 @@ use cudarc::driver::sys;
 use super::blas::Blas;
 use super::check::{check, to_u32};
 use super::context::{Ctx, Entered};
+use super::cudnn::Dnn;
 use super::data::DeviceData;
 use super::graph::{self, GraphExec};
 use super::launch::{grid_for, launch, Arg, BLOCK};
-use super::pool::{layout, Allocation, Layout, Pool};
+use super::pool::{blas_workspace_bytes, layout, Allocation, Layout, Pool};
 use super::stream::Stream;
 use crate::engine::Region;
 use crate::error::EngineError;
@@ -25,10 +26,12 @@ pub(crate) struct Arena {
 
 /// One trial's engine on the GPU. Ops are issued in order on the trial's stream.
 pub struct CudaBackend {
-    // Fields drop in this order: the graph and the cuBLAS handle before the memory they use, the
+    // Fields drop in this order: the graph and the library handles before the memory they use, the
     // memory before its pool. Each of them also holds the stream (and so the context) alive.
     pub(crate) graph: Option<GraphExec>,
     pub(crate) blas: Blas,
+    /// cuDNN for the convolutions; `None` runs them as im2col and cuBLAS GEMMs.
+    pub(crate) dnn: Option<Dnn>,
     pub(crate) arena: Option<Arena>,
     pub(crate) pool: Arc<Pool>,
     pub(crate) stream: Arc<Stream>,
@@ -66,13 +69,20 @@ impl CudaBackend {
         data: Arc<DeviceData>,
         cap: Option<u64>,
         opts: &EngineOptions,
+        cudnn: bool,
     ) -> Result<CudaBackend, EngineError> {
         let stream = Stream::new(Arc::clone(&ctx))?;
         let pool = Arc::new(Pool::new(Arc::clone(&stream), dev, cap)?);
         let blas = Blas::new(Arc::clone(&stream), opts.tf32)?;
+        let dnn = if cudnn {
+            Some(Dnn::new(Arc::clone(&stream), opts.tf32)?)
+        } else {
+            None
+        };
         Ok(CudaBackend {
             graph: None,
             blas,
+            dnn,
             arena: None,
             pool,
             stream,
@@ -217,15 +227,17 @@ impl CudaBackend {
         self.stream.wait()
     }
 
-    /// Allocates the trial's one block from its pool: cuBLAS workspace, arena (zeroed) and the
-    /// training order (identity), replacing any earlier arena and graph.
+    /// Allocates the trial's one block from its pool: cuBLAS workspace (32 MiB on Hopper and
+    /// newer, 4 MiB before), arena (zeroed) and the training order (identity), replacing any
+    /// earlier arena and graph.
     pub(crate) fn allocate(&mut self, elems: usize) -> Result<(), EngineError> {
         self.not_capturing("alloc_arena")?;
         // A graph records the old arena's addresses, and the old arena counts against the cap.
         self.graph = None;
         self.arena = None;
         let n_train = self.data.train.len;
-        let layout = layout(elems, n_train)?;
+        let cc = self.ctx.device().info.compute_capability;
+        let layout = layout(blas_workspace_bytes(cc), elems, n_train)?;
         let alloc = self.pool.alloc(layout.total)?;
         {
             let entered = self.ctx.enter()?;

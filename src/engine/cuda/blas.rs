@@ -154,6 +154,69 @@ impl Blas {
     }
 }
 
+/// A batch of equal GEMMs whose operands lie `stride` floats apart (a stride of 0 shares one
+/// operand, e.g. a convolution's weights, across the batch).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Batched {
+    pub count: usize,
+    pub stride_a: usize,
+    pub stride_b: usize,
+    pub stride_c: usize,
+}
+
+impl Blas {
+    /// Row-major `C_i = alpha·op(A_i)·op(B_i) + beta·C_i` for `i < batch.count`, where
+    /// `X_i = X + i·stride_x`; one `cublasSgemmStridedBatched` call.
+    pub(crate) fn gemm_batched(
+        &self,
+        _in: &Entered,
+        g: &GemmShape,
+        batch: Batched,
+        a: sys::CUdeviceptr,
+        b: sys::CUdeviceptr,
+        c: sys::CUdeviceptr,
+    ) -> Result<(), EngineError> {
+        let cm = col_major(g)?;
+        let count = to_i32("gemm", "batch", batch.count)?;
+        let stride = |what, v: usize| {
+            i64::try_from(v).map_err(|_| EngineError::Shape {
+                op: "gemm",
+                message: format!("{what} = {v} does not fit a 64-bit stride"),
+            })
+        };
+        let (sa, sb, sc) = (
+            stride("stride of A", batch.stride_a)?,
+            stride("stride of B", batch.stride_b)?,
+            stride("stride of C", batch.stride_c)?,
+        );
+        // SAFETY: as in `gemm`, for each of the `count` GEMMs: the caller guarantees every
+        // operand `X + i·stride` holds its extent.
+        let r = unsafe {
+            blas::cublasSgemmStridedBatched(
+                self.handle,
+                op(cm.trans_first),
+                op(cm.trans_second),
+                cm.m,
+                cm.n,
+                cm.k,
+                &g.alpha,
+                b as *const f32,
+                cm.ld_first,
+                sb,
+                a as *const f32,
+                cm.ld_second,
+                sa,
+                &g.beta,
+                c as *mut f32,
+                cm.ldc,
+                sc,
+                count,
+            )
+        };
+        check_blas(r, "cublasSgemmStridedBatched")
+    }
+}
+
 impl Drop for Blas {
     fn drop(&mut self) {
         // cublasDestroy synchronises the device, which would invalidate a graph that another

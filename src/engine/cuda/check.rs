@@ -1,8 +1,9 @@
-//! Turning CUDA driver and cuBLAS status codes into `EngineError`s that name the call and the error.
+//! Turning CUDA driver, cuBLAS and cuDNN status codes into `EngineError`s that name the call and the error.
 
 use std::ffi::CStr;
 
 use cudarc::cublas::sys as blas;
+use cudarc::cudnn::sys as dnn;
 use cudarc::driver::sys;
 
 use crate::error::EngineError;
@@ -41,6 +42,15 @@ pub(crate) fn check_blas(status: blas::cublasStatus_t, call: &str) -> Result<(),
     }
 }
 
+/// `Ok` for `CUDNN_STATUS_SUCCESS`, else `EngineError::Device("{call}: {status name}")`.
+pub(crate) fn check_dnn(status: dnn::cudnnStatus_t, call: &str) -> Result<(), EngineError> {
+    if status == dnn::cudnnStatus_t::CUDNN_STATUS_SUCCESS {
+        Ok(())
+    } else {
+        Err(EngineError::Device(format!("{call}: {status:?}")))
+    }
+}
+
 /// A size as the `u32` the kernels take, or a shape error naming it.
 pub(crate) fn to_u32(op: &'static str, what: &str, v: usize) -> Result<u32, EngineError> {
     u32::try_from(v).map_err(|_| EngineError::Shape {
@@ -70,6 +80,20 @@ mod tests {
         .unwrap_err();
         assert_eq!(e.to_string(), "cublasCreate_v2: CUBLAS_STATUS_ALLOC_FAILED");
         assert!(check_blas(blas::cublasStatus_t::CUBLAS_STATUS_SUCCESS, "x").is_ok());
+    }
+
+    #[test]
+    fn cudnn_errors_name_the_call_and_the_status() {
+        let e = check_dnn(
+            dnn::cudnnStatus_t::CUDNN_STATUS_BAD_PARAM,
+            "cudnnConvolutionForward",
+        )
+        .unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "cudnnConvolutionForward: CUDNN_STATUS_BAD_PARAM"
+        );
+        assert!(check_dnn(dnn::cudnnStatus_t::CUDNN_STATUS_SUCCESS, "x").is_ok());
     }
 
     #[test]

@@ -1,8 +1,9 @@
-//! Convolutions over the whole batch: im2col and layout kernels around cuBLAS GEMMs, in a workspace of the plan.
+//! Convolutions over the whole batch: cuDNN, or im2col and layout kernels around cuBLAS GEMMs, in a workspace of the plan.
 
 use cudarc::driver::sys;
 
 use super::backend::CudaBackend;
+use super::blas::Batched;
 use super::check::to_u32;
 use super::context::Entered;
 use super::launch::{grid_for, Arg, BLOCK};
@@ -32,6 +33,7 @@ struct Dims {
     w: u32,
     k: u32,
     pad: u32,
+    stride: u32,
     h_out: u32,
     w_out: u32,
     c_out: u32,
@@ -43,10 +45,20 @@ struct Dims {
 
 impl Dims {
     fn new(op: &'static str, s: &Conv2dShape) -> Result<Dims, EngineError> {
+        if !s.fits() {
+            return Err(EngineError::Shape {
+                op,
+                message: format!(
+                    "a {}×{} kernel with stride {} and padding {} does not fit a {}×{} input",
+                    s.k, s.k, s.stride, s.pad, s.h, s.w
+                ),
+            });
+        }
         let u = |what, v| to_u32(op, what, v);
         // Every element count a kernel walks must fit its 32-bit sizes too.
         u("im2col elements", workspace_len(s))?;
         u("input elements", s.x_len())?;
+        u("output elements", s.y_len())?;
         Ok(Dims {
             n: u("n", s.n)?,
             c_in: u("c_in", s.c_in)?,
@@ -54,6 +66,7 @@ impl Dims {
             w: u("w", s.w)?,
             k: u("k", s.k)?,
             pad: u("pad", s.pad)?,
+            stride: u("stride", s.stride)?,
             h_out: u("h_out", s.h_out())?,
             w_out: u("w_out", s.w_out())?,
             c_out: u("c_out", s.c_out)?,
@@ -63,7 +76,7 @@ impl Dims {
     }
 
     /// The size arguments shared by `im2col` and `col2im`.
-    fn lowering(&self) -> [Arg; 8] {
+    fn lowering(&self) -> [Arg; 9] {
         [
             Arg::U32(self.n),
             Arg::U32(self.c_in),
@@ -71,6 +84,7 @@ impl Dims {
             Arg::U32(self.w),
             Arg::U32(self.k),
             Arg::U32(self.pad),
+            Arg::U32(self.stride),
             Arg::U32(self.h_out),
             Arg::U32(self.w_out),
         ]
@@ -81,24 +95,26 @@ impl Dims {
     }
 }
 
-/// Device addresses of a forward convolution's operands.
+/// Device addresses of a forward convolution's operands; `ws_bytes` of workspace at `ws`.
 pub(crate) struct FwdPtrs {
     pub x: sys::CUdeviceptr,
     pub w: sys::CUdeviceptr,
-    pub b: sys::CUdeviceptr,
+    pub b: Option<sys::CUdeviceptr>,
     pub y: sys::CUdeviceptr,
     pub ws: sys::CUdeviceptr,
+    pub ws_bytes: usize,
 }
 
-/// Device addresses of a backward convolution's operands (`dx` only when wanted).
+/// Device addresses of a backward convolution's operands (`dx` and `db` only when wanted).
 pub(crate) struct BwdPtrs {
     pub x: sys::CUdeviceptr,
     pub w: sys::CUdeviceptr,
     pub dy: sys::CUdeviceptr,
     pub dx: Option<sys::CUdeviceptr>,
     pub dw: sys::CUdeviceptr,
-    pub db: sys::CUdeviceptr,
+    pub db: Option<sys::CUdeviceptr>,
     pub ws: sys::CUdeviceptr,
+    pub ws_bytes: usize,
 }
 
 /// The two parts of the workspace.
@@ -106,14 +122,43 @@ fn split_ws(s: &Conv2dShape, ws: sys::CUdeviceptr) -> (sys::CUdeviceptr, sys::CU
     (ws, ws + (col_len(s) as u64) * 4)
 }
 
+/// A null pointer argument: "no bias" to `cnhw_to_nchw_bias`.
+const NO_BIAS: sys::CUdeviceptr = 0;
+
 impl CudaBackend {
+    /// Elements of workspace a convolution of shape `s` needs: cuDNN's for its chosen algorithms
+    /// (chosen here, at planning time), else the GEMM lowering's. Should cuDNN fail to plan the
+    /// shape, the GEMM size is returned and the failure surfaces at the convolution itself.
+    pub(crate) fn conv_workspace(&self, s: &Conv2dShape) -> usize {
+        let Some(dnn) = &self.dnn else {
+            return workspace_len(s);
+        };
+        let bytes = self.ctx.enter().and_then(|e| dnn.workspace_bytes(&e, s));
+        match bytes {
+            Ok(b) => b.div_ceil(4),
+            Err(_) => workspace_len(s),
+        }
+    }
+
     fn im2col(&self, e: &Entered, d: &Dims, x: u64, col: u64) -> Result<(), EngineError> {
         let mut args = vec![Arg::Ptr(x), Arg::Ptr(col)];
         args.extend(d.lowering());
         self.elementwise(e, "im2col", d.kk * d.nhw, &args)
     }
 
-    /// `y = conv(x, w) + b`: im2col, `Y' = W·col` into the workspace, then back to NCHW with the bias.
+    /// `y[b][c][j] += bias[c]` over NCHW output.
+    fn channel_bias(&self, e: &Entered, d: &Dims, y: u64, b: u64) -> Result<(), EngineError> {
+        let args = [
+            Arg::Ptr(y),
+            Arg::Ptr(b),
+            Arg::U32(d.n),
+            Arg::U32(d.c_out),
+            Arg::U32(d.hw_out()),
+        ];
+        self.elementwise(e, "channel_bias", d.nhw * d.c_out as usize, &args)
+    }
+
+    /// `y = conv(x, w) (+ b)`: cuDNN's forward convolution, or the GEMM lowering.
     pub(crate) fn conv_fwd(
         &self,
         e: &Entered,
@@ -121,13 +166,37 @@ impl CudaBackend {
         p: &FwdPtrs,
     ) -> Result<(), EngineError> {
         let d = Dims::new("conv2d_fwd", s)?;
+        if let Some(dnn) = &self.dnn {
+            dnn.forward(e, s, p.x, p.w, p.y, p.ws, p.ws_bytes)?;
+            return match p.b {
+                Some(b) => self.channel_bias(e, &d, p.y, b),
+                None => Ok(()),
+            };
+        }
+        if s.is_pointwise() {
+            // Per sample, Y_b[c_out × hw] = W[c_out × c_in] · X_b[c_in × hw], straight into NCHW.
+            let hw = s.h * s.w;
+            let batch = Batched {
+                count: s.n,
+                stride_a: 0,
+                stride_b: s.c_in * hw,
+                stride_c: s.c_out * hw,
+            };
+            let g = GemmShape::nn(s.c_out, hw, s.c_in);
+            self.blas.gemm_batched(e, &g, batch, p.w, p.x, p.y)?;
+            return match p.b {
+                Some(b) => self.channel_bias(e, &d, p.y, b),
+                None => Ok(()),
+            };
+        }
+        // im2col, Y' = W·col into the workspace, then back to NCHW with the bias.
         let (col, yt) = split_ws(s, p.ws);
         self.im2col(e, &d, p.x, col)?;
         self.blas
             .gemm(e, &GemmShape::nn(s.c_out, d.nhw, d.kk), p.w, col, yt)?;
         let args = [
             Arg::Ptr(yt),
-            Arg::Ptr(p.b),
+            Arg::Ptr(p.b.unwrap_or(NO_BIAS)),
             Arg::Ptr(p.y),
             Arg::U32(d.n),
             Arg::U32(d.c_out),
@@ -136,9 +205,11 @@ impl CudaBackend {
         self.elementwise(e, "cnhw_to_nchw_bias", s.y_len(), &args)
     }
 
-    /// Gradients: `dY'` channel-major, `db = row sums of dY'`, `dW = dY'·colᵀ`, and when `dx` is
-    /// wanted `dcol = Wᵀ·dY'` (into the im2col buffer, free once `dW` is issued) folded back
-    /// by col2im.
+    /// Gradients: `db` (when wanted) by per-channel sums; `dw` and `dx` (when wanted) by cuDNN's
+    /// backward-filter and backward-data, or by the GEMM lowering: `dY'` channel-major,
+    /// `dW = dY'·colᵀ`, and `dcol = Wᵀ·dY'` (into the im2col buffer, free once `dW` is issued)
+    /// folded back by col2im; a pointwise convolution's `dx` is a batch of GEMMs straight into
+    /// NCHW, its `col` the input made channel-major.
     pub(crate) fn conv_bwd(
         &self,
         e: &Entered,
@@ -146,6 +217,23 @@ impl CudaBackend {
         p: &BwdPtrs,
     ) -> Result<(), EngineError> {
         let d = Dims::new("conv2d_bwd", s)?;
+        if let Some(dnn) = &self.dnn {
+            if let Some(db) = p.db {
+                let args = [
+                    Arg::Ptr(p.dy),
+                    Arg::Ptr(db),
+                    Arg::U32(d.n),
+                    Arg::U32(d.c_out),
+                    Arg::U32(d.hw_out()),
+                ];
+                self.elementwise(e, "channel_sum", s.c_out, &args)?;
+            }
+            dnn.backward_filter(e, s, p.x, p.dy, p.dw, p.ws, p.ws_bytes)?;
+            if let Some(dx) = p.dx {
+                dnn.backward_data(e, s, p.w, p.dy, dx, p.ws, p.ws_bytes)?;
+            }
+            return Ok(());
+        }
         let (col, dyt) = split_ws(s, p.ws);
         let to_cnhw = [
             Arg::Ptr(p.dy),
@@ -155,21 +243,49 @@ impl CudaBackend {
             Arg::U32(d.hw_out()),
         ];
         self.elementwise(e, "nchw_to_cnhw", s.y_len(), &to_cnhw)?;
-        let nhw = to_u32("conv2d_bwd", "n·h_out·w_out", d.nhw)?;
-        let sums = [
-            Arg::Ptr(dyt),
-            Arg::Ptr(p.db),
-            Arg::U32(d.c_out),
-            Arg::U32(nhw),
-        ];
-        self.kernel(e, "row_sum", (grid_for(s.c_out), BLOCK), &sums)?;
-        self.im2col(e, &d, p.x, col)?;
+        if let Some(db) = p.db {
+            let nhw = to_u32("conv2d_bwd", "n·h_out·w_out", d.nhw)?;
+            let sums = [
+                Arg::Ptr(dyt),
+                Arg::Ptr(db),
+                Arg::U32(d.c_out),
+                Arg::U32(nhw),
+            ];
+            self.kernel(e, "row_sum", (grid_for(s.c_out), BLOCK), &sums)?;
+        }
+        if s.is_pointwise() {
+            let x_cnhw = [
+                Arg::Ptr(p.x),
+                Arg::Ptr(col),
+                Arg::U32(d.n),
+                Arg::U32(d.c_in),
+                Arg::U32(d.h * d.w),
+            ];
+            self.elementwise(e, "nchw_to_cnhw", s.x_len(), &x_cnhw)?;
+        } else {
+            self.im2col(e, &d, p.x, col)?;
+        }
         let gw = GemmShape {
             trans_b: true,
             ..GemmShape::nn(s.c_out, d.kk, d.nhw)
         };
         self.blas.gemm(e, &gw, dyt, col, p.dw)?;
         let Some(dx) = p.dx else { return Ok(()) };
+        if s.is_pointwise() {
+            // Per sample, dX_b[c_in × hw] = Wᵀ · dY_b[c_out × hw], from dy as it is (NCHW).
+            let hw = s.h * s.w;
+            let batch = Batched {
+                count: s.n,
+                stride_a: 0,
+                stride_b: s.c_out * hw,
+                stride_c: s.c_in * hw,
+            };
+            let g = GemmShape {
+                trans_a: true,
+                ..GemmShape::nn(s.c_in, hw, s.c_out)
+            };
+            return self.blas.gemm_batched(e, &g, batch, p.w, p.dy, dx);
+        }
         let gx = GemmShape {
             trans_a: true,
             ..GemmShape::nn(d.kk, d.nhw, s.c_out)

@@ -1,4 +1,4 @@
-//! The process's CUDA engine: one device, its primary context and kernels, and the trials' backends made from them.
+//! The process's CUDA engine: one device, its primary context and kernels, cuDNN when used, and the trials' backends made from them.
 
 use std::sync::Arc;
 
@@ -7,6 +7,7 @@ use cudarc::cublas::sys as blas;
 use super::backend::CudaBackend;
 use super::check::check_blas;
 use super::context::Ctx;
+use super::cudnn;
 use super::data::{DevBuf, DeviceData};
 use super::device::{CudaDeviceInfo, Device};
 use super::green::{self, GreenPartition};
@@ -17,7 +18,7 @@ use crate::data::Dataset;
 use crate::engine::Backend;
 use crate::error::EngineError;
 use crate::gpu::libs::{self, CudaLib};
-use crate::job::EngineOptions;
+use crate::job::{ConvEngine, EngineOptions};
 
 /// Threads per block of the SM probe.
 const PROBE_BLOCK: u32 = 128;
@@ -28,6 +29,8 @@ pub struct CudaEngine {
     primary: Arc<Ctx>,
     compiled: &'static [CompiledModule],
     opts: EngineOptions,
+    /// The cuDNN version the convolutions run on; `None` when they are GEMMs.
+    cudnn: Option<usize>,
 }
 
 impl CudaEngine {
@@ -42,12 +45,41 @@ impl CudaEngine {
         let compiled = kernels::compile_all(Some(device.info.compute_capability))?;
         let primary = Ctx::primary(Arc::clone(&device), compiled)?;
         probe_cublas(&primary)?;
+        let cudnn = match opts.conv {
+            ConvEngine::Gemm => None,
+            ConvEngine::Cudnn => {
+                Some(
+                    open_cudnn(&primary).map_err(|reason| EngineError::Unavailable {
+                        backend: "cuda".into(),
+                        reason: format!("engine.conv is cudnn, but {reason}"),
+                    })?,
+                )
+            }
+            ConvEngine::Auto => match open_cudnn(&primary) {
+                Ok(v) => Some(v),
+                Err(reason) => {
+                    say_once(&format!(
+                        "note: {reason}; convolutions run as im2col kernels and cuBLAS GEMMs"
+                    ));
+                    None
+                }
+            },
+        };
         Ok(Arc::new(CudaEngine {
             device,
             primary,
             compiled,
             opts: opts.clone(),
+            cudnn,
         }))
+    }
+
+    /// What runs the convolutions: `cudnn 9.x.y` or `gemm` (im2col kernels and cuBLAS).
+    pub fn conv_engine(&self) -> String {
+        match self.cudnn {
+            Some(v) => format!("cudnn {}.{}.{}", v / 10000, (v % 10000) / 100, v % 100),
+            None => "gemm".into(),
+        }
     }
 
     pub fn info(&self) -> &CudaDeviceInfo {
@@ -76,8 +108,8 @@ impl CudaEngine {
     }
 
     /// A trial's backend: its own stream (in the partition's green context when given, else in
-    /// the primary context), its own memory pool capped at `cap_bytes`, and its own cuBLAS
-    /// handle on that stream, whose workspace comes from the pool with the arena.
+    /// the primary context), its own memory pool capped at `cap_bytes`, and its own cuBLAS (and
+    /// cuDNN) handles on that stream, whose workspaces come from the pool with the arena.
     pub fn backend(
         &self,
         data: Arc<DeviceData>,
@@ -93,7 +125,8 @@ impl CudaEngine {
             Some(p) => Arc::clone(&p.ctx),
             None => Arc::clone(&self.primary),
         };
-        let b = CudaBackend::new(ctx, self.device.dev, data, cap_bytes, &self.opts)?;
+        let cudnn = self.cudnn.is_some();
+        let b = CudaBackend::new(ctx, self.device.dev, data, cap_bytes, &self.opts, cudnn)?;
         Ok(Box::new(b))
     }
 
@@ -124,6 +157,26 @@ impl CudaEngine {
         let mut ids = vec![0u32; blocks as usize];
         out.download(&mut ids)?;
         Ok(ids)
+    }
+}
+
+/// Loads cuDNN and proves a handle can be made in the primary context; its version, or why not.
+fn open_cudnn(primary: &Ctx) -> Result<usize, String> {
+    let version = cudnn::load()?;
+    let entered = primary.enter().map_err(|e| e.to_string())?;
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| cudnn::probe(&entered)))
+        .map_err(|_| "cuDNN could not be loaded through cudarc".to_string())?
+        .map_err(|e| format!("cuDNN does not initialise: {e}"))?;
+    Ok(version)
+}
+
+/// Prints `line` on stderr the first time it is asked to in this process.
+fn say_once(line: &str) {
+    static SAID: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+    let mut said = SAID.lock().unwrap_or_else(|e| e.into_inner());
+    if !said.iter().any(|l| l == line) {
+        eprintln!("{line}");
+        said.push(line.to_string());
     }
 }
 

@@ -1,10 +1,13 @@
-//! The CUDA kernel sources (`kernels/*.cu`) and their compilation to PTX with NVRTC, once per process.
+//! The CUDA kernel sources (`kernels/*.cu`) and their compilation with NVRTC to CUBIN (PTX as the fallback), once per process.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, OnceLock};
 
-use cudarc::nvrtc::{compile_ptx_with_opts, CompileError, CompileOptions};
+use std::ffi::CString;
+
+use cudarc::nvrtc::result as nvrtc;
+use cudarc::nvrtc::sys as nvrtc_sys;
 
 use crate::error::EngineError;
 use crate::gpu::libs::{self, CudaLib};
@@ -25,6 +28,8 @@ pub const MODULES: &[KernelModule] = &[
             "fill",
             "relu_fwd",
             "relu_bwd",
+            "add",
+            "add_assign",
             "bias_add",
             "bias_grad",
             "dropout_fwd",
@@ -40,7 +45,20 @@ pub const MODULES: &[KernelModule] = &[
             "col2im",
             "nchw_to_cnhw",
             "cnhw_to_nchw_bias",
+            "channel_bias",
+            "channel_sum",
             "row_sum",
+        ],
+    },
+    KernelModule {
+        name: "norm",
+        source: include_str!("../../../kernels/norm.cu"),
+        functions: &[
+            "batchnorm_fwd_train",
+            "batchnorm_fwd_infer",
+            "batchnorm_bwd",
+            "avgpool_fwd",
+            "avgpool_bwd",
         ],
     },
     KernelModule {
@@ -70,11 +88,82 @@ pub const MODULES: &[KernelModule] = &[
     },
 ];
 
-/// A module compiled to PTX.
+/// What NVRTC produces for a module.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Output {
+    /// PTX for `compute_XY`, compiled to machine code by the driver when loaded. A driver older
+    /// than the NVRTC that wrote it refuses it (`CUDA_ERROR_UNSUPPORTED_PTX_VERSION`).
+    Ptx,
+    /// Machine code (an ELF image) for exactly `sm_XY`, loaded as it is, by any driver that
+    /// knows the architecture.
+    Cubin,
+}
+
+/// An architecture and what to produce for it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Target {
+    /// Compute capability `(major, minor)`.
+    pub arch: (u32, u32),
+    pub output: Output,
+}
+
+impl Target {
+    /// The `--gpu-architecture` value: `compute_XY` for PTX, `sm_XY` for CUBIN.
+    pub fn arch_flag(&self) -> String {
+        let (major, minor) = self.arch;
+        match self.output {
+            Output::Ptx => format!("compute_{major}{minor}"),
+            Output::Cubin => format!("sm_{major}{minor}"),
+        }
+    }
+
+    fn extension(&self) -> &'static str {
+        match self.output {
+            Output::Ptx => "ptx",
+            Output::Cubin => "cubin",
+        }
+    }
+}
+
+/// A compiled module's image.
+pub enum Image {
+    Ptx(String),
+    Cubin(Vec<u8>),
+}
+
+/// A module compiled for one architecture.
 pub struct CompiledModule {
     pub name: &'static str,
-    pub ptx: String,
+    pub image: Image,
     pub functions: &'static [&'static str],
+    source: &'static KernelModule,
+    arch: (u32, u32),
+    /// PTX for the same architecture, compiled only if the CUBIN does not load.
+    fallback: OnceLock<Result<String, String>>,
+}
+
+impl CompiledModule {
+    /// The module as PTX for its architecture (compiled on first use, from the disk cache when
+    /// it is there): what the loader tries when a CUBIN is refused.
+    pub fn ptx_fallback(&self) -> Result<&str, EngineError> {
+        let target = Target {
+            arch: self.arch,
+            output: Output::Ptx,
+        };
+        let ptx = self.fallback.get_or_init(|| {
+            let nvrtc = libs::preload(CudaLib::Nvrtc).map_err(|e| e.to_string())?;
+            let bytes = cached(
+                cache_dir().as_deref(),
+                self.source,
+                target,
+                &compiler_id(&nvrtc),
+                || compile_source(self.name, self.source.source, target),
+            )
+            .map_err(|f| f.to_error().to_string())?;
+            Ok(String::from_utf8_lossy(&bytes).into_owned())
+        });
+        ptx.as_deref().map_err(|e| EngineError::Device(e.clone()))
+    }
 }
 
 /// Why a compilation failed, kept so that every later call gets the same answer.
@@ -102,14 +191,36 @@ type Compiled = Result<Vec<CompiledModule>, Failure>;
 
 /// Compiles every module with NVRTC once per process and architecture (failures are cached too).
 ///
-/// `arch` is the device's compute capability `(major, minor)`: the PTX targets `compute_XY`. Without
-/// it the PTX targets `compute_80`, which the driver JIT-compiles for any newer device. NVRTC is
-/// preloaded first, so a missing library is [`EngineError::Unavailable`], never a panic.
+/// `arch` is the device's compute capability `(major, minor)`: each module is compiled to CUBIN
+/// for exactly `sm_XY`, which loads on any driver that knows the device (PTX from an NVRTC newer
+/// than the driver does not); a module whose CUBIN NVRTC cannot produce is compiled to PTX for
+/// `compute_XY` instead, and one whose CUBIN the driver refuses gets its PTX when loaded
+/// ([`CompiledModule::ptx_fallback`]). Without `arch` the modules are PTX for `compute_80`, which
+/// a driver JIT-compiles for any newer device. NVRTC is preloaded first, so a missing library is
+/// [`EngineError::Unavailable`], never a panic.
 pub fn compile_all(arch: Option<(u32, u32)>) -> Result<&'static [CompiledModule], EngineError> {
     match cell_for(arch).get_or_init(|| compile_modules(arch)) {
         Ok(modules) => Ok(modules.as_slice()),
         Err(failure) => Err(failure.to_error()),
     }
+}
+
+/// Compiles every module for `target` exactly (no fallback, not kept in memory; the disk cache
+/// is used): for checks that every kernel builds for a given architecture and output.
+pub fn compile_for(target: Target) -> Result<Vec<CompiledModule>, EngineError> {
+    let nvrtc = libs::preload(CudaLib::Nvrtc)
+        .map_err(|e| Failure::Unavailable(e.to_string()).to_error())?;
+    let (dir, compiler) = (cache_dir(), compiler_id(&nvrtc));
+    MODULES
+        .iter()
+        .map(|m| {
+            let bytes = cached(dir.as_deref(), m, target, &compiler, || {
+                compile_source(m.name, m.source, target)
+            })
+            .map_err(|f| f.to_error())?;
+            Ok(compiled(m, target, bytes))
+        })
+        .collect()
 }
 
 /// The compilation cell of `arch`, created on first use (a handful per process at most, kept for
@@ -134,35 +245,63 @@ pub fn module(name: &str) -> Result<&'static CompiledModule, EngineError> {
         .ok_or_else(|| EngineError::Device(format!("no kernel module named {name}")))
 }
 
-/// The `--gpu-architecture` value for `arch`.
-fn arch_name(arch: Option<(u32, u32)>) -> String {
-    let (major, minor) = arch.unwrap_or((8, 0));
-    format!("compute_{major}{minor}")
+/// A compiled module from its image bytes.
+fn compiled(m: &'static KernelModule, target: Target, bytes: Vec<u8>) -> CompiledModule {
+    let image = match target.output {
+        Output::Ptx => Image::Ptx(String::from_utf8_lossy(&bytes).into_owned()),
+        Output::Cubin => Image::Cubin(bytes),
+    };
+    CompiledModule {
+        name: m.name,
+        image,
+        functions: m.functions,
+        source: m,
+        arch: target.arch,
+        fallback: OnceLock::new(),
+    }
 }
 
 fn compile_modules(arch: Option<(u32, u32)>) -> Compiled {
     let nvrtc = libs::preload(CudaLib::Nvrtc).map_err(|e| Failure::Unavailable(e.to_string()))?;
-    let arch = arch_name(arch);
+    let (output, arch) = match arch {
+        Some(a) => (Output::Cubin, a),
+        None => (Output::Ptx, (8, 0)),
+    };
     let dir = cache_dir();
     let compiler = compiler_id(&nvrtc);
     MODULES
         .iter()
         .map(|m| {
-            let ptx = cached(dir.as_deref(), m, &arch, &compiler, || {
-                compile_source(m.name, m.source, &arch)
-            })?;
-            Ok(CompiledModule {
-                name: m.name,
-                ptx,
-                functions: m.functions,
-            })
+            let target = Target { arch, output };
+            let compile = |t: Target| {
+                cached(dir.as_deref(), m, t, &compiler, || {
+                    compile_source(m.name, m.source, t)
+                })
+            };
+            match compile(target) {
+                Ok(bytes) => Ok(compiled(m, target, bytes)),
+                Err(Failure::Compile(cubin)) if output == Output::Cubin => {
+                    let ptx = Target {
+                        output: Output::Ptx,
+                        ..target
+                    };
+                    match compile(ptx) {
+                        Ok(bytes) => Ok(compiled(m, ptx, bytes)),
+                        Err(Failure::Compile(e)) => {
+                            Err(Failure::Compile(format!("{cubin}\nand as PTX: {e}")))
+                        }
+                        Err(other) => Err(other),
+                    }
+                }
+                Err(other) => Err(other),
+            }
         })
         .collect()
 }
 
-/// Where compiled PTX is kept between processes (every `process`-mode worker would otherwise
-/// compile every kernel again): `$GPUMUX_CACHE_DIR`, else `$XDG_CACHE_HOME/gpumux`, else
-/// `~/.cache/gpumux`, else the temporary folder. `GPUMUX_CACHE_DIR=off` turns the cache off.
+/// Where compiled kernels are kept between processes (every `process`-mode worker would
+/// otherwise compile every kernel again): `$GPUMUX_CACHE_DIR`, else `$XDG_CACHE_HOME/gpumux`,
+/// else `~/.cache/gpumux`, else the temporary folder. `GPUMUX_CACHE_DIR=off` turns the cache off.
 fn cache_dir() -> Option<PathBuf> {
     let var = |k: &str| {
         std::env::var_os(k)
@@ -181,7 +320,8 @@ fn cache_dir() -> Option<PathBuf> {
     }
 }
 
-/// Names the NVRTC in use: its path, size and modification time (a new NVRTC, a new cache entry).
+/// Names the NVRTC in use: its version, path, size and modification time (a new NVRTC, a new
+/// cache entry).
 fn compiler_id(nvrtc: &Path) -> String {
     let meta = std::fs::metadata(nvrtc).ok();
     let size = meta.as_ref().map_or(0, |m| m.len());
@@ -189,69 +329,174 @@ fn compiler_id(nvrtc: &Path) -> String {
         .and_then(|m| m.modified().ok())
         .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
         .map_or(0, |d| d.as_secs());
-    format!("{}:{size}:{mtime}", nvrtc.display())
+    let (major, minor) = nvrtc_version().unwrap_or((0, 0));
+    format!("nvrtc {major}.{minor}:{}:{size}:{mtime}", nvrtc.display())
 }
 
-/// The PTX of module `m` for `arch` from the cache in `dir`, or `compile`d and stored there.
+/// NVRTC's version `(major, minor)`; NVRTC must be loaded already.
+fn nvrtc_version() -> Option<(i32, i32)> {
+    let (mut major, mut minor) = (0, 0);
+    // SAFETY: writes two ints. cudarc panics on a missing symbol; catch_unwind makes that `None`.
+    let r = catch_unwind(AssertUnwindSafe(|| unsafe {
+        nvrtc_sys::nvrtcVersion(&mut major, &mut minor)
+    }))
+    .ok()?;
+    (r == nvrtc_sys::nvrtcResult::NVRTC_SUCCESS).then_some((major, minor))
+}
+
+/// Whether `image` (a cached file) is a `target` image holding every kernel of `m`: PTX that
+/// declares each as `.entry`, or an ELF image that names each in its string table.
+fn holds_kernels(image: &[u8], m: &KernelModule, target: Target) -> bool {
+    match target.output {
+        Output::Ptx => {
+            let text = String::from_utf8_lossy(image);
+            m.functions
+                .iter()
+                .all(|f| text.contains(&format!(".entry {f}(")))
+        }
+        Output::Cubin => {
+            image.starts_with(b"\x7fELF")
+                && m.functions.iter().all(|f| {
+                    let name = format!("\0{f}\0");
+                    image.windows(name.len()).any(|w| w == name.as_bytes())
+                })
+        }
+    }
+}
+
+/// The image of module `m` for `target` from the cache in `dir`, or `compile`d and stored there.
 /// A cached file that lacks any of the module's kernels is ignored; the cache never makes a
 /// compilation fail (a folder that cannot be written only costs the next process a compile).
 fn cached(
     dir: Option<&Path>,
     m: &KernelModule,
-    arch: &str,
+    target: Target,
     compiler: &str,
-    compile: impl FnOnce() -> Result<String, Failure>,
-) -> Result<String, Failure> {
+    compile: impl FnOnce() -> Result<Vec<u8>, Failure>,
+) -> Result<Vec<u8>, Failure> {
     let Some(dir) = dir else { return compile() };
+    let arch = target.arch_flag();
     let key =
         crate::hash::fnv1a(format!("{}\0{arch}\0fmad=false\0{compiler}", m.source).as_bytes());
-    let path = dir.join(format!("{}-{arch}-{key:016x}.ptx", m.name));
-    if let Ok(ptx) = std::fs::read_to_string(&path) {
-        if m.functions
-            .iter()
-            .all(|f| ptx.contains(&format!(".entry {f}(")))
-        {
-            return Ok(ptx);
+    let path = dir.join(format!(
+        "{}-{arch}-{key:016x}.{}",
+        m.name,
+        target.extension()
+    ));
+    if let Ok(image) = std::fs::read(&path) {
+        if holds_kernels(&image, m, target) {
+            return Ok(image);
         }
     }
-    let ptx = compile()?;
+    let image = compile()?;
     // Written under a unique name, then renamed: a reader never sees half a file.
     let tmp = path.with_extension(format!("tmp{}", std::process::id()));
     let stored = std::fs::create_dir_all(dir)
-        .and_then(|()| std::fs::write(&tmp, &ptx))
+        .and_then(|()| std::fs::write(&tmp, &image))
         .and_then(|()| std::fs::rename(&tmp, &path));
     if stored.is_err() {
         let _ = std::fs::remove_file(&tmp);
     }
-    Ok(ptx)
+    Ok(image)
 }
 
-/// Compiles one source to PTX for `arch` (`compute_XY`). NVRTC must be loaded already.
-fn compile_source(name: &str, source: &str, arch: &str) -> Result<String, Failure> {
-    let opts = CompileOptions {
-        // No contraction into fused multiply-adds: each product and sum rounds on its own, as in
-        // the CPU twins.
-        fmad: Some(false),
-        options: vec![format!("--gpu-architecture={arch}")],
-        name: Some(format!("{name}.cu")),
-        ..CompileOptions::default()
-    };
-    let compiled = catch_unwind(AssertUnwindSafe(|| compile_ptx_with_opts(source, opts)))
+/// Compiles one source for `target` with NVRTC (which must be loaded already): PTX text, or a
+/// CUBIN image.
+fn compile_source(name: &str, source: &str, target: Target) -> Result<Vec<u8>, Failure> {
+    let arch = target.arch_flag();
+    let compiled = catch_unwind(AssertUnwindSafe(|| run_nvrtc(name, source, target)))
         .map_err(|_| Failure::Compile(format!("NVRTC panicked compiling kernels/{name}.cu")))?;
-    let ptx = compiled.map_err(|e| Failure::Compile(describe(name, arch, &e)))?;
-    let bytes = ptx.as_bytes().unwrap_or_default();
-    let text = String::from_utf8_lossy(bytes);
-    Ok(text.trim_end_matches('\0').to_string())
+    compiled.map_err(|e| {
+        Failure::Compile(match e {
+            NvrtcFailure::Rejected(log) => format!(
+                "NVRTC could not compile kernels/{name}.cu for {arch}:\n{}",
+                log.trim_end()
+            ),
+            NvrtcFailure::Call(call, err) => {
+                format!("NVRTC failed on kernels/{name}.cu for {arch}: {call}: {err:?}")
+            }
+        })
+    })
 }
 
-/// A compile error with NVRTC's log.
-fn describe(name: &str, arch: &str, e: &CompileError) -> String {
-    match e {
-        CompileError::CompileError { nvrtc, log, .. } => format!(
-            "NVRTC could not compile kernels/{name}.cu for {arch} ({nvrtc:?}):\n{}",
-            log.to_string_lossy().trim_end()
-        ),
-        other => format!("NVRTC failed on kernels/{name}.cu for {arch}: {other:?}"),
+/// How an NVRTC run failed.
+enum NvrtcFailure {
+    /// The compiler rejected the source: its log.
+    Rejected(String),
+    /// A call failed.
+    Call(&'static str, nvrtc_sys::nvrtcResult),
+}
+
+/// One NVRTC program: created, compiled with `--fmad=false` for `target`, its output read, and
+/// destroyed whatever happened.
+fn run_nvrtc(name: &str, source: &str, target: Target) -> Result<Vec<u8>, NvrtcFailure> {
+    let (Ok(src), Ok(file)) = (CString::new(source), CString::new(format!("{name}.cu"))) else {
+        return Err(NvrtcFailure::Rejected(
+            "the source or its name holds a NUL byte".into(),
+        ));
+    };
+    let prog = nvrtc::create_program(&src, Some(&file))
+        .map_err(|e| NvrtcFailure::Call("nvrtcCreateProgram", e.0))?;
+    // No contraction into fused multiply-adds: each product and sum rounds on its own, as in the
+    // CPU twins.
+    let options = [
+        "--fmad=false".to_string(),
+        format!("--gpu-architecture={}", target.arch_flag()),
+    ];
+    // SAFETY: `prog` was just created and is destroyed once, below; `src` and `file` outlive it.
+    let out = unsafe {
+        match nvrtc::compile_program(prog, &options) {
+            Ok(()) => read_output(prog, target.output),
+            Err(_) => Err(NvrtcFailure::Rejected(
+                nvrtc::get_program_log(prog)
+                    .map(|log| c_text(&log))
+                    .unwrap_or_else(|e| format!("(no log: {e:?})")),
+            )),
+        }
+    };
+    // SAFETY: as above; the program is not used after this.
+    let destroyed = unsafe { nvrtc::destroy_program(prog) };
+    let out = out?;
+    destroyed.map_err(|e| NvrtcFailure::Call("nvrtcDestroyProgram", e.0))?;
+    Ok(out)
+}
+
+/// Text from NVRTC's NUL-terminated characters.
+fn c_text(chars: &[std::ffi::c_char]) -> String {
+    let bytes: Vec<u8> = chars
+        .iter()
+        .map(|&c| c as u8)
+        .take_while(|&b| b != 0)
+        .collect();
+    String::from_utf8_lossy(&bytes).into_owned()
+}
+
+/// The compiled program's PTX (without its NUL) or CUBIN.
+///
+/// # Safety
+/// `prog` must be a live program that compiled successfully.
+unsafe fn read_output(
+    prog: nvrtc_sys::nvrtcProgram,
+    output: Output,
+) -> Result<Vec<u8>, NvrtcFailure> {
+    match output {
+        Output::Ptx => {
+            let ptx = nvrtc::get_ptx(prog).map_err(|e| NvrtcFailure::Call("nvrtcGetPTX", e.0))?;
+            Ok(c_text(&ptx).into_bytes())
+        }
+        Output::Cubin => {
+            let mut size = 0usize;
+            let r = nvrtc_sys::nvrtcGetCUBINSize(prog, &mut size);
+            if r != nvrtc_sys::nvrtcResult::NVRTC_SUCCESS {
+                return Err(NvrtcFailure::Call("nvrtcGetCUBINSize", r));
+            }
+            let mut image = vec![0u8; size];
+            let r = nvrtc_sys::nvrtcGetCUBIN(prog, image.as_mut_ptr().cast());
+            if r != nvrtc_sys::nvrtcResult::NVRTC_SUCCESS {
+                return Err(NvrtcFailure::Call("nvrtcGetCUBIN", r));
+            }
+            Ok(image)
+        }
     }
 }
 
@@ -298,7 +543,7 @@ mod tests {
     #[test]
     fn every_kernel_of_the_readme_is_in_its_module_and_source() {
         let listed = readme_kernels();
-        assert_eq!(listed.len(), 22, "{listed:?}");
+        assert_eq!(listed.len(), 31, "{listed:?}");
         for (file, name) in &listed {
             let m = MODULES.iter().find(|m| m.name == file).unwrap();
             assert!(m.functions.contains(&name.as_str()), "{file}: {name}");
@@ -346,34 +591,73 @@ mod tests {
         }
     }
 
+    /// The targets CI compiles every kernel for: PTX and CUBIN for Ampere and Hopper.
+    const CI_TARGETS: [Target; 4] = [
+        Target {
+            arch: (8, 0),
+            output: Output::Ptx,
+        },
+        Target {
+            arch: (9, 0),
+            output: Output::Ptx,
+        },
+        Target {
+            arch: (8, 0),
+            output: Output::Cubin,
+        },
+        Target {
+            arch: (9, 0),
+            output: Output::Cubin,
+        },
+    ];
+
     #[test]
     fn every_kernel_compiles_with_nvrtc() {
         if nvrtc_or_skip("every_kernel_compiles_with_nvrtc").is_none() {
             return;
         }
-        for arch in [None, Some((9, 0))] {
-            let modules = compile_all(arch).unwrap_or_else(|e| panic!("{}: {e}", arch_name(arch)));
+        for target in CI_TARGETS {
+            let flag = target.arch_flag();
+            let modules = compile_for(target).unwrap_or_else(|e| panic!("{flag}: {e}"));
             assert_eq!(modules.len(), MODULES.len());
-            for m in modules {
-                assert!(m
-                    .ptx
-                    .contains(&format!(".target sm_{}", &arch_name(arch)[8..])));
-                let found = entries(&m.ptx);
-                for f in m.functions {
-                    assert!(found.contains(f), "{}: no .entry {f} in {found:?}", m.name);
+            for m in &modules {
+                match (&m.image, target.output) {
+                    (Image::Ptx(ptx), Output::Ptx) => {
+                        assert!(
+                            ptx.contains(&format!(".target sm_{}", &flag[8..])),
+                            "{flag}"
+                        );
+                        let found = entries(ptx);
+                        for f in m.functions {
+                            assert!(found.contains(f), "{}: no .entry {f} in {found:?}", m.name);
+                        }
+                        assert_eq!(found.len(), m.functions.len(), "{}: {found:?}", m.name);
+                    }
+                    (Image::Cubin(elf), Output::Cubin) => {
+                        assert!(elf.starts_with(b"\x7fELF"), "{}: not an ELF image", m.name);
+                        let src = MODULES.iter().find(|s| s.name == m.name).unwrap();
+                        assert!(holds_kernels(elf, src, target), "{}: {flag}", m.name);
+                    }
+                    _ => panic!("{}: {flag} gave the other kind of image", m.name),
                 }
-                assert_eq!(found.len(), m.functions.len(), "{}: {found:?}", m.name);
             }
         }
+        // The device compilation is CUBIN; the default one PTX for compute_80.
+        let device = compile_all(Some((9, 0))).unwrap();
+        assert!(device.iter().all(|m| matches!(m.image, Image::Cubin(_))));
         assert!(std::ptr::eq(
             compile_all(None).unwrap(),
             compile_all(None).unwrap()
         ));
+        assert!(matches!(module("loss").unwrap().image, Image::Ptx(_)));
         assert_eq!(
             module("loss").unwrap().functions,
             ["softmax_xent", "eval_xent"]
         );
         assert!(module("nope").is_err());
+        // The PTX a refused CUBIN falls back to.
+        let ptx = device[0].ptx_fallback().unwrap();
+        assert!(ptx.contains(".target sm_90"), "{ptx}");
     }
 
     #[test]
@@ -381,40 +665,54 @@ mod tests {
         if nvrtc_or_skip("compile_errors_carry_nvrtc_log").is_none() {
             return;
         }
-        let bad = "extern \"C\" __global__ void k(float* x) { x[0] = undefined_name; }";
-        let Err(Failure::Compile(msg)) = compile_source("bad", bad, "compute_80") else {
-            panic!("a bad source compiled");
+        let ptx80 = Target {
+            arch: (8, 0),
+            output: Output::Ptx,
         };
-        assert!(
-            msg.contains("kernels/bad.cu") && msg.contains("undefined_name"),
-            "{msg}"
-        );
+        let bad = "extern \"C\" __global__ void k(float* x) { x[0] = undefined_name; }";
+        for target in [ptx80, CI_TARGETS[3]] {
+            let Err(Failure::Compile(msg)) = compile_source("bad", bad, target) else {
+                panic!("a bad source compiled");
+            };
+            assert!(
+                msg.contains("kernels/bad.cu") && msg.contains("undefined_name"),
+                "{msg}"
+            );
+            assert!(msg.contains(&target.arch_flag()), "{msg}");
+        }
         // With fused multiply-adds off, a*b + c stays a separate multiply and add.
         let src = "extern \"C\" __global__ void k(float* x) { x[0] = x[1] * x[2] + x[3]; }";
-        let ptx = compile_source("mad", src, "compute_80").unwrap();
+        let ptx = String::from_utf8(compile_source("mad", src, ptx80).unwrap()).unwrap();
         assert!(
             !ptx.contains("fma.rn.f32") && ptx.contains("mul.rn.f32"),
             "{ptx}"
         );
+        assert!(!ptx.ends_with('\0'));
     }
 
     #[test]
     fn the_ptx_cache_compiles_once_and_ignores_damaged_files() {
         let tmp = tempfile::tempdir().unwrap();
         let m = &MODULES[0];
-        let ptx: String = m
+        let ptx: Vec<u8> = m
             .functions
             .iter()
             .map(|f| format!(".visible .entry {f}(\n"))
-            .collect();
+            .collect::<String>()
+            .into_bytes();
         let compiles = std::cell::Cell::new(0);
-        let run = |dir: Option<&Path>, compiler: &str| {
-            cached(dir, m, "compute_90", compiler, || {
+        let t90 = Target {
+            arch: (9, 0),
+            output: Output::Ptx,
+        };
+        let run_as = |dir: Option<&Path>, compiler: &str, target: Target, image: &[u8]| {
+            cached(dir, m, target, compiler, || {
                 compiles.set(compiles.get() + 1);
-                Ok(ptx.clone())
+                Ok(image.to_vec())
             })
             .unwrap()
         };
+        let run = |dir: Option<&Path>, compiler: &str| run_as(dir, compiler, t90, &ptx);
         assert_eq!(run(Some(tmp.path()), "nvrtc-a"), ptx);
         assert_eq!(run(Some(tmp.path()), "nvrtc-a"), ptx);
         assert_eq!(compiles.get(), 1, "the second process reads the cache");
@@ -427,12 +725,31 @@ mod tests {
         assert_eq!(compiles.get(), 3, "a damaged entry is compiled again");
         run(None, "nvrtc-a");
         assert_eq!(compiles.get(), 4, "no cache folder, no cache");
-        let names: Vec<String> = std::fs::read_dir(tmp.path())
+        // A CUBIN for the same architecture is another entry, checked as an ELF image.
+        let mut elf = b"\x7fELF".to_vec();
+        for f in m.functions {
+            elf.extend_from_slice(format!("\0{f}\0").as_bytes());
+        }
+        let sm90 = Target {
+            output: Output::Cubin,
+            ..t90
+        };
+        assert_eq!(run_as(Some(tmp.path()), "nvrtc-a", sm90, &elf), elf);
+        assert_eq!(run_as(Some(tmp.path()), "nvrtc-a", sm90, &elf), elf);
+        assert_eq!(compiles.get(), 5, "the CUBIN is cached apart from the PTX");
+        let mut names: Vec<String> = std::fs::read_dir(tmp.path())
             .unwrap()
             .map(|f| f.unwrap().file_name().to_string_lossy().into_owned())
             .collect();
+        names.sort();
+        assert_eq!(names.len(), 3, "{names:?}");
+        // Sorted, `elementwise-compute_90-…` comes before `elementwise-sm_90-…`.
         assert!(
-            names.iter().all(|n| n.ends_with(".ptx")),
+            names[2].ends_with(".cubin") && names[2].contains("-sm_90-"),
+            "{names:?}"
+        );
+        assert!(
+            names[..2].iter().all(|n| n.ends_with(".ptx")),
             "no temporary files left: {names:?}"
         );
     }

@@ -7,7 +7,7 @@ use cudarc::driver::sys;
 
 use super::check::check;
 use super::context::Entered;
-use super::kernels::CompiledModule;
+use super::kernels::{CompiledModule, Image};
 use crate::error::EngineError;
 
 /// Threads per block of the element-wise kernels (and of the one-block reductions).
@@ -52,13 +52,22 @@ impl Kernels {
     }
 
     fn load_one(&mut self, m: &CompiledModule) -> Result<(), EngineError> {
-        let ptx = CString::new(m.ptx.as_str()).map_err(|_| {
-            EngineError::Device(format!("the PTX of module {} holds a NUL byte", m.name))
-        })?;
-        let mut module = std::ptr::null_mut();
-        // SAFETY: `ptx` is a NUL-terminated PTX image that outlives the call; the driver copies it.
-        let r = unsafe { sys::cuModuleLoadData(&mut module, ptx.as_ptr().cast()) };
-        check(r, &format!("cuModuleLoadData({})", m.name))?;
+        let module = match &m.image {
+            Image::Ptx(ptx) => load_ptx(m.name, ptx)?,
+            // SAFETY: the image is a CUBIN from NVRTC (or the cache, checked to be an ELF image).
+            Image::Cubin(elf) => match unsafe { load_image(elf.as_ptr(), m.name, "CUBIN") } {
+                Ok(module) => module,
+                Err(refused) => {
+                    // A driver that does not take the machine code may still JIT the PTX.
+                    let ptx = m.ptx_fallback().map_err(|e| {
+                        EngineError::Device(format!("{refused}; no PTX to fall back to: {e}"))
+                    })?;
+                    load_ptx(m.name, ptx).map_err(|e| {
+                        EngineError::Device(format!("{refused}; its PTX fallback: {e}"))
+                    })?
+                }
+            },
+        };
         self.modules.push(module);
         for &f in m.functions {
             let name = CString::new(f)
@@ -93,6 +102,30 @@ impl Kernels {
             let _ = unsafe { sys::cuModuleUnload(m) };
         }
     }
+}
+
+/// Loads a PTX module into the current context.
+fn load_ptx(name: &str, ptx: &str) -> Result<sys::CUmodule, EngineError> {
+    let text = CString::new(ptx)
+        .map_err(|_| EngineError::Device(format!("the PTX of module {name} holds a NUL byte")))?;
+    // SAFETY: `text` is a NUL-terminated PTX image that outlives the call.
+    unsafe { load_image(text.as_ptr().cast(), name, "PTX") }
+}
+
+/// `cuModuleLoadData` of the image at `image`, in the current context.
+///
+/// # Safety
+/// `image` must point to a complete CUBIN, or to NUL-terminated PTX, that outlives the call (the
+/// driver copies it).
+unsafe fn load_image(
+    image: *const u8,
+    name: &str,
+    kind: &str,
+) -> Result<sys::CUmodule, EngineError> {
+    let mut module = std::ptr::null_mut();
+    let r = sys::cuModuleLoadData(&mut module, image.cast());
+    check(r, &format!("cuModuleLoadData({name}, {kind})"))?;
+    Ok(module)
 }
 
 /// One kernel argument, passed by value.

@@ -1,76 +1,188 @@
 //! The `Backend` ops of the CUDA backend: the CPU backend's region checks, then kernel launches on the trial's stream.
 
+use cudarc::driver::sys;
+
 use super::backend::{at, need, CudaBackend};
-use super::check::to_u32;
+use super::check::{check, to_u32};
 use super::conv::{workspace_len, BwdPtrs, FwdPtrs};
-use super::launch::{Arg, BLOCK};
+use super::launch::{Arg, BLOCK, MAX_BLOCKS};
+use crate::engine::cpu::{check_conv, check_pool};
 use crate::engine::{
-    AdamParams, Backend, BackendKind, Conv2dShape, GemmShape, PoolShape, Region, SgdParams, Split,
-    COUNTER_LEN, STATS_LEN,
+    AdamParams, Backend, BackendKind, BnParams, Conv2dShape, GemmShape, PlaneShape, PoolShape,
+    Region, SgdParams, Split, COUNTER_LEN, STATS_LEN,
 };
 use crate::error::EngineError;
+
+/// Threads per block of the batch-norm reductions (one block per channel): the most a block may
+/// have, for the most loads in flight on the few blocks a layer of 64 channels gives.
+const NORM_BLOCK: u32 = 1024;
 
 /// Checks the step counter region: one element.
 fn counter_region(counter: Region) -> Result<Region, EngineError> {
     need("counter", "counter", counter, COUNTER_LEN)
 }
 
-// TEMPORARY: replaced by the kernels of the ResNet ops.
-fn todo_gpu(op: &'static str) -> EngineError {
-    EngineError::Device(format!("{op} is not on the GPU yet"))
-}
-
 impl Backend for CudaBackend {
     fn batchnorm_fwd(
         &mut self,
-        _s: &crate::engine::PlaneShape,
-        _x: Region,
-        _gamma: Region,
-        _beta: Region,
-        _running: Region,
-        _saved: Region,
-        _y: Region,
-        _p: crate::engine::BnParams,
+        s: &PlaneShape,
+        x: Region,
+        gamma: Region,
+        beta: Region,
+        running: Region,
+        saved: Region,
+        y: Region,
+        p: BnParams,
     ) -> Result<(), EngineError> {
-        Err(todo_gpu("batchnorm_fwd"))
+        let op = "batchnorm_fwd";
+        let x = need(op, "x", x, s.len())?;
+        let gamma = need(op, "gamma", gamma, s.c)?;
+        let beta = need(op, "beta", beta, s.c)?;
+        let running = need(op, "running statistics", running, 2 * s.c)?;
+        let saved = need(op, "saved statistics", saved, 2 * s.c)?;
+        let y = need(op, "y", y, s.len())?;
+        let dims = plane_dims(op, s)?;
+        let e = self.ctx.enter()?;
+        if p.train {
+            let base = self.regions(op, &[x, gamma, beta], &[running, saved, y])?;
+            let mut args = vec![
+                Arg::Ptr(at(base, x)),
+                Arg::Ptr(at(base, gamma)),
+                Arg::Ptr(at(base, beta)),
+                Arg::Ptr(at(base, running)),
+                Arg::Ptr(at(base, saved)),
+                Arg::Ptr(at(base, y)),
+            ];
+            args.extend(dims);
+            args.extend([Arg::F32(p.momentum), Arg::F32(p.eps)]);
+            // One block per channel (blocks loop over channels beyond the grid).
+            let grid = s.c.clamp(1, MAX_BLOCKS as usize) as u32;
+            self.kernel(&e, "batchnorm_fwd_train", (grid, NORM_BLOCK), &args)
+        } else {
+            let base = self.regions(op, &[x, gamma, beta, running], &[y])?;
+            let mut args = vec![
+                Arg::Ptr(at(base, x)),
+                Arg::Ptr(at(base, gamma)),
+                Arg::Ptr(at(base, beta)),
+                Arg::Ptr(at(base, running)),
+                Arg::Ptr(at(base, y)),
+            ];
+            args.extend(dims);
+            args.push(Arg::F32(p.eps));
+            self.elementwise(&e, "batchnorm_fwd_infer", s.len(), &args)
+        }
     }
+
     fn batchnorm_bwd(
         &mut self,
-        _s: &crate::engine::PlaneShape,
-        _x: Region,
-        _gamma: Region,
-        _saved: Region,
-        _dy: Region,
-        _dx: Region,
-        _dgamma: Region,
-        _dbeta: Region,
+        s: &PlaneShape,
+        x: Region,
+        gamma: Region,
+        saved: Region,
+        dy: Region,
+        dx: Region,
+        dgamma: Region,
+        dbeta: Region,
     ) -> Result<(), EngineError> {
-        Err(todo_gpu("batchnorm_bwd"))
+        let op = "batchnorm_bwd";
+        let x = need(op, "x", x, s.len())?;
+        let gamma = need(op, "gamma", gamma, s.c)?;
+        let saved = need(op, "saved statistics", saved, 2 * s.c)?;
+        let dy = need(op, "dy", dy, s.len())?;
+        let dx = need(op, "dx", dx, s.len())?;
+        let dgamma = need(op, "dgamma", dgamma, s.c)?;
+        let dbeta = need(op, "dbeta", dbeta, s.c)?;
+        let base = self.regions(op, &[x, gamma, saved, dy], &[dx, dgamma, dbeta])?;
+        let mut args = vec![
+            Arg::Ptr(at(base, x)),
+            Arg::Ptr(at(base, gamma)),
+            Arg::Ptr(at(base, saved)),
+            Arg::Ptr(at(base, dy)),
+            Arg::Ptr(at(base, dx)),
+            Arg::Ptr(at(base, dgamma)),
+            Arg::Ptr(at(base, dbeta)),
+        ];
+        args.extend(plane_dims(op, s)?);
+        let e = self.ctx.enter()?;
+        let grid = s.c.clamp(1, MAX_BLOCKS as usize) as u32;
+        self.kernel(&e, "batchnorm_bwd", (grid, NORM_BLOCK), &args)
     }
-    fn avgpool_fwd(
-        &mut self,
-        _s: &crate::engine::PlaneShape,
-        _x: Region,
-        _y: Region,
-    ) -> Result<(), EngineError> {
-        Err(todo_gpu("avgpool_fwd"))
+
+    fn avgpool_fwd(&mut self, s: &PlaneShape, x: Region, y: Region) -> Result<(), EngineError> {
+        let op = "avgpool_fwd";
+        let x = need(op, "x", x, s.len())?;
+        let y = need(op, "y", y, s.n * s.c)?;
+        let base = self.regions(op, &[x], &[y])?;
+        to_u32(op, "elements", s.len())?;
+        let args = [
+            Arg::Ptr(at(base, x)),
+            Arg::Ptr(at(base, y)),
+            Arg::U32(to_u32(op, "planes", s.n * s.c)?),
+            Arg::U32(to_u32(op, "hw", s.hw)?),
+        ];
+        let e = self.ctx.enter()?;
+        // One thread per plane.
+        self.elementwise(&e, op, s.n * s.c, &args)
     }
-    fn avgpool_bwd(
-        &mut self,
-        _s: &crate::engine::PlaneShape,
-        _dy: Region,
-        _dx: Region,
-    ) -> Result<(), EngineError> {
-        Err(todo_gpu("avgpool_bwd"))
+
+    fn avgpool_bwd(&mut self, s: &PlaneShape, dy: Region, dx: Region) -> Result<(), EngineError> {
+        let op = "avgpool_bwd";
+        let dy = need(op, "dy", dy, s.n * s.c)?;
+        let dx = need(op, "dx", dx, s.len())?;
+        let base = self.regions(op, &[dy], &[dx])?;
+        to_u32(op, "elements", s.len())?;
+        let args = [
+            Arg::Ptr(at(base, dy)),
+            Arg::Ptr(at(base, dx)),
+            Arg::U32(to_u32(op, "planes", s.n * s.c)?),
+            Arg::U32(to_u32(op, "hw", s.hw)?),
+        ];
+        let e = self.ctx.enter()?;
+        self.elementwise(&e, op, s.len(), &args)
     }
-    fn add(&mut self, _a: Region, _b: Region, _y: Region, _len: usize) -> Result<(), EngineError> {
-        Err(todo_gpu("add"))
+
+    fn add(&mut self, a: Region, b: Region, y: Region, len: usize) -> Result<(), EngineError> {
+        let a = need("add", "a", a, len)?;
+        let b = need("add", "b", b, len)?;
+        let y = need("add", "y", y, len)?;
+        let base = self.regions("add", &[a, b], &[y])?;
+        let args = [
+            Arg::Ptr(at(base, a)),
+            Arg::Ptr(at(base, b)),
+            Arg::Ptr(at(base, y)),
+            Arg::U32(to_u32("add", "len", len)?),
+        ];
+        let e = self.ctx.enter()?;
+        self.elementwise(&e, "add", len, &args)
     }
-    fn add_assign(&mut self, _y: Region, _x: Region, _len: usize) -> Result<(), EngineError> {
-        Err(todo_gpu("add_assign"))
+
+    fn add_assign(&mut self, y: Region, x: Region, len: usize) -> Result<(), EngineError> {
+        let x = need("add_assign", "x", x, len)?;
+        let y = need("add_assign", "y", y, len)?;
+        let base = self.regions("add_assign", &[x], &[y])?;
+        let args = [
+            Arg::Ptr(at(base, y)),
+            Arg::Ptr(at(base, x)),
+            Arg::U32(to_u32("add_assign", "len", len)?),
+        ];
+        let e = self.ctx.enter()?;
+        self.elementwise(&e, "add_assign", len, &args)
     }
-    fn copy(&mut self, _x: Region, _y: Region, _len: usize) -> Result<(), EngineError> {
-        Err(todo_gpu("copy"))
+
+    fn copy(&mut self, x: Region, y: Region, len: usize) -> Result<(), EngineError> {
+        let x = need("copy", "x", x, len)?;
+        let y = need("copy", "y", y, len)?;
+        let base = self.regions("copy", &[x], &[y])?;
+        if len == 0 {
+            return Ok(());
+        }
+        let _in = self.ctx.enter()?;
+        // An asynchronous device-to-device copy on the trial's stream (a copy node when captured).
+        // SAFETY: both regions lie inside the arena (checked above) and do not overlap.
+        let r = unsafe {
+            sys::cuMemcpyDtoDAsync_v2(at(base, y), at(base, x), len * 4, self.stream.raw())
+        };
+        check(r, "cuMemcpyDtoDAsync_v2")
     }
 
     fn kind(&self) -> BackendKind {
@@ -216,7 +328,7 @@ impl Backend for CudaBackend {
     }
 
     fn conv_workspace_len(&self, s: &Conv2dShape) -> usize {
-        workspace_len(s)
+        self.conv_workspace(s)
     }
 
     fn gemm(&mut self, g: GemmShape, a: Region, b: Region, c: Region) -> Result<(), EngineError> {
@@ -314,19 +426,21 @@ impl Backend for CudaBackend {
         ws: Region,
     ) -> Result<(), EngineError> {
         let op = "conv2d_fwd";
-        let b = b.ok_or_else(|| todo_gpu(op))?;
+        check_conv(op, s)?;
         let x = need(op, "x", x, s.x_len())?;
         let w = need(op, "w", w, s.w_len())?;
-        let b = need(op, "b", b, s.c_out)?;
+        let b = b.map(|b| need(op, "b", b, s.c_out)).transpose()?;
         let y = need(op, "y", y, s.y_len())?;
-        let ws = need(op, "workspace", ws, workspace_len(s))?;
-        let base = self.regions(op, &[x, w, b], &[y, ws])?;
+        let ws = self.conv_ws(op, s, ws)?;
+        let reads: Vec<Region> = [x, w].into_iter().chain(b).collect();
+        let base = self.regions(op, &reads, &[y, ws])?;
         let p = FwdPtrs {
             x: at(base, x),
             w: at(base, w),
-            b: at(base, b),
+            b: b.map(|b| at(base, b)),
             y: at(base, y),
             ws: at(base, ws),
+            ws_bytes: ws.len * 4,
         };
         let e = self.ctx.enter()?;
         self.conv_fwd(&e, s, &p)
@@ -344,15 +458,15 @@ impl Backend for CudaBackend {
         ws: Region,
     ) -> Result<(), EngineError> {
         let op = "conv2d_bwd";
-        let db = db.ok_or_else(|| todo_gpu(op))?;
+        check_conv(op, s)?;
         let x = need(op, "x", x, s.x_len())?;
         let w = need(op, "w", w, s.w_len())?;
         let dy = need(op, "dy", dy, s.y_len())?;
         let dw = need(op, "dw", dw, s.w_len())?;
-        let db = need(op, "db", db, s.c_out)?;
-        let ws = need(op, "workspace", ws, workspace_len(s))?;
+        let db = db.map(|db| need(op, "db", db, s.c_out)).transpose()?;
+        let ws = self.conv_ws(op, s, ws)?;
         let dx = dx.map(|dx| need(op, "dx", dx, s.x_len())).transpose()?;
-        let writes: Vec<Region> = dx.into_iter().chain([dw, db, ws]).collect();
+        let writes: Vec<Region> = dx.into_iter().chain([dw]).chain(db).chain([ws]).collect();
         let base = self.regions(op, &[x, w, dy], &writes)?;
         let p = BwdPtrs {
             x: at(base, x),
@@ -360,14 +474,16 @@ impl Backend for CudaBackend {
             dy: at(base, dy),
             dx: dx.map(|dx| at(base, dx)),
             dw: at(base, dw),
-            db: at(base, db),
+            db: db.map(|db| at(base, db)),
             ws: at(base, ws),
+            ws_bytes: ws.len * 4,
         };
         let e = self.ctx.enter()?;
         self.conv_bwd(&e, s, &p)
     }
 
     fn maxpool_fwd(&mut self, s: &PoolShape, x: Region, y: Region) -> Result<(), EngineError> {
+        check_pool("maxpool_fwd", s)?;
         let x = need("maxpool_fwd", "x", x, s.x_len())?;
         let y = need("maxpool_fwd", "y", y, s.y_len())?;
         let base = self.regions("maxpool_fwd", &[x], &[y])?;
@@ -386,6 +502,7 @@ impl Backend for CudaBackend {
         dx: Region,
     ) -> Result<(), EngineError> {
         let op = "maxpool_bwd";
+        check_pool(op, s)?;
         let x = need(op, "x", x, s.x_len())?;
         let y = need(op, "y", y, s.y_len())?;
         let dy = need(op, "dy", dy, s.y_len())?;
@@ -576,15 +693,31 @@ impl Backend for CudaBackend {
     }
 }
 
-/// The size arguments of the pooling kernels: `n, c, h, w, k`.
-fn pool_dims(op: &'static str, s: &PoolShape) -> Result<[Arg; 5], EngineError> {
+/// The size arguments of the pooling kernels: `n, c, h, w, k, stride, pad, h_out, w_out`
+/// (the shape checked to fit first).
+fn pool_dims(op: &'static str, s: &PoolShape) -> Result<[Arg; 9], EngineError> {
     to_u32(op, "input elements", s.x_len())?;
+    to_u32(op, "output elements", s.y_len())?;
     Ok([
         Arg::U32(to_u32(op, "n", s.n)?),
         Arg::U32(to_u32(op, "c", s.c)?),
         Arg::U32(to_u32(op, "h", s.h)?),
         Arg::U32(to_u32(op, "w", s.w)?),
         Arg::U32(to_u32(op, "k", s.k)?),
+        Arg::U32(to_u32(op, "stride", s.stride)?),
+        Arg::U32(to_u32(op, "pad", s.pad)?),
+        Arg::U32(to_u32(op, "h_out", s.h_out())?),
+        Arg::U32(to_u32(op, "w_out", s.w_out())?),
+    ])
+}
+
+/// The size arguments of the per-channel kernels: `n, c, hw` (all elements within 32 bits).
+fn plane_dims(op: &'static str, s: &PlaneShape) -> Result<[Arg; 3], EngineError> {
+    to_u32(op, "elements", s.len())?;
+    Ok([
+        Arg::U32(to_u32(op, "n", s.n)?),
+        Arg::U32(to_u32(op, "c", s.c)?),
+        Arg::U32(to_u32(op, "hw", s.hw)?),
     ])
 }
 
@@ -599,6 +732,21 @@ struct Dropout {
 }
 
 impl CudaBackend {
+    /// The workspace region of a convolution: cuDNN takes the whole region it is given (its
+    /// algorithms are chosen to fit it; see `cudnn.rs`), the GEMM lowering needs its fixed size.
+    fn conv_ws(
+        &self,
+        op: &'static str,
+        s: &Conv2dShape,
+        ws: Region,
+    ) -> Result<Region, EngineError> {
+        if self.dnn.is_some() {
+            Ok(ws)
+        } else {
+            need(op, "workspace", ws, workspace_len(s))
+        }
+    }
+
     /// `dropout_fwd(x → y)` or `dropout_bwd(dy → dx)`: the same kernel signature.
     fn dropout(&mut self, d: Dropout, src: Region, dst: Region) -> Result<(), EngineError> {
         let (op, len) = (d.op, d.len);

@@ -9,8 +9,20 @@ use super::stream::Stream;
 use crate::error::EngineError;
 use crate::plan::MIB;
 
-/// Bytes of cuBLAS workspace in every trial's allocation.
+/// Bytes of cuBLAS workspace in a trial's allocation below Hopper (cuBLAS's own default there).
 pub(crate) const BLAS_WORKSPACE_BYTES: usize = 4 << 20;
+/// Bytes of cuBLAS workspace on Hopper and newer (sm_90+), where cuBLAS's default is 32 MiB and
+/// some GEMM kernels need that much: with less, cuBLAS quietly picks slower ones.
+pub(crate) const BLAS_WORKSPACE_BYTES_SM90: usize = 32 << 20;
+
+/// The cuBLAS workspace for a device of compute capability `cc`.
+pub(crate) fn blas_workspace_bytes(cc: (u32, u32)) -> usize {
+    if cc.0 >= 9 {
+        BLAS_WORKSPACE_BYTES_SM90
+    } else {
+        BLAS_WORKSPACE_BYTES
+    }
+}
 /// Alignment of each part of the allocation (cuBLAS wants 256-byte workspaces; the memory plan
 /// aligns regions to 256 bytes from the arena's start).
 const PART_ALIGN: usize = 256;
@@ -30,12 +42,19 @@ pub(crate) struct Layout {
     pub total: usize,
 }
 
-/// The layout for an arena of `elems` `f32` and an order of `order_len` `u32`.
-pub(crate) fn layout(elems: usize, order_len: usize) -> Result<Layout, EngineError> {
+/// The layout for `blas_bytes` of cuBLAS workspace (a multiple of 256), an arena of `elems`
+/// `f32` and an order of `order_len` `u32`.
+pub(crate) fn layout(
+    blas_bytes: usize,
+    elems: usize,
+    order_len: usize,
+) -> Result<Layout, EngineError> {
     let too_big = || EngineError::Device(format!("an arena of {elems} elements is too large"));
     let arena_bytes = elems.checked_mul(4).ok_or_else(too_big)?;
     let order_bytes = order_len.checked_mul(4).ok_or_else(too_big)?;
-    let arena_offset = BLAS_WORKSPACE_BYTES;
+    let arena_offset = blas_bytes
+        .checked_next_multiple_of(PART_ALIGN)
+        .ok_or_else(too_big)?;
     let order_offset = arena_offset
         .checked_add(arena_bytes)
         .and_then(|e| e.checked_next_multiple_of(PART_ALIGN))
@@ -45,7 +64,7 @@ pub(crate) fn layout(elems: usize, order_len: usize) -> Result<Layout, EngineErr
         .and_then(|e| e.checked_next_multiple_of(PART_ALIGN))
         .ok_or_else(too_big)?;
     Ok(Layout {
-        blas_bytes: BLAS_WORKSPACE_BYTES,
+        blas_bytes,
         arena_offset,
         arena_bytes,
         order_offset,
@@ -219,7 +238,7 @@ mod tests {
 
     #[test]
     fn the_allocation_holds_workspace_arena_and_order_aligned() {
-        let l = layout(1000, 10).unwrap();
+        let l = layout(BLAS_WORKSPACE_BYTES, 1000, 10).unwrap();
         assert_eq!(l.arena_offset, BLAS_WORKSPACE_BYTES);
         assert_eq!(l.arena_bytes, 4000);
         assert_eq!(l.order_offset % PART_ALIGN, 0);
@@ -227,6 +246,23 @@ mod tests {
         assert_eq!(l.order_bytes, 40);
         assert!(l.total >= l.order_offset + l.order_bytes);
         assert_eq!(l.total % PART_ALIGN, 0);
-        assert!(layout(usize::MAX / 2, 0).is_err());
+        assert!(layout(BLAS_WORKSPACE_BYTES, usize::MAX / 2, 0).is_err());
+    }
+
+    #[test]
+    fn hopper_gets_a_32_mib_cublas_workspace_inside_the_allocation() {
+        assert_eq!(blas_workspace_bytes((8, 0)), 4 << 20);
+        assert_eq!(blas_workspace_bytes((8, 9)), 4 << 20);
+        assert_eq!(blas_workspace_bytes((9, 0)), 32 << 20);
+        assert_eq!(blas_workspace_bytes((10, 0)), 32 << 20);
+        let (a, h) = (
+            layout(blas_workspace_bytes((8, 0)), 1000, 10).unwrap(),
+            layout(blas_workspace_bytes((9, 0)), 1000, 10).unwrap(),
+        );
+        assert_eq!(h.blas_bytes, 32 << 20);
+        assert_eq!(h.arena_offset, 32 << 20);
+        // The same arena and order, 28 MiB more in the one allocation the cap is checked against.
+        assert_eq!(h.total - a.total, 28 << 20);
+        assert_eq!(h.arena_bytes, a.arena_bytes);
     }
 }
