@@ -1100,6 +1100,28 @@ mod tests {
         assert_eq!(locate(t, "missing"), None);
     }
 
+    #[test]
+    fn every_shipped_job_loads_and_its_model_plans() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("jobs");
+        let mut seen = 0;
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.extension().is_none_or(|e| e != "yaml") {
+                continue;
+            }
+            let job = Job::load(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            if let (Some(m), Some(d)) = (&job.file.model, &job.file.data) {
+                let shape = d.shape.unwrap_or([1, 28, 28]);
+                let shape = d.pad_to.map_or(shape, |[h, w]| [shape[0], h, w]);
+                let classes = d.classes.unwrap_or(10);
+                crate::models::nodes(m, shape, classes, 0.0)
+                    .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            }
+            seen += 1;
+        }
+        assert!(seen >= 8, "{seen} jobs");
+    }
+
     proptest::proptest! {
         #[test]
         fn parsing_never_panics_on_arbitrary_text(text in "\\PC{0,200}") {
