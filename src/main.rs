@@ -385,6 +385,9 @@ fn train_job(a: TrainArgs) -> Result<(Job, u32, Option<PathBuf>), Error> {
             backend: BackendChoice::Auto,
             engine: Default::default(),
             faults: Vec::new(),
+            slices: None,
+            ratios: None,
+            parallel: None,
         },
     };
     if let Some(m) = a.model {
