@@ -398,6 +398,11 @@ impl Network {
             ),
         }
     }
+
+    /// The gradient block (one region for every parameter, laid out as [`Network::params`]).
+    pub fn grads(&self) -> Region {
+        self.grads
+    }
 }
 
 #[cfg(test)]
