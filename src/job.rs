@@ -964,16 +964,13 @@ impl Job {
             }
             for (i, d) in s.iter().enumerate() {
                 if d.sm == Some(0) {
-                    return Err(self.invalid(
-                        &format!("slices.{i}.sm"),
-                        format!("slice {i}: must be at least 1 SM"),
-                    ));
+                    return Err(self.invalid(&format!("slices.{i}.sm"), "must be at least 1"));
                 }
                 if let Some(m) = d.mem_mib {
                     if !(m.is_finite() && m > 0.0) {
                         return Err(self.invalid(
                             &format!("slices.{i}.mem_mib"),
-                            format!("slice {i}: must be a positive number of MiB, not {m}"),
+                            format!("must be a positive number of MiB, not {m}"),
                         ));
                     }
                 }
@@ -1034,10 +1031,11 @@ impl Job {
     }
 
     /// The replicas of a data-parallel job: `parallel.slices`, else the number of
-    /// `parallel.ratios`, else the slice plan's length; 1 without `parallel`.
+    /// `parallel.ratios`, else the slice plan's length; without `parallel`, the slice plan's
+    /// length or 1.
     pub fn replicas(&self) -> Result<u32, JobError> {
         let Some(p) = &self.file.parallel else {
-            return Ok(1);
+            return Ok(self.slice_plan_len().unwrap_or(1) as u32);
         };
         let from_ratios = match &p.ratios {
             Some(BatchRatios::Weights(w)) => Some(w.len()),
@@ -1129,16 +1127,32 @@ fn one_line(s: &str) -> String {
 }
 
 /// The 1-based line where a dotted key (e.g. `memory.fraction`, `faults.0.trial`) is written,
-/// found by walking the keys in order of indentation. Numeric parts are skipped.
+/// found by walking the keys in order of indentation. A numeric part picks that item of a block
+/// list (`- ...` lines under the key); in a flow list (`[...]`) it is skipped.
 pub fn locate(text: &str, key: &str) -> Option<usize> {
-    let parts: Vec<&str> = key
-        .split('.')
-        .filter(|p| p.parse::<usize>().is_err())
-        .collect();
     let lines: Vec<&str> = text.lines().collect();
+    let indent = |l: &str| l.len() - l.trim_start().len();
     let mut from = 0;
     let mut found = None;
-    for part in parts {
+    for part in key.split('.') {
+        if let Ok(n) = part.parse::<usize>() {
+            let Some(parent) = found.map(|f: usize| f - 1) else {
+                continue;
+            };
+            let depth = indent(lines[parent]);
+            let items = (parent + 1..lines.len())
+                .take_while(|&i| {
+                    lines[i].trim().is_empty()
+                        || indent(lines[i]) > depth
+                        || lines[i].trim_start().starts_with("- ")
+                })
+                .filter(|&i| lines[i].trim_start().starts_with("- "));
+            if let Some(i) = items.clone().nth(n) {
+                found = Some(i + 1);
+                from = i;
+            }
+            continue;
+        }
         let needle = format!("{part}:");
         let hit = (from..lines.len()).find(|&i| {
             let l = lines[i].split('#').next().unwrap_or("");
@@ -1244,6 +1258,12 @@ mod tests {
         assert_eq!(locate(t, "memory.fraction"), Some(4));
         assert_eq!(locate(t, "fraction"), Some(4));
         assert_eq!(locate(t, "missing"), None);
+        let t = "slices:\n  - {sm: 64}\n  - {sm: 0}\nn: [1]\n";
+        assert_eq!(locate(t, "slices.1.sm"), Some(3));
+        assert_eq!(locate(t, "slices.0.sm"), Some(2));
+        let t = "faults:\n- {trial: 1}\n- trial: 2\n  kind: nan\nseed: 3\n";
+        assert_eq!(locate(t, "faults.1.kind"), Some(4));
+        assert_eq!(locate("faults: [{trial: 1}]\n", "faults.0.trial"), Some(1));
     }
 
     proptest::proptest! {

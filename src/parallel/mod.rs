@@ -23,6 +23,8 @@
 //! bit-for-bit the single-slice training (the equality tests use dropout 0).
 
 pub mod probe;
+pub mod run;
+pub mod scan;
 #[cfg(test)]
 mod tests;
 
@@ -66,8 +68,8 @@ pub struct SliceSpeed {
     /// Its rows per second of the epoch's training time. Steps are synchronous, so every slice
     /// moves at the pace of the slowest, as in seed 000's per-GPU figures.
     pub samples_per_s: f64,
-    /// Seconds it spent computing (gather, forward, loss, backward, gradient read); for the rest
-    /// of the epoch it waited for the others.
+    /// Seconds it spent computing (gather, forward, loss, backward, gradient read, optimiser
+    /// step); for the rest of the epoch it waited for the others and for the reduction.
     pub busy_s: f64,
 }
 
@@ -77,6 +79,8 @@ pub struct ParallelEpoch {
     pub stats: EpochStats,
     /// Seconds of the epoch's training steps (evaluation excluded).
     pub train_s: f64,
+    /// Seconds of the whole epoch, evaluation included.
+    pub epoch_s: f64,
     pub steps: usize,
     pub slices: Vec<SliceSpeed>,
     /// Training samples of all slices per second of `train_s`.
@@ -122,6 +126,7 @@ struct Replica {
 /// What a replica's thread sends back.
 enum Reply {
     Done,
+    Applied(f64),
     Grads(Vec<f32>, f64),
     Stats([f32; STATS_LEN]),
     Eval(f64, f64),
@@ -175,12 +180,20 @@ impl Crew {
     fn on_slice(&self, i: usize, e: TrialError) -> TrialError {
         match e {
             TrialError::Interrupted | TrialError::NonFiniteLoss { .. } => e,
-            other => TrialError::Worker(format!("slice {}: {other}", self.slices[i])),
+            other => TrialError::Slice {
+                slice: self.slices[i],
+                source: Box::new(other),
+            },
         }
     }
 
     fn gone(&self, i: usize) -> TrialError {
-        TrialError::Worker(format!("slice {}: its thread has ended", self.slices[i]))
+        TrialError::Slice {
+            slice: self.slices[i],
+            source: Box::new(TrialError::Engine(EngineError::Device(
+                "its thread has ended".into(),
+            ))),
+        }
     }
 }
 
@@ -268,7 +281,10 @@ pub fn train(
             rows,
             &cfg.hyper,
         )
-        .map_err(|e| TrialError::Worker(format!("slice {slice}: {e}")))?;
+        .map_err(|e| TrialError::Slice {
+            slice,
+            source: Box::new(e),
+        })?;
         // The same seed on every replica: identical initial weights.
         net.init(be.as_mut(), cfg.seed)?;
         replicas.push(Replica {
@@ -361,6 +377,7 @@ fn drive(
         let order = std::sync::Arc::new(
             HostRng::new(derive(cfg.seed, 0x100 + epoch as u64)).permutation(n_train),
         );
+        let epoch_start = Instant::now();
         crew.all(|_| {
             let order = std::sync::Arc::clone(&order);
             Box::new(move |r: &mut Replica| {
@@ -369,7 +386,7 @@ fn drive(
                 Ok(Reply::Done)
             })
         })?;
-        let epoch_start = Instant::now();
+        let steps_start = Instant::now();
         let mut busy = vec![0f64; cfg.shards.len()];
         for step in 0..steps {
             if cfg.cancel.aborted() {
@@ -378,20 +395,23 @@ fn drive(
             let start = (done % steps_per_epoch) * global;
             done += 1;
             let answers = crew.all(|_| compute(start, dropout_seed))?;
-            let mut sum: Vec<f64> = Vec::new();
+            // g = Σ_i (n_i / N)·g_i, accumulated into the first replica's gradient.
+            let mut reduced: Vec<f32> = Vec::new();
             for (i, a) in answers.into_iter().enumerate() {
                 let Reply::Grads(g, took) = a else {
                     return Err(TrialError::Worker("a replica answered out of turn".into()));
                 };
                 busy[i] += took;
-                if sum.is_empty() {
-                    sum = vec![0.0; g.len()];
-                }
-                for (s, x) in sum.iter_mut().zip(&g) {
-                    *s += weights[i] * *x as f64;
+                let w = weights[i] as f32;
+                if reduced.is_empty() {
+                    reduced = g;
+                    reduced.iter_mut().for_each(|x| *x *= w);
+                } else {
+                    for (s, x) in reduced.iter_mut().zip(&g) {
+                        *s += w * x;
+                    }
                 }
             }
-            let reduced: Vec<f32> = sum.iter().map(|&x| x as f32).collect();
             if reduced.iter().any(|x| !x.is_finite()) {
                 return Err(TrialError::NonFiniteLoss {
                     value: f32::NAN,
@@ -401,17 +421,24 @@ fn drive(
             }
             let reduced = std::sync::Arc::new(reduced);
             let h = cfg.hyper.clone();
-            crew.all(|_| {
+            let applied = crew.all(|_| {
                 let (g, h) = (std::sync::Arc::clone(&reduced), h.clone());
                 Box::new(move |r: &mut Replica| {
+                    let t = Instant::now();
                     r.be.write(r.net.grads(), &g)?;
                     r.net.update(r.be.as_mut(), &h)?;
                     r.be.advance(r.net.counter)?;
-                    Ok(Reply::Done)
+                    r.be.synchronize()?;
+                    Ok(Reply::Applied(t.elapsed().as_secs_f64()))
                 })
             })?;
+            for (i, a) in applied.into_iter().enumerate() {
+                if let Reply::Applied(took) = a {
+                    busy[i] += took;
+                }
+            }
         }
-        let train_s = epoch_start.elapsed().as_secs_f64().max(1e-9);
+        let train_s = steps_start.elapsed().as_secs_f64().max(1e-9);
         let mut stats = [0f64; STATS_LEN];
         for a in crew.all(|_| {
             Box::new(|r: &mut Replica| {
@@ -451,6 +478,7 @@ fn drive(
                 wall_s: started.elapsed().as_secs_f64(),
             },
             train_s,
+            epoch_s: epoch_start.elapsed().as_secs_f64(),
             steps,
             slices: crew
                 .slices
