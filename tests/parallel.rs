@@ -343,15 +343,29 @@ fn gpu_mirrored_training_matches_one_slice() {
             let cpu: Vec<(u32, Box<dyn Backend>)> =
                 vec![(0, Box::new(CpuBackend::new(Arc::clone(&data), None)))];
             let reference = train(cpu, &cfg(vec![50]), &mut |_| {}).expect("cpu").params;
-            for shards in [vec![30, 20], vec![23, 14, 9, 4]] {
+            // Two replicas on unequal green partitions (where the device has them), then plain
+            // streams in the primary context.
+            let green = engine.info().green.map(|g| {
+                let g = g.min_sms.max(g.sm_alignment).max(1);
+                engine
+                    .green_partitions_sized(&[2 * g, g])
+                    .expect("unequal green partitions")
+            });
+            let mut runs = vec![(vec![30, 20], false), (vec![23, 14, 9, 4], false)];
+            if green.is_some() {
+                runs.push((vec![30, 20], true));
+            }
+            for (shards, on_green) in runs {
                 let gpus: Vec<(u32, Box<dyn Backend>)> = (0..shards.len() as u32)
                     .map(|i| {
-                        (
-                            i,
-                            engine
-                                .backend(Arc::clone(&dev), None, None)
-                                .expect("backend"),
-                        )
+                        let part = green
+                            .as_ref()
+                            .filter(|_| on_green)
+                            .map(|p| Arc::clone(&p[i as usize]));
+                        let be = engine
+                            .backend(Arc::clone(&dev), None, part)
+                            .expect("backend");
+                        (i, be)
                     })
                     .collect();
                 let out = train(gpus, &cfg(shards.clone()), &mut |_| {}).expect("gpu");
@@ -362,9 +376,70 @@ fn gpu_mirrored_training_matches_one_slice() {
                     b2 += (*b as f64).powi(2);
                 }
                 let rel = (d2 / b2).sqrt();
-                println!("{kind} {optimizer} {shards:?}: ‖Δ‖/‖w‖ {rel:.2e}");
+                println!("{kind} {optimizer} {shards:?} green {on_green}: ‖Δ‖/‖w‖ {rel:.2e}");
                 assert!(rel < 1e-5, "{kind} {optimizer} {shards:?}: {rel:.2e}");
             }
         }
     }
+}
+
+/// On a GPU with green contexts: partitions of unequal size run on disjoint SMs, each on at least
+/// the SMs asked for.
+#[test]
+fn gpu_unequal_green_partitions_are_disjoint() {
+    if let Err(why) = cuda::available() {
+        if std::env::var("GPUMUX_REQUIRE_GPU").is_ok_and(|v| v == "1") {
+            panic!("GPUMUX_REQUIRE_GPU=1 but no GPU: {why}");
+        }
+        println!("skipped: no GPU ({why})");
+        return;
+    }
+    let engine = CudaEngine::open(0, &EngineOptions::default()).expect("engine");
+    let Some(caps) = engine.info().green else {
+        println!(
+            "skipped: green contexts unsupported on {}",
+            engine.info().name
+        );
+        return;
+    };
+    let g = caps.min_sms.max(caps.sm_alignment).max(1);
+    let total = engine.info().sm_count;
+    // As large as fits, 5:3 like the job's ratios, in whole groups.
+    let groups = total / g;
+    let (a, b) = ((groups * 5 / 8).max(1) * g, (groups * 3 / 8).max(1) * g);
+    let parts = engine.green_partitions_sized(&[a, b]).expect("partitions");
+    assert_eq!(parts.len(), 2);
+    assert!(
+        parts[0].sm_count >= a && parts[1].sm_count >= b,
+        "{} {}",
+        parts[0].sm_count,
+        parts[1].sm_count
+    );
+    let mut seen = Vec::new();
+    for p in &parts {
+        let sms: std::collections::BTreeSet<u32> = engine
+            .sm_probe(Some(p), 4 * total)
+            .expect("probe")
+            .into_iter()
+            .collect();
+        assert!(
+            sms.len() as u32 <= p.sm_count,
+            "partition {} ran on {} SMs",
+            p.index,
+            sms.len()
+        );
+        seen.push(sms);
+    }
+    assert!(
+        seen[0].is_disjoint(&seen[1]),
+        "{:?} and {:?} overlap",
+        seen[0],
+        seen[1]
+    );
+    println!(
+        "green partitions of {a} and {b} SMs: got {} and {}",
+        parts[0].sm_count, parts[1].sm_count
+    );
+    // Partitions that do not fit together are an error, not a crash.
+    assert!(engine.green_partitions_sized(&[total, g]).is_err());
 }
