@@ -164,9 +164,13 @@ fn one_slice_and_four_slices_reach_the_same_accuracy() {
             ],
         );
         assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
-        acc.push(read_csv(&dir.path().join(out).join("parallel.csv"))[0]["test_acc"].clone());
+        let row = &read_csv(&dir.path().join(out).join("parallel.csv"))[0];
+        acc.push(row["test_acc"].parse::<f64>().expect("test_acc"));
     }
-    assert_eq!(acc[0], acc[1]);
+    // The weights agree to floating-point order (about 1e-7 relative), which could at most tip
+    // a test sample whose two top logits tie that closely: allow one of the 300.
+    assert!((acc[0] - acc[1]).abs() <= 1.0 / 300.0 + 1e-9, "{acc:?}");
+    assert!(acc[0] > 0.6, "{acc:?}");
 }
 
 #[test]
