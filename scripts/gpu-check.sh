@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The GPU check: on a machine with an NVIDIA GPU, no Rust toolchain and no network, runs every GPU
-# test, the parity checks against the CPU backend, a short `fib` round in every split mode, and one
-# training side by side with PyTorch; then prints a short table. Builds nothing: run
+# test, the parity checks against the CPU backend, a short `fib` round in every split mode, the
+# data-parallel checks (mirrored = one slice on the GPU, seed 000's even-vs-auto table on unequal
+# green partitions, seed 003's table, a batch scan), and one training side by side with PyTorch;
+# then prints a short table. Builds nothing: run
 # scripts/build-gpu-check.sh beforehand and bring .carry/ along.
 #   scripts/gpu-check.sh [OUT_DIR]        (default: $OUT if set, else /tmp/gpumux-gpu-check)
 set -uo pipefail
@@ -51,6 +53,14 @@ step "gpumux: one MLP training (N=1, 5 epochs, batch 128)" gpumux-train.log \
     "$bin" train --backend cuda --epochs 5 --batch-size 128 --lr 0.001
 step "gpumux: the same training with graphs off" gpumux-train-nographs.log \
     "$bin" train --backend cuda --epochs 5 --batch-size 128 --lr 0.001 --no-graphs
+step "devices: unequal green partitions (ratios 5:3)" devices-ratios.log "$bin" devices --ratios 5,3 --split green
+step "CLI tests: parallel, batch-scan, GPU mirrored = one slice" cli-parallel.log "$carry/tests/parallel" --test-threads=1 --nocapture
+step "seed 000: even vs auto ratios on green 80+48 SMs" parallel-ratios.log \
+    env GPUMUX="$bin" BACKEND=cuda SPLIT=green bench/parallel-ratios.sh "$out/parallel-ratios"
+step "seed 003: 1 vs 2 vs 4 mirrored green slices" parallel-mirrored.log \
+    env GPUMUX="$bin" BACKEND=cuda SPLIT=green bench/parallel-mirrored.sh "$out/parallel-mirrored"
+step "batch-scan: the CNN on one 1 GiB logical slice" batch-scan.log \
+    "$bin" batch-scan jobs/parallel-mirrored.yaml --backend cuda --split logical --mib-per-slice 1024 --out "$out/batch-scan"
 step "PyTorch eager: the same training" torch-train.log \
     python3 bench/torch_mnist.py --device cuda --model mlp --hidden 128 --epochs 5 --batch-size 128 --lr 0.001 --repeats 3
 
@@ -64,5 +74,15 @@ g=$(grep '^done:' "$out/gpumux-train.log" | sed 's/.*, \([0-9.]*\) s, .*/\1/')
 t=$(grep -E '^torch,' "$out/torch-train.log" | awk -F, '{print $8}' | sort -n | awk '{a[NR]=$1} END {if (NR) print a[int((NR+1)/2)]}')
 ng=$(grep '^done:' "$out/gpumux-train-nographs.log" | sed 's/.*, \([0-9.]*\) s, .*/\1/')
 echo "one MLP training: gpumux ${g:-?} s (graphs off ${ng:-?} s), PyTorch eager median ${t:-?} s" | tee -a "$out/summary.txt"
+python3 - "$out/parallel-ratios/table.csv" <<'PY' | tee -a "$out/summary.txt"
+import csv, sys
+try:
+    rows = {r["ratios"]: float(r["samples_per_s"]) for r in csv.DictReader(open(sys.argv[1]))}
+    e, a = rows["even"], rows["auto"]
+    print(f"seed 000 on green 80+48 SMs: even {e:.0f} samples/s, auto ratios {a:.0f} samples/s ({a / e:.2f}x)"
+          + ("" if a > e else "  FAIL: auto is not faster"))
+except Exception as err:
+    print(f"seed 000 table: FAIL ({err})")
+PY
 grep -q FAIL "$out/summary.txt" && exit 1
 exit 0

@@ -111,6 +111,7 @@ pub fn devices(
     split: SplitMode,
     mib_per_slice: Option<f64>,
     fraction: Option<f64>,
+    ratios: Option<&[f64]>,
     out: &mut dyn Write,
 ) -> Result<()> {
     let found = gpu::discover();
@@ -169,6 +170,10 @@ pub fn devices(
     } else if let Some(f) = fraction {
         memory = format!("memory: {{fraction: {f}}}\n");
     }
+    if let Some(r) = ratios {
+        let list: Vec<String> = r.iter().map(|x| x.to_string()).collect();
+        memory.push_str(&format!("ratios: [{}]\n", list.join(", ")));
+    }
     let text = format!(
         "name: devices\nmodel: {{kind: mlp}}\ndata: {{source: synthetic}}\nn: [{n}]\nsplits: [{split}]\n{memory}"
     );
@@ -181,34 +186,26 @@ pub fn devices(
         return Ok(());
     }
     let slices = plan::slices(&job, n, split, &r.budget)?;
-    say(
-        out,
-        format!("slice plan: N={n}, split {split}, on {}", r.device),
-    )?;
-    say(
-        out,
-        format!(
-            "{:>5}  {:>12}  {:>8}  {:>9}",
-            "slice", "mem cap MiB", "SMs", "partition"
+    let plan_words = match ratios {
+        Some(r) => format!(
+            "{} unequal slices (ratios {}) for N={n}",
+            slices.len(),
+            r.iter()
+                .map(|x| x.to_string())
+                .collect::<Vec<_>>()
+                .join(":")
         ),
+        None => format!("N={n}"),
+    };
+    say(
+        out,
+        format!("slice plan: {plan_words}, split {split}, on {}", r.device),
     )?;
-    for s in &slices {
-        let cap = s
-            .cap_mib()
-            .map(|c| format!("{c:.1}"))
-            .unwrap_or_else(|| "none".into());
-        let sm = s
-            .sm_count
-            .map(|c| c.to_string())
-            .unwrap_or_else(|| "all".into());
-        let part = s
-            .partition
-            .map(|c| c.to_string())
-            .unwrap_or_else(|| "-".into());
-        say(
-            out,
-            format!("{:>5}  {:>12}  {:>8}  {:>9}", s.index, cap, sm, part),
-        )?;
+    for line in crate::parallel::run::slice_table(&slices) {
+        say(out, line)?;
+    }
+    for note in crate::parallel::run::sm_notes(&job, split, r.kind, &slices) {
+        say(out, note)?;
     }
     Ok(())
 }

@@ -108,6 +108,9 @@ pub enum TrialError {
     Worker(String),
     #[error(transparent)]
     Data(#[from] DataError),
+    /// One replica of a data-parallel training failed.
+    #[error("slice {slice}: {source}")]
+    Slice { slice: u32, source: Box<TrialError> },
 }
 
 /// Errors in writing or reading reports.

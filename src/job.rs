@@ -12,6 +12,8 @@ use crate::space::{Dist, Method, ParamSpec, ParamValue, Space};
 pub const DEFAULT_N: [u32; 8] = [1, 2, 3, 5, 8, 13, 21, 34];
 /// The most trials one round may launch together.
 pub const MAX_N: u32 = 1024;
+/// The most replicas of one data-parallel training.
+pub const MAX_REPLICAS: u32 = 64;
 
 /// The network trained by every trial of a job.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -510,6 +512,100 @@ pub struct JobFile {
     pub engine: EngineOptions,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub faults: Vec<FaultSpec>,
+    /// An explicit plan of unequal slices: `[{sm: 80, mem_mib: 30000}, {sm: 48, mem_mib: 20000}]`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slices: Option<Vec<SliceDef>>,
+    /// Slices sized in proportion to these numbers (their SMs in green mode, and their caps).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ratios: Option<Vec<f64>>,
+    /// Data-parallel training of one model mirrored on several slices (`gpumux parallel`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parallel: Option<ParallelSpec>,
+}
+
+/// One slice of an explicit slice plan (`slices:`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SliceDef {
+    /// SMs of the slice's green partition (green mode on a GPU), rounded up to the device's
+    /// partition granularity; by default the SMs left over, shared equally.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sm: Option<u32>,
+    /// The slice's memory cap in MiB (capped split modes); by default the memory policy's share.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mem_mib: Option<f64>,
+}
+
+/// The `parallel:` section: one model replicated on `slices` slices, each global batch split
+/// between them by `ratios` (evenly by default, or measured with `auto`).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ParallelSpec {
+    /// Replicas, one per slice (default: the length of `ratios`, or of the slice plan).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slices: Option<u32>,
+    /// How each global batch is split between the replicas.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ratios: Option<BatchRatios>,
+}
+
+/// `parallel.ratios`: a list of positive weights, `even`, or `auto` (a short probe measures each
+/// slice's samples/s alone and splits in proportion).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(try_from = "serde_yaml::Value", into = "serde_yaml::Value")]
+pub enum BatchRatios {
+    Even,
+    Auto,
+    Weights(Vec<f64>),
+}
+
+impl TryFrom<serde_yaml::Value> for BatchRatios {
+    type Error = String;
+    fn try_from(v: serde_yaml::Value) -> Result<Self, String> {
+        use serde_yaml::Value;
+        let bad =
+            || "parallel.ratios must be a list of positive numbers, even, or auto".to_string();
+        match v {
+            Value::String(s) if s == "auto" => Ok(BatchRatios::Auto),
+            Value::String(s) if s == "even" => Ok(BatchRatios::Even),
+            Value::Sequence(items) => items
+                .iter()
+                .map(|x| x.as_f64().ok_or_else(bad))
+                .collect::<Result<Vec<_>, _>>()
+                .map(BatchRatios::Weights),
+            _ => Err(bad()),
+        }
+    }
+}
+
+impl From<BatchRatios> for serde_yaml::Value {
+    fn from(r: BatchRatios) -> Self {
+        match r {
+            BatchRatios::Even => serde_yaml::Value::String("even".into()),
+            BatchRatios::Auto => serde_yaml::Value::String("auto".into()),
+            BatchRatios::Weights(w) => w.into_iter().map(serde_yaml::Value::from).collect(),
+        }
+    }
+}
+
+impl std::str::FromStr for BatchRatios {
+    type Err = String;
+    /// `auto`, `even`, or weights separated by commas or colons (`3,2` or `3:2`).
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.trim() {
+            "auto" => Ok(BatchRatios::Auto),
+            "even" => Ok(BatchRatios::Even),
+            list => list
+                .split([',', ':'])
+                .map(|x| {
+                    x.trim().parse::<f64>().map_err(|_| {
+                        format!("ratios: `{x}` is not a number (give e.g. 3,2 or auto)")
+                    })
+                })
+                .collect::<Result<Vec<_>, _>>()
+                .map(BatchRatios::Weights),
+        }
+    }
 }
 
 fn default_sweep_split() -> SplitMode {
@@ -766,6 +862,7 @@ impl Job {
             }
         }
         self.check_memory()?;
+        self.check_slices()?;
         if self.file.engine.check_every == 0 {
             return Err(self.invalid("engine.check_every", "must be at least 1"));
         }
@@ -910,6 +1007,120 @@ impl Job {
         Ok(())
     }
 
+    /// Checks `slices`, `ratios` and `parallel`.
+    fn check_slices(&self) -> Result<(), JobError> {
+        let f = &self.file;
+        if f.slices.is_some() && f.ratios.is_some() {
+            return Err(self.invalid("ratios", "give either slices or ratios, not both"));
+        }
+        let positive = |key: &str, w: &[f64]| -> Result<(), JobError> {
+            if w.is_empty() || w.len() > MAX_N as usize {
+                return Err(self.invalid(key, format!("must list from 1 to {MAX_N} numbers")));
+            }
+            match w.iter().find(|x| !(x.is_finite() && **x > 0.0)) {
+                Some(x) => Err(self.invalid(key, format!("must hold positive numbers, not {x}"))),
+                None => Ok(()),
+            }
+        };
+        if let Some(r) = &f.ratios {
+            positive("ratios", r)?;
+        }
+        if let Some(s) = &f.slices {
+            if s.is_empty() || s.len() > MAX_N as usize {
+                return Err(self.invalid("slices", format!("must list from 1 to {MAX_N} slices")));
+            }
+            for (i, d) in s.iter().enumerate() {
+                if d.sm == Some(0) {
+                    return Err(self.invalid(&format!("slices.{i}.sm"), "must be at least 1"));
+                }
+                if let Some(m) = d.mem_mib {
+                    if !(m.is_finite() && m > 0.0) {
+                        return Err(self.invalid(
+                            &format!("slices.{i}.mem_mib"),
+                            format!("must be a positive number of MiB, not {m}"),
+                        ));
+                    }
+                }
+            }
+        }
+        if let Some(p) = &f.parallel {
+            if let Some(BatchRatios::Weights(w)) = &p.ratios {
+                positive("parallel.ratios", w)?;
+            }
+            let k = self.replicas()?;
+            if k == 0 || k > MAX_REPLICAS {
+                return Err(self.invalid(
+                    "parallel.slices",
+                    format!("must be from 1 to {MAX_REPLICAS}, not {k}"),
+                ));
+            }
+            if let Some(BatchRatios::Weights(w)) = &p.ratios {
+                if w.len() != k as usize {
+                    return Err(self.invalid(
+                        "parallel.ratios",
+                        format!("lists {} ratios for {k} slices", w.len()),
+                    ));
+                }
+            }
+            if let Some(plan) = self.slice_plan_len() {
+                if plan != k as usize {
+                    let key = if f.slices.is_some() {
+                        "slices"
+                    } else {
+                        "ratios"
+                    };
+                    return Err(self.invalid(
+                        key,
+                        format!("plans {plan} slices, but parallel.slices is {k}"),
+                    ));
+                }
+            }
+            if (f.train.batch_size as usize) < k as usize {
+                return Err(self.invalid(
+                    "train.batch_size",
+                    format!(
+                        "{} is smaller than the {k} slices of parallel: each slice needs at least one row of the global batch",
+                        f.train.batch_size
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// The number of slices an unequal slice plan (`slices` or `ratios`) has, when the job gives one.
+    pub fn slice_plan_len(&self) -> Option<usize> {
+        let f = &self.file;
+        f.slices
+            .as_ref()
+            .map(Vec::len)
+            .or(f.ratios.as_ref().map(Vec::len))
+    }
+
+    /// The replicas of a data-parallel job: `parallel.slices`, else the number of
+    /// `parallel.ratios`, else the slice plan's length; without `parallel`, the slice plan's
+    /// length or 1.
+    pub fn replicas(&self) -> Result<u32, JobError> {
+        let Some(p) = &self.file.parallel else {
+            return Ok(self.slice_plan_len().unwrap_or(1) as u32);
+        };
+        let from_ratios = match &p.ratios {
+            Some(BatchRatios::Weights(w)) => Some(w.len()),
+            _ => None,
+        };
+        p.slices
+            .map(|k| k as usize)
+            .or(from_ratios)
+            .or(self.slice_plan_len())
+            .map(|k| k as u32)
+            .ok_or_else(|| {
+                self.invalid(
+                    "parallel.slices",
+                    "is missing: give the number of slices, ratios, or a slice plan",
+                )
+            })
+    }
+
     /// The hyperparameters of trial `index` (names an external command invents are left out).
     pub fn hyper(&self, index: usize) -> Result<Hyper, JobError> {
         let mut point = self.space.point(self.file.seed, index);
@@ -983,16 +1194,32 @@ fn one_line(s: &str) -> String {
 }
 
 /// The 1-based line where a dotted key (e.g. `memory.fraction`, `faults.0.trial`) is written,
-/// found by walking the keys in order of indentation. Numeric parts are skipped.
+/// found by walking the keys in order of indentation. A numeric part picks that item of a block
+/// list (`- ...` lines under the key); in a flow list (`[...]`) it is skipped.
 pub fn locate(text: &str, key: &str) -> Option<usize> {
-    let parts: Vec<&str> = key
-        .split('.')
-        .filter(|p| p.parse::<usize>().is_err())
-        .collect();
     let lines: Vec<&str> = text.lines().collect();
+    let indent = |l: &str| l.len() - l.trim_start().len();
     let mut from = 0;
     let mut found = None;
-    for part in parts {
+    for part in key.split('.') {
+        if let Ok(n) = part.parse::<usize>() {
+            let Some(parent) = found.map(|f: usize| f - 1) else {
+                continue;
+            };
+            let depth = indent(lines[parent]);
+            let items = (parent + 1..lines.len())
+                .take_while(|&i| {
+                    lines[i].trim().is_empty()
+                        || indent(lines[i]) > depth
+                        || lines[i].trim_start().starts_with("- ")
+                })
+                .filter(|&i| lines[i].trim_start().starts_with("- "));
+            if let Some(i) = items.clone().nth(n) {
+                found = Some(i + 1);
+                from = i;
+            }
+            continue;
+        }
         let needle = format!("{part}:");
         let hit = (from..lines.len()).find(|&i| {
             let l = lines[i].split('#').next().unwrap_or("");
@@ -1098,6 +1325,12 @@ mod tests {
         assert_eq!(locate(t, "memory.fraction"), Some(4));
         assert_eq!(locate(t, "fraction"), Some(4));
         assert_eq!(locate(t, "missing"), None);
+        let t = "slices:\n  - {sm: 64}\n  - {sm: 0}\nn: [1]\n";
+        assert_eq!(locate(t, "slices.1.sm"), Some(3));
+        assert_eq!(locate(t, "slices.0.sm"), Some(2));
+        let t = "faults:\n- {trial: 1}\n- trial: 2\n  kind: nan\nseed: 3\n";
+        assert_eq!(locate(t, "faults.1.kind"), Some(4));
+        assert_eq!(locate("faults: [{trial: 1}]\n", "faults.0.trial"), Some(1));
     }
 
     #[test]

@@ -8,9 +8,11 @@ use clap::{Parser, Subcommand};
 use gpumux::commands::{self, FibOptions};
 use gpumux::error::{exit, Error};
 use gpumux::job::{
-    AutoWord, BackendChoice, Concurrency, Goal, Job, JobFile, ModelKind, ModelSpec, Optimizer,
-    SplitMode, TrainSpec,
+    AutoWord, BackendChoice, BatchRatios, Concurrency, Goal, Job, JobFile, ModelKind, ModelSpec,
+    Optimizer, SplitMode, TrainSpec,
 };
+use gpumux::parallel::run::ParallelOptions;
+use gpumux::parallel::scan::ScanOptions;
 use gpumux::sweep::{Shard, SweepOptions};
 
 /// Multiplex one GPU among many concurrent trainings, and measure the time per training with and without the split.
@@ -37,6 +39,9 @@ enum Command {
         /// Share this fraction of device memory equally between slices (default 0.9).
         #[arg(long)]
         fraction: Option<f64>,
+        /// Plan slices of unequal size in these proportions (caps, and SMs in green mode), e.g. 5,3.
+        #[arg(long, value_delimiter = ',')]
+        ratios: Option<Vec<f64>>,
     },
     /// Run one training, from a job file or from flags, with loss and accuracy each epoch.
     Train(TrainArgs),
@@ -88,6 +93,10 @@ enum Command {
         #[arg(long)]
         out: Option<PathBuf>,
     },
+    /// Train one model mirrored on several slices: each global batch split by ratios, gradients reduced into one update.
+    Parallel(ParallelArgs),
+    /// Samples/s against batch size for one model on one slice, up to the largest batch that fits its cap.
+    BatchScan(ScanArgs),
     /// Internal: the child side of `process` mode (reads a request on stdin).
     #[command(hide = true)]
     Worker,
@@ -125,6 +134,69 @@ struct SweepArgs {
     backend: Option<BackendChoice>,
     #[command(flatten)]
     engine: EngineFlags,
+}
+
+#[derive(clap::Args, Debug)]
+struct ParallelArgs {
+    /// The job file (YAML); its `parallel:` section, or the flags below, say how.
+    job: PathBuf,
+    /// Output folder (default out/<job name>-parallel).
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// Replicas, one per slice; overrides `parallel.slices`.
+    #[arg(long)]
+    slices: Option<u32>,
+    /// How each global batch is split: even, auto, or weights such as 3,2 (or 3:2); overrides `parallel.ratios`.
+    #[arg(long)]
+    ratios: Option<BatchRatios>,
+    /// The global batch (the sum of the shards); overrides `train.batch_size`.
+    #[arg(long)]
+    batch_size: Option<u32>,
+    #[arg(long)]
+    epochs: Option<u32>,
+    /// Split mode of the slices (shared, logical or green); overrides the job's `split`.
+    #[arg(long)]
+    split: Option<SplitMode>,
+    /// Print the slice plan and the shards, and train nothing.
+    #[arg(long)]
+    dry_run: bool,
+    /// Folder that relative data paths are taken from.
+    #[arg(long)]
+    data_dir: Option<PathBuf>,
+    #[arg(long, value_enum)]
+    backend: Option<BackendChoice>,
+}
+
+#[derive(clap::Args, Debug)]
+struct ScanArgs {
+    /// The job file (YAML): the model, data, optimiser and the slice plan whose cap applies.
+    job: PathBuf,
+    /// Output folder (default out/<job name>-batch-scan).
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// The first batch size; each next one doubles.
+    #[arg(long, default_value_t = 1)]
+    start: usize,
+    /// Stop after this batch size even if larger ones fit.
+    #[arg(long)]
+    max_batch: Option<usize>,
+    /// Which slice of the plan gives the cap.
+    #[arg(long, default_value_t = 0)]
+    slice: u32,
+    /// Seconds of timed training per batch size.
+    #[arg(long, default_value_t = gpumux::parallel::probe::TARGET_S)]
+    seconds: f64,
+    /// Split mode whose slice plan gives the cap; overrides the job's `split`.
+    #[arg(long)]
+    split: Option<SplitMode>,
+    /// Cap the slice at this many MiB; overrides `memory`.
+    #[arg(long)]
+    mib_per_slice: Option<f64>,
+    /// Folder that relative data paths are taken from.
+    #[arg(long)]
+    data_dir: Option<PathBuf>,
+    #[arg(long, value_enum)]
+    backend: Option<BackendChoice>,
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug)]
@@ -256,7 +328,18 @@ fn run(cli: Cli) -> Result<(), Error> {
             split,
             mib_per_slice,
             fraction,
-        } => commands::devices(n, split, mib_per_slice, fraction, &mut stdout),
+            ratios,
+        } => {
+            let n = n.or(ratios.as_ref().map(|r| r.len() as u32));
+            commands::devices(
+                n,
+                split,
+                mib_per_slice,
+                fraction,
+                ratios.as_deref(),
+                &mut stdout,
+            )
+        }
         Command::Train(args) => {
             let (job, trial, data_dir) = train_job(args)?;
             commands::train(&job, trial, data_dir.as_deref(), &mut stdout)
@@ -297,6 +380,8 @@ fn run(cli: Cli) -> Result<(), Error> {
         }
         Command::Report { dirs, out } => commands::report(&dirs, out.as_deref(), &mut stdout),
         Command::Worker => commands::worker(),
+        Command::Parallel(a) => parallel(a),
+        Command::BatchScan(a) => batch_scan(a),
         Command::Sweep(a) => sweep(a),
         Command::Merge { dirs, out, goal } => {
             let goal = match goal {
@@ -349,6 +434,67 @@ fn sweep(a: SweepArgs) -> Result<(), Error> {
     gpumux::sweep::run(&job, &opts, &mut std::io::stdout()).map(|_| ())
 }
 
+fn parallel(a: ParallelArgs) -> Result<(), Error> {
+    let job = load_with(&a.job, |file| {
+        if let Some(b) = a.backend {
+            file.backend = b;
+        }
+        if let Some(b) = a.batch_size {
+            file.train.batch_size = b;
+            file.parameters.remove("batch_size");
+        }
+        if let Some(e) = a.epochs {
+            file.train.epochs = e;
+        }
+        if a.slices.is_some() || a.ratios.is_some() {
+            let p = file.parallel.get_or_insert_with(Default::default);
+            if let Some(k) = a.slices {
+                p.slices = Some(k);
+                // Ratios listed for another number of slices no longer apply.
+                if matches!(&p.ratios, Some(BatchRatios::Weights(w)) if w.len() != k as usize) {
+                    p.ratios = None;
+                }
+            }
+            if let Some(r) = a.ratios.clone() {
+                p.ratios = Some(r);
+            }
+        }
+    })?;
+    let opts = ParallelOptions {
+        out: a.out,
+        data_dir: a.data_dir,
+        split: a.split,
+        dry_run: a.dry_run,
+        command: std::env::args().collect::<Vec<_>>().join(" "),
+    };
+    gpumux::parallel::run::run(&job, &opts, &mut std::io::stdout()).map(|_| ())
+}
+
+fn batch_scan(a: ScanArgs) -> Result<(), Error> {
+    let job = load_with(&a.job, |file| {
+        if let Some(b) = a.backend {
+            file.backend = b;
+        }
+        if let Some(m) = a.mib_per_slice {
+            file.memory = gpumux::job::MemorySpec {
+                fraction: None,
+                mib_per_slice: Some(m),
+            };
+        }
+    })?;
+    let opts = ScanOptions {
+        out: a.out,
+        data_dir: a.data_dir,
+        split: a.split,
+        slice: a.slice,
+        start: a.start,
+        max_batch: a.max_batch,
+        seconds: a.seconds,
+        command: std::env::args().collect::<Vec<_>>().join(" "),
+    };
+    gpumux::parallel::scan::run(&job, &opts, &mut std::io::stdout()).map(|_| ())
+}
+
 /// The gpumux executable, which `process` mode runs as `gpumux worker`.
 fn worker_exe() -> Result<PathBuf, Error> {
     std::env::current_exe().map_err(Error::io("cannot find the gpumux executable"))
@@ -398,6 +544,9 @@ fn train_job(a: TrainArgs) -> Result<(Job, u32, Option<PathBuf>), Error> {
             backend: BackendChoice::Auto,
             engine: Default::default(),
             faults: Vec::new(),
+            slices: None,
+            ratios: None,
+            parallel: None,
         },
     };
     if let Some(m) = a.model {

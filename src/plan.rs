@@ -87,6 +87,9 @@ pub fn slices(
     split: SplitMode,
     dev: &DeviceBudget,
 ) -> Result<Vec<SliceSpec>, JobError> {
+    if let Some(plan) = unequal_slices(job, split, dev)? {
+        return Ok(plan);
+    }
     let cap = if split.capped() {
         Some(slice_cap(job, n, dev)?)
     } else {
@@ -137,6 +140,170 @@ pub fn slice_cap(job: &Job, n: u32, dev: &DeviceBudget) -> Result<u64, JobError>
             Ok(bytes as u64)
         }
     }
+}
+
+/// The slices of a job's unequal slice plan (`slices:` or `ratios:`), or `None` when it has
+/// none. The plan is fixed whatever the round's N: its trials queue on these slices.
+///
+/// Caps (capped split modes): `slices[i].mem_mib`, or the memory budget (`memory.fraction` of
+/// the device, or `mib_per_slice` × slices) split in proportion to `ratios`. SMs (green mode on a
+/// GPU): `slices[i].sm` rounded up to the device's granularity, or the SM groups split in
+/// proportion to `ratios` (largest remainder, at least one group each). Each slice has a
+/// partition of its own.
+pub fn unequal_slices(
+    job: &Job,
+    split: SplitMode,
+    dev: &DeviceBudget,
+) -> Result<Option<Vec<SliceSpec>>, JobError> {
+    let f = &job.file;
+    let (weights, key) = match (&f.slices, &f.ratios) {
+        (Some(s), _) => (vec![1.0; s.len()], "slices"),
+        (None, Some(r)) => (r.clone(), "ratios"),
+        (None, None) => return Ok(None),
+    };
+    let k = weights.len();
+    let explicit = f.slices.as_deref();
+    let caps: Option<Vec<u64>> = if split.capped() {
+        let budget = match f.memory.policy() {
+            CapPolicy::Fraction(fr) => dev.memory_bytes as f64 * fr,
+            CapPolicy::MibPerSlice(mib) => mib * MIB * k as f64,
+        };
+        let sum: f64 = weights.iter().sum();
+        let caps: Vec<u64> = (0..k)
+            .map(|i| {
+                let given = explicit.and_then(|s| s[i].mem_mib).map(|m| m * MIB);
+                given.unwrap_or(budget * weights[i] / sum) as u64
+            })
+            .collect();
+        let total: u64 = caps.iter().sum();
+        if total > dev.memory_bytes {
+            return Err(job.invalid(
+                key,
+                format!(
+                    "the slices' caps add up to {:.0} MiB, above the device's memory ({:.0} MiB)",
+                    total as f64 / MIB,
+                    dev.memory_bytes as f64 / MIB
+                ),
+            ));
+        }
+        Some(caps)
+    } else {
+        None
+    };
+    let sms = match (split, dev.sm_count) {
+        (SplitMode::Green, Some(total)) => {
+            let g = dev.sm_granularity.unwrap_or(8).max(1);
+            Some(unequal_sms(job, key, total, g, &weights)?)
+        }
+        _ => None,
+    };
+    Ok(Some(
+        (0..k)
+            .map(|i| SliceSpec {
+                index: i as u32,
+                mem_cap_bytes: caps.as_ref().map(|c| c[i]),
+                sm_count: sms.as_ref().map(|s| s[i]),
+                partition: sms.as_ref().map(|_| i as u32),
+            })
+            .collect(),
+    ))
+}
+
+/// SMs per slice of an unequal plan on a device of `total` SMs in groups of `g`.
+fn unequal_sms(
+    job: &Job,
+    key: &str,
+    total: u32,
+    g: u32,
+    weights: &[f64],
+) -> Result<Vec<u32>, JobError> {
+    let groups = (total / g) as usize;
+    let k = weights.len();
+    if k > groups {
+        return Err(job.invalid(
+            key,
+            format!(
+                "{k} slices need {k} SM partitions; the device has room for {groups} of {g} SMs"
+            ),
+        ));
+    }
+    let sms: Vec<u32> = match job.file.slices.as_deref() {
+        None => shares(groups, weights, true)
+            .into_iter()
+            .map(|n| n as u32 * g)
+            .collect(),
+        Some(defs) => {
+            let rounded: Vec<Option<u32>> = defs
+                .iter()
+                .map(|d| d.sm.map(|s| s.div_ceil(g) * g))
+                .collect();
+            let given: u32 = rounded.iter().flatten().sum();
+            let open = rounded.iter().filter(|s| s.is_none()).count() as u32;
+            let left = total.saturating_sub(given);
+            let each = left.checked_div(open).map_or(0, |x| x / g * g);
+            if open > 0 && each == 0 {
+                return Err(job.invalid(
+                    "slices",
+                    format!("{left} SMs are left for the {open} slices without `sm`: fewer than {g} each"),
+                ));
+            }
+            rounded.iter().map(|s| s.unwrap_or(each)).collect()
+        }
+    };
+    let sum: u32 = sms.iter().sum();
+    if sum > total {
+        return Err(job.invalid(
+            key,
+            format!(
+                "partitions of {} SMs (rounded up to multiples of {g}) need {sum} SMs; the device has {total}",
+                sms.iter().map(u32::to_string).collect::<Vec<_>>().join(" + ")
+            ),
+        ));
+    }
+    Ok(sms)
+}
+
+/// Splits `total` units in proportion to `weights` by largest remainder (ties to the earlier
+/// one); the shares add up to `total`. With `at_least_one`, a share that would be 0 takes one
+/// unit from the largest share (when `total` has one unit for each).
+pub fn shares(total: usize, weights: &[f64], at_least_one: bool) -> Vec<usize> {
+    let k = weights.len();
+    let sum: f64 = weights.iter().sum();
+    let exact: Vec<f64> = weights
+        .iter()
+        .map(|w| {
+            if sum > 0.0 {
+                total as f64 * w / sum
+            } else {
+                total as f64 / k as f64
+            }
+        })
+        .collect();
+    let mut out: Vec<usize> = exact
+        .iter()
+        .map(|x| (x.floor() as usize).min(total))
+        .collect();
+    let given: usize = out.iter().sum();
+    let mut order: Vec<usize> = (0..k).collect();
+    order.sort_by(|&a, &b| {
+        let (ra, rb) = (exact[a] - exact[a].floor(), exact[b] - exact[b].floor());
+        rb.total_cmp(&ra).then(a.cmp(&b))
+    });
+    for &i in order.iter().take(total.saturating_sub(given)) {
+        out[i] += 1;
+    }
+    if at_least_one && total >= k {
+        while let Some(zero) = out.iter().position(|&n| n == 0) {
+            let (big, _) = out
+                .iter()
+                .enumerate()
+                .max_by(|a, b| a.1.cmp(b.1).then(b.0.cmp(&a.0)))
+                .unwrap_or((0, &0));
+            out[big] -= 1;
+            out[zero] += 1;
+        }
+    }
+    out
 }
 
 /// How the SMs are cut for green contexts.
@@ -246,5 +413,76 @@ mod tests {
                 sm_per_partition: 8
             }
         );
+    }
+
+    #[test]
+    fn shares_follow_the_weights_and_add_up() {
+        assert_eq!(shares(1000, &[3.0, 2.0], false), vec![600, 400]);
+        assert_eq!(shares(64, &[3.0, 2.0], false), vec![38, 26]);
+        assert_eq!(shares(10, &[1.0; 4], false), vec![3, 3, 2, 2]);
+        assert_eq!(
+            shares(64, &[5.0, 3.0, 2.0, 1.0], false),
+            vec![29, 17, 12, 6]
+        );
+        assert_eq!(shares(8, &[100.0, 1.0], false), vec![8, 0]);
+        assert_eq!(shares(8, &[100.0, 1.0], true), vec![7, 1]);
+        for (total, w) in [
+            (7usize, vec![0.3, 0.3, 0.4]),
+            (1, vec![1.0, 1.0]),
+            (0, vec![2.0]),
+        ] {
+            assert_eq!(shares(total, &w, false).iter().sum::<usize>(), total);
+        }
+    }
+
+    #[test]
+    fn ratios_size_caps_and_green_partitions_unequally() {
+        let gpu = DeviceBudget {
+            memory_bytes: 80 << 30,
+            sm_count: Some(132),
+            sm_granularity: Some(8),
+        };
+        let j = job("ratios: [5, 3]\nmemory: {fraction: 0.8}\n");
+        let s = slices(&j, 7, SplitMode::Green, &gpu).unwrap();
+        assert_eq!(s.len(), 2, "the plan has its own slice count whatever N is");
+        // 16 groups of 8 SMs split 5:3 → 10 and 6 groups.
+        assert_eq!((s[0].sm_count, s[1].sm_count), (Some(80), Some(48)));
+        assert_eq!((s[0].partition, s[1].partition), (Some(0), Some(1)));
+        let budget = (80u64 << 30) as f64 * 0.8;
+        assert_eq!(s[0].mem_cap_bytes, Some((budget * 5.0 / 8.0) as u64));
+        assert_eq!(s[1].mem_cap_bytes, Some((budget * 3.0 / 8.0) as u64));
+        // On the CPU there are no SMs; caps apply in capped modes only.
+        let cpu = slices(&j, 2, SplitMode::Logical, &DEV).unwrap();
+        assert!(cpu
+            .iter()
+            .all(|s| s.sm_count.is_none() && s.partition.is_none()));
+        let shared = slices(&j, 2, SplitMode::Shared, &DEV).unwrap();
+        assert!(shared.iter().all(|s| s.mem_cap_bytes.is_none()));
+    }
+
+    #[test]
+    fn explicit_slices_round_their_sms_and_must_fit() {
+        let gpu = DeviceBudget {
+            memory_bytes: 80 << 30,
+            sm_count: Some(132),
+            sm_granularity: Some(8),
+        };
+        let j = job("slices:\n  - {sm: 64, mem_mib: 30000}\n  - {sm: 37, mem_mib: 20000}\n  - {mem_mib: 1000}\n");
+        let s = slices(&j, 3, SplitMode::Green, &gpu).unwrap();
+        assert_eq!(
+            s.iter().map(|s| s.sm_count).collect::<Vec<_>>(),
+            vec![Some(64), Some(40), Some(24)]
+        );
+        assert_eq!(s[1].mem_cap_bytes, Some(20000 << 20));
+        let j = job("slices:\n  - {sm: 100}\n  - {sm: 40}\n");
+        let e = slices(&j, 2, SplitMode::Green, &gpu)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("need 144 SMs") && e.contains("line 3"), "{e}");
+        let j = job("slices:\n  - {mem_mib: 900}\n  - {mem_mib: 200}\n");
+        let e = slices(&j, 2, SplitMode::Logical, &DEV)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("above the device"), "{e}");
     }
 }

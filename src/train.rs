@@ -224,7 +224,7 @@ pub fn run_trial(
 }
 
 /// Mean loss and accuracy over the test split, in batches (the last one partial).
-fn evaluate(
+pub(crate) fn evaluate(
     be: &mut dyn Backend,
     net: &models::Network,
     n_test: usize,

@@ -199,10 +199,39 @@ fn partitions(round: &Round, device: &Device) -> Result<Vec<Arc<GreenPartition>>
         .filter_map(|s| s.partition)
         .max()
         .map_or(1, |p| p + 1);
-    let sms = round.slices.first().and_then(|s| s.sm_count).unwrap_or(0);
-    engine
-        .green_partitions(count, sms)
-        .map_err(|e| format!("cannot create {count} green partitions of {sms} SMs: {e}"))
+    // Partition p has the SMs of its first slice; an unequal slice plan gives each its own size.
+    let sizes: Vec<u32> = (0..count)
+        .map(|p| {
+            round
+                .slices
+                .iter()
+                .find(|s| s.partition == Some(p))
+                .and_then(|s| s.sm_count)
+                .unwrap_or(0)
+        })
+        .collect();
+    green_partitions(engine, &sizes)
+}
+
+/// Green partitions of these sizes: equal ones in one split, unequal ones one at a time.
+pub fn green_partitions(
+    engine: &CudaEngine,
+    sizes: &[u32],
+) -> Result<Vec<Arc<GreenPartition>>, String> {
+    let count = sizes.len() as u32;
+    let sms = sizes.first().copied().unwrap_or(0);
+    if sizes.iter().all(|&s| s == sms) {
+        return engine
+            .green_partitions(count, sms)
+            .map_err(|e| format!("cannot create {count} green partitions of {sms} SMs: {e}"));
+    }
+    let list: Vec<String> = sizes.iter().map(u32::to_string).collect();
+    engine.green_partitions_sized(sizes).map_err(|e| {
+        format!(
+            "cannot create green partitions of {} SMs: {e}",
+            list.join(", ")
+        )
+    })
 }
 
 /// Runs a round: queues its trials, starts one worker per slice, and passes every event to `sink`

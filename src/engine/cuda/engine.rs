@@ -107,6 +107,15 @@ impl CudaEngine {
         green::create(&self.device, self.compiled, count, sms_each)
     }
 
+    /// Green contexts on disjoint SM groups of unequal size, one per entry of `sizes` (each
+    /// rounded up to the device's granularity); an error where they are unsupported or do not fit.
+    pub fn green_partitions_sized(
+        &self,
+        sizes: &[u32],
+    ) -> Result<Vec<Arc<GreenPartition>>, EngineError> {
+        green::create_sized(&self.device, self.compiled, sizes)
+    }
+
     /// A trial's backend: its own stream (in the partition's green context when given, else in
     /// the primary context), its own memory pool capped at `cap_bytes`, and its own cuBLAS (and
     /// cuDNN) handles on that stream, whose workspaces come from the pool with the arena.

@@ -69,6 +69,85 @@ pub(crate) fn create(
     Ok(parts)
 }
 
+/// Creates one green context per entry of `sizes`, on disjoint SM groups of (at least) that many
+/// SMs each, each rounded up to the device's granularity: partitions of unequal size, made by
+/// splitting one group off the SMs left over at a time.
+pub(crate) fn create_sized(
+    device: &Arc<Device>,
+    compiled: &[CompiledModule],
+    sizes: &[u32],
+) -> Result<Vec<Arc<GreenPartition>>, EngineError> {
+    let caps = device.info.green.ok_or_else(|| {
+        EngineError::Device("green contexts are not supported by this device or driver".into())
+    })?;
+    let sizes: Vec<u32> = sizes.iter().map(|&s| partition_size(s, caps)).collect();
+    check_fit_sized(&sizes, device.info.sm_count)?;
+    let groups = split_sized(device.dev, &sizes)?;
+    let mut parts = Vec::with_capacity(groups.len());
+    for (index, mut group) in (0u32..).zip(groups) {
+        // SAFETY: the split returned SM resources, so `sm` is the live union member.
+        let sm_count = unsafe { group.__bindgen_anon_1.sm.smCount };
+        let green = create_green(device.dev, &mut group)?;
+        let ctx = Ctx::green(Arc::clone(device), green, compiled)?;
+        parts.push(Arc::new(GreenPartition {
+            index,
+            sm_count,
+            ctx,
+        }));
+    }
+    Ok(parts)
+}
+
+/// Checks that partitions of `sizes` SMs fit together on `total` SMs.
+pub(crate) fn check_fit_sized(sizes: &[u32], total: u32) -> Result<(), EngineError> {
+    if sizes.is_empty() {
+        return Err(EngineError::Device(
+            "green contexts: at least one partition is needed".into(),
+        ));
+    }
+    let need: u64 = sizes.iter().map(|&s| u64::from(s)).sum();
+    if need > u64::from(total) {
+        let list: Vec<String> = sizes.iter().map(u32::to_string).collect();
+        return Err(EngineError::Device(format!(
+            "green contexts: partitions of {} SMs need {need}, the device has {total}",
+            list.join(" + ")
+        )));
+    }
+    Ok(())
+}
+
+/// One SM group per entry of `sizes`: each split off what the previous splits left over.
+fn split_sized(dev: sys::CUdevice, sizes: &[u32]) -> Result<Vec<sys::CUdevResource>, EngineError> {
+    let mut rest = sm_resource(dev)?;
+    let mut groups = Vec::with_capacity(sizes.len());
+    for (i, &size) in sizes.iter().enumerate() {
+        let mut group = [empty_resource()];
+        let mut remaining = empty_resource();
+        let mut made = 1u32;
+        // SAFETY: `group` has room for one resource; `rest` is an SM resource (the device's, or
+        // what the previous split left over); `remaining` receives the SMs left over now.
+        let r = unsafe {
+            sys::cuDevSmResourceSplitByCount(
+                group.as_mut_ptr(),
+                &mut made,
+                &rest,
+                &mut remaining,
+                0,
+                size,
+            )
+        };
+        check(r, "cuDevSmResourceSplitByCount")?;
+        if made < 1 {
+            return Err(EngineError::Device(format!(
+                "green contexts: the driver could not split partition {i} of {size} SMs off the SMs left over"
+            )));
+        }
+        groups.push(group[0]);
+        rest = remaining;
+    }
+    Ok(groups)
+}
+
 /// `count` disjoint SM groups of at least `size` SMs each.
 fn split(
     dev: sys::CUdevice,
@@ -144,6 +223,14 @@ mod tests {
         };
         assert_eq!(partition_size(3, loose), 3);
         assert_eq!(partition_size(0, loose), 1);
+    }
+
+    #[test]
+    fn unequal_partitions_must_fit_together() {
+        assert!(check_fit_sized(&[80, 48], 132).is_ok());
+        let e = check_fit_sized(&[80, 56], 132).unwrap_err().to_string();
+        assert!(e.contains("80 + 56") && e.contains("136"), "{e}");
+        assert!(check_fit_sized(&[], 132).is_err());
     }
 
     #[test]

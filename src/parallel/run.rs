@@ -1,0 +1,642 @@
+//! `gpumux parallel`: one data-parallel training of a job's model over its slices, with per-slice samples/s live and in CSVs.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use serde::Serialize;
+
+use super::{probe, train, ParallelConfig, ParallelEpoch};
+use crate::commands::{load_data, resolve_backend, say, Resolved};
+use crate::data::Dataset;
+use crate::engine::cuda::GreenPartition;
+use crate::engine::{Backend, BackendKind};
+use crate::error::{Error, Result, TrialError};
+use crate::gpu;
+use crate::job::{BatchRatios, Job, SplitMode};
+use crate::plan::{self, SliceSpec};
+use crate::sched::{self, cancel::Cancel, Device};
+
+/// The file with one row per slice and epoch, and one for their total.
+pub const PROGRESS_CSV: &str = "progress.csv";
+/// The file with one row for the whole training.
+pub const PARALLEL_CSV: &str = "parallel.csv";
+/// The file with what `ratios: auto` measured and chose.
+pub const RATIOS_CSV: &str = "ratios.csv";
+
+/// Options of `gpumux parallel` beyond the job.
+#[derive(Clone, Debug, Default)]
+pub struct ParallelOptions {
+    pub out: Option<PathBuf>,
+    pub data_dir: Option<PathBuf>,
+    /// The split mode of the slices (default: the job's `split`).
+    pub split: Option<SplitMode>,
+    /// Print the slice plan and the shards, and train nothing.
+    pub dry_run: bool,
+    /// The command line, recorded next to the results.
+    pub command: String,
+}
+
+/// A `progress.csv` row: the columns of the other commands' `progress.csv`, then the slice
+/// (`0`, `1`, ... or `total`), its rows of each global batch, its samples/s and its busy seconds.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct SliceProgressRow {
+    pub round: u32,
+    pub trial_id: String,
+    pub split: String,
+    pub n: u32,
+    pub epoch: u32,
+    pub train_loss: f64,
+    pub train_acc: f64,
+    pub test_loss: f64,
+    pub test_acc: f64,
+    pub wall_s: f64,
+    pub slice: String,
+    pub shard_rows: usize,
+    pub samples_per_s: f64,
+    /// Seconds the slice computed during the epoch's training (empty on the total row).
+    pub busy_s: Option<f64>,
+    /// Seconds of the epoch's training steps (evaluation excluded).
+    pub train_s: f64,
+}
+
+/// The `parallel.csv` row of one data-parallel training.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct ParallelRow {
+    pub model: String,
+    pub dataset: String,
+    pub split: String,
+    pub slices: u32,
+    /// Each slice's rows of the global batch, `;`-separated.
+    pub shards: String,
+    /// `even`, `auto`, or the weights given.
+    pub ratios: String,
+    pub global_batch: usize,
+    pub epochs: u32,
+    pub steps_per_epoch: usize,
+    /// The median epoch, evaluation included.
+    pub time_per_epoch_s: f64,
+    /// From the first allocation to the end of the last evaluation.
+    pub total_s: f64,
+    /// Training samples per second of training steps (evaluation excluded).
+    pub samples_per_s: f64,
+    /// Each slice's samples/s over the training steps, `;`-separated.
+    pub slice_samples_per_s: String,
+    /// Each slice's busy fraction of the training time, `;`-separated: 1 on the slowest slice,
+    /// less on one that waits for it.
+    pub slice_busy: String,
+    pub test_acc: f64,
+    pub final_loss: f64,
+    /// The largest parameter difference between replicas at the end (0: they stayed identical).
+    pub replica_spread: f64,
+    pub lr: f64,
+    pub optimizer: String,
+    pub device: String,
+    pub backend: String,
+}
+
+/// A `ratios.csv` row: one slice's speed alone, and the share of the batch it was given.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct RatioRow {
+    pub slice: u32,
+    pub sm_count: Option<u32>,
+    pub mem_cap_mib: Option<f64>,
+    pub probe_rows: usize,
+    pub probe_steps: usize,
+    pub probe_s: f64,
+    pub samples_per_s: f64,
+    pub ratio: f64,
+    pub shard_rows: usize,
+}
+
+/// A CSV file written one flushed row at a time.
+struct CsvFile {
+    path: PathBuf,
+    w: csv::Writer<std::fs::File>,
+}
+
+impl CsvFile {
+    fn create(path: PathBuf) -> Result<CsvFile> {
+        let w = csv::Writer::from_path(&path).map_err(|e| csv_error(&path, e))?;
+        Ok(CsvFile { path, w })
+    }
+    fn row<T: Serialize>(&mut self, row: &T) -> Result<()> {
+        self.w
+            .serialize(row)
+            .map_err(|e| csv_error(&self.path, e))?;
+        self.w
+            .flush()
+            .map_err(Error::io(self.path.display().to_string()))
+    }
+}
+
+fn csv_error(path: &Path, source: csv::Error) -> Error {
+    Error::Report(crate::error::ReportError::Csv {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+/// The slice plan as a table, one line per slice.
+pub fn slice_table(slices: &[SliceSpec]) -> Vec<String> {
+    let mut lines = vec![format!(
+        "{:>5}  {:>12}  {:>8}  {:>9}",
+        "slice", "mem cap MiB", "SMs", "partition"
+    )];
+    for s in slices {
+        let cap = s
+            .cap_mib()
+            .map(|c| format!("{c:.1}"))
+            .unwrap_or_else(|| "none".into());
+        let sm = s
+            .sm_count
+            .map(|c| c.to_string())
+            .unwrap_or_else(|| "all".into());
+        let part = s
+            .partition
+            .map(|c| c.to_string())
+            .unwrap_or_else(|| "-".into());
+        lines.push(format!(
+            "{:>5}  {:>12}  {:>8}  {:>9}",
+            s.index, cap, sm, part
+        ));
+    }
+    lines
+}
+
+/// What the slice plan did with the `sm` values of the job, in words: rounded on a GPU,
+/// unused on the CPU.
+pub fn sm_notes(
+    job: &Job,
+    split: SplitMode,
+    kind: BackendKind,
+    slices: &[SliceSpec],
+) -> Vec<String> {
+    let Some(defs) = &job.file.slices else {
+        if job.file.ratios.is_none() {
+            return Vec::new();
+        }
+        return vec![match (kind, split) {
+            (BackendKind::Cpu, _) => "note: on the CPU backend ratios size the caps only: there are no SMs to split".into(),
+            (_, SplitMode::Green) => "note: ratios split the SMs in whole partitions (multiples of the device's granularity)".into(),
+            _ => format!("note: ratios size the caps; SMs are split in green mode only, and under split {split} every slice runs on all of them"),
+        }];
+    };
+    let given: Vec<(usize, u32)> = defs
+        .iter()
+        .enumerate()
+        .filter_map(|(i, d)| d.sm.map(|s| (i, s)))
+        .collect();
+    if given.is_empty() {
+        return Vec::new();
+    }
+    if kind == BackendKind::Cpu {
+        return vec!["note: `sm` sizes green partitions on a GPU; the CPU backend has no SMs, so only the slices' caps apply".into()];
+    }
+    if split != SplitMode::Green {
+        return vec![format!(
+            "note: `sm` applies in green mode; under split {split} every slice runs on all SMs"
+        )];
+    }
+    given
+        .into_iter()
+        .filter_map(|(i, asked)| {
+            let got = slices.get(i)?.sm_count?;
+            (got != asked).then(|| {
+                format!("note: slice {i}: {asked} SMs rounded up to {got} (the device's partition granularity)")
+            })
+        })
+        .collect()
+}
+
+/// Why the replicas cannot run under `split` here, if they cannot.
+pub(crate) fn check_split(split: SplitMode, r: &Resolved) -> Result<()> {
+    if split.one_process_per_trial() {
+        return Err(Error::Usage(format!(
+            "parallel runs its replicas as threads of one process: split {split} does not apply (use shared, logical or green)"
+        )));
+    }
+    match (split, &r.engine) {
+        (SplitMode::Green, None) => Err(Error::Usage(
+            "split green needs a GPU; on the CPU backend use logical (capped) or shared".into(),
+        )),
+        (SplitMode::Green, Some(e)) if e.info().green.is_none() => Err(Error::NoDevice(
+            "split green: this device or driver has no green contexts".into(),
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// One green partition per slice in green mode (sized as the plan says); none elsewhere.
+fn partitions(
+    split: SplitMode,
+    slices: &[SliceSpec],
+    device: &Device,
+) -> Result<Vec<Arc<GreenPartition>>> {
+    let (SplitMode::Green, Device::Cuda { engine, .. }) = (split, device) else {
+        return Ok(Vec::new());
+    };
+    let count = slices
+        .iter()
+        .filter_map(|s| s.partition)
+        .max()
+        .map_or(1, |p| p + 1);
+    let sizes: Vec<u32> = (0..count)
+        .map(|p| {
+            slices
+                .iter()
+                .find(|s| s.partition == Some(p))
+                .and_then(|s| s.sm_count)
+                .unwrap_or(0)
+        })
+        .collect();
+    sched::green_partitions(engine, &sizes).map_err(Error::NoDevice)
+}
+
+/// Each slice's backend, in its partition when it has one.
+fn open_all(
+    device: &Device,
+    data: &Arc<Dataset>,
+    slices: &[SliceSpec],
+    parts: &[Arc<GreenPartition>],
+) -> Result<Vec<(u32, Box<dyn Backend>)>> {
+    slices
+        .iter()
+        .map(|s| {
+            let part = s.partition.and_then(|p| parts.get(p as usize).cloned());
+            let be = sched::open_backend(device, Arc::clone(data), s, part)?;
+            Ok((s.index, be))
+        })
+        .collect()
+}
+
+fn trial_error(e: TrialError) -> Error {
+    match e {
+        TrialError::Interrupted => Error::Interrupted("stopped by a signal".into()),
+        other => Error::Internal(format!("the parallel training failed: {other}")),
+    }
+}
+
+fn joined<T: std::fmt::Display>(items: impl IntoIterator<Item = T>) -> String {
+    items
+        .into_iter()
+        .map(|x| x.to_string())
+        .collect::<Vec<_>>()
+        .join(";")
+}
+
+/// `gpumux parallel`: trains the job's model (trial 0's hyperparameters, `train.batch_size` as
+/// the global batch) mirrored on the slices of its plan.
+pub fn run(job: &Job, opts: &ParallelOptions, out: &mut dyn Write) -> Result<PathBuf> {
+    let model = job.model()?.clone();
+    let k = job.replicas()?;
+    let found = gpu::discover();
+    let r = resolve_backend(job.file.backend, &found, &job.file.engine)?;
+    eprintln!("{}", r.note);
+    let split = opts.split.unwrap_or(job.file.split);
+    check_split(split, &r)?;
+    let slices = plan::slices(job, k, split, &r.budget)?;
+    let ratios = job
+        .file
+        .parallel
+        .as_ref()
+        .and_then(|p| p.ratios.clone())
+        .unwrap_or(BatchRatios::Even);
+    say(
+        out,
+        format!(
+            "slice plan: {k} slice{}, split {split}, on {}",
+            if k == 1 { "" } else { "s" },
+            r.device
+        ),
+    )?;
+    for line in slice_table(&slices) {
+        say(out, line)?;
+    }
+    for note in sm_notes(job, split, r.kind, &slices) {
+        say(out, note)?;
+    }
+    let h = job.hyper(0)?;
+    let global = h.batch_size as usize;
+    let data = load_data(job, opts.data_dir.as_deref())?;
+    if global > data.train.len() {
+        return Err(job
+            .invalid(
+                "train.batch_size",
+                format!(
+                    "the global batch of {global} is larger than the {} training samples of {}",
+                    data.train.len(),
+                    data.name
+                ),
+            )
+            .into());
+    }
+    let fixed = match &ratios {
+        BatchRatios::Even => Some(plan::shares(global, &vec![1.0; k as usize], false)),
+        BatchRatios::Weights(w) => {
+            let shards = plan::shares(global, w, false);
+            if let Some(i) = shards.iter().position(|&n| n == 0) {
+                return Err(job
+                    .invalid(
+                        "parallel.ratios",
+                        format!("give slice {i} no rows of the global batch of {global}: raise its ratio or the batch"),
+                    )
+                    .into());
+            }
+            Some(shards)
+        }
+        BatchRatios::Auto => None,
+    };
+    let ratio_words = match &ratios {
+        BatchRatios::Even => "even".to_string(),
+        BatchRatios::Auto => "auto".to_string(),
+        BatchRatios::Weights(w) => w
+            .iter()
+            .map(|x| x.to_string())
+            .collect::<Vec<_>>()
+            .join(":"),
+    };
+    let spec = plan::trials(job, 1)?
+        .pop()
+        .ok_or_else(|| Error::Internal("no trial".into()))?;
+    if opts.dry_run {
+        let shards = fixed
+            .as_ref()
+            .map(joined)
+            .unwrap_or_else(|| "measured at run time (ratios: auto)".into());
+        say(
+            out,
+            format!(
+                "{} on {}: global batch {global}, ratios {ratio_words}, shards {shards}; dry run, nothing trained",
+                model.kind, data.name
+            ),
+        )?;
+        return Ok(PathBuf::new());
+    }
+    let dir = opts
+        .out
+        .clone()
+        .unwrap_or_else(|| PathBuf::from("out").join(format!("{}-parallel", job.name)));
+    std::fs::create_dir_all(&dir).map_err(Error::io(dir.display().to_string()))?;
+    std::fs::write(
+        dir.join("command.txt"),
+        format!(
+            "{}\n# gpumux {}, device: {}\n",
+            opts.command,
+            env!("CARGO_PKG_VERSION"),
+            r.device
+        ),
+    )
+    .map_err(Error::io(dir.join("command.txt").display().to_string()))?;
+    let device = r.device_for(&data)?;
+    let parts = partitions(split, &slices, &device)?;
+    let cancel = Cancel::new();
+    if let Err(e) = cancel.on_signals(std::time::Duration::ZERO) {
+        eprintln!("note: cannot watch for signals: {e}");
+    }
+    let mut cfg = ParallelConfig {
+        model: model.clone(),
+        hyper: h.clone(),
+        epochs: job.file.train.epochs,
+        seed: spec.seed,
+        input: data.shape,
+        classes: data.classes,
+        shards: fixed.clone().unwrap_or_default(),
+        max_steps: None,
+        cancel,
+    };
+    if fixed.is_none() {
+        cfg.shards = choose_ratios(&cfg, &device, &data, &slices, &parts, &dir, out)?;
+    }
+    say(
+        out,
+        format!(
+            "{} on {}: {} epochs, global batch {global} split {} (ratios {ratio_words}), {} lr {}, seed {}",
+            model.kind,
+            data.name,
+            cfg.epochs,
+            joined(&cfg.shards),
+            h.optimizer,
+            h.lr,
+            spec.seed
+        ),
+    )?;
+    let backends = open_all(&device, &data, &slices, &parts)?;
+    let mut progress = CsvFile::create(dir.join(PROGRESS_CSV))?;
+    let mut write_err = None;
+    let outcome = train(backends, &cfg, &mut |e: &ParallelEpoch| {
+        let s = &e.stats;
+        let _ = writeln!(
+            out,
+            "epoch {:>3}  train loss {:.4}  train acc {:.4}  test loss {:.4}  test acc {:.4}  {:.2} s",
+            s.epoch, s.train_loss, s.train_acc, s.test_loss, s.test_acc, e.train_s
+        );
+        let samples = s.epoch as usize * e.steps * cfg.shards.iter().sum::<usize>();
+        let _ = writeln!(out, "after {samples} samples: {}", e.speed_line());
+        for row in progress_rows(e, split, k) {
+            if let Err(err) = progress.row(&row) {
+                write_err.get_or_insert(err);
+            }
+        }
+    })
+    .map_err(trial_error)?;
+    if let Some(e) = write_err {
+        return Err(e);
+    }
+    let row = summary_row(job, &data, &r, split, &cfg, &ratio_words, &outcome);
+    let mut summary = CsvFile::create(dir.join(PARALLEL_CSV))?;
+    summary.row(&row)?;
+    say(
+        out,
+        format!(
+            "done: test acc {:.4}, final loss {:.4}, {:.2} s per epoch, {:.2} s in all, {:.0} samples/s; replicas identical: {}",
+            row.test_acc,
+            row.final_loss,
+            row.time_per_epoch_s,
+            row.total_s,
+            row.samples_per_s,
+            if outcome.replica_spread == 0.0 {
+                "yes".to_string()
+            } else {
+                format!("no (max |Δ| {:e})", outcome.replica_spread)
+            }
+        ),
+    )?;
+    say(out, format!("results: {}", dir.display()))?;
+    Ok(dir)
+}
+
+/// `ratios: auto`: each slice trains alone for a moment on the even shard size; the batch is
+/// split in proportion to the samples/s measured. Says what it measured and chose, and writes
+/// `ratios.csv`.
+fn choose_ratios(
+    cfg: &ParallelConfig,
+    device: &Device,
+    data: &Arc<Dataset>,
+    slices: &[SliceSpec],
+    parts: &[Arc<GreenPartition>],
+    dir: &Path,
+    out: &mut dyn Write,
+) -> Result<Vec<usize>> {
+    let global = cfg.hyper.batch_size as usize;
+    let rows = global.div_ceil(slices.len()).max(1);
+    let mut speeds = Vec::new();
+    for s in slices {
+        // Each probe has its own backend, dropped before the next slice runs: slices alone.
+        let part = s.partition.and_then(|p| parts.get(p as usize).cloned());
+        let mut be = sched::open_backend(device, Arc::clone(data), s, part)?;
+        let speed = probe::measure(be.as_mut(), cfg, rows, probe::TARGET_S).map_err(|e| {
+            Error::Internal(format!(
+                "ratios auto: the probe of slice {} failed: {e}",
+                s.index
+            ))
+        })?;
+        speeds.push(speed);
+    }
+    let weights = probe::ratios(&speeds.iter().map(|s| s.samples_per_s).collect::<Vec<_>>());
+    let shards = plan::shares(global, &weights, true);
+    let ints = probe::small_integers(&weights);
+    let measured: Vec<String> = speeds
+        .iter()
+        .zip(slices)
+        .map(|(sp, s)| {
+            format!(
+                "slice {} alone [{}] {:.0} sps",
+                s.index, sp.rows, sp.samples_per_s
+            )
+        })
+        .collect();
+    say(out, format!("ratios auto: {}", measured.join(" · ")))?;
+    say(
+        out,
+        format!(
+            "ratios auto: chose {} (about {}), shards {} of the global batch {global}",
+            weights
+                .iter()
+                .map(|w| format!("{w:.3}"))
+                .collect::<Vec<_>>()
+                .join(":"),
+            ints.iter()
+                .map(u32::to_string)
+                .collect::<Vec<_>>()
+                .join(":"),
+            joined(&shards)
+        ),
+    )?;
+    let mut csv = CsvFile::create(dir.join(RATIOS_CSV))?;
+    for ((s, sp), (w, &n)) in slices.iter().zip(&speeds).zip(weights.iter().zip(&shards)) {
+        csv.row(&RatioRow {
+            slice: s.index,
+            sm_count: s.sm_count,
+            mem_cap_mib: s.cap_mib(),
+            probe_rows: sp.rows,
+            probe_steps: sp.steps,
+            probe_s: sp.seconds,
+            samples_per_s: sp.samples_per_s,
+            ratio: *w,
+            shard_rows: n,
+        })?;
+    }
+    Ok(shards)
+}
+
+/// The `progress.csv` rows of one epoch: one per slice, then the total.
+fn progress_rows(e: &ParallelEpoch, split: SplitMode, k: u32) -> Vec<SliceProgressRow> {
+    let s = &e.stats;
+    let base = SliceProgressRow {
+        round: 0,
+        trial_id: "t000".into(),
+        split: split.to_string(),
+        n: k,
+        epoch: s.epoch,
+        train_loss: s.train_loss,
+        train_acc: s.train_acc,
+        test_loss: s.test_loss,
+        test_acc: s.test_acc,
+        wall_s: s.wall_s,
+        train_s: e.train_s,
+        ..Default::default()
+    };
+    let mut rows: Vec<SliceProgressRow> = e
+        .slices
+        .iter()
+        .map(|sl| SliceProgressRow {
+            slice: sl.slice.to_string(),
+            shard_rows: sl.rows,
+            samples_per_s: sl.samples_per_s,
+            busy_s: Some(sl.busy_s),
+            ..base.clone()
+        })
+        .collect();
+    rows.push(SliceProgressRow {
+        slice: "total".into(),
+        shard_rows: e.slices.iter().map(|s| s.rows).sum(),
+        samples_per_s: e.samples_per_s,
+        busy_s: None,
+        ..base
+    });
+    rows
+}
+
+fn median(mut xs: Vec<f64>) -> f64 {
+    if xs.is_empty() {
+        return f64::NAN;
+    }
+    xs.sort_by(f64::total_cmp);
+    let m = xs.len() / 2;
+    if xs.len() % 2 == 1 {
+        xs[m]
+    } else {
+        (xs[m - 1] + xs[m]) / 2.0
+    }
+}
+
+fn summary_row(
+    job: &Job,
+    data: &Dataset,
+    r: &Resolved,
+    split: SplitMode,
+    cfg: &ParallelConfig,
+    ratio_words: &str,
+    o: &super::ParallelOutcome,
+) -> ParallelRow {
+    let lengths = o.epochs.iter().map(|e| e.epoch_s).collect();
+    let train_s: f64 = o.epochs.iter().map(|e| e.train_s).sum::<f64>().max(1e-9);
+    let steps: usize = o.epochs.iter().map(|e| e.steps).sum();
+    let slice_sps = cfg
+        .shards
+        .iter()
+        .map(|&n| format!("{:.0}", (n * steps) as f64 / train_s));
+    let busy = (0..cfg.shards.len()).map(|i| {
+        let b: f64 = o
+            .epochs
+            .iter()
+            .filter_map(|e| e.slices.get(i))
+            .map(|s| s.busy_s)
+            .sum();
+        format!("{:.2}", b / train_s)
+    });
+    ParallelRow {
+        model: crate::commands::model_name(job),
+        dataset: data.name.clone(),
+        split: split.to_string(),
+        slices: cfg.shards.len() as u32,
+        shards: joined(&cfg.shards),
+        ratios: ratio_words.to_string(),
+        global_batch: cfg.shards.iter().sum(),
+        epochs: cfg.epochs,
+        steps_per_epoch: o.epochs.first().map_or(0, |e| e.steps),
+        time_per_epoch_s: median(lengths),
+        total_s: o.result.wall_s,
+        samples_per_s: o.result.train_samples as f64 / train_s,
+        slice_samples_per_s: joined(slice_sps),
+        slice_busy: joined(busy),
+        test_acc: o.result.test_acc,
+        final_loss: o.result.final_loss,
+        replica_spread: o.replica_spread as f64,
+        lr: cfg.hyper.lr,
+        optimizer: cfg.hyper.optimizer.to_string(),
+        device: r.device.clone(),
+        backend: r.kind.to_string(),
+    }
+}

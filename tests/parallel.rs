@@ -1,0 +1,449 @@
+//! `gpumux parallel`, `gpumux batch-scan` and unequal slice plans through the real binary; the data-parallel equality on a GPU when there is one.
+
+mod common;
+use common::*;
+
+use std::sync::Arc;
+
+use gpumux::data::{synthetic, Dataset};
+use gpumux::engine::cpu::CpuBackend;
+use gpumux::engine::cuda::{self, CudaEngine};
+use gpumux::engine::Backend;
+use gpumux::job::{EngineOptions, Hyper, ModelKind, ModelSpec, Optimizer};
+use gpumux::parallel::{train, ParallelConfig};
+
+const JOB: &str = "model: {kind: mlp, hidden: [64]}\n\
+data: {source: mnist-10k, train_limit: 1200, test_limit: 300}\n\
+train: {epochs: 2, batch_size: 100, lr: 0.002}\n\
+backend: cpu\n\
+split: logical\n";
+
+/// `slice 0 [60] 123 sps · slice 1 [40] 82 sps · total [100] 205 sps`: the shards and the figures.
+fn speed_line(out: &str) -> Vec<(String, usize, f64)> {
+    let line = out
+        .lines()
+        .find_map(|l| l.split_once(" samples: ").map(|(_, rest)| rest))
+        .unwrap_or_else(|| panic!("no speed line in {out}"));
+    line.split(" · ")
+        .map(|part| {
+            let (name, rest) = part.split_once(" [").expect("name [rows]");
+            let (rows, rest) = rest.split_once("] ").expect("rows]");
+            let sps = rest.strip_suffix(" sps").expect("sps");
+            (
+                name.to_string(),
+                rows.parse().expect("rows"),
+                sps.parse().expect("sps"),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn a_ratio_split_trains_and_reports_each_slice() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let job = job(
+        dir.path(),
+        "p.yaml",
+        &format!("{JOB}ratios: [3, 2]\nparallel: {{ratios: [3, 2]}}\n"),
+    );
+    let o = gpumux(
+        dir.path(),
+        &["parallel", job.to_str().unwrap(), "--out", "o"],
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let out = stdout(&o);
+    let parts = speed_line(&out);
+    let names: Vec<&str> = parts.iter().map(|p| p.0.as_str()).collect();
+    assert_eq!(names, ["slice 0", "slice 1", "total"], "{out}");
+    assert_eq!((parts[0].1, parts[1].1, parts[2].1), (60, 40, 100));
+    assert!(
+        parts[2].2 > 0.0 && (parts[0].2 + parts[1].2 - parts[2].2).abs() <= 1.0,
+        "{out}"
+    );
+    assert!(out.contains("replicas identical: yes"), "{out}");
+    // The plan shows the unequal caps: 3:2 of 90 % of the host's memory.
+    let caps: Vec<f64> = out
+        .lines()
+        .filter_map(|l| {
+            let w: Vec<&str> = l.split_whitespace().collect();
+            (w.len() == 4 && (w[0] == "0" || w[0] == "1")).then(|| w[1].parse().ok())?
+        })
+        .collect();
+    assert_eq!(caps.len(), 2, "{out}");
+    assert!((caps[0] / caps[1] - 1.5).abs() < 1e-3, "{caps:?}");
+    let progress = read_csv(&dir.path().join("o/progress.csv"));
+    assert_eq!(
+        progress.len(),
+        2 * 3,
+        "two epochs, two slices and a total each"
+    );
+    assert_eq!(progress[2]["slice"], "total");
+    assert_eq!(progress[0]["shard_rows"], "60");
+    for col in [
+        "round",
+        "trial_id",
+        "split",
+        "n",
+        "epoch",
+        "train_loss",
+        "test_acc",
+        "wall_s",
+        "samples_per_s",
+    ] {
+        assert!(progress[0].contains_key(col), "progress.csv lacks {col}");
+    }
+    let summary = read_csv(&dir.path().join("o/parallel.csv"));
+    assert_eq!(summary.len(), 1);
+    assert_eq!(summary[0]["shards"], "60;40");
+    assert_eq!(summary[0]["ratios"], "3:2");
+    assert_eq!(summary[0]["replica_spread"], "0.0");
+    let acc: f64 = summary[0]["test_acc"].parse().expect("test_acc");
+    assert!(
+        acc > 0.6,
+        "test accuracy {acc} after 2 epochs on 1200 digits"
+    );
+}
+
+#[test]
+fn auto_ratios_say_what_they_measured_and_chose() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let job = job(dir.path(), "p.yaml", JOB);
+    let o = gpumux(
+        dir.path(),
+        &[
+            "parallel",
+            job.to_str().unwrap(),
+            "--slices",
+            "2",
+            "--ratios",
+            "auto",
+            "--epochs",
+            "1",
+            "--out",
+            "o",
+        ],
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let out = stdout(&o);
+    assert!(
+        out.contains("ratios auto: slice 0 alone [50] ") && out.contains(" · slice 1 alone [50] "),
+        "{out}"
+    );
+    assert!(out.contains("ratios auto: chose "), "{out}");
+    let rows = read_csv(&dir.path().join("o/ratios.csv"));
+    assert_eq!(rows.len(), 2);
+    let shards: usize = rows
+        .iter()
+        .map(|r| r["shard_rows"].parse::<usize>().expect("rows"))
+        .sum();
+    assert_eq!(shards, 100, "the shards make up the global batch");
+    let ratio: f64 = rows
+        .iter()
+        .map(|r| r["ratio"].parse::<f64>().expect("ratio"))
+        .sum();
+    assert!((ratio - 1.0).abs() < 1e-9);
+}
+
+#[test]
+fn one_slice_and_four_slices_reach_the_same_accuracy() {
+    // Without dropout, mirrored training is single-slice training on the same global batch.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let job = job(dir.path(), "p.yaml", JOB);
+    let mut acc = Vec::new();
+    for k in ["1", "4"] {
+        let out = format!("o{k}");
+        let o = gpumux(
+            dir.path(),
+            &[
+                "parallel",
+                job.to_str().unwrap(),
+                "--slices",
+                k,
+                "--out",
+                &out,
+            ],
+        );
+        assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+        let row = &read_csv(&dir.path().join(out).join("parallel.csv"))[0];
+        acc.push(row["test_acc"].parse::<f64>().expect("test_acc"));
+    }
+    // The weights agree to floating-point order (about 1e-7 relative), which could at most tip
+    // a test sample whose two top logits tie that closely: allow one of the 300.
+    assert!((acc[0] - acc[1]).abs() <= 1.0 / 300.0 + 1e-9, "{acc:?}");
+    assert!(acc[0] > 0.6, "{acc:?}");
+}
+
+#[test]
+fn explicit_slices_on_the_cpu_say_that_sms_do_not_apply() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let job = job(
+        dir.path(),
+        "p.yaml",
+        &format!("{JOB}slices:\n  - {{sm: 80, mem_mib: 300}}\n  - {{sm: 48, mem_mib: 200}}\n"),
+    );
+    let o = gpumux(
+        dir.path(),
+        &["parallel", job.to_str().unwrap(), "--dry-run"],
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let out = stdout(&o);
+    assert!(out.contains("the CPU backend has no SMs"), "{out}");
+    assert!(out.contains("300.0") && out.contains("200.0"), "{out}");
+    assert!(
+        out.contains("shards 50;50") && out.contains("dry run"),
+        "{out}"
+    );
+    assert!(!dir.path().join("out").exists(), "a dry run writes nothing");
+    // Green slices need a GPU: a clear error, not a crash.
+    let o = gpumux(
+        dir.path(),
+        &["parallel", job.to_str().unwrap(), "--split", "green"],
+    );
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("split green needs a GPU"),
+        "{}",
+        stderr(&o)
+    );
+}
+
+#[test]
+fn a_shard_too_small_for_a_slice_cap_names_the_slice() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let job = job(
+        dir.path(),
+        "p.yaml",
+        &format!("{JOB}slices:\n  - {{mem_mib: 300}}\n  - {{mem_mib: 0.5}}\n"),
+    );
+    let o = gpumux(
+        dir.path(),
+        &["parallel", job.to_str().unwrap(), "--out", "o"],
+    );
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let err = stderr(&o);
+    assert!(
+        err.contains("slice 1") && err.contains("slice cap 0.5 MiB") && !err.contains("panicked"),
+        "{err}"
+    );
+}
+
+#[test]
+fn batch_scan_stops_at_the_cap_with_exit_0() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let job = job(dir.path(), "s.yaml", JOB);
+    let o = gpumux(
+        dir.path(),
+        &[
+            "batch-scan",
+            job.to_str().unwrap(),
+            "--mib-per-slice",
+            "1.5",
+            "--seconds",
+            "0.02",
+            "--out",
+            "s",
+        ],
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let out = stdout(&o);
+    let verdict = out
+        .lines()
+        .find(|l| l.contains(" does not fit: needs "))
+        .unwrap_or_else(|| panic!("{out}"));
+    assert!(
+        verdict.contains("slice cap 1.5 MiB; largest batch that fits: "),
+        "{verdict}"
+    );
+    let rows = read_csv(&dir.path().join("s/batch_scan.csv"));
+    let last = rows.last().expect("rows");
+    assert_eq!(last["fits"], "false");
+    assert!(last["arena_mib"].parse::<f64>().expect("mib") > 1.5);
+    assert!(rows[..rows.len() - 1].iter().all(|r| r["fits"] == "true"
+        && r["arena_mib"].parse::<f64>().expect("mib") <= 1.5
+        && r["samples_per_s"].parse::<f64>().expect("sps") > 0.0));
+    // The largest batch that fits is also timed.
+    let largest = verdict.rsplit(": ").next().expect("number").trim();
+    assert!(
+        rows.iter().any(|r| r["batch"] == largest),
+        "{largest} not timed"
+    );
+    // A first batch that already does not fit is the same clean stop.
+    let o = gpumux(
+        dir.path(),
+        &[
+            "batch-scan",
+            job.to_str().unwrap(),
+            "--mib-per-slice",
+            "0.01",
+            "--out",
+            "s2",
+        ],
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(
+        stdout(&o).contains("batch 1 does not fit") && stdout(&o).contains("no batch fits"),
+        "{}",
+        stdout(&o)
+    );
+}
+
+#[test]
+fn devices_lists_unequal_slices() {
+    let o = gpumux(
+        &root(),
+        &["devices", "--ratios", "5,3", "--mib-per-slice", "1000"],
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let out = stdout(&o);
+    assert!(out.contains("2 unequal slices (ratios 5:3)"), "{out}");
+    assert!(out.contains("1250.0") && out.contains("750.0"), "{out}");
+}
+
+/// On a GPU: mirrored training on 2 and 4 CUDA slices gives the weights of one CPU slice.
+#[test]
+fn gpu_mirrored_training_matches_one_slice() {
+    if let Err(why) = cuda::available() {
+        if std::env::var("GPUMUX_REQUIRE_GPU").is_ok_and(|v| v == "1") {
+            panic!("GPUMUX_REQUIRE_GPU=1 but no GPU: {why}");
+        }
+        println!("skipped: no GPU ({why})");
+        return;
+    }
+    let engine = CudaEngine::open(0, &EngineOptions::default()).expect("engine");
+    let (train_s, test_s) = synthetic::generate([1, 12, 12], 10, 600, 50, 3).expect("data");
+    let data = Arc::new(Dataset {
+        name: "synthetic".into(),
+        shape: [1, 12, 12],
+        classes: 10,
+        train: train_s,
+        test: test_s,
+    });
+    let dev = engine.upload(&data).expect("upload");
+    for kind in [ModelKind::Mlp, ModelKind::Cnn] {
+        for optimizer in [Optimizer::Sgd, Optimizer::Adam] {
+            let mut model = ModelSpec::of(kind);
+            if kind == ModelKind::Cnn {
+                model.channels = Some(vec![4, 8]);
+                model.fc = Some(16);
+            }
+            let cfg = |shards: Vec<usize>| ParallelConfig {
+                model: model.clone(),
+                hyper: Hyper {
+                    lr: 0.002,
+                    batch_size: 50,
+                    optimizer,
+                    momentum: 0.9,
+                    weight_decay: 0.0,
+                    dropout: 0.0,
+                },
+                epochs: 1,
+                seed: 5,
+                input: [1, 12, 12],
+                classes: 10,
+                shards,
+                max_steps: Some(10),
+                cancel: Default::default(),
+            };
+            let cpu: Vec<(u32, Box<dyn Backend>)> =
+                vec![(0, Box::new(CpuBackend::new(Arc::clone(&data), None)))];
+            let reference = train(cpu, &cfg(vec![50]), &mut |_| {}).expect("cpu").params;
+            // Two replicas on unequal green partitions (where the device has them), then plain
+            // streams in the primary context.
+            let green = engine.info().green.map(|g| {
+                let g = g.min_sms.max(g.sm_alignment).max(1);
+                engine
+                    .green_partitions_sized(&[2 * g, g])
+                    .expect("unequal green partitions")
+            });
+            let mut runs = vec![(vec![30, 20], false), (vec![23, 14, 9, 4], false)];
+            if green.is_some() {
+                runs.push((vec![30, 20], true));
+            }
+            for (shards, on_green) in runs {
+                let gpus: Vec<(u32, Box<dyn Backend>)> = (0..shards.len() as u32)
+                    .map(|i| {
+                        let part = green
+                            .as_ref()
+                            .filter(|_| on_green)
+                            .map(|p| Arc::clone(&p[i as usize]));
+                        let be = engine
+                            .backend(Arc::clone(&dev), None, part)
+                            .expect("backend");
+                        (i, be)
+                    })
+                    .collect();
+                let out = train(gpus, &cfg(shards.clone()), &mut |_| {}).expect("gpu");
+                assert_eq!(out.replica_spread, 0.0);
+                let (mut d2, mut b2) = (0f64, 0f64);
+                for (a, b) in out.params.iter().zip(&reference) {
+                    d2 += ((a - b) as f64).powi(2);
+                    b2 += (*b as f64).powi(2);
+                }
+                let rel = (d2 / b2).sqrt();
+                println!("{kind} {optimizer} {shards:?} green {on_green}: ‖Δ‖/‖w‖ {rel:.2e}");
+                assert!(rel < 1e-5, "{kind} {optimizer} {shards:?}: {rel:.2e}");
+            }
+        }
+    }
+}
+
+/// On a GPU with green contexts: partitions of unequal size run on disjoint SMs, each on at least
+/// the SMs asked for.
+#[test]
+fn gpu_unequal_green_partitions_are_disjoint() {
+    if let Err(why) = cuda::available() {
+        if std::env::var("GPUMUX_REQUIRE_GPU").is_ok_and(|v| v == "1") {
+            panic!("GPUMUX_REQUIRE_GPU=1 but no GPU: {why}");
+        }
+        println!("skipped: no GPU ({why})");
+        return;
+    }
+    let engine = CudaEngine::open(0, &EngineOptions::default()).expect("engine");
+    let Some(caps) = engine.info().green else {
+        println!(
+            "skipped: green contexts unsupported on {}",
+            engine.info().name
+        );
+        return;
+    };
+    let g = caps.min_sms.max(caps.sm_alignment).max(1);
+    let total = engine.info().sm_count;
+    // As large as fits, 5:3 like the job's ratios, in whole groups.
+    let groups = total / g;
+    let (a, b) = ((groups * 5 / 8).max(1) * g, (groups * 3 / 8).max(1) * g);
+    let parts = engine.green_partitions_sized(&[a, b]).expect("partitions");
+    assert_eq!(parts.len(), 2);
+    assert!(
+        parts[0].sm_count >= a && parts[1].sm_count >= b,
+        "{} {}",
+        parts[0].sm_count,
+        parts[1].sm_count
+    );
+    let mut seen = Vec::new();
+    for p in &parts {
+        let sms: std::collections::BTreeSet<u32> = engine
+            .sm_probe(Some(p), 4 * total)
+            .expect("probe")
+            .into_iter()
+            .collect();
+        assert!(
+            sms.len() as u32 <= p.sm_count,
+            "partition {} ran on {} SMs",
+            p.index,
+            sms.len()
+        );
+        seen.push(sms);
+    }
+    assert!(
+        seen[0].is_disjoint(&seen[1]),
+        "{:?} and {:?} overlap",
+        seen[0],
+        seen[1]
+    );
+    println!(
+        "green partitions of {a} and {b} SMs: got {} and {}",
+        parts[0].sm_count, parts[1].sm_count
+    );
+    // Partitions that do not fit together are an error, not a crash.
+    assert!(engine.green_partitions_sized(&[total, g]).is_err());
+}
