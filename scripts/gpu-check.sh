@@ -63,6 +63,21 @@ step "batch-scan: the CNN on one 1 GiB logical slice" batch-scan.log \
     "$bin" batch-scan jobs/parallel-mirrored.yaml --backend cuda --split logical --mib-per-slice 1024 --out "$out/batch-scan"
 step "PyTorch eager: the same training" torch-train.log \
     python3 bench/torch_mnist.py --device cuda --model mlp --hidden 128 --epochs 5 --batch-size 128 --lr 0.001 --repeats 3
+# ResNet-50 throughput at N=1: 224×224, 285 classes, batch 32, FP32 on both sides. Epoch 2 of
+# gpumux (60 steps, after the warm-up and capture of epoch 1) against PyTorch's timed steps.
+cat >"$out/resnet50-throughput.yaml" <<'YAML'
+model: {kind: resnet50, stem: imagenet}
+data: {source: synthetic, shape: [3, 224, 224], classes: 285, train_samples: 1920, test_samples: 32}
+train: {epochs: 2, batch_size: 32, optimizer: sgd, lr: 0.1, momentum: 0.9, weight_decay: 0.0001}
+seed: 1
+backend: cuda
+YAML
+step "gpumux: ResNet-50 224px batch 32 FP32 (N=1)" resnet50-gpumux.log \
+    "$bin" train "$out/resnet50-throughput.yaml"
+step "PyTorch eager: ResNet-50 224px batch 32 FP32" resnet50-torch.log \
+    python3 bench/torch_resnet50.py --device cuda --stem imagenet --classes 285 --input 224 --batch-size 32 --precision fp32 --steps 30 --repeats 3
+step "fib: ResNet-50 on CIFAR-shaped data, N=1,2,5,13" fib-resnet.log \
+    "$bin" fib jobs/resnet50-fib.yaml --n 1,2,5,13 --splits shared,logical,green --out "$out/fib-resnet"
 
 echo
 echo "gpu-check summary ($out)"
@@ -74,6 +89,17 @@ g=$(grep '^done:' "$out/gpumux-train.log" | sed 's/.*, \([0-9.]*\) s, .*/\1/')
 t=$(grep -E '^torch,' "$out/torch-train.log" | awk -F, '{print $8}' | sort -n | awk '{a[NR]=$1} END {if (NR) print a[int((NR+1)/2)]}')
 ng=$(grep '^done:' "$out/gpumux-train-nographs.log" | sed 's/.*, \([0-9.]*\) s, .*/\1/')
 echo "one MLP training: gpumux ${g:-?} s (graphs off ${ng:-?} s), PyTorch eager median ${t:-?} s" | tee -a "$out/summary.txt"
+python3 - "$out/resnet50-gpumux.log" "$out/resnet50-torch.log" <<'PY' | tee -a "$out/summary.txt"
+import json, re, sys
+try:
+    t = [float(m.group(1)) for m in re.finditer(r"^epoch\s+\d+ .* ([0-9.]+) s$", open(sys.argv[1]).read(), re.M)]
+    g = 1920 / (t[1] - t[0])
+    last = [l for l in open(sys.argv[2]) if l.startswith("{")][-1]
+    p = json.loads(last)["images_per_s"]
+    print(f"ResNet-50 224px batch 32 FP32: gpumux {g:.0f} images/s, PyTorch eager {p:.0f} images/s ({g / p:.2f}x)")
+except Exception as err:
+    print(f"ResNet-50 throughput: not measured ({err})")
+PY
 python3 - "$out/parallel-ratios/table.csv" <<'PY' | tee -a "$out/summary.txt"
 import csv, sys
 try:

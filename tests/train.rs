@@ -50,6 +50,36 @@ fn cnn_learns_mnist_10k() {
 }
 
 #[test]
+fn a_reduced_resnet50_learns_mnist_10k() {
+    // ResNet-50 at 1/16 width (96,230 parameters), CIFAR stem, on 28×28 digits: 0.917 measured
+    // after 2 epochs on 3000 samples (0.93-0.956 on all 8000 over 3 epochs). The test accuracy of
+    // so narrow a batch-norm network moves from seed to seed (0.83-0.92 seen), so the bar holds
+    // for this seed with room for other floating-point orders.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let job = job(
+        dir.path(),
+        "resnet.yaml",
+        "model: {kind: resnet50, width: 0.0625, stem: cifar}
+\
+         data: {source: mnist-10k, train_limit: 3000, test_limit: 1000}
+\
+         train: {epochs: 2, batch_size: 32, optimizer: sgd, lr: 0.1, momentum: 0.9}
+seed: 1
+backend: cpu
+",
+    );
+    let o = gpumux(dir.path(), &["train", job.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let out = stdout(&o);
+    assert!(out.contains("96230 parameters"), "{out}");
+    let acc = final_acc(&out);
+    assert!(
+        acc >= 0.85,
+        "reduced ResNet test accuracy after 2 epochs on 3000 samples: {acc}"
+    );
+}
+
+#[test]
 fn sgd_with_momentum_and_dropout_learn_too() {
     let o = gpumux(
         &root(),
