@@ -8,7 +8,8 @@ use crate::engine::{Backend, Split, STATS_LEN};
 use crate::error::TrialError;
 use crate::job::{EngineOptions, FaultKind, FaultSpec, Hyper, ModelSpec};
 use crate::models;
-use crate::plan::MIB;
+use crate::plan::{largest_fitting, MIB};
+use std::convert::Infallible;
 
 /// What a trial trains.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -105,16 +106,8 @@ pub fn run_trial(
             // batch, and a plan only grows with it: search for the largest batch that fits.
             let extra = need_mib * MIB - net.plan.bytes() as f64;
             let need = |b: usize| plan(&*be, b).map(|n| (n.plan.bytes() as f64 + extra) / MIB);
-            let fits = |b: usize| need(b).is_ok_and(|mib| mib <= cap_mib);
-            let (mut lo, mut hi) = (0, batch);
-            while hi - lo > 1 {
-                let mid = lo + (hi - lo) / 2;
-                if fits(mid) {
-                    lo = mid;
-                } else {
-                    hi = mid;
-                }
-            }
+            let fits = |b: usize| Ok::<_, Infallible>(need(b).is_ok_and(|mib| mib <= cap_mib));
+            let Ok(lo) = largest_fitting(0, batch, &mut |b| fits(b));
             return Err(TrialError::DoesNotFit {
                 batch,
                 need_mib,

@@ -14,6 +14,7 @@ use crate::error::{EngineError, Error, Result, TrialError};
 use crate::gpu;
 use crate::job::{Job, SplitMode};
 use crate::models;
+use crate::plan::largest_fitting;
 use crate::plan::{self, MIB};
 use crate::sched::{self, cancel::Cancel};
 
@@ -80,24 +81,6 @@ pub enum Stop {
     Data { samples: usize },
     /// `--max-batch` was reached.
     MaxBatch(usize),
-}
-
-/// The largest `b` in `[ok, bad)` for which `fits(b)`, given `fits(ok)` and `!fits(bad)`, for a
-/// `fits` that holds up to some size and not beyond.
-pub fn largest_fitting(
-    mut ok: usize,
-    mut bad: usize,
-    fits: &mut dyn FnMut(usize) -> Result<bool>,
-) -> Result<usize> {
-    while bad - ok > 1 {
-        let mid = ok + (bad - ok) / 2;
-        if fits(mid)? {
-            ok = mid;
-        } else {
-            bad = mid;
-        }
-    }
-    Ok(ok)
 }
 
 /// `gpumux batch-scan`: doubles the batch from `start`, timing a short training at each size on
@@ -270,21 +253,24 @@ pub fn run(job: &Job, opts: &ScanOptions, out: &mut dyn Write) -> Result<PathBuf
     };
     let largest = match (&stop, last_ok) {
         (Stop::Cap { batch, .. }, Some(ok)) => {
-            Some(largest_fitting(ok, *batch, &mut |m| Ok(fits(m)?.is_ok()))?)
+            Some(largest_fitting::<Error>(ok, *batch, &mut |m| {
+                Ok(fits(m)?.is_ok())
+            })?)
         }
         (Stop::Data { samples }, Some(ok)) if ok < *samples => {
             if fits(*samples)?.is_ok() {
                 Some(*samples)
             } else {
-                Some(largest_fitting(
-                    ok,
-                    *samples,
-                    &mut |m| Ok(fits(m)?.is_ok()),
-                )?)
+                Some(largest_fitting::<Error>(ok, *samples, &mut |m| {
+                    Ok(fits(m)?.is_ok())
+                })?)
             }
         }
         (Stop::Cap { batch, .. }, None) if *batch > 1 => {
-            Some(largest_fitting(0, *batch, &mut |m| Ok(fits(m)?.is_ok()))?).filter(|&l| l > 0)
+            Some(largest_fitting::<Error>(0, *batch, &mut |m| {
+                Ok(fits(m)?.is_ok())
+            })?)
+            .filter(|&l| l > 0)
         }
         (_, ok) => ok,
     };
@@ -350,21 +336,6 @@ fn csv_error(path: &std::path::Path, source: csv::Error) -> Error {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn the_search_finds_the_last_size_that_fits() {
-        for limit in [5usize, 6, 7, 63, 64, 100] {
-            let mut calls = 0;
-            let got = largest_fitting(4, 128, &mut |b| {
-                calls += 1;
-                Ok(b <= limit)
-            })
-            .unwrap();
-            assert_eq!(got, limit.min(127));
-            assert!(calls <= 7, "{calls} probes for a range of 124");
-        }
-        assert_eq!(largest_fitting(4, 5, &mut |_| unreachable!()).unwrap(), 4);
-    }
 
     #[test]
     fn the_scan_stops_at_the_cap_and_names_the_largest_batch_that_fits() {
