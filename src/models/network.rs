@@ -51,6 +51,16 @@ pub enum LayerDef {
     },
 }
 
+impl LayerDef {
+    /// The second value a residual add reads; `None` for every other layer.
+    fn other(&self) -> Option<usize> {
+        match *self {
+            LayerDef::Add { other } => Some(other),
+            _ => None,
+        }
+    }
+}
+
 /// A layer and the value it reads.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Node {
@@ -84,9 +94,8 @@ enum Deliver {
 #[derive(Clone, Debug)]
 struct Layer {
     def: LayerDef,
-    /// Values read: `src`, and `other` for an add.
+    /// The value read (an add also reads `def.other()`).
     src: usize,
-    other: Option<usize>,
     /// Elements per sample of the layer's (first) input and its output.
     in_len: usize,
     out_len: usize,
@@ -276,10 +285,7 @@ impl Network {
         let mut lens = vec![sample_len];
         let mut readers = vec![0usize; nodes.len() + 1];
         for (i, n) in nodes.iter().enumerate() {
-            let other = match n.def {
-                LayerDef::Add { other } => Some(other),
-                _ => None,
-            };
+            let other = n.def.other();
             for v in std::iter::once(n.src).chain(other) {
                 if v > i {
                     return Err(format!(
@@ -351,10 +357,6 @@ impl Network {
             layers.push(Layer {
                 def: n.def,
                 src: n.src,
-                other: match n.def {
-                    LayerDef::Add { other } => Some(other),
-                    _ => None,
-                },
                 in_len: lens[n.src],
                 out_len: lens[i + 1],
                 w,
@@ -436,7 +438,7 @@ impl Network {
                 }
                 let len = batch * lens[s];
                 match buf[s] {
-                    None if l.other.is_some() && readers[s] == 1 => {
+                    None if l.def.other().is_some() && readers[s] == 1 => {
                         live.retain(dy);
                         buf[s] = Some(dy);
                         Deliver::Alias
@@ -447,7 +449,7 @@ impl Network {
                         Deliver::Write(Region::new(at, len))
                     }
                     Some(at) => {
-                        if l.other.is_none() {
+                        if l.def.other().is_none() {
                             scratch_len = scratch_len.max(len);
                         }
                         Deliver::Add(Region::new(at, len))
@@ -455,7 +457,10 @@ impl Network {
                 }
             };
             let dsrc = plan_one(l.src, &mut buf);
-            let dother = l.other.map_or(Deliver::None, |o| plan_one(o, &mut buf));
+            let dother = l
+                .def
+                .other()
+                .map_or(Deliver::None, |o| plan_one(o, &mut buf));
             deliveries.push((i, dsrc, dother));
             live.release(dy);
         }
