@@ -176,36 +176,42 @@ extern "C" __global__ void channel_bias(float* y, const float* bias, unsigned in
     }
 }
 
-// db[ch] = Σ_b (Σ_j dy[b][ch][j]): each sample's plane summed in order, those sums added in
-// sample order (ops::conv2d_bwd's bias gradient, bit for bit); one thread per channel, over NCHW.
-extern "C" __global__ void channel_sum(const float* dy, float* db, unsigned int n, unsigned int c,
-                                       unsigned int hw)
-{
-    FOR_EACH(u64, ch, c)
-    {
-        float total = 0.0f;
-        for (u64 b = 0; b < n; ++b) {
-            const float* plane = dy + (b * c + ch) * hw;
-            float sum = 0.0f;
-            for (unsigned int j = 0; j < hw; ++j) {
-                sum += plane[j];
-            }
-            total += sum;
-        }
-        db[ch] = total;
-    }
-}
+// Threads of a channel_sum block: one per sample of a chunk of the batch.
+#define CHANNEL_SUM_THREADS 128
 
-// out[r] = Σ_j m[r][j], one thread per row, j in order from 0 (the convolution's bias gradient).
-extern "C" __global__ void row_sum(const float* m, float* out, unsigned int rows, unsigned int cols)
+// db[ch] = Σ_b (Σ_j dy[b][ch][j]): each sample's plane summed in order, those sums added in
+// sample order (ops::conv2d_bwd's bias gradient, bit for bit), over NCHW. One block per channel
+// (grid-stride over channels): each thread sums one sample's plane, and thread 0 adds the plane
+// sums of the chunk in sample order; batches above blockDim.x go chunk by chunk.
+extern "C" __global__ void __launch_bounds__(CHANNEL_SUM_THREADS)
+    channel_sum(const float* dy, float* db, unsigned int n, unsigned int c, unsigned int hw)
 {
-    FOR_EACH(u64, r, rows)
-    {
-        const float* row = m + r * cols;
-        float sum = 0.0f;
-        for (unsigned int j = 0; j < cols; ++j) {
-            sum += row[j];
+    // __launch_bounds__ makes a launch of more than CHANNEL_SUM_THREADS threads fail.
+    __shared__ float plane_sums[CHANNEL_SUM_THREADS];
+    const unsigned int threads = blockDim.x;
+    for (u64 ch = blockIdx.x; ch < c; ch += gridDim.x) {
+        float total = 0.0f;
+        for (u64 b0 = 0; b0 < n; b0 += threads) {
+            const u64 b = b0 + threadIdx.x;
+            float sum = 0.0f;
+            if (b < n) {
+                const float* plane = dy + (b * c + ch) * hw;
+                for (unsigned int j = 0; j < hw; ++j) {
+                    sum += plane[j];
+                }
+            }
+            plane_sums[threadIdx.x] = sum;
+            __syncthreads();
+            if (threadIdx.x == 0) {
+                const u64 m = n - b0 < threads ? n - b0 : threads;
+                for (u64 i = 0; i < m; ++i) {
+                    total += plane_sums[i];
+                }
+            }
+            __syncthreads();
         }
-        out[r] = sum;
+        if (threadIdx.x == 0) {
+            db[ch] = total;
+        }
     }
 }

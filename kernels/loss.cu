@@ -67,7 +67,7 @@ __device__ void block_add_stats(float* stats, double loss, unsigned int correct)
 }
 
 // Writes dlogits = (softmax − onehot)/rows and adds [Σ loss, #correct] into stats.
-extern "C" __global__ void softmax_xent(const float* logits, const float* labels, float* dlogits,
+extern "C" __global__ void __launch_bounds__(MAX_THREADS) softmax_xent(const float* logits, const float* labels, float* dlogits,
                                         float* stats, unsigned int rows, unsigned int classes)
 {
     if (blockIdx.x != 0 || blockIdx.y != 0 || blockIdx.z != 0 || classes == 0) {
@@ -90,7 +90,7 @@ extern "C" __global__ void softmax_xent(const float* logits, const float* labels
 }
 
 // The sums of softmax_xent without the gradient.
-extern "C" __global__ void eval_xent(const float* logits, const float* labels, float* stats,
+extern "C" __global__ void __launch_bounds__(MAX_THREADS) eval_xent(const float* logits, const float* labels, float* stats,
                                      unsigned int rows, unsigned int classes)
 {
     if (blockIdx.x != 0 || blockIdx.y != 0 || blockIdx.z != 0 || classes == 0) {

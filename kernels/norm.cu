@@ -51,7 +51,7 @@ __device__ __forceinline__ u64 at(u64 j, unsigned int ch, unsigned int c, unsign
 // saved = [mean; c] ++ [1/√(var+eps); c]; running = (1−momentum)·running + momentum·batch, the
 // variance unbiased by m/(m−1) when m > 1; y = gamma·((x − mean)·invstd) + beta in float with
 // mean and invstd rounded to float.
-extern "C" __global__ void batchnorm_fwd_train(const float* x, const float* gamma, const float* beta,
+extern "C" __global__ void __launch_bounds__(MAX_THREADS) batchnorm_fwd_train(const float* x, const float* gamma, const float* beta,
                                                float* running, float* saved, float* y,
                                                unsigned int n, unsigned int c, unsigned int hw,
                                                float momentum, float eps)
@@ -110,7 +110,7 @@ extern "C" __global__ void batchnorm_fwd_infer(const float* x, const float* gamm
 // Gradients from the saved statistics: dbeta = Σ dy, dgamma = Σ dy·x̂ (in double, x̂ in float),
 // dx = (gamma·invstd/m)·(m·dy − dbeta − x̂·dgamma) in float with the sums rounded to float.
 // Overwrites dx, dgamma and dbeta.
-extern "C" __global__ void batchnorm_bwd(const float* x, const float* gamma, const float* saved,
+extern "C" __global__ void __launch_bounds__(MAX_THREADS) batchnorm_bwd(const float* x, const float* gamma, const float* saved,
                                          const float* dy, float* dx, float* dgamma, float* dbeta,
                                          unsigned int n, unsigned int c, unsigned int hw)
 {

@@ -185,10 +185,17 @@ const CUDNN_PARTS: &[&str] = &[
 /// The files to load for `lib` from `dirs`, in load order, or the error naming the first miss.
 pub fn locate(lib: CudaLib, dirs: &[PathBuf]) -> Result<Vec<PathBuf>, LibError> {
     let mut files = Vec::new();
+    // A toolkit's `stubs` folder holds link-time stand-ins (a stub libcuda fails cuInit).
+    let real: Vec<&PathBuf> = dirs
+        .iter()
+        .filter(|d| !d.components().any(|c| c.as_os_str() == "stubs"))
+        .collect();
     for names in sonames(lib) {
-        let found = dirs
+        // The preferred name in any folder before the next name in any (CUDA 13 before 12,
+        // libcuda.so.1 before a bare libcuda.so).
+        let found = names
             .iter()
-            .find_map(|d| names.iter().map(|n| d.join(n)).find(|f| f.is_file()));
+            .find_map(|n| real.iter().map(|d| d.join(n)).find(|f| f.is_file()));
         let Some(file) = found else {
             return Err(LibError {
                 lib: names.join(" or "),
@@ -618,5 +625,23 @@ mod tests {
             Some(&thirteen),
             "13 is preferred"
         );
+    }
+
+    #[test]
+    fn a_driver_in_a_later_folder_beats_a_bare_name_and_stubs_are_never_used() {
+        let tmp = tempfile::tempdir().unwrap();
+        let r = tmp.path();
+        touch(r, "cuda/lib64/stubs/libcuda.so");
+        touch(r, "cuda/lib64/stubs/libcuda.so.1");
+        let bare = touch(r, "dev/libcuda.so");
+        let real = touch(r, "driver/libcuda.so.1");
+        let dirs = vec![r.join("cuda/lib64/stubs"), r.join("dev"), r.join("driver")];
+        assert_eq!(locate(CudaLib::Driver, &dirs).unwrap(), vec![real]);
+        assert_eq!(
+            locate(CudaLib::Driver, &dirs[..2]).unwrap(),
+            vec![bare],
+            "a bare libcuda.so when no libcuda.so.1 is found"
+        );
+        assert!(locate(CudaLib::Driver, &dirs[..1]).is_err());
     }
 }

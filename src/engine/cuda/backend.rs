@@ -32,6 +32,8 @@ pub struct CudaBackend {
     pub(crate) blas: Blas,
     /// cuDNN for the convolutions; `None` runs them as im2col and cuBLAS GEMMs.
     pub(crate) dnn: Option<Dnn>,
+    /// Convolution shapes cuDNN could not plan: they run as im2col and GEMMs (sized so in the plan).
+    pub(crate) lowered: std::sync::Mutex<Vec<crate::engine::Conv2dShape>>,
     pub(crate) arena: Option<Arena>,
     pub(crate) pool: Arc<Pool>,
     pub(crate) stream: Arc<Stream>,
@@ -83,6 +85,7 @@ impl CudaBackend {
             graph: None,
             blas,
             dnn,
+            lowered: std::sync::Mutex::new(Vec::new()),
             arena: None,
             pool,
             stream,

@@ -86,7 +86,9 @@ impl Blas {
     /// A handle on `stream`'s context, issuing to `stream`, with TF32 tensor cores when `tf32`
     /// (else cuBLAS's default FP32 math).
     pub(crate) fn new(stream: Arc<Stream>, tf32: bool) -> Result<Blas, EngineError> {
-        let handle = {
+        // Creating a handle may synchronise the device, which would break another thread's
+        // capture: it waits until none is under way, as cuDNN's handles do.
+        let handle = graph::without_captures(|| -> Result<_, EngineError> {
             let _in = stream.ctx().enter()?;
             let mut handle = std::ptr::null_mut();
             // SAFETY: writes one handle; the stream's context is current, so cuBLAS binds to it.
@@ -100,8 +102,8 @@ impl Blas {
                 let _ = unsafe { blas::cublasDestroy_v2(handle) };
                 return Err(e);
             }
-            handle
-        };
+            Ok(handle)
+        })?;
         Ok(Blas { handle, stream })
     }
 

@@ -6,9 +6,12 @@ use super::backend::CudaBackend;
 use super::blas::Batched;
 use super::check::to_u32;
 use super::context::Entered;
-use super::launch::{grid_for, Arg, BLOCK};
+use super::launch::{Arg, MAX_BLOCKS};
 use crate::engine::{Conv2dShape, GemmShape};
 use crate::error::EngineError;
+
+/// Threads of a `channel_sum` block (kernels/conv.cu's CHANNEL_SUM_THREADS).
+const CHANNEL_SUM_THREADS: u32 = 128;
 
 /// Elements of the im2col matrix: `(c_in·k·k) × (n·h_out·w_out)`.
 pub(crate) fn col_len(s: &Conv2dShape) -> usize {
@@ -55,8 +58,8 @@ impl Dims {
             });
         }
         let u = |what, v| to_u32(op, what, v);
-        // Every element count a kernel walks must fit its 32-bit sizes too.
-        u("im2col elements", workspace_len(s))?;
+        // Every element count a kernel walks must fit its 32-bit sizes too (the im2col
+        // workspace is checked by `lowered`, on the GEMM path only).
         u("input elements", s.x_len())?;
         u("output elements", s.y_len())?;
         Ok(Dims {
@@ -73,6 +76,12 @@ impl Dims {
             nhw: s.n * s.h_out() * s.w_out(),
             kk: s.c_in * s.k * s.k,
         })
+    }
+
+    /// Checks that the GEMM lowering's workspace fits the kernels' 32-bit sizes (cuDNN has none).
+    fn lowered(self, op: &'static str, s: &Conv2dShape) -> Result<Dims, EngineError> {
+        to_u32(op, "im2col elements", workspace_len(s))?;
+        Ok(self)
     }
 
     /// The size arguments shared by `im2col` and `col2im`.
@@ -128,16 +137,34 @@ const NO_BIAS: sys::CUdeviceptr = 0;
 impl CudaBackend {
     /// Elements of workspace a convolution of shape `s` needs: cuDNN's for its chosen algorithms
     /// (chosen here, at planning time), else the GEMM lowering's. Should cuDNN fail to plan the
-    /// shape, the GEMM size is returned and the failure surfaces at the convolution itself.
+    /// shape, that shape is lowered to GEMMs from then on (said once), and sized so.
     pub(crate) fn conv_workspace(&self, s: &Conv2dShape) -> usize {
-        let Some(dnn) = &self.dnn else {
+        let Some(dnn) = self.dnn_for(s) else {
             return workspace_len(s);
         };
         let bytes = self.ctx.enter().and_then(|e| dnn.workspace_bytes(&e, s));
         match bytes {
             Ok(b) => b.div_ceil(4),
-            Err(_) => workspace_len(s),
+            Err(e) => {
+                super::engine::say_once(&format!(
+                    "note: cuDNN cannot plan the convolution {s:?} ({e}); it runs as im2col and GEMMs"
+                ));
+                self.lowered
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .push(*s);
+                workspace_len(s)
+            }
         }
+    }
+
+    /// cuDNN for the convolution `s`, unless there is none or it could not plan `s`.
+    pub(crate) fn dnn_for(&self, s: &Conv2dShape) -> Option<&super::cudnn::Dnn> {
+        let lowered = self
+            .lowered
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        self.dnn.as_ref().filter(|_| !lowered.contains(s))
     }
 
     fn im2col(&self, e: &Entered, d: &Dims, x: u64, col: u64) -> Result<(), EngineError> {
@@ -166,13 +193,14 @@ impl CudaBackend {
         p: &FwdPtrs,
     ) -> Result<(), EngineError> {
         let d = Dims::new("conv2d_fwd", s)?;
-        if let Some(dnn) = &self.dnn {
+        if let Some(dnn) = self.dnn_for(s) {
             dnn.forward(e, s, p.x, p.w, p.y, p.ws, p.ws_bytes)?;
             return match p.b {
                 Some(b) => self.channel_bias(e, &d, p.y, b),
                 None => Ok(()),
             };
         }
+        let d = d.lowered("conv2d_fwd", s)?;
         if s.is_pointwise() {
             // Per sample, Y_b[c_out × hw] = W[c_out × c_in] · X_b[c_in × hw], straight into NCHW.
             let hw = s.h * s.w;
@@ -205,6 +233,26 @@ impl CudaBackend {
         self.elementwise(e, "cnhw_to_nchw_bias", s.y_len(), &args)
     }
 
+    /// `db[c] = Σ_b Σ_j dy[b][c][j]` over NCHW `dy`, in the CPU twin's order (each sample's plane,
+    /// then the samples): one block per channel, a thread per sample.
+    fn bias_grad(
+        &self,
+        e: &Entered,
+        d: &Dims,
+        dy: sys::CUdeviceptr,
+        db: sys::CUdeviceptr,
+    ) -> Result<(), EngineError> {
+        let args = [
+            Arg::Ptr(dy),
+            Arg::Ptr(db),
+            Arg::U32(d.n),
+            Arg::U32(d.c_out),
+            Arg::U32(d.hw_out()),
+        ];
+        let blocks = d.c_out.clamp(1, MAX_BLOCKS);
+        self.kernel(e, "channel_sum", (blocks, CHANNEL_SUM_THREADS), &args)
+    }
+
     /// Gradients: `db` (when wanted) by per-channel sums; `dw` and `dx` (when wanted) by cuDNN's
     /// backward-filter and backward-data, or by the GEMM lowering: `dY'` channel-major,
     /// `dW = dY'·colᵀ`, and `dcol = Wᵀ·dY'` (into the im2col buffer, free once `dW` is issued)
@@ -217,16 +265,9 @@ impl CudaBackend {
         p: &BwdPtrs,
     ) -> Result<(), EngineError> {
         let d = Dims::new("conv2d_bwd", s)?;
-        if let Some(dnn) = &self.dnn {
+        if let Some(dnn) = self.dnn_for(s) {
             if let Some(db) = p.db {
-                let args = [
-                    Arg::Ptr(p.dy),
-                    Arg::Ptr(db),
-                    Arg::U32(d.n),
-                    Arg::U32(d.c_out),
-                    Arg::U32(d.hw_out()),
-                ];
-                self.elementwise(e, "channel_sum", s.c_out, &args)?;
+                self.bias_grad(e, &d, p.dy, db)?;
             }
             dnn.backward_filter(e, s, p.x, p.dy, p.dw, p.ws, p.ws_bytes)?;
             if let Some(dx) = p.dx {
@@ -234,6 +275,7 @@ impl CudaBackend {
             }
             return Ok(());
         }
+        let d = d.lowered("conv2d_bwd", s)?;
         let (col, dyt) = split_ws(s, p.ws);
         let to_cnhw = [
             Arg::Ptr(p.dy),
@@ -244,14 +286,7 @@ impl CudaBackend {
         ];
         self.elementwise(e, "nchw_to_cnhw", s.y_len(), &to_cnhw)?;
         if let Some(db) = p.db {
-            let nhw = to_u32("conv2d_bwd", "n·h_out·w_out", d.nhw)?;
-            let sums = [
-                Arg::Ptr(dyt),
-                Arg::Ptr(db),
-                Arg::U32(d.c_out),
-                Arg::U32(nhw),
-            ];
-            self.kernel(e, "row_sum", (grid_for(s.c_out), BLOCK), &sums)?;
+            self.bias_grad(e, &d, p.dy, db)?;
         }
         if s.is_pointwise() {
             let x_cnhw = [

@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use cudarc::cudnn::sys as dnn;
 use cudarc::driver::sys;
 
-use super::check::{check_dnn, to_i32};
+use super::check::{check, check_dnn, to_i32};
 use super::context::Entered;
 use super::graph;
 use super::stream::Stream;
@@ -55,13 +55,193 @@ pub(crate) fn load() -> Result<usize, String> {
         .clone()
 }
 
-/// Creates and destroys a handle in the current context: proves cuDNN initialises on this device.
+/// Proves cuDNN works in the current context, the way the trials use it: a handle, the three
+/// algorithm queries (which load the convolution sub-libraries, where a mismatched install
+/// fails) and one small forward convolution whose result is checked. A cuDNN that fails here is
+/// not used (`engine.conv: auto` then lowers convolutions to GEMMs).
 pub(crate) fn probe(_in: &Entered) -> Result<(), EngineError> {
     let mut handle = std::ptr::null_mut();
-    // SAFETY: writes one handle, destroyed just below; cuDNN was loaded by `load`.
+    // SAFETY: writes one handle, destroyed below; cuDNN was loaded by `load`.
     check_dnn(unsafe { dnn::cudnnCreate(&mut handle) }, "cudnnCreate")?;
-    // SAFETY: the handle was just created and is destroyed once.
-    check_dnn(unsafe { dnn::cudnnDestroy(handle) }, "cudnnDestroy")
+    let result = probe_with(handle);
+    // SAFETY: the handle was created above and is destroyed once.
+    let destroyed = check_dnn(unsafe { dnn::cudnnDestroy(handle) }, "cudnnDestroy");
+    result.and(destroyed)
+}
+
+/// Device memory for the probe, freed on drop.
+struct ProbeBuf(sys::CUdeviceptr);
+
+impl ProbeBuf {
+    fn new(bytes: usize) -> Result<ProbeBuf, EngineError> {
+        let mut ptr = 0;
+        // SAFETY: writes one device pointer; a context is current (the probe's caller).
+        check(
+            unsafe { sys::cuMemAlloc_v2(&mut ptr, bytes.max(4)) },
+            "cuMemAlloc",
+        )?;
+        Ok(ProbeBuf(ptr))
+    }
+}
+
+impl Drop for ProbeBuf {
+    fn drop(&mut self) {
+        // SAFETY: allocated by cuMemAlloc_v2 and freed once.
+        let _ = unsafe { sys::cuMemFree_v2(self.0) };
+    }
+}
+
+/// A 1×1×5×5 input (0, 1, …, 24) through a 3×3 filter of ones, padding 1: every output is the
+/// sum of its window, checked on the host.
+fn probe_with(handle: dnn::cudnnHandle_t) -> Result<(), EngineError> {
+    let s = Conv2dShape {
+        n: 1,
+        c_in: 1,
+        h: 5,
+        w: 5,
+        c_out: 1,
+        k: 3,
+        pad: 1,
+        stride: 1,
+    };
+    let (x, y, w) = (tensor(1, 1, 5, 5)?, tensor(1, 1, 5, 5)?, filter(&s)?);
+    let conv = convolution(&s, dnn::cudnnMathType_t::CUDNN_FMA_MATH)?;
+    let mut raw = [RawPerf::default(); RANKED];
+    let mut count = 0;
+    // SAFETY: handle and descriptors are live; `raw` holds RANKED perf entries (see RawPerf).
+    unsafe {
+        check_dnn(
+            dnn::cudnnGetConvolutionBackwardDataAlgorithm_v7(
+                handle,
+                w.0,
+                y.0,
+                conv.0,
+                x.0,
+                RANKED as i32,
+                &mut count,
+                raw.as_mut_ptr().cast(),
+            ),
+            "cudnnGetConvolutionBackwardDataAlgorithm_v7",
+        )?;
+        check_dnn(
+            dnn::cudnnGetConvolutionBackwardFilterAlgorithm_v7(
+                handle,
+                x.0,
+                y.0,
+                conv.0,
+                w.0,
+                RANKED as i32,
+                &mut count,
+                raw.as_mut_ptr().cast(),
+            ),
+            "cudnnGetConvolutionBackwardFilterAlgorithm_v7",
+        )?;
+        check_dnn(
+            dnn::cudnnGetConvolutionForwardAlgorithm_v7(
+                handle,
+                x.0,
+                w.0,
+                conv.0,
+                y.0,
+                RANKED as i32,
+                &mut count,
+                raw.as_mut_ptr().cast(),
+            ),
+            "cudnnGetConvolutionForwardAlgorithm_v7",
+        )?;
+    }
+    let offer = pick(&offers(&raw, count, 8), 64 << 20, false, false).ok_or_else(|| {
+        EngineError::Device("cuDNN offers no FP32 forward algorithm for a 3×3 convolution".into())
+    })?;
+    let algo = fwd_algo(offer.algo).ok_or_else(|| {
+        EngineError::Device(format!("cuDNN offers unknown algorithm {}", offer.algo))
+    })?;
+    let mut ws_bytes = 0usize;
+    // SAFETY: as above; writes one size.
+    check_dnn(
+        unsafe {
+            dnn::cudnnGetConvolutionForwardWorkspaceSize(
+                handle,
+                x.0,
+                w.0,
+                conv.0,
+                y.0,
+                algo,
+                &mut ws_bytes,
+            )
+        },
+        "cudnnGetConvolutionForwardWorkspaceSize",
+    )?;
+    let input: Vec<f32> = (0..25u8).map(f32::from).collect();
+    let ones = [1f32; 9];
+    let (xb, wb, yb) = (ProbeBuf::new(100)?, ProbeBuf::new(36)?, ProbeBuf::new(100)?);
+    let ws = ProbeBuf::new(ws_bytes)?;
+    // SAFETY: the buffers hold the bytes copied; the copies are synchronous.
+    unsafe {
+        check(
+            sys::cuMemcpyHtoD_v2(xb.0, input.as_ptr().cast(), 100),
+            "cuMemcpyHtoD",
+        )?;
+        check(
+            sys::cuMemcpyHtoD_v2(wb.0, ones.as_ptr().cast(), 36),
+            "cuMemcpyHtoD",
+        )?;
+    }
+    let (one, zero) = (1f32, 0f32);
+    // SAFETY: the handle issues to the legacy stream of the current context; x, w, y and the
+    // workspace hold the shape's extents and `ws_bytes`; alpha and beta are read in the call.
+    check_dnn(
+        unsafe {
+            dnn::cudnnConvolutionForward(
+                handle,
+                (&one as *const f32).cast(),
+                x.0,
+                xb.0 as *const _,
+                w.0,
+                wb.0 as *const _,
+                conv.0,
+                algo,
+                ws.0 as *mut _,
+                ws_bytes,
+                (&zero as *const f32).cast(),
+                y.0,
+                yb.0 as *mut _,
+            )
+        },
+        "cudnnConvolutionForward",
+    )?;
+    let mut out = [0f32; 25];
+    // SAFETY: a synchronous copy of the 25 floats just written (it waits for the convolution).
+    check(
+        unsafe { sys::cuMemcpyDtoH_v2(out.as_mut_ptr().cast(), yb.0, 100) },
+        "cuMemcpyDtoH",
+    )?;
+    let want = window_sums_5x5(&input);
+    if out != want {
+        return Err(EngineError::Device(format!(
+            "cuDNN's test convolution (algorithm {}) computed {out:?}, not {want:?}",
+            offer.algo
+        )));
+    }
+    Ok(())
+}
+
+/// The probe's expected output: each pixel's 3×3 window sum over a zero-padded 5×5 plane (exact
+/// in f32: small integers).
+fn window_sums_5x5(x: &[f32]) -> [f32; 25] {
+    let mut out = [0f32; 25];
+    for (i, o) in out.iter_mut().enumerate() {
+        let (r, c) = ((i / 5) as i32, (i % 5) as i32);
+        for dr in -1..=1 {
+            for dc in -1..=1 {
+                let (rr, cc) = (r + dr, c + dc);
+                if (0..5).contains(&rr) && (0..5).contains(&cc) {
+                    *o += x[(rr * 5 + cc) as usize];
+                }
+            }
+        }
+    }
+    out
 }
 
 /// An owned tensor descriptor.
@@ -727,6 +907,28 @@ impl Drop for Dnn {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_probes_expected_output_is_the_cpu_convolution() {
+        let x: Vec<f32> = (0..25u8).map(f32::from).collect();
+        let want = window_sums_5x5(&x);
+        // The same convolution on the CPU backend's twin: a 3×3 filter of ones, padding 1.
+        let s = Conv2dShape {
+            n: 1,
+            c_in: 1,
+            h: 5,
+            w: 5,
+            c_out: 1,
+            k: 3,
+            pad: 1,
+            stride: 1,
+        };
+        let mut y = vec![0f32; 25];
+        let mut ws = vec![0f32; s.ws_len()];
+        crate::engine::cpu::ops::conv2d_fwd(&s, &x, &[1.0; 9], None, &mut y, &mut ws);
+        assert_eq!(y, want);
+        assert_eq!((want[0], want[12]), (12.0, 108.0));
+    }
 
     #[test]
     fn raw_perf_has_the_layout_of_cudnns_perf_structs() {

@@ -180,7 +180,7 @@ fn open_cudnn(primary: &Ctx) -> Result<usize, String> {
 }
 
 /// Prints `line` on stderr the first time it is asked to in this process.
-fn say_once(line: &str) {
+pub(crate) fn say_once(line: &str) {
     static SAID: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
     let mut said = SAID.lock().unwrap_or_else(|e| e.into_inner());
     if !said.iter().any(|l| l == line) {

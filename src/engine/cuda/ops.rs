@@ -740,7 +740,7 @@ impl CudaBackend {
         s: &Conv2dShape,
         ws: Region,
     ) -> Result<Region, EngineError> {
-        if self.dnn.is_some() {
+        if self.dnn_for(s).is_some() {
             Ok(ws)
         } else {
             need(op, "workspace", ws, workspace_len(s))
