@@ -60,6 +60,7 @@ pub fn resolve_backend(
             memory_bytes: found.host.memory_bytes,
             sm_count: None,
             sm_granularity: None,
+            sm_groups: None,
         },
         engine: None,
     };
@@ -84,10 +85,8 @@ pub fn resolve_backend(
                 budget: DeviceBudget {
                     memory_bytes: info.total_mem_bytes,
                     sm_count: Some(info.sm_count),
-                    sm_granularity: info
-                        .green
-                        .as_ref()
-                        .map(|g| g.sm_alignment.max(g.min_sms).max(1)),
+                    sm_granularity: info.green.as_ref().map(|g| g.unit()),
+                    sm_groups: info.green.as_ref().and_then(|g| g.groups),
                 },
                 engine: Some(engine),
             })
@@ -152,8 +151,13 @@ pub fn devices(
         let nvml = found.gpus.iter().find(|g| g.uuid == i.uuid);
         let green = match &i.green {
             Some(g) => format!(
-                "green contexts: partitions of at least {} SMs, aligned to {}",
-                g.min_sms, g.sm_alignment
+                "green contexts: partitions of at least {} SMs, aligned to {}; {}",
+                g.min_sms,
+                g.sm_alignment,
+                g.groups.map_or_else(
+                    || "the driver did not say how many groups it makes".to_string(),
+                    |n| format!("the driver makes {n} groups of {} SMs", g.unit())
+                )
             ),
             None => "green contexts: not supported".into(),
         };

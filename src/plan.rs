@@ -57,6 +57,20 @@ pub struct DeviceBudget {
     /// SMs and the partition granularity (green mode); `None` on the CPU.
     pub sm_count: Option<u32>,
     pub sm_granularity: Option<u32>,
+    /// How many groups of `sm_granularity` SMs the driver makes of the device (it can be fewer
+    /// than `sm_count / sm_granularity`: groups stay within one processing cluster); `None`: that
+    /// quotient.
+    pub sm_groups: Option<u32>,
+}
+
+impl DeviceBudget {
+    /// The SM groups partitions are made of, and their size; `None` on the CPU.
+    fn groups(&self) -> Option<(u32, u32)> {
+        let total = self.sm_count?;
+        let g = self.sm_granularity.unwrap_or(8).max(1);
+        let fit = total / g;
+        Some((self.sm_groups.map_or(fit, |n| n.min(fit)), g))
+    }
 }
 
 /// The seed of trial `index` of a job.
@@ -95,10 +109,8 @@ pub fn slices(
     } else {
         None
     };
-    let parts = match (split, dev.sm_count) {
-        (SplitMode::Green, Some(sms)) => {
-            Some(green_partitions(sms, dev.sm_granularity.unwrap_or(8), n))
-        }
+    let parts = match (split, dev.groups()) {
+        (SplitMode::Green, Some((groups, g))) => Some(partitions_of_groups(groups, g, n)),
         _ => None,
     };
     Ok((0..n)
@@ -190,11 +202,8 @@ pub fn unequal_slices(
     } else {
         None
     };
-    let sms = match (split, dev.sm_count) {
-        (SplitMode::Green, Some(total)) => {
-            let g = dev.sm_granularity.unwrap_or(8).max(1);
-            Some(unequal_sms(job, key, total, g, &weights)?)
-        }
+    let sms = match (split, dev.groups()) {
+        (SplitMode::Green, Some((groups, g))) => Some(unequal_sms(job, key, groups, g, &weights)?),
         _ => None,
     };
     Ok(Some(
@@ -209,15 +218,16 @@ pub fn unequal_slices(
     ))
 }
 
-/// SMs per slice of an unequal plan on a device of `total` SMs in groups of `g`.
+/// SMs per slice of an unequal plan on a device whose SMs make `groups` groups of `g`.
 fn unequal_sms(
     job: &Job,
     key: &str,
-    total: u32,
+    groups: u32,
     g: u32,
     weights: &[f64],
 ) -> Result<Vec<u32>, JobError> {
-    let groups = (total / g) as usize;
+    let total = groups * g;
+    let groups = groups as usize;
     let k = weights.len();
     if k > groups {
         return Err(job.invalid(
@@ -316,7 +326,13 @@ pub struct Partitions {
 /// Equal partitions of `sms` in multiples of `granularity`, as many as `n` (at least one group each).
 pub fn green_partitions(sms: u32, granularity: u32, n: u32) -> Partitions {
     let g = granularity.max(1);
-    let groups = (sms / g).max(1);
+    partitions_of_groups(sms / g, g, n)
+}
+
+/// Equal partitions of `groups` groups of `g` SMs, as many as `n` (at least one group each).
+pub fn partitions_of_groups(groups: u32, g: u32, n: u32) -> Partitions {
+    let g = g.max(1);
+    let groups = groups.max(1);
     let count = n.clamp(1, groups);
     Partitions {
         count,
@@ -364,6 +380,7 @@ pub fn largest_fitting<E>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::collections::BTreeSet;
 
     #[test]
     fn the_search_finds_the_last_size_that_fits() {
@@ -397,6 +414,7 @@ mod tests {
         memory_bytes: 1 << 30,
         sm_count: None,
         sm_granularity: None,
+        sm_groups: None,
     };
 
     #[test]
@@ -479,6 +497,7 @@ mod tests {
             memory_bytes: 80 << 30,
             sm_count: Some(132),
             sm_granularity: Some(8),
+            sm_groups: None,
         };
         let j = job("ratios: [5, 3]\nmemory: {fraction: 0.8}\n");
         let s = slices(&j, 7, SplitMode::Green, &gpu).unwrap();
@@ -499,11 +518,40 @@ mod tests {
     }
 
     #[test]
+    fn partitions_follow_the_groups_the_driver_makes() {
+        // A device whose processing clusters leave SMs over: 14 groups of 8, not 132 / 8 = 16.
+        let gpu = DeviceBudget {
+            memory_bytes: 80 << 30,
+            sm_count: Some(132),
+            sm_granularity: Some(8),
+            sm_groups: Some(14),
+        };
+        let j = job("");
+        let s = slices(&j, 34, SplitMode::Green, &gpu).unwrap();
+        let parts: BTreeSet<_> = s.iter().map(|s| s.partition).collect();
+        assert_eq!(parts.len(), 14, "one partition per group the driver makes");
+        assert!(s.iter().all(|s| s.sm_count == Some(8)));
+        let two = slices(&j, 2, SplitMode::Green, &gpu).unwrap();
+        assert_eq!((two[0].sm_count, two[1].sm_count), (Some(56), Some(56)));
+        // 14 groups split 5:3 by largest remainder: 8.75 → 9 and 5.25 → 5 groups.
+        let r = job("ratios: [5, 3]\n");
+        let s = slices(&r, 2, SplitMode::Green, &gpu).unwrap();
+        assert_eq!((s[0].sm_count, s[1].sm_count), (Some(72), Some(40)));
+        // A driver answer above what the SMs allow is not trusted.
+        let odd = DeviceBudget {
+            sm_groups: Some(40),
+            ..gpu
+        };
+        assert_eq!(odd.groups(), Some((16, 8)));
+    }
+
+    #[test]
     fn explicit_slices_round_their_sms_and_must_fit() {
         let gpu = DeviceBudget {
             memory_bytes: 80 << 30,
             sm_count: Some(132),
             sm_granularity: Some(8),
+            sm_groups: None,
         };
         let j = job("slices:\n  - {sm: 64, mem_mib: 30000}\n  - {sm: 37, mem_mib: 20000}\n  - {mem_mib: 1000}\n");
         let s = slices(&j, 3, SplitMode::Green, &gpu).unwrap();

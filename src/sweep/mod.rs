@@ -491,11 +491,13 @@ fn dry_run(
             memory_bytes: g.memory_bytes,
             sm_count: None,
             sm_granularity: None,
+            sm_groups: None,
         },
         None => plan::DeviceBudget {
             memory_bytes: found.host.memory_bytes,
             sm_count: None,
             sm_granularity: None,
+            sm_groups: None,
         },
     };
     let device = found

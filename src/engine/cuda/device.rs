@@ -47,6 +47,19 @@ pub struct GreenCaps {
     pub min_sms: u32,
     /// Partition sizes are multiples of this.
     pub sm_alignment: u32,
+    /// How many groups of the smallest partition ([`GreenCaps::unit`]) the driver makes of the
+    /// device's SMs, asked of it once: groups do not cross GPU processing clusters, so there can
+    /// be fewer than `sm_count / unit`. `None` when the driver was not asked.
+    pub groups: Option<u32>,
+}
+
+impl GreenCaps {
+    /// The smallest partition: at least the minimum, a multiple of the alignment. Partitions are
+    /// made of whole groups of this many SMs.
+    pub fn unit(&self) -> u32 {
+        let align = self.sm_alignment.max(1);
+        self.min_sms.max(1).div_ceil(align) * align
+    }
 }
 
 /// Loads the driver library and initialises it; returns the driver's CUDA version (e.g. 13000).
@@ -112,14 +125,17 @@ pub(crate) fn default_green_caps(cc: (u32, u32)) -> GreenCaps {
         0..=7 => GreenCaps {
             min_sms: 2,
             sm_alignment: 2,
+            groups: None,
         },
         8 => GreenCaps {
             min_sms: 4,
             sm_alignment: 2,
+            groups: None,
         },
         _ => GreenCaps {
             min_sms: 8,
             sm_alignment: 8,
+            groups: None,
         },
     }
 }
@@ -243,7 +259,7 @@ fn green_caps(dev: sys::CUdevice, driver: i32, cc: (u32, u32)) -> Option<GreenCa
     // SAFETY: `sm_resource` returned a resource of type SM, so the `sm` member is the live one.
     let s = unsafe { sm.__bindgen_anon_1.sm };
     let fallback = default_green_caps(cc);
-    Some(GreenCaps {
+    let mut caps = GreenCaps {
         min_sms: if s.minSmPartitionSize > 0 {
             s.minSmPartitionSize
         } else {
@@ -254,7 +270,29 @@ fn green_caps(dev: sys::CUdevice, driver: i32, cc: (u32, u32)) -> Option<GreenCa
         } else {
             fallback.sm_alignment
         },
-    })
+        groups: None,
+    };
+    caps.groups = unit_groups(&sm, caps.unit());
+    Some(caps)
+}
+
+/// How many groups of `unit` SMs the driver would split `sm` into (a simulated split: no
+/// result array); `None` if it declines.
+fn unit_groups(sm: &sys::CUdevResource, unit: u32) -> Option<u32> {
+    let mut groups = 0u32;
+    // SAFETY: a null result asks the driver only for the number of groups, written to `groups`;
+    // `sm` is the device's SM resource; a null `remaining` is allowed.
+    let r = unsafe {
+        sys::cuDevSmResourceSplitByCount(
+            std::ptr::null_mut(),
+            &mut groups,
+            sm,
+            std::ptr::null_mut(),
+            0,
+            unit,
+        )
+    };
+    (r == sys::CUresult::CUDA_SUCCESS && groups > 0).then_some(groups)
 }
 
 /// An all-zero resource, to be filled by the driver.

@@ -40,7 +40,7 @@ pub(crate) fn check_fit(count: u32, size: u32, total: u32) -> Result<(), EngineE
     Ok(())
 }
 
-/// Splits the device's SMs into `count` groups of `sms_each` SMs (rounded to the device's
+/// Splits the device's SMs into `count` partitions of `sms_each` SMs (rounded to the device's
 /// granularity) and creates a green context on each, with every kernel module loaded.
 pub(crate) fn create(
     device: &Arc<Device>,
@@ -48,54 +48,23 @@ pub(crate) fn create(
     count: u32,
     sms_each: u32,
 ) -> Result<Vec<Arc<GreenPartition>>, EngineError> {
-    let caps = device.info.green.ok_or_else(|| {
-        EngineError::Device("green contexts are not supported by this device or driver".into())
-    })?;
+    let caps = green_caps(device)?;
     let size = partition_size(sms_each, caps);
     check_fit(count, size, device.info.sm_count)?;
-    let groups = split(device.dev, count, size)?;
-    let mut parts = Vec::with_capacity(groups.len());
-    for (index, mut group) in (0u32..).zip(groups) {
-        // SAFETY: the split returned SM resources, so `sm` is the live union member.
-        let sm_count = unsafe { group.__bindgen_anon_1.sm.smCount };
-        let green = create_green(device.dev, &mut group)?;
-        let ctx = Ctx::green(Arc::clone(device), green, compiled)?;
-        parts.push(Arc::new(GreenPartition {
-            index,
-            sm_count,
-            ctx,
-        }));
-    }
-    Ok(parts)
+    build(device, compiled, caps, &vec![size; count as usize])
 }
 
-/// Creates one green context per entry of `sizes`, on disjoint SM groups of (at least) that many
-/// SMs each, each rounded up to the device's granularity: partitions of unequal size, made by
-/// splitting one group off the SMs left over at a time.
+/// Creates one green context per entry of `sizes`, on disjoint SMs of (at least) that many SMs
+/// each, each rounded up to the device's granularity: partitions of unequal size.
 pub(crate) fn create_sized(
     device: &Arc<Device>,
     compiled: &[CompiledModule],
     sizes: &[u32],
 ) -> Result<Vec<Arc<GreenPartition>>, EngineError> {
-    let caps = device.info.green.ok_or_else(|| {
-        EngineError::Device("green contexts are not supported by this device or driver".into())
-    })?;
+    let caps = green_caps(device)?;
     let sizes: Vec<u32> = sizes.iter().map(|&s| partition_size(s, caps)).collect();
     check_fit_sized(&sizes, device.info.sm_count)?;
-    let groups = split_sized(device.dev, &sizes)?;
-    let mut parts = Vec::with_capacity(groups.len());
-    for (index, mut group) in (0u32..).zip(groups) {
-        // SAFETY: the split returned SM resources, so `sm` is the live union member.
-        let sm_count = unsafe { group.__bindgen_anon_1.sm.smCount };
-        let green = create_green(device.dev, &mut group)?;
-        let ctx = Ctx::green(Arc::clone(device), green, compiled)?;
-        parts.push(Arc::new(GreenPartition {
-            index,
-            sm_count,
-            ctx,
-        }));
-    }
-    Ok(parts)
+    build(device, compiled, caps, &sizes)
 }
 
 /// Checks that partitions of `sizes` SMs fit together on `total` SMs.
@@ -116,48 +85,64 @@ pub(crate) fn check_fit_sized(sizes: &[u32], total: u32) -> Result<(), EngineErr
     Ok(())
 }
 
-/// One SM group per entry of `sizes`: each split off what the previous splits left over.
-fn split_sized(dev: sys::CUdevice, sizes: &[u32]) -> Result<Vec<sys::CUdevResource>, EngineError> {
-    let mut rest = sm_resource(dev)?;
-    let mut groups = Vec::with_capacity(sizes.len());
-    for (i, &size) in sizes.iter().enumerate() {
-        let mut group = [empty_resource()];
-        let mut remaining = empty_resource();
-        let mut made = 1u32;
-        // SAFETY: `group` has room for one resource; `rest` is an SM resource (the device's, or
-        // what the previous split left over); `remaining` receives the SMs left over now.
-        let r = unsafe {
-            sys::cuDevSmResourceSplitByCount(
-                group.as_mut_ptr(),
-                &mut made,
-                &rest,
-                &mut remaining,
-                0,
-                size,
-            )
-        };
-        check(r, "cuDevSmResourceSplitByCount")?;
-        if made < 1 {
-            return Err(EngineError::Device(format!(
-                "green contexts: the driver could not split partition {i} of {size} SMs off the SMs left over"
-            )));
-        }
-        groups.push(group[0]);
-        rest = remaining;
-    }
-    Ok(groups)
+fn green_caps(device: &Device) -> Result<GreenCaps, EngineError> {
+    device.info.green.ok_or_else(|| {
+        EngineError::Device("green contexts are not supported by this device or driver".into())
+    })
 }
 
-/// `count` disjoint SM groups of at least `size` SMs each.
-fn split(
+/// How many groups of `unit` SMs make a partition of `size` SMs.
+pub(crate) fn units_of(size: u32, unit: u32) -> u32 {
+    size.div_ceil(unit.max(1)).max(1)
+}
+
+/// The partitions of `sizes` SMs (already rounded to the granularity). The device's SMs are
+/// split once into groups of the smallest partition, and each partition takes as many
+/// consecutive groups as it needs, in one descriptor: the driver splits only the device's own
+/// SM resource (its outputs cannot be split again), and several groups of one split may make
+/// one descriptor.
+fn build(
+    device: &Arc<Device>,
+    compiled: &[CompiledModule],
+    caps: GreenCaps,
+    sizes: &[u32],
+) -> Result<Vec<Arc<GreenPartition>>, EngineError> {
+    let unit = caps.unit();
+    let units: Vec<u32> = sizes.iter().map(|&s| units_of(s, unit)).collect();
+    let need: u32 = units.iter().sum();
+    let mut groups = split_units(device.dev, unit, need, device.info.sm_count)?;
+    let mut parts = Vec::with_capacity(sizes.len());
+    let mut next = 0usize;
+    for (index, &k) in (0u32..).zip(&units) {
+        let mine = &mut groups[next..next + k as usize];
+        next += k as usize;
+        // SAFETY: the split returned SM resources, so `sm` is the live union member.
+        let sm_count = mine
+            .iter()
+            .map(|g| unsafe { g.__bindgen_anon_1.sm.smCount })
+            .sum();
+        let green = create_green(device.dev, mine)?;
+        let ctx = Ctx::green(Arc::clone(device), green, compiled)?;
+        parts.push(Arc::new(GreenPartition {
+            index,
+            sm_count,
+            ctx,
+        }));
+    }
+    Ok(parts)
+}
+
+/// `need` disjoint groups of `unit` SMs, from one split of the device's SM resource.
+fn split_units(
     dev: sys::CUdevice,
-    count: u32,
-    size: u32,
+    unit: u32,
+    need: u32,
+    total: u32,
 ) -> Result<Vec<sys::CUdevResource>, EngineError> {
     let input = sm_resource(dev)?;
-    let mut groups = vec![empty_resource(); count as usize];
+    let mut groups = vec![empty_resource(); need as usize];
     let mut remaining = empty_resource();
-    let mut made = count;
+    let mut made = need;
     // SAFETY: `groups` has room for `made` resources; `input` is the device's SM resource;
     // `remaining` receives the SMs left over.
     let r = unsafe {
@@ -167,28 +152,31 @@ fn split(
             &input,
             &mut remaining,
             0,
-            size,
+            unit,
         )
     };
     check(r, "cuDevSmResourceSplitByCount")?;
-    if made < count {
+    if made < need {
         return Err(EngineError::Device(format!(
-            "green contexts: the driver could make only {made} of {count} partitions of {size} SMs"
+            "green contexts: the partitions need {need} groups of {unit} SMs, and the driver makes only {made} of this device's {total} SMs (groups stay within one processing cluster)"
         )));
     }
-    groups.truncate(count as usize);
+    groups.truncate(need as usize);
     Ok(groups)
 }
 
-/// A green context on one SM group.
+/// A green context on one or more SM groups of one split.
 fn create_green(
     dev: sys::CUdevice,
-    group: &mut sys::CUdevResource,
+    groups: &mut [sys::CUdevResource],
 ) -> Result<sys::CUgreenCtx, EngineError> {
+    let count = u32::try_from(groups.len())
+        .map_err(|_| EngineError::Device("green contexts: too many SM groups".into()))?;
     let mut desc = std::ptr::null_mut();
-    // SAFETY: `group` is one SM resource from the split; writes one descriptor handle.
+    // SAFETY: `groups` holds `count` SM resources from one split of the device's SM resource
+    // (same alignment); writes one descriptor handle.
     check(
-        unsafe { sys::cuDevResourceGenerateDesc(&mut desc, group, 1) },
+        unsafe { sys::cuDevResourceGenerateDesc(&mut desc, groups.as_mut_ptr(), count) },
         "cuDevResourceGenerateDesc",
     )?;
     let mut green = std::ptr::null_mut();
@@ -209,6 +197,7 @@ mod tests {
     const H100: GreenCaps = GreenCaps {
         min_sms: 8,
         sm_alignment: 8,
+        groups: Some(16),
     };
 
     #[test]
@@ -220,9 +209,22 @@ mod tests {
         let loose = GreenCaps {
             min_sms: 0,
             sm_alignment: 0,
+            groups: None,
         };
         assert_eq!(partition_size(3, loose), 3);
         assert_eq!(partition_size(0, loose), 1);
+        assert_eq!(H100.unit(), 8);
+        assert_eq!(loose.unit(), 1);
+        let ampere = GreenCaps {
+            min_sms: 4,
+            sm_alignment: 2,
+            groups: None,
+        };
+        assert_eq!(ampere.unit(), 4);
+        // A partition is whole groups of the unit: 80 + 48 SMs are 10 + 6 groups of 8.
+        assert_eq!(units_of(80, H100.unit()), 10);
+        assert_eq!(units_of(48, H100.unit()), 6);
+        assert_eq!(units_of(partition_size(6, ampere), ampere.unit()), 2);
     }
 
     #[test]
