@@ -13,7 +13,7 @@ use crate::engine::BackendKind;
 use crate::error::{Error, Result};
 use crate::gpu::{self, Discovery};
 use crate::job::{BackendChoice, EngineOptions, Job, SplitMode};
-use crate::plan::{self, DeviceBudget, Round, MIB};
+use crate::plan::{self, DeviceBudget, Round, SliceSpec, MIB};
 use crate::report::{self, ProgressRow, RunRow, TrialRow};
 use crate::sched::cancel::Cancel;
 use crate::sched::{self, Device, Event, RoundContext, RoundOutcome, TrialOutcome, TrialState};
@@ -367,6 +367,16 @@ pub fn mps_daemon_running() -> bool {
 /// `gpumux fib`: every round of the job; writes the CSVs row by row, the plots and the summary.
 pub fn fib(job: &Job, opts: &FibOptions, out: &mut dyn Write) -> Result<PathBuf> {
     job.model()?;
+    // `splits` is read by fib only (parallel and batch-scan take `split`), so it is checked here.
+    if job.file.backend == BackendChoice::Cpu {
+        if let Some(m) = job.file.splits.iter().find(|m| m.gpu_only()) {
+            return Err(Error::Usage(format!(
+                "{}: `splits` lists {m}, which needs a GPU, but the job says backend: cpu \
+                 (remove {m}, or use backend: auto)",
+                job.path.display()
+            )));
+        }
+    }
     let found = gpu::discover();
     let r = resolve_backend(job.file.backend, &found, &job.file.engine)?;
     eprintln!("{}", r.note);
@@ -527,7 +537,41 @@ pub fn fib(job: &Job, opts: &FibOptions, out: &mut dyn Write) -> Result<PathBuf>
     }
     bar.finish_and_clear();
     finish(&dir, &runs, &trials, out)?;
+    let ok: u32 = runs.iter().map(|r| r.ok).sum();
+    if ok == 0 && !runs.is_empty() {
+        return Err(Error::TrialsFailed(format!(
+            "every trial failed ({total} of {total}); trials.csv in {} gives each one's reason",
+            dir.display()
+        )));
+    }
     Ok(dir)
+}
+
+/// The mean of a slice figure over a round's slices; `None` when the slices do not have it.
+fn mean_of(slices: &[SliceSpec], value: impl Fn(&SliceSpec) -> Option<f64>) -> Option<f64> {
+    let values: Vec<f64> = slices.iter().filter_map(value).collect();
+    (!values.is_empty()).then(|| values.iter().sum::<f64>() / values.len() as f64)
+}
+
+/// runs.csv's `slice_plan`: each slice's SMs and cap when they differ between slices, else empty.
+fn slice_plan(slices: &[SliceSpec]) -> String {
+    let equal = slices
+        .windows(2)
+        .all(|w| (w[0].sm_count, w[0].mem_cap_bytes) == (w[1].sm_count, w[1].mem_cap_bytes));
+    if equal {
+        return String::new();
+    }
+    slices
+        .iter()
+        .map(|s| {
+            let sm = s.sm_count.map(|c| format!("{c}sm/")).unwrap_or_default();
+            let cap = s
+                .cap_mib()
+                .map_or_else(|| "uncapped".to_string(), |c| format!("{c:.0}MiB"));
+            format!("{sm}{cap}")
+        })
+        .collect::<Vec<_>>()
+        .join(";")
 }
 
 /// How many trials of a round are in each state, for the progress line.
@@ -557,12 +601,15 @@ fn finish(dir: &Path, runs: &[RunRow], trials: &[TrialRow], out: &mut dyn Write)
 }
 
 fn print_paths(paths: &report::ReportPaths, out: &mut dyn Write) -> Result<()> {
-    for p in [
-        &paths.time_per_training,
-        &paths.samples_per_s,
-        &paths.summary,
-    ] {
+    for p in [&paths.time_per_training, &paths.samples_per_s]
+        .into_iter()
+        .flatten()
+        .chain([&paths.summary])
+    {
         say(out, format!("wrote {}", p.display()))?;
+    }
+    if paths.time_per_training.is_none() {
+        say(out, "no charts: no round completed a trial")?;
     }
     Ok(())
 }
@@ -688,9 +735,10 @@ fn run_row(
         split: round.split.to_string(),
         n: round.n,
         slices: round.slices.len() as u32,
-        sm_per_slice: round.slices.first().and_then(|s| s.sm_count).map(f64::from),
+        sm_per_slice: mean_of(&round.slices, |s| s.sm_count.map(f64::from)),
         slices_per_partition: partitions.map(|p| round.slices.len() as f64 / p as f64),
-        mem_cap_mib: round.slices.first().and_then(|s| s.cap_mib()),
+        mem_cap_mib: mean_of(&round.slices, SliceSpec::cap_mib),
+        slice_plan: slice_plan(&round.slices),
         makespan_s: outcome.makespan_s,
         time_per_training_s: outcome.makespan_s / round.n as f64,
         samples_per_s: samples as f64 / makespan,
@@ -740,4 +788,34 @@ pub fn worker() -> Result<()> {
 /// Split modes, parsed from a comma list.
 pub fn parse_splits(s: &str) -> std::result::Result<Vec<SplitMode>, String> {
     s.split(',').map(|p| p.trim().parse()).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn slice(index: u32, sm: Option<u32>, mib: Option<u64>) -> SliceSpec {
+        SliceSpec {
+            index,
+            mem_cap_bytes: mib.map(|m| m << 20),
+            sm_count: sm,
+            partition: sm.map(|_| index),
+        }
+    }
+
+    #[test]
+    fn unequal_slices_are_listed_and_averaged_in_runs_csv() {
+        let unequal = [
+            slice(0, Some(80), Some(30_000)),
+            slice(1, Some(48), Some(20_000)),
+        ];
+        assert_eq!(slice_plan(&unequal), "80sm/30000MiB;48sm/20000MiB");
+        assert_eq!(mean_of(&unequal, |s| s.sm_count.map(f64::from)), Some(64.0));
+        assert_eq!(mean_of(&unequal, SliceSpec::cap_mib), Some(25_000.0));
+        let equal = [slice(0, None, Some(100)), slice(1, None, Some(100))];
+        assert_eq!(slice_plan(&equal), "");
+        assert_eq!(mean_of(&equal, |s| s.sm_count.map(f64::from)), None);
+        let mixed = [slice(0, None, Some(100)), slice(1, None, None)];
+        assert_eq!(slice_plan(&mixed), "100MiB;uncapped");
+    }
 }

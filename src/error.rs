@@ -4,9 +4,10 @@ use std::path::PathBuf;
 
 /// Exit codes are part of the interface: scripts (Slurm jobs included) branch on them.
 pub mod exit {
-    /// Everything asked for was done (`fib` records failed trials as data and still exits 0).
+    /// Everything asked for was done (`fib` records failed trials as data and still exits 0, unless
+    /// every trial failed).
     pub const OK: i32 = 0;
-    /// Some trials of a sweep failed, or an unexpected failure (results could not be written).
+    /// Some trials of a sweep failed, every trial of a `fib` failed, or an unexpected failure (results could not be written).
     pub const FAILURE: i32 = 1;
     /// Bad input: the job file, a flag, or a data file named by them.
     pub const BAD_INPUT: i32 = 2;
@@ -154,7 +155,7 @@ pub enum Error {
     /// A sweep was interrupted by a signal; what completed is recorded.
     #[error("interrupted: {0}")]
     Interrupted(String),
-    /// A sweep finished, but some of its trials failed.
+    /// A sweep finished but some of its trials failed, or a `fib` finished with none completed.
     #[error("{0}")]
     TrialsFailed(String),
 }

@@ -147,6 +147,31 @@ fn a_trial_over_its_cap_fails_alone_and_at_once() {
     assert_eq!(adam["epochs"], "0", "it never started");
 }
 
+#[test]
+fn a_fib_whose_every_trial_fails_says_so_and_exits_1() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let job = job(
+        dir.path(),
+        "none.yaml",
+        "model: {kind: mlp, hidden: [512]}\ndata: {source: synthetic, train_samples: 256, test_samples: 64}\n\
+         train: {epochs: 1}\nn: [1, 2]\nsplits: [logical]\nmemory: {mib_per_slice: 0.5}\nbackend: cpu\n",
+    );
+    let out = dir.path().join("out");
+    let o = gpumux(
+        dir.path(),
+        &["fib", job.to_str().unwrap(), "--out", out.to_str().unwrap()],
+    );
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("every trial failed (3 of 3)") && !stderr(&o).contains("to plot"),
+        "{}",
+        stderr(&o)
+    );
+    assert!(stdout(&o).contains("no charts: no round completed a trial"));
+    assert_eq!(read_csv(&out.join("trials.csv")).len(), 3);
+    assert!(out.join("summary.txt").exists() && !out.join("time_per_training.svg").exists());
+}
+
 fn fault_job(dir: &std::path::Path, kind: &str, split: &str) -> std::path::PathBuf {
     job(
         dir,

@@ -194,6 +194,17 @@ fn explicit_slices_on_the_cpu_say_that_sms_do_not_apply() {
         "{out}"
     );
     assert!(!dir.path().join("out").exists(), "a dry run writes nothing");
+    // `splits` is fib's list: a GPU-only mode there does not stop a CPU parallel run.
+    let fib_job = common::job(
+        dir.path(),
+        "with-green.yaml",
+        &format!("{JOB}splits: [logical, green]\n"),
+    );
+    let o = gpumux(
+        dir.path(),
+        &["parallel", fib_job.to_str().unwrap(), "--dry-run"],
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     // Green slices need a GPU: a clear error, not a crash.
     let o = gpumux(
         dir.path(),

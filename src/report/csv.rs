@@ -252,6 +252,7 @@ pub(crate) mod tests {
             epochs: 2,
             ok: n,
             failed: 0,
+            slice_plan: String::new(),
         }
     }
 
@@ -315,6 +316,7 @@ pub(crate) mod tests {
         full.gpu_mem_peak_mib = Some(40_000.5);
         full.power_w_mean = Some(612.0);
         full.sm_clock_mhz_mean = Some(1_755.5);
+        full.slice_plan = "80sm/30000MiB;48sm/20000MiB".into();
         let runs = vec![run_row("shared", 1, 12.5), full];
         let mut failed = trial_row("t1", "mps", None, None);
         failed.error = "needs 9.0 MiB, slice cap 8.0 MiB, \"quoted\"\nsecond line".into();
@@ -343,7 +345,8 @@ pub(crate) mod tests {
         let power = names.iter().position(|n| *n == "power_w_mean").unwrap();
         assert_eq!(names[power + 1], "sm_clock_mhz_mean");
         assert_eq!(names[power + 2], "proc_mem_peak_mib");
-        assert_eq!(names.len(), 21);
+        assert_eq!(names.len(), 22);
+        assert_eq!(names[21], "slice_plan");
     }
 
     #[test]

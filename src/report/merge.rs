@@ -7,7 +7,10 @@ use std::path::{Path, PathBuf};
 
 use super::csv::{read_progress, read_runs, read_trials, ReportWriter};
 use super::csv::{PROGRESS_CSV, RUNS_CSV, TRIALS_CSV};
-use super::plot::{plot_samples_per_s, plot_time_per_training};
+use super::plot::{
+    plot_samples_per_s, plot_time_per_training, samples_per_s_plottable,
+    time_per_training_plottable,
+};
 use super::summary::summary_text;
 use super::{ProgressRow, RunRow, TrialRow};
 use crate::error::ReportError;
@@ -25,8 +28,9 @@ pub type Rows = (Vec<RunRow>, Vec<TrialRow>, Vec<ProgressRow>);
 /// The files [`write_report`] wrote.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ReportPaths {
-    pub time_per_training: PathBuf,
-    pub samples_per_s: PathBuf,
+    /// `None` when no round completed a trial: there is no point to draw.
+    pub time_per_training: Option<PathBuf>,
+    pub samples_per_s: Option<PathBuf>,
     pub summary: PathBuf,
 }
 
@@ -105,20 +109,45 @@ pub fn write_report(
         path: dir.to_path_buf(),
         source,
     })?;
+    let time_path = dir.join(TIME_PER_TRAINING_SVG);
+    let time_per_training = if time_per_training_plottable(runs) {
+        let title = chart_title("Time per training", runs);
+        plot_time_per_training(runs, &time_path, &title)?;
+        Some(time_path)
+    } else {
+        remove_stale(&time_path)?;
+        None
+    };
+    let sps_path = dir.join(SAMPLES_PER_S_SVG);
+    let samples_per_s = if samples_per_s_plottable(runs) {
+        let title = chart_title("Training samples/s", runs);
+        plot_samples_per_s(runs, &sps_path, &title)?;
+        Some(sps_path)
+    } else {
+        remove_stale(&sps_path)?;
+        None
+    };
     let paths = ReportPaths {
-        time_per_training: dir.join(TIME_PER_TRAINING_SVG),
-        samples_per_s: dir.join(SAMPLES_PER_S_SVG),
+        time_per_training,
+        samples_per_s,
         summary: dir.join(SUMMARY_TXT),
     };
-    let title = chart_title("Time per training", runs);
-    plot_time_per_training(runs, &paths.time_per_training, &title)?;
-    let title = chart_title("Training samples/s", runs);
-    plot_samples_per_s(runs, &paths.samples_per_s, &title)?;
     fs::write(&paths.summary, summary_text(runs, trials)).map_err(|source| ReportError::Io {
         path: paths.summary.clone(),
         source,
     })?;
     Ok(paths)
+}
+
+/// Removes a chart left by an earlier run in the same folder, which would no longer match its CSVs.
+fn remove_stale(path: &Path) -> Result<(), ReportError> {
+    match fs::remove_file(path) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(ReportError::Io {
+            path: path.to_path_buf(),
+            source: e,
+        }),
+        _ => Ok(()),
+    }
 }
 
 /// Merges `dirs` into `out`: the deduplicated CSV files, then the charts and summary.
@@ -202,9 +231,9 @@ mod tests {
         );
         let paths = merge_into(&[a], &out).unwrap();
         assert_eq!(read_runs(&out).unwrap(), runs);
-        let svg = fs::read_to_string(&paths.time_per_training).unwrap();
+        let svg = fs::read_to_string(paths.time_per_training.unwrap()).unwrap();
         assert!(svg.contains("Time per training against N: mlp on mnist-10k"));
-        assert!(fs::metadata(&paths.samples_per_s).unwrap().len() > 1000);
+        assert!(fs::metadata(paths.samples_per_s.unwrap()).unwrap().len() > 1000);
         let summary = fs::read_to_string(&paths.summary).unwrap();
         assert!(
             summary.contains("green: N = 2") && summary.contains("best trial t0"),

@@ -61,6 +61,11 @@ pub struct RunRow {
     pub epochs: u32,
     pub ok: u32,
     pub failed: u32,
+    /// Each slice's SMs and cap when the slices are unequal (`slices:` or `ratios:` in the job),
+    /// e.g. `80sm/30000MiB;48sm/20000MiB`; empty when they are equal. `sm_per_slice` and
+    /// `mem_cap_mib` then hold the mean over the slices.
+    #[serde(default)]
+    pub slice_plan: String,
 }
 
 /// One row of `trials.csv`: one trial.

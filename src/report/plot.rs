@@ -58,6 +58,16 @@ pub fn plot_samples_per_s(runs: &[RunRow], path: &Path, title: &str) -> Result<(
     plot(runs, path, title, &SAMPLES_PER_S)
 }
 
+/// Whether `plot_time_per_training` has a point to draw: some round completed a trial.
+pub fn time_per_training_plottable(runs: &[RunRow]) -> bool {
+    !collect_series(runs, &TIME_PER_TRAINING).is_empty()
+}
+
+/// Whether `plot_samples_per_s` has a point to draw.
+pub fn samples_per_s_plottable(runs: &[RunRow]) -> bool {
+    !collect_series(runs, &SAMPLES_PER_S).is_empty()
+}
+
 /// One line of a chart: its legend name, every round's point, and the mean at each N.
 struct Series {
     name: String,
@@ -465,6 +475,8 @@ mod tests {
         assert!(matches!(err, ReportError::Invalid(_)));
         let mut failed = rounds();
         failed.iter_mut().for_each(|r| r.ok = 0);
+        assert!(!samples_per_s_plottable(&failed) && !time_per_training_plottable(&failed));
+        assert!(time_per_training_plottable(&rounds()));
         let err = plot_samples_per_s(&failed, &path, "t").unwrap_err();
         assert!(err.to_string().contains("no round with a completed trial"));
         assert!(!path.exists());

@@ -95,7 +95,15 @@ fn columns(runs: &[RunRow]) -> Vec<Column> {
         column("speedup", true, |_, s| opt(s, 2)),
         column("samples/s", true, |r, _| format!("{:.1}", r.samples_per_s)),
         column("ok/failed", true, |r, _| format!("{}/{}", r.ok, r.failed)),
-        column("mem cap MiB", true, |r, _| opt(r.mem_cap_mib, 0)),
+        column("mem cap MiB", true, |r, _| {
+            // Caps under 10 MiB (tests, small models) keep a decimal so that they do not read 0.
+            let decimals = if r.mem_cap_mib.is_some_and(|c| c < 10.0) {
+                1
+            } else {
+                0
+            };
+            opt(r.mem_cap_mib, decimals)
+        }),
     ]);
     if runs.iter().any(|r| r.gpu_util_mean.is_some()) {
         cols.push(column("gpu util %", true, |r, _| opt(r.gpu_util_mean, 1)));
@@ -332,6 +340,9 @@ pub fn format_best_n(best: &[BestN]) -> String {
             .any(|b| (&b.model, &b.dataset) != (&f.model, &f.dataset))
     });
     let mut text = String::from("lowest time per training:\n");
+    if best.is_empty() {
+        text += "  none: no round completed a trial\n";
+    }
     for b in best {
         let what = if mixed {
             format!("{}/{} ", b.model, b.dataset)
