@@ -20,3 +20,12 @@ pub mod telemetry;
 pub mod train;
 
 pub use error::{Error, Result};
+
+/// The repository root for tests: `GPUMUX_ROOT` when set (test binaries built here and run in a
+/// copy of the tree elsewhere, as the GPU check does), else where the crate was built.
+#[cfg(test)]
+pub(crate) fn test_root() -> std::path::PathBuf {
+    std::env::var_os("GPUMUX_ROOT")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")))
+}

@@ -6,7 +6,7 @@ use std::hash::{Hash, Hasher};
 use std::time::Instant;
 
 fn repo_data() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("data/mnist-10k")
+    crate::test_root().join("data/mnist-10k")
 }
 
 /// A hash of every image of a split.
@@ -130,8 +130,8 @@ fn mnist_10k_from_a_folder_matches_the_builtin_copy() {
     assert_eq!(s.load(None, 3).unwrap(), builtin);
     // A relative path is taken from `base`.
     s.path = Some(PathBuf::from("data/mnist-10k"));
-    let base = Path::new(env!("CARGO_MANIFEST_DIR"));
-    assert_eq!(s.load(Some(base), 3).unwrap(), builtin);
+    let base = crate::test_root();
+    assert_eq!(s.load(Some(&base), 3).unwrap(), builtin);
     // Uncompressed copies read the same.
     let dir = tempfile::tempdir().unwrap();
     for name in SINGLE {

@@ -1221,7 +1221,7 @@ mod tests {
 
     #[test]
     fn the_shipped_sweep_runs_the_fake_trainer() {
-        let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+        let root = crate::test_root();
         let job = crate::job::Job::load(&root.join("jobs/sweep-external.yaml")).unwrap();
         let argv = render(
             job.file.command.as_deref().unwrap(),

@@ -5,9 +5,12 @@
 use std::path::{Path, PathBuf};
 use std::process::Output;
 
-/// The repository root (tests run with it as the current directory).
+/// The repository root (tests run with it as the current directory): `GPUMUX_ROOT` when set
+/// (test binaries carried to a copy of the tree elsewhere), else where the crate was built.
 pub fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+    std::env::var_os("GPUMUX_ROOT")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")))
 }
 
 /// Runs gpumux with `args` in `cwd`.
