@@ -104,60 +104,19 @@ fn probe_with(handle: dnn::cudnnHandle_t) -> Result<(), EngineError> {
         pad: 1,
         stride: 1,
     };
-    let (x, y, w) = (tensor(1, 1, 5, 5)?, tensor(1, 1, 5, 5)?, filter(&s)?);
+    let x = tensor(s.n, s.c_in, s.h, s.w)?;
+    let y = tensor(s.n, s.c_out, s.h_out(), s.w_out())?;
+    let w = filter(&s)?;
     let conv = convolution(&s, dnn::cudnnMathType_t::CUDNN_FMA_MATH)?;
-    let mut raw = [RawPerf::default(); RANKED];
-    let mut count = 0;
-    // SAFETY: handle and descriptors are live; `raw` holds RANKED perf entries (see RawPerf).
-    unsafe {
-        check_dnn(
-            dnn::cudnnGetConvolutionBackwardDataAlgorithm_v7(
-                handle,
-                w.0,
-                y.0,
-                conv.0,
-                x.0,
-                RANKED as i32,
-                &mut count,
-                raw.as_mut_ptr().cast(),
-            ),
-            "cudnnGetConvolutionBackwardDataAlgorithm_v7",
-        )?;
-        check_dnn(
-            dnn::cudnnGetConvolutionBackwardFilterAlgorithm_v7(
-                handle,
-                x.0,
-                y.0,
-                conv.0,
-                w.0,
-                RANKED as i32,
-                &mut count,
-                raw.as_mut_ptr().cast(),
-            ),
-            "cudnnGetConvolutionBackwardFilterAlgorithm_v7",
-        )?;
-        check_dnn(
-            dnn::cudnnGetConvolutionForwardAlgorithm_v7(
-                handle,
-                x.0,
-                w.0,
-                conv.0,
-                y.0,
-                RANKED as i32,
-                &mut count,
-                raw.as_mut_ptr().cast(),
-            ),
-            "cudnnGetConvolutionForwardAlgorithm_v7",
-        )?;
-    }
-    let offer = pick(&offers(&raw, count, 8), 64 << 20, false, false).ok_or_else(|| {
+    let ranked = ranked(handle, &x, &y, &w, &conv)?;
+    let offer = pick(&ranked.fwd, 64 << 20, false, false).ok_or_else(|| {
         EngineError::Device("cuDNN offers no FP32 forward algorithm for a 3×3 convolution".into())
     })?;
     let algo = fwd_algo(offer.algo).ok_or_else(|| {
         EngineError::Device(format!("cuDNN offers unknown algorithm {}", offer.algo))
     })?;
     let mut ws_bytes = 0usize;
-    // SAFETY: as above; writes one size.
+    // SAFETY: the handle and descriptors are live; writes one size.
     check_dnn(
         unsafe {
             dnn::cudnnGetConvolutionForwardWorkspaceSize(
@@ -462,6 +421,75 @@ unsafe impl Send for Dnn {}
 
 const RANKED: usize = 16;
 
+/// cuDNN's ranked offers for each direction of one convolution.
+struct Ranked {
+    fwd: Vec<Offer>,
+    data: Vec<Offer>,
+    filter: Vec<Offer>,
+}
+
+/// Asks cuDNN's heuristics (`cudnnGet*Algorithm_v7`) for the ranked forward, backward-data and
+/// backward-filter algorithms of the convolution `conv` from `x` through `w` to `y`.
+fn ranked(
+    handle: dnn::cudnnHandle_t,
+    x: &TensorDesc,
+    y: &TensorDesc,
+    w: &FilterDesc,
+    conv: &ConvDesc,
+) -> Result<Ranked, EngineError> {
+    let mut raw = [RawPerf::default(); RANKED];
+    let mut count = 0;
+    // SAFETY: the handle and descriptors are live; `raw` holds RANKED entries laid out as the
+    // perf struct (see RawPerf), of which cuDNN writes `count`.
+    let r = unsafe {
+        dnn::cudnnGetConvolutionForwardAlgorithm_v7(
+            handle,
+            x.0,
+            w.0,
+            conv.0,
+            y.0,
+            RANKED as i32,
+            &mut count,
+            raw.as_mut_ptr().cast(),
+        )
+    };
+    check_dnn(r, "cudnnGetConvolutionForwardAlgorithm_v7")?;
+    let fwd = offers(&raw, count, 8);
+    let mut raw = [RawPerf::default(); RANKED];
+    // SAFETY: as above.
+    let r = unsafe {
+        dnn::cudnnGetConvolutionBackwardDataAlgorithm_v7(
+            handle,
+            w.0,
+            y.0,
+            conv.0,
+            x.0,
+            RANKED as i32,
+            &mut count,
+            raw.as_mut_ptr().cast(),
+        )
+    };
+    check_dnn(r, "cudnnGetConvolutionBackwardDataAlgorithm_v7")?;
+    let data = offers(&raw, count, 6);
+    let mut raw = [RawPerf::default(); RANKED];
+    // SAFETY: as above.
+    let r = unsafe {
+        dnn::cudnnGetConvolutionBackwardFilterAlgorithm_v7(
+            handle,
+            x.0,
+            y.0,
+            conv.0,
+            w.0,
+            RANKED as i32,
+            &mut count,
+            raw.as_mut_ptr().cast(),
+        )
+    };
+    check_dnn(r, "cudnnGetConvolutionBackwardFilterAlgorithm_v7")?;
+    let filter = offers(&raw, count, 7);
+    Ok(Ranked { fwd, data, filter })
+}
+
 fn fwd_algo(a: u32) -> Option<dnn::cudnnConvolutionFwdAlgo_t> {
     use dnn::cudnnConvolutionFwdAlgo_t as A;
     Some(match a {
@@ -559,56 +587,7 @@ impl Dnn {
                 "cuDNN sizes the output of {s:?} as {n}×{c}×{h}×{wd}, not {want:?}"
             )));
         }
-        let mut raw = [RawPerf::default(); RANKED];
-        let mut count = 0;
-        // SAFETY: the handle and descriptors are live; `raw` holds RANKED entries laid out as
-        // the perf struct (see RawPerf), of which cuDNN writes `count`.
-        let r = unsafe {
-            dnn::cudnnGetConvolutionForwardAlgorithm_v7(
-                self.handle,
-                x.0,
-                w.0,
-                conv.0,
-                y.0,
-                RANKED as i32,
-                &mut count,
-                raw.as_mut_ptr().cast(),
-            )
-        };
-        check_dnn(r, "cudnnGetConvolutionForwardAlgorithm_v7")?;
-        let fwd = offers(&raw, count, 8);
-        let mut raw = [RawPerf::default(); RANKED];
-        // SAFETY: as above.
-        let r = unsafe {
-            dnn::cudnnGetConvolutionBackwardDataAlgorithm_v7(
-                self.handle,
-                w.0,
-                y.0,
-                conv.0,
-                x.0,
-                RANKED as i32,
-                &mut count,
-                raw.as_mut_ptr().cast(),
-            )
-        };
-        check_dnn(r, "cudnnGetConvolutionBackwardDataAlgorithm_v7")?;
-        let data = offers(&raw, count, 6);
-        let mut raw = [RawPerf::default(); RANKED];
-        // SAFETY: as above.
-        let r = unsafe {
-            dnn::cudnnGetConvolutionBackwardFilterAlgorithm_v7(
-                self.handle,
-                x.0,
-                y.0,
-                conv.0,
-                w.0,
-                RANKED as i32,
-                &mut count,
-                raw.as_mut_ptr().cast(),
-            )
-        };
-        check_dnn(r, "cudnnGetConvolutionBackwardFilterAlgorithm_v7")?;
-        let filter = offers(&raw, count, 7);
+        let Ranked { fwd, data, filter } = ranked(self.handle, &x, &y, &w, &conv)?;
         Ok(ShapePlan {
             shape: *s,
             x,
