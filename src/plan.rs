@@ -323,12 +323,6 @@ pub struct Partitions {
     pub sm_per_partition: u32,
 }
 
-/// Equal partitions of `sms` in multiples of `granularity`, as many as `n` (at least one group each).
-pub fn green_partitions(sms: u32, granularity: u32, n: u32) -> Partitions {
-    let g = granularity.max(1);
-    partitions_of_groups(sms / g, g, n)
-}
-
 /// Equal partitions of `groups` groups of `g` SMs, as many as `n` (at least one group each).
 pub fn partitions_of_groups(groups: u32, g: u32, n: u32) -> Partitions {
     let g = g.max(1);
@@ -448,20 +442,20 @@ mod tests {
     #[test]
     fn green_partitions_share_when_n_is_large() {
         assert_eq!(
-            green_partitions(132, 8, 1),
+            partitions_of_groups(132 / 8, 8, 1),
             Partitions {
                 count: 1,
                 sm_per_partition: 128
             }
         );
         assert_eq!(
-            green_partitions(132, 8, 4),
+            partitions_of_groups(132 / 8, 8, 4),
             Partitions {
                 count: 4,
                 sm_per_partition: 32
             }
         );
-        let p = green_partitions(132, 8, 34);
+        let p = partitions_of_groups(132 / 8, 8, 34);
         assert_eq!(
             p,
             Partitions {

@@ -109,24 +109,16 @@ pub fn write_report(
         path: dir.to_path_buf(),
         source,
     })?;
-    let time_path = dir.join(TIME_PER_TRAINING_SVG);
-    let time_per_training = if time_per_training_plottable(runs) {
-        let title = chart_title("Time per training", runs);
-        plot_time_per_training(runs, &time_path, &title)?;
-        Some(time_path)
-    } else {
-        remove_stale(&time_path)?;
-        None
-    };
-    let sps_path = dir.join(SAMPLES_PER_S_SVG);
-    let samples_per_s = if samples_per_s_plottable(runs) {
-        let title = chart_title("Training samples/s", runs);
-        plot_samples_per_s(runs, &sps_path, &title)?;
-        Some(sps_path)
-    } else {
-        remove_stale(&sps_path)?;
-        None
-    };
+    let time_per_training = chart(
+        &dir.join(TIME_PER_TRAINING_SVG),
+        time_per_training_plottable(runs),
+        |path| plot_time_per_training(runs, path, &chart_title("Time per training", runs)),
+    )?;
+    let samples_per_s = chart(
+        &dir.join(SAMPLES_PER_S_SVG),
+        samples_per_s_plottable(runs),
+        |path| plot_samples_per_s(runs, path, &chart_title("Training samples/s", runs)),
+    )?;
     let paths = ReportPaths {
         time_per_training,
         samples_per_s,
@@ -137,6 +129,21 @@ pub fn write_report(
         source,
     })?;
     Ok(paths)
+}
+
+/// Draws the chart at `path` when it has points, else removes an earlier one there.
+fn chart(
+    path: &Path,
+    plottable: bool,
+    draw: impl FnOnce(&Path) -> Result<(), ReportError>,
+) -> Result<Option<PathBuf>, ReportError> {
+    if plottable {
+        draw(path)?;
+        Ok(Some(path.to_path_buf()))
+    } else {
+        remove_stale(path)?;
+        Ok(None)
+    }
 }
 
 /// Removes a chart left by an earlier run in the same folder, which would no longer match its CSVs.

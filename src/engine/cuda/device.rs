@@ -57,8 +57,7 @@ impl GreenCaps {
     /// The smallest partition: at least the minimum, a multiple of the alignment. Partitions are
     /// made of whole groups of this many SMs.
     pub fn unit(&self) -> u32 {
-        let align = self.sm_alignment.max(1);
-        self.min_sms.max(1).div_ceil(align) * align
+        super::green::partition_size(1, *self)
     }
 }
 
