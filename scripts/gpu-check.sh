@@ -135,6 +135,8 @@ phase_check() {
         "$carry/tests/parallel" --test-threads=1 --nocapture
     step "seed 000: even vs auto ratios on green 80+48 SMs" parallel-ratios.log \
         env GPUMUX="$bin" BACKEND=cuda SPLIT=green bench/parallel-ratios.sh "$out/parallel-ratios"
+    step "slices on two GPUs (or a clean stop with one)" parallel-two-gpus.log \
+        env GPUMUX="$bin" bench/parallel-two-gpus.sh "$out/parallel-two-gpus"
 }
 
 phase_tests() {

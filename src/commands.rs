@@ -10,13 +10,15 @@ use indicatif::{ProgressBar, ProgressStyle};
 use crate::data::Dataset;
 use crate::engine::cuda::{self, CudaEngine};
 use crate::engine::BackendKind;
-use crate::error::{Error, Result};
+use crate::error::{EngineError, Error, Result};
 use crate::gpu::{self, Discovery};
 use crate::job::{BackendChoice, EngineOptions, Job, SplitMode};
-use crate::plan::{self, DeviceBudget, Round, SliceSpec, MIB};
+use crate::plan::{self, Budgets, DeviceBudget, Round, SliceSpec, MIB};
 use crate::report::{self, ProgressRow, RunRow, TrialRow};
 use crate::sched::cancel::Cancel;
-use crate::sched::{self, Device, Event, RoundContext, RoundOutcome, TrialOutcome, TrialState};
+use crate::sched::{
+    self, Device, Devices, Event, RoundContext, RoundOutcome, TrialOutcome, TrialState,
+};
 use crate::telemetry::{Sampler, Telemetry};
 use crate::train::{run_trial, TrialConfig};
 
@@ -24,29 +26,133 @@ use crate::train::{run_trial, TrialConfig};
 #[derive(Clone)]
 pub struct Resolved {
     pub kind: BackendKind,
-    /// The device in words, for every report row.
+    /// The device in words, for every report row (each device, when slices span several).
     pub device: String,
     /// A line for the user: which backend and why.
     pub note: String,
-    pub budget: DeviceBudget,
-    /// The CUDA engine of this process, when the backend is `cuda`.
+    /// What the slice plan knows of device 0 and of the further devices opened.
+    pub budgets: Budgets,
+    /// The CUDA engine of device 0 in this process, when the backend is `cuda`.
     pub engine: Option<Arc<CudaEngine>>,
+    /// The engines of the further CUDA devices the job's slices name, by number.
+    pub more: Vec<(u32, Arc<CudaEngine>)>,
 }
 
 impl Resolved {
-    /// Opens the device for this process's trials, uploading the dataset once on a GPU.
-    pub fn device_for(&self, data: &Dataset) -> Result<Device> {
-        match &self.engine {
-            None => Ok(Device::Cpu),
-            Some(engine) => Ok(Device::Cuda {
-                engine: Arc::clone(engine),
-                data: engine.upload(data)?,
-            }),
+    /// Opens the devices for this process's trials, uploading the dataset once to each GPU.
+    pub fn device_for(&self, data: &Dataset) -> Result<Devices> {
+        let Some(engine) = &self.engine else {
+            return Ok(Devices::one(Device::Cpu));
+        };
+        let cuda = |e: &Arc<CudaEngine>| -> Result<Device> {
+            Ok(Device::Cuda {
+                engine: Arc::clone(e),
+                data: e.upload(data)?,
+            })
+        };
+        let more = self
+            .more
+            .iter()
+            .map(|(d, e)| Ok((*d, cuda(e)?)))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Devices::with(cuda(engine)?, more))
+    }
+
+    /// Why green contexts cannot be made on one of the CUDA devices, if they cannot.
+    pub fn without_green(&self) -> Option<String> {
+        let all = self
+            .engine
+            .iter()
+            .map(|e| (0, e))
+            .chain(self.more.iter().map(|(d, e)| (*d, e)));
+        for (d, e) in all {
+            if e.info().green.is_none() {
+                return Some(if self.more.is_empty() {
+                    "this device or driver has no green contexts".into()
+                } else {
+                    format!(
+                        "device {d} ({}) or its driver has no green contexts",
+                        e.info().name
+                    )
+                });
+            }
         }
+        None
+    }
+
+    /// Opens the further CUDA devices the job's slices name (`slices[i].device`), adding them
+    /// to the budgets and the device words. The CPU backend has device 0 only.
+    pub fn open_devices(&mut self, job: &Job) -> Result<()> {
+        let wanted: Vec<u32> = job.devices().into_iter().filter(|&d| d != 0).collect();
+        let Some(&d) = wanted.first() else {
+            return Ok(());
+        };
+        let key = job
+            .file
+            .slices
+            .as_ref()
+            .and_then(|s| s.iter().position(|x| x.device == Some(d)))
+            .map_or_else(|| "slices".to_string(), |i| format!("slices.{i}.device"));
+        if self.engine.is_none() {
+            return Err(job
+                .invalid(
+                    &key,
+                    format!(
+                        "names device {d}, but the CPU backend has device 0 only: drop `device`, or run where the GPUs are — {}",
+                        self.note
+                    ),
+                )
+                .into());
+        }
+        let mut words = vec![format!("0: {}", self.device)];
+        for d in wanted {
+            if self.more.iter().any(|(n, _)| *n == d) {
+                continue;
+            }
+            let engine = CudaEngine::open(d as usize, &job.file.engine).map_err(|e| {
+                let why = match e {
+                    EngineError::Unavailable { reason, .. } => reason,
+                    other => other.to_string(),
+                };
+                Error::NoDevice(format!(
+                    "{}: {key}: cannot open CUDA device {d}: {why}",
+                    job.path.display()
+                ))
+            })?;
+            words.push(format!("{d}: {}", device_words(&engine)));
+            self.budgets.more.push((d, budget_of(&engine)));
+            self.more.push((d, engine));
+        }
+        self.device = words.join(" + ");
+        Ok(())
     }
 }
 
-/// Picks the backend for a choice on this machine. `cuda` with no usable GPU is an error.
+/// A CUDA device in words: name, SMs and memory.
+fn device_words(engine: &CudaEngine) -> String {
+    let info = engine.info();
+    format!(
+        "{} ({} SMs, {:.0} MiB)",
+        info.name,
+        info.sm_count,
+        info.total_mem_bytes as f64 / MIB
+    )
+}
+
+/// What the slice plan needs to know of a CUDA device.
+fn budget_of(engine: &CudaEngine) -> DeviceBudget {
+    let info = engine.info();
+    DeviceBudget {
+        memory_bytes: info.total_mem_bytes,
+        sm_count: Some(info.sm_count),
+        sm_granularity: info.green.as_ref().map(|g| g.unit()),
+        sm_groups: info.green.as_ref().and_then(|g| g.groups),
+    }
+}
+
+/// Picks the backend for a choice on this machine, with CUDA device 0 when it is a GPU. `cuda`
+/// with no usable GPU is an error. [`Resolved::open_devices`] opens the further devices a job
+/// names.
 pub fn resolve_backend(
     choice: BackendChoice,
     found: &Discovery,
@@ -56,13 +162,14 @@ pub fn resolve_backend(
         kind: BackendKind::Cpu,
         device: found.host.device_line(),
         note,
-        budget: DeviceBudget {
+        budgets: Budgets::one(DeviceBudget {
             memory_bytes: found.host.memory_bytes,
             sm_count: None,
             sm_granularity: None,
             sm_groups: None,
-        },
+        }),
         engine: None,
+        more: Vec::new(),
     };
     if choice == BackendChoice::Cpu {
         return Ok(cpu("backend: cpu (asked for)".into()));
@@ -71,24 +178,14 @@ pub fn resolve_backend(
         cuda::available().and_then(|()| CudaEngine::open(0, opts).map_err(|e| e.to_string()));
     match (choice, cuda) {
         (_, Ok(engine)) => {
-            let info = engine.info();
-            let device = format!(
-                "{} ({} SMs, {:.0} MiB)",
-                info.name,
-                info.sm_count,
-                info.total_mem_bytes as f64 / MIB
-            );
+            let device = device_words(&engine);
             Ok(Resolved {
                 kind: BackendKind::Cuda,
-                note: format!("backend: cuda — {device}, {}", info.uuid),
+                note: format!("backend: cuda — {device}, {}", engine.info().uuid),
                 device,
-                budget: DeviceBudget {
-                    memory_bytes: info.total_mem_bytes,
-                    sm_count: Some(info.sm_count),
-                    sm_granularity: info.green.as_ref().map(|g| g.unit()),
-                    sm_groups: info.green.as_ref().and_then(|g| g.groups),
-                },
+                budgets: Budgets::one(budget_of(&engine)),
                 engine: Some(engine),
+                more: Vec::new(),
             })
         }
         (BackendChoice::Cuda, Err(why)) => Err(Error::NoDevice(format!(
@@ -189,7 +286,7 @@ pub fn devices(
         )?;
         return Ok(());
     }
-    let slices = plan::slices(&job, n, split, &r.budget)?;
+    let slices = plan::slices(&job, n, split, &r.budgets)?;
     let plan_words = match ratios {
         Some(r) => format!(
             "{} unequal slices (ratios {}) for N={n}",
@@ -268,11 +365,12 @@ pub fn train(job: &Job, trial: u32, data_dir: Option<&Path>, out: &mut dyn Write
     ))?;
     let slice = plan::SliceSpec {
         index: 0,
+        device: 0,
         mem_cap_bytes: None,
         sm_count: None,
         partition: None,
     };
-    let mut be = sched::open_backend(&device, Arc::clone(&data), &slice, None)?;
+    let mut be = sched::open_backend(device.get(0)?, Arc::clone(&data), &slice, None)?;
     let net = crate::models::build(
         &cfg.model,
         cfg.input,
@@ -345,9 +443,7 @@ pub struct FibOptions {
 fn split_unavailable(mode: SplitMode, r: &Resolved) -> Option<String> {
     match (mode, &r.engine) {
         (SplitMode::Green | SplitMode::Mps, None) => Some("it needs a GPU".into()),
-        (SplitMode::Green, Some(e)) if e.info().green.is_none() => {
-            Some("this device or driver has no green contexts".into())
-        }
+        (SplitMode::Green, Some(_)) if r.without_green().is_some() => r.without_green(),
         (SplitMode::Mps, Some(_)) if !mps_daemon_running() => Some(
             "no MPS control daemon is running (gpumux never starts one; see nvidia-cuda-mps-control)".into(),
         ),
@@ -378,8 +474,9 @@ pub fn fib(job: &Job, opts: &FibOptions, out: &mut dyn Write) -> Result<PathBuf>
         }
     }
     let found = gpu::discover();
-    let r = resolve_backend(job.file.backend, &found, &job.file.engine)?;
+    let mut r = resolve_backend(job.file.backend, &found, &job.file.engine)?;
     eprintln!("{}", r.note);
+    r.open_devices(job)?;
     let mut splits = job.file.splits.clone();
     splits.retain(|m| match split_unavailable(*m, &r) {
         Some(why) => {
@@ -396,7 +493,7 @@ pub fn fib(job: &Job, opts: &FibOptions, out: &mut dyn Write) -> Result<PathBuf>
     let data = load_data(job, opts.data_dir.as_deref())?;
     let max_n = job.file.n.iter().copied().max().unwrap_or(1);
     check_batch(job, &data, &(0..max_n).collect::<Vec<_>>())?;
-    let rounds = plan::rounds(job, &r.budget, &splits)?;
+    let rounds = plan::rounds(job, &r.budgets, &splits)?;
     let dir = opts
         .out
         .clone()
@@ -553,18 +650,23 @@ fn mean_of(slices: &[SliceSpec], value: impl Fn(&SliceSpec) -> Option<f64>) -> O
     (!values.is_empty()).then(|| values.iter().sum::<f64>() / values.len() as f64)
 }
 
-/// runs.csv's `slice_plan`: each slice's SMs and cap when they differ between slices, else empty.
+/// runs.csv's `slice_plan`: each slice's SMs and cap (and device, `d1:`, off device 0) when
+/// they differ between slices, else empty.
 fn slice_plan(slices: &[SliceSpec]) -> String {
-    let equal = slices
-        .windows(2)
-        .all(|w| (w[0].sm_count, w[0].mem_cap_bytes) == (w[1].sm_count, w[1].mem_cap_bytes));
-    if equal {
+    let key = |s: &SliceSpec| (s.device, s.sm_count, s.mem_cap_bytes);
+    if slices.windows(2).all(|w| key(&w[0]) == key(&w[1])) {
         return String::new();
     }
+    let spans = slices.iter().any(|s| s.device != 0);
     slices
         .iter()
         .map(|s| {
-            let sm = s.sm_count.map(|c| format!("{c}sm/")).unwrap_or_default();
+            let on = if spans {
+                format!("d{}:", s.device)
+            } else {
+                String::new()
+            };
+            let sm = s.sm_count.map(|c| format!("{on}{c}sm/")).unwrap_or(on);
             let cap = s
                 .cap_mib()
                 .map_or_else(|| "uncapped".to_string(), |c| format!("{c:.0}MiB"));
@@ -640,7 +742,7 @@ pub fn builtin_context(
         model: job.model()?.clone(),
         epochs: job.file.train.epochs,
         engine: job.file.engine.clone(),
-        device: r.device_for(data)?,
+        devices: r.device_for(data)?,
         worker_exe: worker_exe.to_path_buf(),
         cancel: cancel.clone(),
         max_steps: None,
@@ -797,6 +899,7 @@ mod tests {
     fn slice(index: u32, sm: Option<u32>, mib: Option<u64>) -> SliceSpec {
         SliceSpec {
             index,
+            device: 0,
             mem_cap_bytes: mib.map(|m| m << 20),
             sm_count: sm,
             partition: sm.map(|_| index),
@@ -817,5 +920,13 @@ mod tests {
         assert_eq!(mean_of(&equal, |s| s.sm_count.map(f64::from)), None);
         let mixed = [slice(0, None, Some(100)), slice(1, None, None)];
         assert_eq!(slice_plan(&mixed), "100MiB;uncapped");
+        let spread = [
+            slice(0, Some(64), Some(100)),
+            SliceSpec {
+                device: 1,
+                ..slice(1, Some(64), Some(100))
+            },
+        ];
+        assert_eq!(slice_plan(&spread), "d0:64sm/100MiB;d1:64sm/100MiB");
     }
 }

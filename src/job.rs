@@ -14,6 +14,8 @@ pub const DEFAULT_N: [u32; 8] = [1, 2, 3, 5, 8, 13, 21, 34];
 pub const MAX_N: u32 = 1024;
 /// The most replicas of one data-parallel training.
 pub const MAX_REPLICAS: u32 = 64;
+/// Device numbers a slice may name are below this.
+pub const MAX_DEVICES: u32 = 64;
 
 /// The network trained by every trial of a job.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -536,6 +538,10 @@ pub struct SliceDef {
     /// The slice's memory cap in MiB (capped split modes); by default the memory policy's share.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mem_mib: Option<f64>,
+    /// The CUDA device the slice sits on, as numbered among the visible ones (default 0).
+    /// Slices on one device share its memory and SMs; each device has its own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device: Option<u32>,
 }
 
 /// The `parallel:` section: one model replicated on `slices` slices, each global batch split
@@ -1030,6 +1036,12 @@ impl Job {
                 if d.sm == Some(0) {
                     return Err(self.invalid(&format!("slices.{i}.sm"), "must be at least 1"));
                 }
+                if d.device.is_some_and(|o| o >= MAX_DEVICES) {
+                    return Err(self.invalid(
+                        &format!("slices.{i}.device"),
+                        format!("must be a device number below {MAX_DEVICES}"),
+                    ));
+                }
                 if let Some(m) = d.mem_mib {
                     if !(m.is_finite() && m > 0.0) {
                         return Err(self.invalid(
@@ -1083,6 +1095,17 @@ impl Job {
             }
         }
         Ok(())
+    }
+
+    /// The devices the job's slices sit on, in increasing order: `[0]` unless `slices` names others.
+    pub fn devices(&self) -> Vec<u32> {
+        let mut list: Vec<u32> = match &self.file.slices {
+            Some(defs) => defs.iter().map(|d| d.device.unwrap_or(0)).collect(),
+            None => vec![0],
+        };
+        list.sort_unstable();
+        list.dedup();
+        list
     }
 
     /// The number of slices an unequal slice plan (`slices` or `ratios`) has, when the job gives one.

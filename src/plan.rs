@@ -3,12 +3,15 @@
 use serde::{Deserialize, Serialize};
 
 use crate::error::JobError;
-use crate::job::{CapPolicy, FaultSpec, Hyper, Job, SplitMode};
+use crate::job::{CapPolicy, FaultSpec, Hyper, Job, SliceDef, SplitMode};
 
 /// One logical part of the device that runs one trial at a time.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct SliceSpec {
     pub index: u32,
+    /// The CUDA device the slice sits on, as numbered among the visible ones (0 on the CPU).
+    #[serde(default)]
+    pub device: u32,
     /// The memory cap; `None` when the split mode has none.
     pub mem_cap_bytes: Option<u64>,
     /// SMs of the slice's partition (green mode); `None` elsewhere.
@@ -73,6 +76,41 @@ impl DeviceBudget {
     }
 }
 
+/// What the slice plan knows of each device its slices may sit on, by number: device 0 (the
+/// host on the CPU backend), and the further CUDA devices a job's slices name.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Budgets {
+    pub first: DeviceBudget,
+    pub more: Vec<(u32, DeviceBudget)>,
+}
+
+impl Budgets {
+    /// Device 0 alone.
+    pub fn one(first: DeviceBudget) -> Budgets {
+        Budgets {
+            first,
+            more: Vec::new(),
+        }
+    }
+
+    /// The budget of device `number`, when it is open.
+    pub fn get(&self, number: u32) -> Option<&DeviceBudget> {
+        if number == 0 {
+            return Some(&self.first);
+        }
+        self.more.iter().find(|(d, _)| *d == number).map(|(_, b)| b)
+    }
+
+    /// The numbers of the open devices in words: `0` or `0, 1, 3`.
+    pub fn numbers(&self) -> String {
+        std::iter::once(0)
+            .chain(self.more.iter().map(|(d, _)| *d))
+            .map(|d| d.to_string())
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+}
+
 /// The seed of trial `index` of a job.
 pub fn trial_seed(job_seed: u64, index: u32) -> u64 {
     crate::engine::rng::derive(job_seed, 0x7472_6961_6c00 + index as u64)
@@ -99,11 +137,12 @@ pub fn slices(
     job: &Job,
     n: u32,
     split: SplitMode,
-    dev: &DeviceBudget,
+    budgets: &Budgets,
 ) -> Result<Vec<SliceSpec>, JobError> {
-    if let Some(plan) = unequal_slices(job, split, dev)? {
+    if let Some(plan) = unequal_slices(job, split, budgets)? {
         return Ok(plan);
     }
+    let dev = &budgets.first;
     let cap = if split.capped() {
         Some(slice_cap(job, n, dev)?)
     } else {
@@ -116,6 +155,7 @@ pub fn slices(
     Ok((0..n)
         .map(|i| SliceSpec {
             index: i,
+            device: 0,
             mem_cap_bytes: cap,
             sm_count: parts.as_ref().map(|p| p.sm_per_partition),
             partition: parts.as_ref().map(|p| i % p.count),
@@ -157,15 +197,16 @@ pub fn slice_cap(job: &Job, n: u32, dev: &DeviceBudget) -> Result<u64, JobError>
 /// The slices of a job's unequal slice plan (`slices:` or `ratios:`), or `None` when it has
 /// none. The plan is fixed whatever the round's N: its trials queue on these slices.
 ///
-/// Caps (capped split modes): `slices[i].mem_mib`, or the memory budget (`memory.fraction` of
-/// the device, or `mib_per_slice` × slices) split in proportion to `ratios`. SMs (green mode on a
-/// GPU): `slices[i].sm` rounded up to the device's granularity, or the SM groups split in
-/// proportion to `ratios` (largest remainder, at least one group each). Each slice has a
-/// partition of its own.
+/// Each device is planned on its own, for the slices that sit on it (`slices[i].device`,
+/// default 0). Caps (capped split modes): `slices[i].mem_mib`, or the device's memory budget
+/// (`memory.fraction` of it, or `mib_per_slice` × its slices) split in proportion to `ratios`.
+/// SMs (green mode on a GPU): `slices[i].sm` rounded up to the device's granularity, or its SM
+/// groups split in proportion to `ratios` (largest remainder, at least one group each). Each
+/// slice has a partition of its own, numbered as the slice.
 pub fn unequal_slices(
     job: &Job,
     split: SplitMode,
-    dev: &DeviceBudget,
+    budgets: &Budgets,
 ) -> Result<Option<Vec<SliceSpec>>, JobError> {
     let f = &job.file;
     let (weights, key) = match (&f.slices, &f.ratios) {
@@ -175,56 +216,82 @@ pub fn unequal_slices(
     };
     let k = weights.len();
     let explicit = f.slices.as_deref();
-    let caps: Option<Vec<u64>> = if split.capped() {
-        let budget = match f.memory.policy() {
-            CapPolicy::Fraction(fr) => dev.memory_bytes as f64 * fr,
-            CapPolicy::MibPerSlice(mib) => mib * MIB * k as f64,
-        };
-        let sum: f64 = weights.iter().sum();
-        let caps: Vec<u64> = (0..k)
-            .map(|i| {
-                let given = explicit.and_then(|s| s[i].mem_mib).map(|m| m * MIB);
-                given.unwrap_or(budget * weights[i] / sum) as u64
-            })
-            .collect();
-        let total: u64 = caps.iter().sum();
-        if total > dev.memory_bytes {
+    let device_of = |i: usize| explicit.and_then(|s| s[i].device).unwrap_or(0);
+    let devices = job.devices();
+    let mut plan: Vec<SliceSpec> = (0..k)
+        .map(|i| SliceSpec {
+            index: i as u32,
+            device: device_of(i),
+            mem_cap_bytes: None,
+            sm_count: None,
+            partition: None,
+        })
+        .collect();
+    for &d in &devices {
+        let members: Vec<usize> = (0..k).filter(|&i| device_of(i) == d).collect();
+        let first = members.first().copied().unwrap_or(0);
+        let Some(dev) = budgets.get(d) else {
             return Err(job.invalid(
-                key,
+                &format!("slices.{first}.device"),
                 format!(
-                    "the slices' caps add up to {:.0} MiB, above the device's memory ({:.0} MiB)",
-                    total as f64 / MIB,
-                    dev.memory_bytes as f64 / MIB
+                    "device {d} is not among those open here ({})",
+                    budgets.numbers()
                 ),
             ));
+        };
+        // Messages name the device only when the plan has several.
+        let on = if devices.len() > 1 {
+            format!(" on device {d}")
+        } else {
+            String::new()
+        };
+        let w: Vec<f64> = members.iter().map(|&i| weights[i]).collect();
+        if split.capped() {
+            let budget = match f.memory.policy() {
+                CapPolicy::Fraction(fr) => dev.memory_bytes as f64 * fr,
+                CapPolicy::MibPerSlice(mib) => mib * MIB * members.len() as f64,
+            };
+            let sum: f64 = w.iter().sum();
+            let mut total = 0u64;
+            for (&i, wi) in members.iter().zip(&w) {
+                let given = explicit.and_then(|s| s[i].mem_mib).map(|m| m * MIB);
+                let cap = given.unwrap_or(budget * wi / sum) as u64;
+                total += cap;
+                plan[i].mem_cap_bytes = Some(cap);
+            }
+            if total > dev.memory_bytes {
+                return Err(job.invalid(
+                    key,
+                    format!(
+                        "the caps of the slices{on} add up to {:.0} MiB, above the device's memory ({:.0} MiB)",
+                        total as f64 / MIB,
+                        dev.memory_bytes as f64 / MIB
+                    ),
+                ));
+            }
         }
-        Some(caps)
-    } else {
-        None
-    };
-    let sms = match (split, dev.groups()) {
-        (SplitMode::Green, Some((groups, g))) => Some(unequal_sms(job, key, groups, g, &weights)?),
-        _ => None,
-    };
-    Ok(Some(
-        (0..k)
-            .map(|i| SliceSpec {
-                index: i as u32,
-                mem_cap_bytes: caps.as_ref().map(|c| c[i]),
-                sm_count: sms.as_ref().map(|s| s[i]),
-                partition: sms.as_ref().map(|_| i as u32),
-            })
-            .collect(),
-    ))
+        if let (SplitMode::Green, Some((groups, g))) = (split, dev.groups()) {
+            let defs: Option<Vec<&SliceDef>> =
+                explicit.map(|s| members.iter().map(|&i| &s[i]).collect());
+            let sms = unequal_sms(job, key, &on, (groups, g), &w, defs.as_deref())?;
+            for (&i, sm) in members.iter().zip(sms) {
+                plan[i].sm_count = Some(sm);
+                plan[i].partition = Some(i as u32);
+            }
+        }
+    }
+    Ok(Some(plan))
 }
 
-/// SMs per slice of an unequal plan on a device whose SMs make `groups` groups of `g`.
+/// SMs per slice of an unequal plan for the slices of one device, whose SMs make `groups`
+/// groups of `g`; `defs` are those slices' definitions when the plan lists them.
 fn unequal_sms(
     job: &Job,
     key: &str,
-    groups: u32,
-    g: u32,
+    on: &str,
+    (groups, g): (u32, u32),
     weights: &[f64],
+    defs: Option<&[&SliceDef]>,
 ) -> Result<Vec<u32>, JobError> {
     let total = groups * g;
     let groups = groups as usize;
@@ -233,11 +300,11 @@ fn unequal_sms(
         return Err(job.invalid(
             key,
             format!(
-                "{k} slices need {k} SM partitions; the device has room for {groups} of {g} SMs"
+                "{k} slices{on} need {k} SM partitions; the device has room for {groups} of {g} SMs"
             ),
         ));
     }
-    let sms: Vec<u32> = match job.file.slices.as_deref() {
+    let sms: Vec<u32> = match defs {
         None => shares(groups, weights, true)
             .into_iter()
             .map(|n| n as u32 * g)
@@ -254,7 +321,7 @@ fn unequal_sms(
             if open > 0 && each == 0 {
                 return Err(job.invalid(
                     "slices",
-                    format!("{left} SMs are left for the {open} slices without `sm`: fewer than {g} each"),
+                    format!("{left} SMs are left for the {open} slices{on} without `sm`: fewer than {g} each"),
                 ));
             }
             rounded.iter().map(|s| s.unwrap_or(each)).collect()
@@ -265,7 +332,7 @@ fn unequal_sms(
         return Err(job.invalid(
             key,
             format!(
-                "partitions of {} SMs (rounded up to multiples of {g}) need {sum} SMs; the device has {total}",
+                "partitions of {} SMs{on} (rounded up to multiples of {g}) need {sum} SMs; the device has {total}",
                 sms.iter().map(u32::to_string).collect::<Vec<_>>().join(" + ")
             ),
         ));
@@ -335,7 +402,7 @@ pub fn partitions_of_groups(groups: u32, g: u32, n: u32) -> Partitions {
 }
 
 /// Every round of a job, N by N, each N under every split mode in turn.
-pub fn rounds(job: &Job, dev: &DeviceBudget, splits: &[SplitMode]) -> Result<Vec<Round>, JobError> {
+pub fn rounds(job: &Job, budgets: &Budgets, splits: &[SplitMode]) -> Result<Vec<Round>, JobError> {
     let mut out = Vec::new();
     for &n in &job.file.n {
         let trials = trials(job, n)?;
@@ -344,7 +411,7 @@ pub fn rounds(job: &Job, dev: &DeviceBudget, splits: &[SplitMode]) -> Result<Vec
                 index: out.len() as u32,
                 n,
                 split,
-                slices: slices(job, n, split, dev)?,
+                slices: slices(job, n, split, budgets)?,
                 trials: trials.clone(),
             });
         }
@@ -404,6 +471,10 @@ mod tests {
         .unwrap()
     }
 
+    fn one(b: &DeviceBudget) -> Budgets {
+        Budgets::one(b.clone())
+    }
+
     const DEV: DeviceBudget = DeviceBudget {
         memory_bytes: 1 << 30,
         sm_count: None,
@@ -414,7 +485,7 @@ mod tests {
     #[test]
     fn rounds_cover_every_n_and_split_with_stable_trials() {
         let j = job("n: [1, 3]\nsplits: [shared, logical]\n");
-        let r = rounds(&j, &DEV, &j.file.splits).unwrap();
+        let r = rounds(&j, &one(&DEV), &j.file.splits).unwrap();
         assert_eq!(r.len(), 4);
         assert_eq!(r[2].n, 3);
         assert_eq!(r[2].trials.len(), 3);
@@ -494,7 +565,7 @@ mod tests {
             sm_groups: None,
         };
         let j = job("ratios: [5, 3]\nmemory: {fraction: 0.8}\n");
-        let s = slices(&j, 7, SplitMode::Green, &gpu).unwrap();
+        let s = slices(&j, 7, SplitMode::Green, &one(&gpu)).unwrap();
         assert_eq!(s.len(), 2, "the plan has its own slice count whatever N is");
         // 16 groups of 8 SMs split 5:3 → 10 and 6 groups.
         assert_eq!((s[0].sm_count, s[1].sm_count), (Some(80), Some(48)));
@@ -503,11 +574,11 @@ mod tests {
         assert_eq!(s[0].mem_cap_bytes, Some((budget * 5.0 / 8.0) as u64));
         assert_eq!(s[1].mem_cap_bytes, Some((budget * 3.0 / 8.0) as u64));
         // On the CPU there are no SMs; caps apply in capped modes only.
-        let cpu = slices(&j, 2, SplitMode::Logical, &DEV).unwrap();
+        let cpu = slices(&j, 2, SplitMode::Logical, &one(&DEV)).unwrap();
         assert!(cpu
             .iter()
             .all(|s| s.sm_count.is_none() && s.partition.is_none()));
-        let shared = slices(&j, 2, SplitMode::Shared, &DEV).unwrap();
+        let shared = slices(&j, 2, SplitMode::Shared, &one(&DEV)).unwrap();
         assert!(shared.iter().all(|s| s.mem_cap_bytes.is_none()));
     }
 
@@ -521,15 +592,15 @@ mod tests {
             sm_groups: Some(14),
         };
         let j = job("");
-        let s = slices(&j, 34, SplitMode::Green, &gpu).unwrap();
+        let s = slices(&j, 34, SplitMode::Green, &one(&gpu)).unwrap();
         let parts: BTreeSet<_> = s.iter().map(|s| s.partition).collect();
         assert_eq!(parts.len(), 14, "one partition per group the driver makes");
         assert!(s.iter().all(|s| s.sm_count == Some(8)));
-        let two = slices(&j, 2, SplitMode::Green, &gpu).unwrap();
+        let two = slices(&j, 2, SplitMode::Green, &one(&gpu)).unwrap();
         assert_eq!((two[0].sm_count, two[1].sm_count), (Some(56), Some(56)));
         // 14 groups split 5:3 by largest remainder: 8.75 → 9 and 5.25 → 5 groups.
         let r = job("ratios: [5, 3]\n");
-        let s = slices(&r, 2, SplitMode::Green, &gpu).unwrap();
+        let s = slices(&r, 2, SplitMode::Green, &one(&gpu)).unwrap();
         assert_eq!((s[0].sm_count, s[1].sm_count), (Some(72), Some(40)));
         // A driver answer above what the SMs allow is not trusted.
         let odd = DeviceBudget {
@@ -548,21 +619,83 @@ mod tests {
             sm_groups: None,
         };
         let j = job("slices:\n  - {sm: 64, mem_mib: 30000}\n  - {sm: 37, mem_mib: 20000}\n  - {mem_mib: 1000}\n");
-        let s = slices(&j, 3, SplitMode::Green, &gpu).unwrap();
+        let s = slices(&j, 3, SplitMode::Green, &one(&gpu)).unwrap();
         assert_eq!(
             s.iter().map(|s| s.sm_count).collect::<Vec<_>>(),
             vec![Some(64), Some(40), Some(24)]
         );
         assert_eq!(s[1].mem_cap_bytes, Some(20000 << 20));
         let j = job("slices:\n  - {sm: 100}\n  - {sm: 40}\n");
-        let e = slices(&j, 2, SplitMode::Green, &gpu)
+        let e = slices(&j, 2, SplitMode::Green, &one(&gpu))
             .unwrap_err()
             .to_string();
         assert!(e.contains("need 144 SMs") && e.contains("line 3"), "{e}");
         let j = job("slices:\n  - {mem_mib: 900}\n  - {mem_mib: 200}\n");
-        let e = slices(&j, 2, SplitMode::Logical, &DEV)
+        let e = slices(&j, 2, SplitMode::Logical, &one(&DEV))
             .unwrap_err()
             .to_string();
         assert!(e.contains("above the device"), "{e}");
+    }
+
+    #[test]
+    fn slices_on_two_devices_share_each_device_alone() {
+        let h100 = DeviceBudget {
+            memory_bytes: 80 << 30,
+            sm_count: Some(132),
+            sm_granularity: Some(8),
+            sm_groups: None,
+        };
+        let a100 = DeviceBudget {
+            memory_bytes: 40 << 30,
+            sm_count: Some(108),
+            sm_granularity: Some(4),
+            sm_groups: None,
+        };
+        let both = Budgets {
+            first: h100.clone(),
+            more: vec![(1, a100.clone())],
+        };
+        let j = job("slices:\n  - {device: 1}\n  - {sm: 64}\n  - {device: 1, sm: 30}\nmemory: {fraction: 0.5}\n");
+        assert_eq!(j.devices(), vec![0, 1]);
+        let s = slices(&j, 5, SplitMode::Green, &both).unwrap();
+        assert_eq!(
+            s.iter().map(|s| s.device).collect::<Vec<_>>(),
+            vec![1, 0, 1]
+        );
+        // Device 1: 30 SMs rounded up to 32 of its 108, the other slice takes the 76 left.
+        assert_eq!(
+            s.iter().map(|s| s.sm_count).collect::<Vec<_>>(),
+            vec![Some(76), Some(64), Some(32)]
+        );
+        // Each slice is its own partition, numbered as the slice.
+        assert_eq!(
+            s.iter().map(|s| s.partition).collect::<Vec<_>>(),
+            vec![Some(0), Some(1), Some(2)]
+        );
+        // Half of each device's memory, shared by the slices on it.
+        assert_eq!(s[0].mem_cap_bytes, Some((20u64 << 30) / 2));
+        assert_eq!(s[1].mem_cap_bytes, Some(40u64 << 30));
+        assert_eq!(s[2].mem_cap_bytes, s[0].mem_cap_bytes);
+        // Without device 1's budget the plan names the slice that asks for it.
+        let e = slices(&j, 5, SplitMode::Logical, &one(&h100))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("slices.0.device")
+                && e.contains("device 1 is not among those open here (0)"),
+            "{e}"
+        );
+        // Caps are checked against the memory of the slice's own device.
+        let j = job("slices:\n  - {mem_mib: 50000}\n  - {device: 1, mem_mib: 50000}\n");
+        let e = slices(&j, 2, SplitMode::Logical, &both)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("slices on device 1 add up to 50000 MiB") && e.contains("40960 MiB"),
+            "{e}"
+        );
+        // An equal plan stays on device 0.
+        let eq = slices(&job(""), 3, SplitMode::Logical, &both).unwrap();
+        assert!(eq.iter().all(|s| s.device == 0));
     }
 }

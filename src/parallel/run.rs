@@ -15,7 +15,7 @@ use crate::error::{Error, Result, TrialError};
 use crate::gpu;
 use crate::job::{BatchRatios, Job, SplitMode};
 use crate::plan::{self, SliceSpec};
-use crate::sched::{self, cancel::Cancel, Device};
+use crate::sched::{self, cancel::Cancel, Devices};
 
 /// The file with one row per slice and epoch, and one for their total.
 pub const PROGRESS_CSV: &str = "progress.csv";
@@ -137,11 +137,24 @@ fn csv_error(path: &Path, source: csv::Error) -> Error {
     })
 }
 
-/// The slice plan as a table, one line per slice.
+/// The slice plan as a table, one line per slice; with a device column when the slices span
+/// several devices.
 pub fn slice_table(slices: &[SliceSpec]) -> Vec<String> {
+    let spans = slices.iter().any(|s| s.device != 0);
+    let device = |d: String| {
+        if spans {
+            format!("  {d:>6}")
+        } else {
+            String::new()
+        }
+    };
     let mut lines = vec![format!(
-        "{:>5}  {:>12}  {:>8}  {:>9}",
-        "slice", "mem cap MiB", "SMs", "partition"
+        "{:>5}{}  {:>12}  {:>8}  {:>9}",
+        "slice",
+        device("device".into()),
+        "mem cap MiB",
+        "SMs",
+        "partition"
     )];
     for s in slices {
         let cap = s
@@ -157,8 +170,12 @@ pub fn slice_table(slices: &[SliceSpec]) -> Vec<String> {
             .map(|c| c.to_string())
             .unwrap_or_else(|| "-".into());
         lines.push(format!(
-            "{:>5}  {:>12}  {:>8}  {:>9}",
-            s.index, cap, sm, part
+            "{:>5}{}  {:>12}  {:>8}  {:>9}",
+            s.index,
+            device(s.device.to_string()),
+            cap,
+            sm,
+            part
         ));
     }
     lines
@@ -220,51 +237,26 @@ pub(crate) fn check_split(split: SplitMode, r: &Resolved) -> Result<()> {
         (SplitMode::Green, None) => Err(Error::Usage(
             "split green needs a GPU; on the CPU backend use logical (capped) or shared".into(),
         )),
-        (SplitMode::Green, Some(e)) if e.info().green.is_none() => Err(Error::NoDevice(
-            "split green: this device or driver has no green contexts".into(),
-        )),
+        (SplitMode::Green, Some(_)) => match r.without_green() {
+            Some(why) => Err(Error::NoDevice(format!("split green: {why}"))),
+            None => Ok(()),
+        },
         _ => Ok(()),
     }
 }
 
-/// One green partition per slice in green mode (sized as the plan says); none elsewhere.
-fn partitions(
-    split: SplitMode,
-    slices: &[SliceSpec],
-    device: &Device,
-) -> Result<Vec<Arc<GreenPartition>>> {
-    let (SplitMode::Green, Device::Cuda { engine, .. }) = (split, device) else {
-        return Ok(Vec::new());
-    };
-    let count = slices
-        .iter()
-        .filter_map(|s| s.partition)
-        .max()
-        .map_or(1, |p| p + 1);
-    let sizes: Vec<u32> = (0..count)
-        .map(|p| {
-            slices
-                .iter()
-                .find(|s| s.partition == Some(p))
-                .and_then(|s| s.sm_count)
-                .unwrap_or(0)
-        })
-        .collect();
-    sched::green_partitions(engine, &sizes).map_err(Error::NoDevice)
-}
-
 /// Each slice's backend, in its partition when it has one.
 fn open_all(
-    device: &Device,
+    devices: &Devices,
     data: &Arc<Dataset>,
     slices: &[SliceSpec],
-    parts: &[Arc<GreenPartition>],
+    parts: &[Option<Arc<GreenPartition>>],
 ) -> Result<Vec<(u32, Box<dyn Backend>)>> {
     slices
         .iter()
         .map(|s| {
-            let part = s.partition.and_then(|p| parts.get(p as usize).cloned());
-            let be = sched::open_backend(device, Arc::clone(data), s, part)?;
+            let part = sched::partition_of(parts, s);
+            let be = sched::open_backend(devices.get(s.device)?, Arc::clone(data), s, part)?;
             Ok((s.index, be))
         })
         .collect()
@@ -291,11 +283,12 @@ pub fn run(job: &Job, opts: &ParallelOptions, out: &mut dyn Write) -> Result<Pat
     let model = job.model()?.clone();
     let k = job.replicas()?;
     let found = gpu::discover();
-    let r = resolve_backend(job.file.backend, &found, &job.file.engine)?;
+    let mut r = resolve_backend(job.file.backend, &found, &job.file.engine)?;
     eprintln!("{}", r.note);
+    r.open_devices(job)?;
     let split = opts.split.unwrap_or(job.file.split);
     check_split(split, &r)?;
-    let slices = plan::slices(job, k, split, &r.budget)?;
+    let slices = plan::slices(job, k, split, &r.budgets)?;
     let ratios = job
         .file
         .parallel
@@ -388,8 +381,8 @@ pub fn run(job: &Job, opts: &ParallelOptions, out: &mut dyn Write) -> Result<Pat
         ),
     )
     .map_err(Error::io(dir.join("command.txt").display().to_string()))?;
-    let device = r.device_for(&data)?;
-    let parts = partitions(split, &slices, &device)?;
+    let devices = r.device_for(&data)?;
+    let parts = sched::partitions(split, &slices, &devices).map_err(Error::NoDevice)?;
     let cancel = Cancel::new();
     if let Err(e) = cancel.on_signals(std::time::Duration::ZERO) {
         eprintln!("note: cannot watch for signals: {e}");
@@ -406,7 +399,7 @@ pub fn run(job: &Job, opts: &ParallelOptions, out: &mut dyn Write) -> Result<Pat
         cancel,
     };
     if fixed.is_none() {
-        cfg.shards = choose_ratios(&cfg, &device, &data, &slices, &parts, &dir, out)?;
+        cfg.shards = choose_ratios(&cfg, &devices, &data, &slices, &parts, &dir, out)?;
     }
     say(
         out,
@@ -421,7 +414,7 @@ pub fn run(job: &Job, opts: &ParallelOptions, out: &mut dyn Write) -> Result<Pat
             spec.seed
         ),
     )?;
-    let backends = open_all(&device, &data, &slices, &parts)?;
+    let backends = open_all(&devices, &data, &slices, &parts)?;
     let mut progress = CsvFile::create(dir.join(PROGRESS_CSV))?;
     let mut write_err = None;
     let outcome = train(backends, &cfg, &mut |e: &ParallelEpoch| {
@@ -471,10 +464,10 @@ pub fn run(job: &Job, opts: &ParallelOptions, out: &mut dyn Write) -> Result<Pat
 /// `ratios.csv`.
 fn choose_ratios(
     cfg: &ParallelConfig,
-    device: &Device,
+    devices: &Devices,
     data: &Arc<Dataset>,
     slices: &[SliceSpec],
-    parts: &[Arc<GreenPartition>],
+    parts: &[Option<Arc<GreenPartition>>],
     dir: &Path,
     out: &mut dyn Write,
 ) -> Result<Vec<usize>> {
@@ -483,8 +476,8 @@ fn choose_ratios(
     let mut speeds = Vec::new();
     for s in slices {
         // Each probe has its own backend, dropped before the next slice runs: slices alone.
-        let part = s.partition.and_then(|p| parts.get(p as usize).cloned());
-        let mut be = sched::open_backend(device, Arc::clone(data), s, part)?;
+        let part = sched::partition_of(parts, s);
+        let mut be = sched::open_backend(devices.get(s.device)?, Arc::clone(data), s, part)?;
         let speed = probe::measure(be.as_mut(), cfg, rows, probe::TARGET_S).map_err(|e| {
             Error::Internal(format!(
                 "ratios auto: the probe of slice {} failed: {e}",

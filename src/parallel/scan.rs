@@ -99,11 +99,12 @@ pub fn run(job: &Job, opts: &ScanOptions, out: &mut dyn Write) -> Result<PathBuf
         )));
     }
     let found = gpu::discover();
-    let r = resolve_backend(job.file.backend, &found, &job.file.engine)?;
+    let mut r = resolve_backend(job.file.backend, &found, &job.file.engine)?;
     eprintln!("{}", r.note);
+    r.open_devices(job)?;
     let split = opts.split.unwrap_or(job.file.split);
     check_split(split, &r)?;
-    let slices = plan::slices(job, 1, split, &r.budget)?;
+    let slices = plan::slices(job, 1, split, &r.budgets)?;
     let slice = slices.get(opts.slice as usize).cloned().ok_or_else(|| {
         Error::Usage(format!(
             "--slice {}: the slice plan has {} slice(s)",
@@ -114,19 +115,15 @@ pub fn run(job: &Job, opts: &ScanOptions, out: &mut dyn Write) -> Result<PathBuf
     let data = load_data(job, opts.data_dir.as_deref())?;
     let n_train = data.train.len();
     let h = job.hyper(0)?;
-    let device = r.device_for(&data)?;
-    let part = match (split, &device) {
-        (SplitMode::Green, sched::Device::Cuda { engine, .. }) => {
-            let sms = slice.sm_count.unwrap_or(0);
-            sched::green_partitions(engine, &[sms])
-                .map_err(Error::NoDevice)?
-                .pop()
-        }
-        _ => None,
-    };
+    let devices = r.device_for(&data)?;
+    let device = devices.get(slice.device)?;
+    // The scanned slice's partition alone: the other slices of the plan stay idle.
+    let parts = sched::partitions(split, std::slice::from_ref(&slice), &devices)
+        .map_err(Error::NoDevice)?;
+    let part = sched::partition_of(&parts, &slice);
     let open = || -> Result<Box<dyn Backend>> {
         Ok(sched::open_backend(
-            &device,
+            device,
             Arc::clone(&data),
             &slice,
             part.clone(),

@@ -249,3 +249,20 @@ fn bad_shards_are_errors_not_panics() {
     .to_string();
     assert!(e.contains("slice 1") && e.contains("slice cap"), "{e}");
 }
+
+#[test]
+fn the_slice_table_shows_devices_only_when_slices_span_several() {
+    let slice = |index: u32, device: u32| crate::plan::SliceSpec {
+        index,
+        device,
+        mem_cap_bytes: Some(3 << 30),
+        sm_count: Some(64),
+        partition: Some(index),
+    };
+    let one = run::slice_table(&[slice(0, 0), slice(1, 0)]);
+    assert!(!one[0].contains("device"), "{}", one[0]);
+    let two = run::slice_table(&[slice(0, 0), slice(1, 1)]);
+    assert!(two[0].contains("device"), "{}", two[0]);
+    let cells: Vec<&str> = two[2].split_whitespace().collect();
+    assert_eq!(cells, vec!["1", "1", "3072.0", "64", "1"]);
+}

@@ -747,6 +747,7 @@ mod tests {
     fn slice(cap: Option<u64>) -> SliceSpec {
         SliceSpec {
             index: 3,
+            device: 0,
             mem_cap_bytes: cap,
             sm_count: None,
             partition: None,

@@ -83,8 +83,8 @@ pub struct RoundContext {
     pub model: ModelSpec,
     pub epochs: u32,
     pub engine: crate::job::EngineOptions,
-    /// Where the trials run (for `process` mode: which backend each child opens).
-    pub device: Device,
+    /// Where the trials run, by device number (for `process` mode: which backend each child opens).
+    pub devices: Devices,
     /// The gpumux executable that child processes run as `gpumux worker`.
     pub worker_exe: PathBuf,
     /// Draining stops workers taking new trials; aborting stops running ones.
@@ -99,7 +99,24 @@ pub struct RoundContext {
 #[derive(Clone, Debug)]
 pub struct ExternalTrials {
     pub template: String,
+    /// Where a trial on device 0 runs.
     pub env: external::ExternalEnv,
+    /// Where a trial on a further device runs, by device number.
+    pub more: Vec<(u32, external::ExternalEnv)>,
+}
+
+impl ExternalTrials {
+    /// The environment of a trial on device `number`, or why there is none.
+    pub fn env_for(&self, number: u32) -> Result<&external::ExternalEnv, String> {
+        if number == 0 {
+            return Ok(&self.env);
+        }
+        self.more
+            .iter()
+            .find(|(d, _)| *d == number)
+            .map(|(_, e)| e)
+            .ok_or_else(|| format!("device {number} was not opened for this run"))
+    }
 }
 
 impl RoundContext {
@@ -148,17 +165,22 @@ impl std::fmt::Debug for Device {
 }
 
 impl Device {
-    /// Opens the device for this process: on CUDA, the engine (device 0 of those visible) and
-    /// the dataset uploaded once.
+    /// Opens a device for this process: on CUDA, the engine of device `number` (among those
+    /// visible) and the dataset uploaded once. The CPU backend has device 0 only.
     pub fn open(
         kind: BackendKind,
+        number: u32,
         data: &Dataset,
         opts: &EngineOptions,
     ) -> Result<Device, EngineError> {
         match kind {
-            BackendKind::Cpu => Ok(Device::Cpu),
+            BackendKind::Cpu if number == 0 => Ok(Device::Cpu),
+            BackendKind::Cpu => Err(EngineError::Unavailable {
+                backend: "cpu".into(),
+                reason: format!("the CPU backend has device 0 only, not device {number}"),
+            }),
             BackendKind::Cuda => {
-                let engine = CudaEngine::open(0, opts)?;
+                let engine = CudaEngine::open(number as usize, opts)?;
                 let data = engine.upload(data)?;
                 Ok(Device::Cuda { engine, data })
             }
@@ -173,7 +195,58 @@ impl Device {
     }
 }
 
-/// Creates the engine for one trial on one slice (in its green partition when it has one).
+/// The devices a run's slices sit on, by number: device 0 always, and the further CUDA devices
+/// its slice plan names.
+#[derive(Clone, Debug)]
+pub struct Devices {
+    first: Device,
+    more: Vec<(u32, Device)>,
+}
+
+impl Devices {
+    /// Device 0 alone.
+    pub fn one(first: Device) -> Devices {
+        Devices {
+            first,
+            more: Vec::new(),
+        }
+    }
+
+    /// Device 0 and the others, by number (a second device 0 among them is ignored).
+    pub fn with(first: Device, more: Vec<(u32, Device)>) -> Devices {
+        Devices {
+            first,
+            more: more.into_iter().filter(|(d, _)| *d != 0).collect(),
+        }
+    }
+
+    /// Device `number`, or why it is not there.
+    pub fn get(&self, number: u32) -> Result<&Device, EngineError> {
+        if number == 0 {
+            return Ok(&self.first);
+        }
+        self.more
+            .iter()
+            .find(|(d, _)| *d == number)
+            .map(|(_, dev)| dev)
+            .ok_or_else(|| EngineError::Unavailable {
+                backend: self.kind().to_string(),
+                reason: format!("device {number} was not opened for this run"),
+            })
+    }
+
+    /// Every device with its number, device 0 first.
+    pub fn all(&self) -> impl Iterator<Item = (u32, &Device)> {
+        std::iter::once((0, &self.first)).chain(self.more.iter().map(|(d, dev)| (*d, dev)))
+    }
+
+    pub fn kind(&self) -> BackendKind {
+        self.first.kind()
+    }
+}
+
+/// Creates the engine for one trial on one slice, on the slice's device (in its green partition
+/// when it has one).
 pub fn open_backend(
     device: &Device,
     data: Arc<Dataset>,
@@ -188,29 +261,75 @@ pub fn open_backend(
     }
 }
 
-/// The green partitions of a round: one green context per distinct partition of its slices.
-fn partitions(round: &Round, device: &Device) -> Result<Vec<Arc<GreenPartition>>, String> {
-    let (SplitMode::Green, Device::Cuda { engine, .. }) = (round.split, device) else {
+/// The green partitions of `slices` under `split`: on each CUDA device, one green context per
+/// distinct partition of the slices on it, sized as the plan says. Indexed by partition number;
+/// empty unless `split` is green on a GPU.
+pub fn partitions(
+    split: SplitMode,
+    slices: &[SliceSpec],
+    devices: &Devices,
+) -> Result<Vec<Option<Arc<GreenPartition>>>, String> {
+    if split != SplitMode::Green {
         return Ok(Vec::new());
-    };
-    let count = round
-        .slices
+    }
+    let mut out: Vec<Option<Arc<GreenPartition>>> = Vec::new();
+    for (number, device) in devices.all() {
+        let Device::Cuda { engine, .. } = device else {
+            continue;
+        };
+        let (ids, sizes) = partition_sizes(slices, number);
+        if ids.is_empty() {
+            continue;
+        }
+        let made = green_partitions(engine, &sizes).map_err(|e| {
+            if devices.more.is_empty() {
+                e
+            } else {
+                format!("device {number}: {e}")
+            }
+        })?;
+        for (id, part) in ids.into_iter().zip(made) {
+            let at = id as usize;
+            if out.len() <= at {
+                out.resize(at + 1, None);
+            }
+            out[at] = Some(part);
+        }
+    }
+    Ok(out)
+}
+
+/// The partitions of the slices on device `number`, in increasing order, and the SMs of each
+/// (those of its first slice: an unequal plan gives each slice its own partition and size).
+fn partition_sizes(slices: &[SliceSpec], number: u32) -> (Vec<u32>, Vec<u32>) {
+    let mut ids: Vec<u32> = slices
         .iter()
+        .filter(|s| s.device == number)
         .filter_map(|s| s.partition)
-        .max()
-        .map_or(1, |p| p + 1);
-    // Partition p has the SMs of its first slice; an unequal slice plan gives each its own size.
-    let sizes: Vec<u32> = (0..count)
-        .map(|p| {
-            round
-                .slices
+        .collect();
+    ids.sort_unstable();
+    ids.dedup();
+    let sizes = ids
+        .iter()
+        .map(|&p| {
+            slices
                 .iter()
                 .find(|s| s.partition == Some(p))
                 .and_then(|s| s.sm_count)
                 .unwrap_or(0)
         })
         .collect();
-    green_partitions(engine, &sizes)
+    (ids, sizes)
+}
+
+/// The partition a slice runs in, when it has one.
+pub fn partition_of(
+    parts: &[Option<Arc<GreenPartition>>],
+    slice: &SliceSpec,
+) -> Option<Arc<GreenPartition>> {
+    slice
+        .partition
+        .and_then(|p| parts.get(p as usize).cloned().flatten())
 }
 
 /// Green partitions of these sizes: equal ones in one split, unequal ones one at a time.
@@ -247,14 +366,14 @@ pub fn run_round(round: &Round, ctx: &RoundContext, sink: &mut dyn FnMut(&Event)
     let started = Instant::now();
     let mut outcomes = Vec::new();
     let mut makespan_s = 0.0;
-    let parts = partitions(round, &ctx.device);
+    let parts = partitions(round.split, &round.slices, &ctx.devices);
     std::thread::scope(|s| {
         for slice in &round.slices {
             let queue = queue_rx.clone();
             let events = event_tx.clone();
             let split = round.split;
             let part = match &parts {
-                Ok(p) => Ok(slice.partition.and_then(|i| p.get(i as usize).cloned())),
+                Ok(p) => Ok(partition_of(p, slice)),
                 Err(e) => Err(e.clone()),
             };
             s.spawn(move || {
@@ -317,19 +436,16 @@ fn run_external(
     let Some(ext) = &ctx.external else {
         return outcome(trial, slice, Err("no external command".into()), 0.0);
     };
+    let env = match ext.env_for(slice.device) {
+        Ok(e) => e,
+        Err(why) => return outcome(trial, slice, Err(why), 0.0),
+    };
     let res = external::render(&ext.template, &trial.params).and_then(|argv| {
-        external::run(
-            &argv,
-            &trial.id,
-            slice,
-            &ext.env,
-            &ctx.cancel,
-            &mut |line| {
-                if let Some(stats) = epoch_line(line, started) {
-                    epoch_event(events, &trial, slice.index, &stats);
-                }
-            },
-        )
+        external::run(&argv, &trial.id, slice, env, &ctx.cancel, &mut |line| {
+            if let Some(stats) = epoch_line(line, started) {
+                epoch_event(events, &trial, slice.index, &stats);
+            }
+        })
     });
     let wall_s = started.elapsed().as_secs_f64();
     let res = res.map(|o| TrialResult {
@@ -437,5 +553,133 @@ pub(crate) fn outcome(
             error: Some(e),
             wall_s,
         },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::commands::{builtin_context, load_data, resolve_backend};
+    use crate::job::{BackendChoice, Job};
+
+    fn slice(index: u32, device: u32, partition: Option<u32>, sms: u32) -> SliceSpec {
+        SliceSpec {
+            index,
+            device,
+            mem_cap_bytes: Some(64 << 20),
+            sm_count: partition.map(|_| sms),
+            partition,
+        }
+    }
+
+    #[test]
+    fn each_device_gets_the_partitions_of_its_own_slices() {
+        let slices = [
+            slice(0, 1, Some(0), 48),
+            slice(1, 0, Some(1), 80),
+            slice(2, 1, Some(2), 24),
+        ];
+        assert_eq!(partition_sizes(&slices, 0), (vec![1], vec![80]));
+        assert_eq!(partition_sizes(&slices, 1), (vec![0, 2], vec![48, 24]));
+        assert_eq!(partition_sizes(&slices, 2), (vec![], vec![]));
+        // Without a GPU there are no partitions, and no slice gets one.
+        let cpu = Devices::with(Device::Cpu, vec![(1, Device::Cpu)]);
+        let parts = partitions(SplitMode::Green, &slices, &cpu).unwrap();
+        assert!(slices.iter().all(|s| partition_of(&parts, s).is_none()));
+    }
+
+    #[test]
+    fn an_external_trial_gets_the_environment_of_its_slices_device() {
+        let env = |uuid: &str| external::ExternalEnv {
+            cuda_visible_devices: Some(uuid.into()),
+            ..Default::default()
+        };
+        let ext = ExternalTrials {
+            template: "train".into(),
+            env: env("GPU-a"),
+            more: vec![(2, env("GPU-c"))],
+        };
+        let uuid = |d: u32| ext.env_for(d).map(|e| e.cuda_visible_devices.clone());
+        assert_eq!(uuid(0), Ok(Some("GPU-a".into())));
+        assert_eq!(uuid(2), Ok(Some("GPU-c".into())));
+        assert!(uuid(1).is_err_and(|e| e.contains("device 1 was not opened")));
+    }
+
+    #[test]
+    fn devices_are_found_by_number_and_the_cpu_has_device_0_only() {
+        let d = Devices::with(Device::Cpu, vec![(0, Device::Cpu), (3, Device::Cpu)]);
+        assert_eq!(d.all().map(|(n, _)| n).collect::<Vec<_>>(), vec![0, 3]);
+        assert!(d.get(3).is_ok());
+        let e = d.get(1).map(|_| ()).unwrap_err().to_string();
+        assert!(e.contains("device 1 was not opened"), "{e}");
+        let data = crate::data::DataSpec::of(crate::data::Source::Synthetic)
+            .load(None, 1)
+            .unwrap();
+        let e = Device::open(BackendKind::Cpu, 1, &data, &EngineOptions::default())
+            .map(|_| ())
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("device 0 only, not device 1"), "{e}");
+    }
+
+    #[test]
+    fn a_trial_runs_on_its_slices_device_and_fails_alone_where_there_is_none() {
+        let job = Job::parse(
+            "model: {kind: mlp, hidden: [16]}\ndata: {source: synthetic, train_samples: 512, test_samples: 128}\ntrain: {epochs: 1, batch_size: 64}\n",
+            std::path::Path::new("j.yaml"),
+        )
+        .unwrap();
+        let data = load_data(&job, None).unwrap();
+        let found = crate::gpu::discover();
+        let r = resolve_backend(BackendChoice::Cpu, &found, &job.file.engine).unwrap();
+        let mut ctx = builtin_context(
+            &job,
+            &data,
+            &r,
+            None,
+            std::path::Path::new("gpumux"),
+            &cancel::Cancel::new(),
+        )
+        .unwrap();
+        ctx.devices = Devices::with(Device::Cpu, vec![(1, Device::Cpu)]);
+        let round = Round {
+            index: 0,
+            n: 3,
+            split: SplitMode::Logical,
+            slices: vec![
+                slice(0, 0, None, 0),
+                slice(1, 1, None, 0),
+                slice(2, 2, None, 0),
+            ],
+            trials: crate::plan::trials(&job, 8).unwrap(),
+        };
+        let out = run_round(&round, &ctx, &mut |_| {});
+        assert_eq!(out.outcomes.len(), 8);
+        for o in &out.outcomes {
+            if o.slice.device == 2 {
+                assert_eq!(o.state, TrialState::Fail);
+                let e = o.error.as_deref().unwrap_or("");
+                assert!(e.contains("device 2 was not opened"), "{e}");
+            } else {
+                assert_eq!(o.state, TrialState::Complete, "{:?}", o.error);
+            }
+        }
+        // Slices on device 1 alone run every trial; on device 2 alone, none.
+        let on = |device: u32| Round {
+            slices: vec![slice(0, device, None, 0), slice(1, device, None, 0)],
+            trials: crate::plan::trials(&job, 3).unwrap(),
+            ..round.clone()
+        };
+        let out = run_round(&on(1), &ctx, &mut |_| {});
+        assert!(out
+            .outcomes
+            .iter()
+            .all(|o| o.state == TrialState::Complete && o.slice.device == 1));
+        let out = run_round(&on(2), &ctx, &mut |_| {});
+        assert_eq!(out.outcomes.len(), 3);
+        assert!(out.outcomes.iter().all(|o| o.state == TrialState::Fail
+            && o.error
+                .as_deref()
+                .is_some_and(|e| e.contains("device 2 was not opened"))));
     }
 }

@@ -63,7 +63,7 @@ pub fn run(
         data: ctx.data_spec.clone(),
         data_base: ctx.data_base.clone(),
         data_seed: ctx.data_seed,
-        backend: ctx.device.kind(),
+        backend: ctx.devices.kind(),
     };
     let res = supervise(ctx, &req, &env, &mut |s| {
         epoch_event(events, &trial, slice.index, s)
@@ -101,7 +101,7 @@ fn abort_watch(
 }
 
 /// The MPS client limits of one of `n` slices: an equal share of the SMs' threads, and the
-/// slice's memory cap as the pinned device-memory limit.
+/// slice's memory cap as the pinned device-memory limit of its device.
 pub fn mps_env(n: u32, slice: &SliceSpec) -> Vec<(String, String)> {
     let mut env = vec![(
         "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE".to_string(),
@@ -110,7 +110,7 @@ pub fn mps_env(n: u32, slice: &SliceSpec) -> Vec<(String, String)> {
     if let Some(cap) = slice.cap_mib() {
         env.push((
             "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT".to_string(),
-            format!("0={}M", cap.floor().max(1.0) as u64),
+            format!("{}={}M", slice.device, cap.floor().max(1.0) as u64),
         ));
     }
     env
@@ -224,8 +224,8 @@ pub fn worker_main(input: &mut dyn Read, output: &mut dyn Write) -> Result<(), S
                 .data
                 .load(req.data_base.as_deref(), req.data_seed)
                 .map_err(|e| e.to_string())?;
-            let device =
-                Device::open(req.backend, &data, &req.config.engine).map_err(|e| e.to_string())?;
+            let device = Device::open(req.backend, req.slice.device, &data, &req.config.engine)
+                .map_err(|e| e.to_string())?;
             let mut be = open_backend(&device, Arc::new(data), &req.slice, None)
                 .map_err(|e| e.to_string())?;
             run_trial(be.as_mut(), &req.config, &mut |s| {
@@ -251,6 +251,7 @@ mod tests {
     fn mps_limits_share_threads_and_pin_the_cap() {
         let slice = SliceSpec {
             index: 0,
+            device: 0,
             mem_cap_bytes: Some(3 << 30),
             sm_count: None,
             partition: None,
@@ -266,9 +267,14 @@ mod tests {
         );
         let uncapped = SliceSpec {
             mem_cap_bytes: None,
-            ..slice
+            ..slice.clone()
         };
         assert_eq!(mps_env(200, &uncapped).len(), 1);
+        let second = SliceSpec {
+            device: 2,
+            ..slice.clone()
+        };
+        assert_eq!(mps_env(8, &second)[1].1, "2=3072M");
         assert_eq!(mps_env(200, &uncapped)[0].1, "1");
     }
 }

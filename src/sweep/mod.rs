@@ -14,13 +14,14 @@ use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 
 use crate::commands::{self, say, Resolved};
+use crate::engine::cuda::CudaEngine;
 use crate::error::{Error, Result};
 use crate::job::{Concurrency, Goal, Job, SplitMode};
 use crate::plan::{self, Round, TrialSpec};
 use crate::report::{self, TrialRow};
 use crate::sched::cancel::Cancel;
 use crate::sched::external::ExternalEnv;
-use crate::sched::{self, Device, Event, ExternalTrials, RoundContext, TrialState};
+use crate::sched::{self, Device, Devices, Event, ExternalTrials, RoundContext, TrialState};
 use crate::space::{Method, ParamValue};
 pub use identity::{trial_key, Shard};
 
@@ -233,8 +234,9 @@ pub fn run(job: &Job, opts: &SweepOptions, out: &mut dyn Write) -> Result<PathBu
         return dry_run(job, &todo, split, concurrency, &dir, out).map(|_| dir);
     }
     let found = crate::gpu::discover();
-    let resolved = commands::resolve_backend(job.file.backend, &found, &job.file.engine)?;
+    let mut resolved = commands::resolve_backend(job.file.backend, &found, &job.file.engine)?;
     tracing::info!("{}", resolved.note);
+    resolved.open_devices(job)?;
     if split.gpu_only() && resolved.engine.is_none() {
         return Err(Error::Usage(format!(
             "split mode {split} needs a GPU; {}",
@@ -268,7 +270,7 @@ pub fn run(job: &Job, opts: &SweepOptions, out: &mut dyn Write) -> Result<PathBu
             index: 0,
             n,
             split,
-            slices: plan::slices(job, n, split, &resolved.budget)?,
+            slices: plan::slices(job, n, split, &resolved.budgets)?,
             trials: todo.clone(),
         };
         rows.extend(execute(job, &round, &ctx, &mut writer, opts.progress)?);
@@ -307,14 +309,18 @@ fn external_context(
     r: &Resolved,
     cancel: &Cancel,
 ) -> RoundContext {
-    let uuid = r.engine.as_ref().map(|e| e.info().uuid.clone());
-    let env = ExternalEnv {
-        cuda_visible_devices: uuid.clone(),
-        device_mem_bytes: uuid.as_ref().map(|_| r.budget.memory_bytes),
-        watch_uuid: uuid,
-        cwd: None,
-        ..ExternalEnv::default()
+    let env_of = |engine: Option<&Arc<CudaEngine>>| {
+        let info = engine.map(|e| e.info());
+        ExternalEnv {
+            cuda_visible_devices: info.map(|i| i.uuid.clone()),
+            device_mem_bytes: info.map(|i| i.total_mem_bytes),
+            watch_uuid: info.map(|i| i.uuid.clone()),
+            cwd: None,
+            ..ExternalEnv::default()
+        }
     };
+    let env = env_of(r.engine.as_ref());
+    let more = r.more.iter().map(|(d, e)| (*d, env_of(Some(e)))).collect();
     RoundContext {
         // Placeholders: an external trial never reads them.
         data: Arc::new(crate::data::Dataset {
@@ -330,13 +336,14 @@ fn external_context(
         model: crate::job::ModelSpec::of(crate::job::ModelKind::Mlp),
         epochs: job.file.train.epochs,
         engine: job.file.engine.clone(),
-        device: Device::Cpu,
+        devices: Devices::one(Device::Cpu),
         worker_exe: opts.worker_exe.clone(),
         cancel: cancel.clone(),
         max_steps: None,
         external: Some(ExternalTrials {
             template: template.to_string(),
             env,
+            more,
         }),
     }
 }
@@ -486,19 +493,26 @@ fn dry_run(
     out: &mut dyn Write,
 ) -> Result<()> {
     let found = crate::gpu::discover();
-    let budget = match found.gpus.first() {
-        Some(g) => plan::DeviceBudget {
-            memory_bytes: g.memory_bytes,
-            sm_count: None,
-            sm_granularity: None,
-            sm_groups: None,
-        },
-        None => plan::DeviceBudget {
-            memory_bytes: found.host.memory_bytes,
-            sm_count: None,
-            sm_granularity: None,
-            sm_groups: None,
-        },
+    let memory = |bytes: u64| plan::DeviceBudget {
+        memory_bytes: bytes,
+        sm_count: None,
+        sm_granularity: None,
+        sm_groups: None,
+    };
+    // NVML's numbers stand in for CUDA's here: nothing is opened in a dry run.
+    let budget = plan::Budgets {
+        first: memory(
+            found
+                .gpus
+                .first()
+                .map_or(found.host.memory_bytes, |g| g.memory_bytes),
+        ),
+        more: job
+            .devices()
+            .into_iter()
+            .filter(|&d| d != 0)
+            .filter_map(|d| Some((d, memory(found.gpus.get(d as usize)?.memory_bytes))))
+            .collect(),
     };
     let device = found
         .gpus

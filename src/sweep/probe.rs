@@ -53,7 +53,7 @@ pub fn choose(
             index: 1000 + n,
             n,
             split,
-            slices: plan::slices(job, n, split, &r.budget)?,
+            slices: plan::slices(job, n, split, &r.budgets)?,
             trials,
         };
         let outcome = sched::run_round(&round, ctx, &mut |_| {});
