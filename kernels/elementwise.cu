@@ -103,18 +103,21 @@ extern "C" __global__ void bias_grad(const float* dy, float* db, unsigned int ro
     }
 }
 
+// Element i applies element first + i of the mask (a data-parallel shard's place in the batch).
 extern "C" __global__ void dropout_fwd(const float* x, float* y, unsigned int n, float p,
-                                       u64 seed, const unsigned int* counter, unsigned int layer)
+                                       u64 seed, const unsigned int* counter, unsigned int layer,
+                                       u64 first)
 {
     const u64 stream = dropout_stream(counter, layer);
-    FOR_EACH(u64, i, n) { y[i] = dropout_one(x[i], p, seed, stream, i); }
+    FOR_EACH(u64, i, n) { y[i] = dropout_one(x[i], p, seed, stream, first + i); }
 }
 
 extern "C" __global__ void dropout_bwd(const float* dy, float* dx, unsigned int n, float p,
-                                       u64 seed, const unsigned int* counter, unsigned int layer)
+                                       u64 seed, const unsigned int* counter, unsigned int layer,
+                                       u64 first)
 {
     const u64 stream = dropout_stream(counter, layer);
-    FOR_EACH(u64, i, n) { dx[i] = dropout_one(dy[i], p, seed, stream, i); }
+    FOR_EACH(u64, i, n) { dx[i] = dropout_one(dy[i], p, seed, stream, first + i); }
 }
 
 // Adds one to the step counter (wrapping); only thread 0 of block 0 acts, whatever the launch.

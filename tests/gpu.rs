@@ -13,8 +13,8 @@ use gpumux::engine::cpu::CpuBackend;
 use gpumux::engine::cuda::{self, CudaEngine, DeviceData};
 use gpumux::engine::rng::HostRng;
 use gpumux::engine::{
-    AdamParams, Backend, BnParams, Conv2dShape, GemmShape, PlaneShape, PoolShape, Region,
-    SgdParams, Split,
+    AdamParams, Backend, BnParams, Conv2dShape, DropoutMask, GemmShape, PlaneShape, PoolShape,
+    Region, SgdParams, Split,
 };
 use gpumux::error::EngineError;
 use gpumux::job::{ConvEngine, EngineOptions, Hyper, ModelKind, ModelSpec, Optimizer};
@@ -539,15 +539,22 @@ fn dropout_masks_are_bit_identical() {
     p.set(counter, &[f32::from_bits(5)]);
     // Nonzero inputs, so a zero output means a dropped element.
     let x = p.random(len, 0.5, 1.5);
-    for (prob, layer) in [(0.3f32, 2u32), (0.0, 1)] {
+    for (prob, layer, first) in [(0.3f32, 2u32, 0u64), (0.0, 1, 0), (0.3, 2, 123_457)] {
+        let m = DropoutMask {
+            p: prob,
+            seed: 99,
+            counter,
+            layer,
+            first,
+        };
         let y = p.region(len);
-        p.both(|b| b.dropout_fwd(x, y, len, prob, 99, counter, layer));
+        p.both(|b| b.dropout_fwd(x, y, len, m));
         let (c, g) = p.outputs(y);
         let mask = |v: &[f32]| v.iter().map(|&v| v == 0.0).collect::<Vec<_>>();
-        assert_eq!(mask(&c), mask(&g), "dropout mask p={prob}");
+        assert_eq!(mask(&c), mask(&g), "dropout mask p={prob} from {first}");
         p.assert_close(y, 0.0, 1e-6, &format!("dropout_fwd p={prob}"));
         let dx = p.region(len);
-        p.both(|b| b.dropout_bwd(x, dx, len, prob, 99, counter, layer));
+        p.both(|b| b.dropout_bwd(x, dx, len, m));
         p.assert_close(dx, 0.0, 1e-6, &format!("dropout_bwd p={prob}"));
         let (c, g) = p.outputs(dx);
         assert_eq!(mask(&c), mask(&g), "dropout_bwd mask p={prob}");

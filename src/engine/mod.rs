@@ -89,6 +89,21 @@ pub const STATS_LEN: usize = 2;
 /// step. [`Backend::advance`] adds one at the end of each step.
 pub const COUNTER_LEN: usize = 1;
 
+/// Which dropout mask an op applies: the mask of `layer` at the step the counter holds, drawn
+/// with `seed`, of which the op's element `i` is element `first + i`. A data-parallel replica
+/// whose shard starts at row `o` of the global batch sets `first` to `o` × the row's length, so
+/// the replicas together apply the mask one slice would apply to the whole batch.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct DropoutMask {
+    /// The drop probability (0: the op is a copy).
+    pub p: f32,
+    pub seed: u64,
+    /// The step counter ([`COUNTER_LEN`]).
+    pub counter: Region,
+    pub layer: u32,
+    pub first: u64,
+}
+
 /// The dropout stream of `layer` at step `count`: the `counter` argument of [`rng::uniform`].
 #[inline]
 pub fn dropout_stream(count: u32, layer: u32) -> u64 {
@@ -244,30 +259,22 @@ pub trait Backend: Send {
         dx: Region,
     ) -> Result<(), EngineError>;
     /// Inverted dropout with a counter-based mask: element `i` is dropped when
-    /// `rng::uniform(seed, dropout_stream(count, layer), i) < p`, else scaled by `1/(1-p)`, where
-    /// `count` is read from the step counter.
-    #[allow(clippy::too_many_arguments)]
+    /// `rng::uniform(seed, dropout_stream(count, layer), first + i) < p`, else scaled by
+    /// `1/(1-p)`, where `count` is read from the step counter.
     fn dropout_fwd(
         &mut self,
         x: Region,
         y: Region,
         len: usize,
-        p: f32,
-        seed: u64,
-        counter: Region,
-        layer: u32,
+        mask: DropoutMask,
     ) -> Result<(), EngineError>;
-    /// The gradient of [`Backend::dropout_fwd`] with the same mask (same counter value and layer).
-    #[allow(clippy::too_many_arguments)]
+    /// The gradient of [`Backend::dropout_fwd`] with the same mask.
     fn dropout_bwd(
         &mut self,
         dy: Region,
         dx: Region,
         len: usize,
-        p: f32,
-        seed: u64,
-        counter: Region,
-        layer: u32,
+        mask: DropoutMask,
     ) -> Result<(), EngineError>;
     /// Softmax cross-entropy over `rows × classes` logits and `f32` labels. Writes
     /// `dlogits = (softmax − onehot)/rows` and adds `[Σ loss, #correct]` into `stats`.

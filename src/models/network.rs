@@ -11,8 +11,8 @@
 
 use crate::engine::rng::{derive, HostRng};
 use crate::engine::{
-    AdamParams, Backend, BnParams, Conv2dShape, GemmShape, PlaneShape, PoolShape, Region,
-    SgdParams, COUNTER_LEN, STATS_LEN,
+    AdamParams, Backend, BnParams, Conv2dShape, DropoutMask, GemmShape, PlaneShape, PoolShape,
+    Region, SgdParams, COUNTER_LEN, STATS_LEN,
 };
 use crate::error::EngineError;
 use crate::job::Optimizer;
@@ -161,6 +161,9 @@ pub struct Network {
     opt: OptState,
     /// The step counter (see [`crate::engine::COUNTER_LEN`]).
     pub counter: Region,
+    /// Rows of the global batch before this network's (a data-parallel replica's shard offset):
+    /// its dropout masks are those rows' part of the mask of the whole batch. 0 elsewhere.
+    pub first_row: usize,
 }
 
 /// Elements per sample of a layer's output, checking that its input has the length it expects.
@@ -252,6 +255,18 @@ impl Liveness {
 }
 
 impl Network {
+    /// The dropout mask of layer `layer`, whose rows have `row_len` elements, from this
+    /// network's first row of the global batch.
+    fn dropout_mask(&self, p: f32, seed: u64, layer: usize, row_len: usize) -> DropoutMask {
+        DropoutMask {
+            p,
+            seed,
+            counter: self.counter,
+            layer: layer as u32,
+            first: (self.first_row * row_len) as u64,
+        }
+    }
+
     /// Plans a chain of layers: see [`Network::graph`].
     pub fn new(
         defs: &[LayerDef],
@@ -501,6 +516,7 @@ impl Network {
             grads,
             opt,
             counter,
+            first_row: 0,
         })
     }
 
@@ -592,7 +608,8 @@ impl Network {
                 LayerDef::MaxPool(p) => be.maxpool_fwd(&p.with_n(rows), x, y)?,
                 LayerDef::Dropout { p } => {
                     let p = if train { p } else { 0.0 };
-                    be.dropout_fwd(x, y, rows * l.out_len, p, seed, self.counter, i as u32)?;
+                    let mask = self.dropout_mask(p, seed, i, l.out_len);
+                    be.dropout_fwd(x, y, rows * l.out_len, mask)?;
                 }
                 LayerDef::BatchNorm(p) => {
                     let bn = BnParams {
@@ -672,7 +689,8 @@ impl Network {
                 }
                 LayerDef::Dropout { p } => {
                     if let Some(dx) = dx {
-                        be.dropout_bwd(dy, dx, n_in, p, seed, self.counter, i as u32)?;
+                        let mask = self.dropout_mask(p, seed, i, l.in_len);
+                        be.dropout_bwd(dy, dx, n_in, mask)?;
                     }
                 }
                 LayerDef::BatchNorm(p) => {

@@ -287,6 +287,8 @@ pub fn train(
         })?;
         // The same seed on every replica: identical initial weights.
         net.init(be.as_mut(), cfg.seed)?;
+        // Each replica's dropout masks are its rows' part of the whole batch's.
+        net.first_row = offset;
         replicas.push(Replica {
             slice,
             be,

@@ -7,8 +7,8 @@ use std::sync::Arc;
 
 use crate::data::Dataset;
 use crate::engine::{
-    dropout_stream, AdamParams, Backend, BackendKind, BnParams, Conv2dShape, GemmShape, PlaneShape,
-    PoolShape, Region, SgdParams, Split, COUNTER_LEN, STATS_LEN,
+    dropout_stream, AdamParams, Backend, BackendKind, BnParams, Conv2dShape, DropoutMask,
+    GemmShape, PlaneShape, PoolShape, Region, SgdParams, Split, COUNTER_LEN, STATS_LEN,
 };
 use crate::error::EngineError;
 use crate::plan::MIB;
@@ -520,16 +520,13 @@ impl Backend for CpuBackend {
         x: Region,
         y: Region,
         len: usize,
-        p: f32,
-        seed: u64,
-        counter: Region,
-        layer: u32,
+        m: DropoutMask,
     ) -> Result<(), EngineError> {
-        let stream = dropout_stream(self.count(counter)?, layer);
+        let stream = dropout_stream(self.count(m.counter)?, m.layer);
         let x = need("dropout_fwd", "x", x, len)?;
         let y = need("dropout_fwd", "y", y, len)?;
         let ([x], [y]) = self.views("dropout_fwd", [x], [y])?;
-        ops::dropout_fwd(x, y, p, seed, stream);
+        ops::dropout_fwd(x, y, m.p, m.seed, stream, m.first);
         Ok(())
     }
 
@@ -538,16 +535,13 @@ impl Backend for CpuBackend {
         dy: Region,
         dx: Region,
         len: usize,
-        p: f32,
-        seed: u64,
-        counter: Region,
-        layer: u32,
+        m: DropoutMask,
     ) -> Result<(), EngineError> {
-        let stream = dropout_stream(self.count(counter)?, layer);
+        let stream = dropout_stream(self.count(m.counter)?, m.layer);
         let dy = need("dropout_bwd", "dy", dy, len)?;
         let dx = need("dropout_bwd", "dx", dx, len)?;
         let ([dy], [dx]) = self.views("dropout_bwd", [dy], [dx])?;
-        ops::dropout_bwd(dy, dx, p, seed, stream);
+        ops::dropout_bwd(dy, dx, m.p, m.seed, stream, m.first);
         Ok(())
     }
 

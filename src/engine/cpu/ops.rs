@@ -360,15 +360,15 @@ pub fn add_assign(y: &mut [f32], x: &[f32]) {
     }
 }
 
-/// Whether dropout keeps element `i` for this `(seed, counter)`.
+/// Whether dropout keeps element `i` of the mask for this `(seed, counter)`.
 #[inline]
-pub fn dropout_keep(p: f32, seed: u64, counter: u64, i: usize) -> bool {
-    rng::uniform(seed, counter, i as u64) >= p
+pub fn dropout_keep(p: f32, seed: u64, counter: u64, i: u64) -> bool {
+    rng::uniform(seed, counter, i) >= p
 }
 
-/// `v/(1-p)` where element `i` is kept, else 0; `v` itself when `p == 0`.
+/// `v/(1-p)` where element `i` of the mask is kept, else 0; `v` itself when `p == 0`.
 #[inline]
-fn dropout_one(v: f32, p: f32, seed: u64, counter: u64, i: usize) -> f32 {
+fn dropout_one(v: f32, p: f32, seed: u64, counter: u64, i: u64) -> f32 {
     if p == 0.0 {
         v
     } else if dropout_keep(p, seed, counter, i) {
@@ -378,19 +378,20 @@ fn dropout_one(v: f32, p: f32, seed: u64, counter: u64, i: usize) -> f32 {
     }
 }
 
-/// Inverted dropout: `y = x/(1-p)` where kept, else 0. With `p == 0`, `y = x`.
-pub fn dropout_fwd(x: &[f32], y: &mut [f32], p: f32, seed: u64, counter: u64) {
+/// Inverted dropout: `y = x/(1-p)` where kept, else 0. With `p == 0`, `y = x`. Element `i`
+/// applies element `first + i` of the mask.
+pub fn dropout_fwd(x: &[f32], y: &mut [f32], p: f32, seed: u64, counter: u64, first: u64) {
     let x = &x[..y.len()];
     for (i, (y, &x)) in y.iter_mut().zip(x).enumerate() {
-        *y = dropout_one(x, p, seed, counter, i);
+        *y = dropout_one(x, p, seed, counter, first + i as u64);
     }
 }
 
 /// `dx = dy/(1-p)` where kept, else 0 (the same mask as [`dropout_fwd`]).
-pub fn dropout_bwd(dy: &[f32], dx: &mut [f32], p: f32, seed: u64, counter: u64) {
+pub fn dropout_bwd(dy: &[f32], dx: &mut [f32], p: f32, seed: u64, counter: u64, first: u64) {
     let dy = &dy[..dx.len()];
     for (i, (d, &g)) in dx.iter_mut().zip(dy).enumerate() {
-        *d = dropout_one(g, p, seed, counter, i);
+        *d = dropout_one(g, p, seed, counter, first + i as u64);
     }
 }
 
@@ -1208,7 +1209,7 @@ mod tests {
         let n = 100_000;
         let x = vec![1.0; n];
         let mut y = vec![f32::NAN; n];
-        dropout_fwd(&x, &mut y, 0.5, 9, 4);
+        dropout_fwd(&x, &mut y, 0.5, 9, 4, 0);
         let kept = y.iter().filter(|&&v| v != 0.0).count();
         assert!(
             (kept as f64 / n as f64 - 0.5).abs() < 0.01,
@@ -1223,26 +1224,45 @@ mod tests {
         let mut rng = HostRng::new(61);
         let x = random(&mut rng, 1000, 0.5, 1.5); // never 0, so y == 0 exactly where dropped
         let mut y = vec![f32::NAN; x.len()];
-        dropout_fwd(&x, &mut y, p, seed, counter);
+        dropout_fwd(&x, &mut y, p, seed, counter, 0);
         let mut dx = vec![f32::NAN; x.len()];
-        dropout_bwd(&vec![1.0; x.len()], &mut dx, p, seed, counter);
+        dropout_bwd(&vec![1.0; x.len()], &mut dx, p, seed, counter, 0);
         for (i, (&y, &d)) in y.iter().zip(&dx).enumerate() {
-            let kept = dropout_keep(p, seed, counter, i);
+            let kept = dropout_keep(p, seed, counter, i as u64);
             assert_eq!(y != 0.0, kept, "y[{i}]");
             assert_eq!(d, if kept { 1.0 / (1.0 - p) } else { 0.0 }, "dx[{i}]");
         }
         // Another counter draws another mask.
         let mut y2 = vec![f32::NAN; x.len()];
-        dropout_fwd(&x, &mut y2, p, seed, counter + 1);
+        dropout_fwd(&x, &mut y2, p, seed, counter + 1, 0);
         assert_ne!(y, y2);
+    }
+
+    #[test]
+    fn dropout_from_an_offset_is_that_part_of_the_whole_mask() {
+        let (p, seed, counter) = (0.4, 3, 8);
+        let mut rng = HostRng::new(62);
+        let x = random(&mut rng, 900, 0.5, 1.5);
+        let mut whole = vec![f32::NAN; x.len()];
+        dropout_fwd(&x, &mut whole, p, seed, counter, 0);
+        // Three shards of unequal length, each told where it starts, make the whole mask.
+        let mut parts = vec![f32::NAN; x.len()];
+        for (a, b) in [(0usize, 500usize), (500, 620), (620, 900)] {
+            dropout_fwd(&x[a..b], &mut parts[a..b], p, seed, counter, a as u64);
+        }
+        assert_eq!(whole, parts);
+        // From the start, a shard would repeat the first rows' mask instead.
+        let mut again = vec![f32::NAN; 400];
+        dropout_fwd(&x[500..], &mut again, p, seed, counter, 0);
+        assert_ne!(again, whole[500..]);
     }
 
     #[test]
     fn dropout_with_p_zero_is_identity() {
         let x = [1.5, -2.0, 0.0, 3.25];
         let (mut y, mut dx) = ([f32::NAN; 4], [f32::NAN; 4]);
-        dropout_fwd(&x, &mut y, 0.0, 1, 2);
-        dropout_bwd(&x, &mut dx, 0.0, 1, 2);
+        dropout_fwd(&x, &mut y, 0.0, 1, 2, 0);
+        dropout_bwd(&x, &mut dx, 0.0, 1, 2, 0);
         assert_eq!((y, dx), (x, x));
     }
 
@@ -1254,11 +1274,11 @@ mod tests {
         let r = random(&mut rng, x.len(), -1.0, 1.0);
         let fwd = |x: &[f32]| {
             let mut y = vec![f32::NAN; x.len()];
-            dropout_fwd(x, &mut y, p, seed, counter);
+            dropout_fwd(x, &mut y, p, seed, counter, 0);
             y
         };
         let mut dx = vec![f32::NAN; x.len()];
-        dropout_bwd(&r, &mut dx, p, seed, counter);
+        dropout_bwd(&r, &mut dx, p, seed, counter, 0);
         check_grad("dropout dx", &x, &dx, |x| dot(&r, &fwd(x)));
     }
 

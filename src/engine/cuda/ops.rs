@@ -8,8 +8,8 @@ use super::conv::{workspace_len, BwdPtrs, FwdPtrs};
 use super::launch::{Arg, BLOCK, MAX_BLOCKS};
 use crate::engine::cpu::{check_conv, check_pool};
 use crate::engine::{
-    AdamParams, Backend, BackendKind, BnParams, Conv2dShape, GemmShape, PlaneShape, PoolShape,
-    Region, SgdParams, Split, COUNTER_LEN, STATS_LEN,
+    AdamParams, Backend, BackendKind, BnParams, Conv2dShape, DropoutMask, GemmShape, PlaneShape,
+    PoolShape, Region, SgdParams, Split, COUNTER_LEN, STATS_LEN,
 };
 use crate::error::EngineError;
 
@@ -525,20 +525,9 @@ impl Backend for CudaBackend {
         x: Region,
         y: Region,
         len: usize,
-        p: f32,
-        seed: u64,
-        counter: Region,
-        layer: u32,
+        mask: DropoutMask,
     ) -> Result<(), EngineError> {
-        let d = Dropout {
-            op: "dropout_fwd",
-            len,
-            p,
-            seed,
-            counter,
-            layer,
-        };
-        self.dropout(d, x, y)
+        self.dropout("dropout_fwd", len, mask, x, y)
     }
 
     fn dropout_bwd(
@@ -546,20 +535,9 @@ impl Backend for CudaBackend {
         dy: Region,
         dx: Region,
         len: usize,
-        p: f32,
-        seed: u64,
-        counter: Region,
-        layer: u32,
+        mask: DropoutMask,
     ) -> Result<(), EngineError> {
-        let d = Dropout {
-            op: "dropout_bwd",
-            len,
-            p,
-            seed,
-            counter,
-            layer,
-        };
-        self.dropout(d, dy, dx)
+        self.dropout("dropout_bwd", len, mask, dy, dx)
     }
 
     fn softmax_xent(
@@ -722,15 +700,6 @@ fn plane_dims(op: &'static str, s: &PlaneShape) -> Result<[Arg; 3], EngineError>
 }
 
 /// The arguments shared by both dropout directions.
-struct Dropout {
-    op: &'static str,
-    len: usize,
-    p: f32,
-    seed: u64,
-    counter: Region,
-    layer: u32,
-}
-
 impl CudaBackend {
     /// The workspace region of a convolution: cuDNN takes the whole region it is given (its
     /// algorithms are chosen to fit it; see `cudnn.rs`), the GEMM lowering needs its fixed size.
@@ -748,8 +717,14 @@ impl CudaBackend {
     }
 
     /// `dropout_fwd(x → y)` or `dropout_bwd(dy → dx)`: the same kernel signature.
-    fn dropout(&mut self, d: Dropout, src: Region, dst: Region) -> Result<(), EngineError> {
-        let (op, len) = (d.op, d.len);
+    fn dropout(
+        &mut self,
+        op: &'static str,
+        len: usize,
+        d: DropoutMask,
+        src: Region,
+        dst: Region,
+    ) -> Result<(), EngineError> {
         let counter = counter_region(d.counter)?;
         let (src_name, dst_name) = if op == "dropout_fwd" {
             ("x", "y")
@@ -768,6 +743,7 @@ impl CudaBackend {
             Arg::U64(d.seed),
             Arg::Ptr(at(base, counter)),
             Arg::U32(d.layer),
+            Arg::U64(d.first),
         ];
         let e = self.ctx.enter()?;
         self.elementwise(&e, op, len, &args)
