@@ -8,6 +8,7 @@ use cudarc::driver::sys;
 use super::check::check;
 use super::context::Entered;
 use super::kernels::{CompiledModule, Image};
+use super::signature::{self, ParamKind};
 use crate::error::EngineError;
 
 /// Threads per block of the element-wise kernels (and of the one-block reductions).
@@ -138,6 +139,16 @@ pub(crate) enum Arg {
 }
 
 impl Arg {
+    /// The parameter type the argument fills.
+    pub(crate) fn kind(&self) -> ParamKind {
+        match self {
+            Arg::Ptr(_) => ParamKind::Ptr,
+            Arg::U32(_) => ParamKind::U32,
+            Arg::F32(_) => ParamKind::F32,
+            Arg::U64(_) => ParamKind::U64,
+        }
+    }
+
     /// Where the argument's value lives, as `cuLaunchKernel` wants it.
     fn as_param(&mut self) -> *mut c_void {
         match self {
@@ -149,7 +160,8 @@ impl Arg {
     }
 }
 
-/// Launches `func` (named `name` in errors) as `grid` blocks of `block` threads on `stream`.
+/// Launches `func` (named `name` in errors) as `grid` blocks of `block` threads on `stream`,
+/// after checking the arguments against the kernel's declared parameters.
 pub(crate) fn launch(
     _in: &Entered,
     name: &str,
@@ -158,11 +170,14 @@ pub(crate) fn launch(
     stream: sys::CUstream,
     args: &[Arg],
 ) -> Result<(), EngineError> {
+    let kinds: Vec<ParamKind> = args.iter().map(Arg::kind).collect();
+    signature::check(name, &kinds).map_err(EngineError::Device)?;
     let mut values = args.to_vec();
     let mut params: Vec<*mut c_void> = values.iter_mut().map(Arg::as_param).collect();
     // SAFETY: `func` was loaded into the context current on this thread (`_in`), `stream`
-    // belongs to it, and `params` holds one pointer per kernel parameter, each to a value of the
-    // parameter's type; the driver copies the values before returning, so `values` may then go.
+    // belongs to it, and `params` holds one pointer per kernel parameter (checked above against
+    // the kernel's source), each to a value of the parameter's type; the driver copies the
+    // values before returning, so `values` may then go.
     let r = unsafe {
         sys::cuLaunchKernel(
             func,

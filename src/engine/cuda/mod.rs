@@ -25,6 +25,7 @@ pub mod kernels;
 mod launch;
 mod ops;
 mod pool;
+pub mod signature;
 mod stream;
 
 pub use backend::CudaBackend;
