@@ -244,25 +244,19 @@ pub fn devices(
     let r = resolve_backend(BackendChoice::Auto, &found, &EngineOptions::default())?;
     say(out, r.note.clone())?;
     if let Some(engine) = &r.engine {
-        let i = engine.info();
-        let nvml = found.gpus.iter().find(|g| g.uuid == i.uuid);
-        let green = match &i.green {
-            Some(g) => format!(
-                "green contexts: partitions of at least {} SMs, aligned to {}; {}",
-                g.min_sms,
-                g.sm_alignment,
-                g.groups.map_or_else(
-                    || "the driver did not say how many groups it makes".to_string(),
-                    |n| format!("the driver makes {n} groups of {} SMs", g.unit())
-                )
-            ),
-            None => "green contexts: not supported".into(),
-        };
-        say(out, format!(
-            "CUDA device {}: {} [{}], compute capability {}.{}, {} SMs; {green}; NVML match by UUID: {}",
-            i.ordinal, i.name, i.uuid, i.compute_capability.0, i.compute_capability.1, i.sm_count,
-            nvml.map(|g| format!("NVML index {}", g.index)).unwrap_or_else(|| "none".into())
-        ))?;
+        say(out, cuda_device_line(engine.info(), &found))?;
+        // The other devices a job's `slices` may name, described without opening them.
+        match cuda::describe_all() {
+            Ok(all) => {
+                for info in all.iter().filter(|i| i.ordinal != 0) {
+                    say(out, cuda_device_line(info, &found))?;
+                }
+            }
+            Err(e) => say(
+                out,
+                format!("note: cannot list the other CUDA devices: {e}"),
+            )?,
+        }
     }
     let Some(n) = n else { return Ok(()) };
     let mut memory = String::new();
@@ -309,6 +303,35 @@ pub fn devices(
         say(out, note)?;
     }
     Ok(())
+}
+
+/// A CUDA device in one line: what it is, how green contexts split it, and its NVML match.
+fn cuda_device_line(i: &cuda::CudaDeviceInfo, found: &Discovery) -> String {
+    let nvml = found.gpus.iter().find(|g| g.uuid == i.uuid);
+    let green = match &i.green {
+        Some(g) => format!(
+            "green contexts: partitions of at least {} SMs, aligned to {}; {}",
+            g.min_sms,
+            g.sm_alignment,
+            g.groups.map_or_else(
+                || "the driver did not say how many groups it makes".to_string(),
+                |n| format!("the driver makes {n} groups of {} SMs", g.unit())
+            )
+        ),
+        None => "green contexts: not supported".into(),
+    };
+    format!(
+        "CUDA device {}: {} [{}], compute capability {}.{}, {} SMs, {:.0} MiB; {green}; NVML match by UUID: {}",
+        i.ordinal,
+        i.name,
+        i.uuid,
+        i.compute_capability.0,
+        i.compute_capability.1,
+        i.sm_count,
+        i.total_mem_bytes as f64 / MIB,
+        nvml.map(|g| format!("NVML index {}", g.index))
+            .unwrap_or_else(|| "none".into())
+    )
 }
 
 /// Writes one line of a command's output.

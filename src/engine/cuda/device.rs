@@ -153,6 +153,25 @@ unsafe impl Send for Device {}
 // SAFETY: as above; `Device` has no interior mutability.
 unsafe impl Sync for Device {}
 
+/// Describes every visible CUDA device, numbered as a job's `slices[i].device` numbers them,
+/// without creating a context on any.
+pub fn describe_all() -> Result<Vec<CudaDeviceInfo>, EngineError> {
+    let driver_version = init_driver().map_err(|reason| EngineError::Unavailable {
+        backend: "cuda".into(),
+        reason,
+    })?;
+    (0..device_count()?)
+        .map(|ordinal| {
+            let ord = i32::try_from(ordinal)
+                .map_err(|_| EngineError::Device(format!("device number {ordinal}")))?;
+            let mut dev = 0;
+            // SAFETY: writes one device handle; the ordinal is below the device count.
+            check(unsafe { sys::cuDeviceGet(&mut dev, ord) }, "cuDeviceGet")?;
+            describe(ordinal, dev, driver_version)
+        })
+        .collect()
+}
+
 impl Device {
     /// Initialises the driver, describes device `ordinal` and retains its primary context.
     pub(crate) fn open(ordinal: usize) -> Result<Device, EngineError> {

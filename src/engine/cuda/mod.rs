@@ -30,6 +30,6 @@ mod stream;
 
 pub use backend::CudaBackend;
 pub use data::DeviceData;
-pub use device::{available, CudaDeviceInfo, GreenCaps};
+pub use device::{available, describe_all, CudaDeviceInfo, GreenCaps};
 pub use engine::CudaEngine;
 pub use green::GreenPartition;
