@@ -83,28 +83,29 @@ impl Resolved {
     /// Opens the further CUDA devices the job's slices name (`slices[i].device`), adding them
     /// to the budgets and the device words. The CPU backend has device 0 only.
     pub fn open_devices(&mut self, job: &Job) -> Result<()> {
-        let wanted: Vec<u32> = job.devices().into_iter().filter(|&d| d != 0).collect();
-        let Some(&d) = wanted.first() else {
-            return Ok(());
+        let key = |d: u32| {
+            job.file
+                .slices
+                .as_ref()
+                .and_then(|s| s.iter().position(|x| x.device == Some(d)))
+                .map_or_else(|| "slices".to_string(), |i| format!("slices.{i}.device"))
         };
-        let key = job
-            .file
-            .slices
-            .as_ref()
-            .and_then(|s| s.iter().position(|x| x.device == Some(d)))
-            .map_or_else(|| "slices".to_string(), |i| format!("slices.{i}.device"));
-        if self.engine.is_none() {
-            return Err(job
-                .invalid(
-                    &key,
-                    format!(
-                        "names device {d}, but the CPU backend has device 0 only: drop `device`, or run where the GPUs are — {}",
-                        self.note
-                    ),
-                )
-                .into());
-        }
-        let mut words = vec![format!("0: {}", self.device)];
+        let wanted: Vec<u32> = job.devices().into_iter().filter(|&d| d != 0).collect();
+        let Some(first) = &self.engine else {
+            return match wanted.first() {
+                None => Ok(()),
+                Some(&d) => Err(job
+                    .invalid(
+                        &key(d),
+                        format!(
+                            "names device {d}, but the CPU backend has device 0 only: drop `device`, or run where the GPUs are — {}",
+                            self.note
+                        ),
+                    )
+                    .into()),
+            };
+        };
+        let first = Arc::clone(first);
         for d in wanted {
             if self.more.iter().any(|(n, _)| *n == d) {
                 continue;
@@ -115,15 +116,24 @@ impl Resolved {
                     other => other.to_string(),
                 };
                 Error::NoDevice(format!(
-                    "{}: {key}: cannot open CUDA device {d}: {why}",
-                    job.path.display()
+                    "{}: {}: cannot open CUDA device {d}: {why}",
+                    job.path.display(),
+                    key(d)
                 ))
             })?;
-            words.push(format!("{d}: {}", device_words(&engine)));
             self.budgets.more.push((d, budget_of(&engine)));
             self.more.push((d, engine));
         }
-        self.device = words.join(" + ");
+        if !self.more.is_empty() {
+            let words = std::iter::once(format!("0: {}", device_words(&first)))
+                .chain(
+                    self.more
+                        .iter()
+                        .map(|(d, e)| format!("{d}: {}", device_words(e))),
+                )
+                .collect::<Vec<_>>();
+            self.device = words.join(" + ");
+        }
         Ok(())
     }
 }
@@ -673,14 +683,14 @@ fn mean_of(slices: &[SliceSpec], value: impl Fn(&SliceSpec) -> Option<f64>) -> O
     (!values.is_empty()).then(|| values.iter().sum::<f64>() / values.len() as f64)
 }
 
-/// runs.csv's `slice_plan`: each slice's SMs and cap (and device, `d1:`, off device 0) when
-/// they differ between slices, else empty.
+/// runs.csv's `slice_plan`: each slice's SMs and cap when they differ between slices, and with
+/// each slice's device (`d1:`) whenever one is off device 0; else empty.
 fn slice_plan(slices: &[SliceSpec]) -> String {
-    let key = |s: &SliceSpec| (s.device, s.sm_count, s.mem_cap_bytes);
-    if slices.windows(2).all(|w| key(&w[0]) == key(&w[1])) {
+    let key = |s: &SliceSpec| (s.sm_count, s.mem_cap_bytes);
+    let spans = slices.iter().any(|s| s.device != 0);
+    if !spans && slices.windows(2).all(|w| key(&w[0]) == key(&w[1])) {
         return String::new();
     }
-    let spans = slices.iter().any(|s| s.device != 0);
     slices
         .iter()
         .map(|s| {
@@ -951,5 +961,10 @@ mod tests {
             },
         ];
         assert_eq!(slice_plan(&spread), "d0:64sm/100MiB;d1:64sm/100MiB");
+        let moved = [SliceSpec {
+            device: 2,
+            ..slice(0, None, Some(100))
+        }];
+        assert_eq!(slice_plan(&moved), "d2:100MiB");
     }
 }
