@@ -403,7 +403,7 @@ pub fn train(job: &Job, trial: u32, data_dir: Option<&Path>, out: &mut dyn Write
         sm_count: None,
         partition: None,
     };
-    let mut be = sched::open_backend(device.get(0)?, Arc::clone(&data), &slice, None)?;
+    let mut be = sched::open_backend(device.device(0)?, Arc::clone(&data), &slice, None)?;
     let net = crate::models::build(
         &cfg.model,
         cfg.input,

@@ -76,40 +76,55 @@ impl DeviceBudget {
     }
 }
 
-/// What the slice plan knows of each device its slices may sit on, by number: device 0 (the
-/// host on the CPU backend), and the further CUDA devices a job's slices name.
+/// One `T` per device a run's slices may sit on, by number: device 0's (the host's on the CPU
+/// backend), and those of the further CUDA devices a job's slices name.
 #[derive(Clone, Debug, PartialEq)]
-pub struct Budgets {
-    pub first: DeviceBudget,
-    pub more: Vec<(u32, DeviceBudget)>,
+pub struct PerDevice<T> {
+    pub first: T,
+    pub more: Vec<(u32, T)>,
 }
 
-impl Budgets {
+impl<T> PerDevice<T> {
     /// Device 0 alone.
-    pub fn one(first: DeviceBudget) -> Budgets {
-        Budgets {
+    pub fn one(first: T) -> PerDevice<T> {
+        PerDevice {
             first,
             more: Vec::new(),
         }
     }
 
-    /// The budget of device `number`, when it is open.
-    pub fn get(&self, number: u32) -> Option<&DeviceBudget> {
+    /// Device 0 and the others, by number (a second device 0 among them is ignored).
+    pub fn with(first: T, more: Vec<(u32, T)>) -> PerDevice<T> {
+        PerDevice {
+            first,
+            more: more.into_iter().filter(|(d, _)| *d != 0).collect(),
+        }
+    }
+
+    /// Device `number`'s, when it is open.
+    pub fn get(&self, number: u32) -> Option<&T> {
         if number == 0 {
             return Some(&self.first);
         }
-        self.more.iter().find(|(d, _)| *d == number).map(|(_, b)| b)
+        self.more.iter().find(|(d, _)| *d == number).map(|(_, t)| t)
+    }
+
+    /// Every device's with its number, device 0 first.
+    pub fn all(&self) -> impl Iterator<Item = (u32, &T)> {
+        std::iter::once((0, &self.first)).chain(self.more.iter().map(|(d, t)| (*d, t)))
     }
 
     /// The numbers of the open devices in words: `0` or `0, 1, 3`.
     pub fn numbers(&self) -> String {
-        std::iter::once(0)
-            .chain(self.more.iter().map(|(d, _)| *d))
-            .map(|d| d.to_string())
+        self.all()
+            .map(|(d, _)| d.to_string())
             .collect::<Vec<_>>()
             .join(", ")
     }
 }
+
+/// What the slice plan knows of each device its slices may sit on.
+pub type Budgets = PerDevice<DeviceBudget>;
 
 /// The seed of trial `index` of a job.
 pub fn trial_seed(job_seed: u64, index: u32) -> u64 {

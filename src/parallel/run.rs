@@ -256,7 +256,7 @@ fn open_all(
         .iter()
         .map(|s| {
             let part = sched::partition_of(parts, s);
-            let be = sched::open_backend(devices.get(s.device)?, Arc::clone(data), s, part)?;
+            let be = sched::open_backend(devices.device(s.device)?, Arc::clone(data), s, part)?;
             Ok((s.index, be))
         })
         .collect()
@@ -477,7 +477,7 @@ fn choose_ratios(
     for s in slices {
         // Each probe has its own backend, dropped before the next slice runs: slices alone.
         let part = sched::partition_of(parts, s);
-        let mut be = sched::open_backend(devices.get(s.device)?, Arc::clone(data), s, part)?;
+        let mut be = sched::open_backend(devices.device(s.device)?, Arc::clone(data), s, part)?;
         let speed = probe::measure(be.as_mut(), cfg, rows, probe::TARGET_S).map_err(|e| {
             Error::Internal(format!(
                 "ratios auto: the probe of slice {} failed: {e}",

@@ -116,7 +116,7 @@ pub fn run(job: &Job, opts: &ScanOptions, out: &mut dyn Write) -> Result<PathBuf
     let n_train = data.train.len();
     let h = job.hyper(0)?;
     let devices = r.device_for(&data)?;
-    let device = devices.get(slice.device)?;
+    let device = devices.device(slice.device)?;
     // The scanned slice's partition alone: the other slices of the plan stay idle.
     let parts = sched::partitions(split, std::slice::from_ref(&slice), &devices)
         .map_err(Error::NoDevice)?;

@@ -18,7 +18,7 @@ use crate::engine::cuda::{CudaEngine, DeviceData, GreenPartition};
 use crate::engine::{Backend, BackendKind};
 use crate::error::EngineError;
 use crate::job::{EngineOptions, ModelSpec, SplitMode};
-use crate::plan::{Round, SliceSpec, TrialSpec};
+use crate::plan::{PerDevice, Round, SliceSpec, TrialSpec};
 use crate::train::{EpochStats, TrialConfig, TrialResult};
 
 /// Where a trial is in its life.
@@ -99,24 +99,20 @@ pub struct RoundContext {
 #[derive(Clone, Debug)]
 pub struct ExternalTrials {
     pub template: String,
-    /// Where a trial on device 0 runs.
-    pub env: external::ExternalEnv,
-    /// Where a trial on a further device runs, by device number.
-    pub more: Vec<(u32, external::ExternalEnv)>,
+    /// Where a trial runs, by the device of its slice.
+    pub envs: PerDevice<external::ExternalEnv>,
 }
 
 impl ExternalTrials {
     /// The environment of a trial on device `number`, or why there is none.
     pub fn env_for(&self, number: u32) -> Result<&external::ExternalEnv, String> {
-        if number == 0 {
-            return Ok(&self.env);
-        }
-        self.more
-            .iter()
-            .find(|(d, _)| *d == number)
-            .map(|(_, e)| e)
-            .ok_or_else(|| format!("device {number} was not opened for this run"))
+        self.envs.get(number).ok_or_else(|| not_opened(number))
     }
+}
+
+/// Why a slice on device `number` has nothing to run on.
+fn not_opened(number: u32) -> String {
+    format!("device {number} was not opened for this run")
 }
 
 impl RoundContext {
@@ -197,47 +193,15 @@ impl Device {
 
 /// The devices a run's slices sit on, by number: device 0 always, and the further CUDA devices
 /// its slice plan names.
-#[derive(Clone, Debug)]
-pub struct Devices {
-    first: Device,
-    more: Vec<(u32, Device)>,
-}
+pub type Devices = PerDevice<Device>;
 
-impl Devices {
-    /// Device 0 alone.
-    pub fn one(first: Device) -> Devices {
-        Devices {
-            first,
-            more: Vec::new(),
-        }
-    }
-
-    /// Device 0 and the others, by number (a second device 0 among them is ignored).
-    pub fn with(first: Device, more: Vec<(u32, Device)>) -> Devices {
-        Devices {
-            first,
-            more: more.into_iter().filter(|(d, _)| *d != 0).collect(),
-        }
-    }
-
+impl PerDevice<Device> {
     /// Device `number`, or why it is not there.
-    pub fn get(&self, number: u32) -> Result<&Device, EngineError> {
-        if number == 0 {
-            return Ok(&self.first);
-        }
-        self.more
-            .iter()
-            .find(|(d, _)| *d == number)
-            .map(|(_, dev)| dev)
-            .ok_or_else(|| EngineError::Unavailable {
-                backend: self.kind().to_string(),
-                reason: format!("device {number} was not opened for this run"),
-            })
-    }
-
-    /// Every device with its number, device 0 first.
-    pub fn all(&self) -> impl Iterator<Item = (u32, &Device)> {
-        std::iter::once((0, &self.first)).chain(self.more.iter().map(|(d, dev)| (*d, dev)))
+    pub fn device(&self, number: u32) -> Result<&Device, EngineError> {
+        self.get(number).ok_or_else(|| EngineError::Unavailable {
+            backend: self.kind().to_string(),
+            reason: not_opened(number),
+        })
     }
 
     pub fn kind(&self) -> BackendKind {
@@ -596,8 +560,7 @@ mod tests {
         };
         let ext = ExternalTrials {
             template: "train".into(),
-            env: env("GPU-a"),
-            more: vec![(2, env("GPU-c"))],
+            envs: PerDevice::with(env("GPU-a"), vec![(2, env("GPU-c"))]),
         };
         let uuid = |d: u32| ext.env_for(d).map(|e| e.cuda_visible_devices.clone());
         assert_eq!(uuid(0), Ok(Some("GPU-a".into())));
@@ -609,8 +572,8 @@ mod tests {
     fn devices_are_found_by_number_and_the_cpu_has_device_0_only() {
         let d = Devices::with(Device::Cpu, vec![(0, Device::Cpu), (3, Device::Cpu)]);
         assert_eq!(d.all().map(|(n, _)| n).collect::<Vec<_>>(), vec![0, 3]);
-        assert!(d.get(3).is_ok());
-        let e = d.get(1).map(|_| ()).unwrap_err().to_string();
+        assert!(d.device(3).is_ok());
+        let e = d.device(1).map(|_| ()).unwrap_err().to_string();
         assert!(e.contains("device 1 was not opened"), "{e}");
         let data = crate::data::DataSpec::of(crate::data::Source::Synthetic)
             .load(None, 1)

@@ -22,7 +22,10 @@ pub fn run(
     let started = Instant::now();
     let cfg = ctx.config(&trial);
     let res = catch_unwind(AssertUnwindSafe(|| {
-        let device = ctx.devices.get(slice.device).map_err(|e| e.to_string())?;
+        let device = ctx
+            .devices
+            .device(slice.device)
+            .map_err(|e| e.to_string())?;
         let mut be = open_backend(device, Arc::clone(&ctx.data), slice, partition)
             .map_err(|e| e.to_string())?;
         run_trial(be.as_mut(), &cfg, &mut |s| {

@@ -319,8 +319,8 @@ fn external_context(
             ..ExternalEnv::default()
         }
     };
-    let env = env_of(r.engine.as_ref());
     let more = r.more.iter().map(|(d, e)| (*d, env_of(Some(e)))).collect();
+    let envs = plan::PerDevice::with(env_of(r.engine.as_ref()), more);
     RoundContext {
         // Placeholders: an external trial never reads them.
         data: Arc::new(crate::data::Dataset {
@@ -342,8 +342,7 @@ fn external_context(
         max_steps: None,
         external: Some(ExternalTrials {
             template: template.to_string(),
-            env,
-            more,
+            envs,
         }),
     }
 }
