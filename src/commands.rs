@@ -157,6 +157,7 @@ fn budget_of(engine: &CudaEngine) -> DeviceBudget {
         sm_count: Some(info.sm_count),
         sm_granularity: info.green.as_ref().map(|g| g.unit()),
         sm_groups: info.green.as_ref().and_then(|g| g.groups),
+        mem_granularity: Some(info.mem_granularity),
     }
 }
 
@@ -177,6 +178,7 @@ pub fn resolve_backend(
             sm_count: None,
             sm_granularity: None,
             sm_groups: None,
+            mem_granularity: None,
         }),
         engine: None,
         more: Vec::new(),
@@ -213,6 +215,7 @@ pub fn resolve_backend(
 
 /// `gpumux devices`: what this machine has, and optionally the slice plan for N trials.
 pub fn devices(
+    backend: BackendChoice,
     n: Option<u32>,
     split: SplitMode,
     mib_per_slice: Option<f64>,
@@ -251,10 +254,26 @@ pub fn devices(
         }
     }
     say(out, format!("host: {}", found.host.device_line()))?;
-    let r = resolve_backend(BackendChoice::Auto, &found, &EngineOptions::default())?;
+    let r = resolve_backend(backend, &found, &EngineOptions::default())?;
     say(out, r.note.clone())?;
     if let Some(engine) = &r.engine {
         say(out, cuda_device_line(engine.info(), &found))?;
+        // The files the CUDA libraries were really bound from, by absolute path.
+        for b in gpu::libs::bound() {
+            say(out, b.line())?;
+        }
+        let loading = cuda::module_loading().unwrap_or("unknown");
+        let var = std::env::var("CUDA_MODULE_LOADING").unwrap_or_default();
+        say(
+            out,
+            format!("module loading: {loading} (CUDA_MODULE_LOADING={var})"),
+        )?;
+        if engine.conv_engine() == "gemm" {
+            say(
+                out,
+                "library cudnn: none (convolutions run as im2col kernels and cuBLAS GEMMs)",
+            )?;
+        }
         // The other devices a job's `slices` may name, described without opening them.
         match cuda::describe_all() {
             Ok(all) => {

@@ -58,6 +58,16 @@ pub enum EngineError {
     /// The trial's static memory plan does not fit under its slice's cap; it never starts.
     #[error("needs {need_mib:.1} MiB, slice cap {cap_mib:.1} MiB")]
     CapExceeded { need_mib: f64, cap_mib: f64 },
+    /// The device has not the memory free that a trial needs, whatever its cap: other trials
+    /// or processes hold it.
+    #[error("the device is full: needs {need_mib:.1} MiB, {} (other trials or processes hold the rest)", match free_mib {
+        Some(f) => format!("{f:.1} MiB free"),
+        None => "free memory unknown".to_string(),
+    })]
+    DeviceFull {
+        need_mib: f64,
+        free_mib: Option<f64>,
+    },
     #[error("backend {backend} is not available: {reason}")]
     Unavailable { backend: String, reason: String },
     #[error("region {offset}+{len} lies outside the arena of {arena} elements")]

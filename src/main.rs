@@ -19,6 +19,10 @@ use gpumux::sweep::{Shard, SweepOptions};
 #[derive(Parser, Debug)]
 #[command(name = "gpumux", version, about, long_about = None)]
 struct Cli {
+    /// Print debug lines too: the cuDNN algorithm of each convolution, each process-mode
+    /// worker's start-up time and memory (also set by GPUMUX_VERBOSE=1).
+    #[arg(short, long, global = true)]
+    verbose: bool,
     #[command(subcommand)]
     command: Command,
 }
@@ -42,6 +46,10 @@ enum Command {
         /// Plan slices of unequal size in these proportions (caps, and SMs in green mode), e.g. 5,3.
         #[arg(long, value_delimiter = ',')]
         ratios: Option<Vec<f64>>,
+        /// The backend to describe: auto (the GPU when one works), or cuda, which exits with
+        /// code 4 when no GPU can be used.
+        #[arg(long, value_enum, default_value = "auto")]
+        backend: BackendChoice,
     },
     /// Run one training, from a job file or from flags, with loss and accuracy each epoch.
     Train(TrainArgs),
@@ -298,12 +306,23 @@ enum OptArg {
 
 fn main() {
     let cli = Cli::parse();
+    // Before any thread starts: the driver reads it in cuInit.
+    gpumux::engine::cuda::choose_module_loading();
+    let verbose = cli.verbose || std::env::var("GPUMUX_VERBOSE").is_ok_and(|v| v == "1");
+    if verbose {
+        // Process-mode workers are children of this process: they log as verbosely.
+        std::env::set_var("GPUMUX_VERBOSE", "1");
+    }
     // Log lines go to stderr: plain when it is not a terminal (Slurm logs), coloured when it is.
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_target(false)
         .with_ansi(std::io::stderr().is_terminal())
-        .with_max_level(tracing::Level::INFO)
+        .with_max_level(if verbose {
+            tracing::Level::DEBUG
+        } else {
+            tracing::Level::INFO
+        })
         .init();
     let code = match run(cli) {
         Ok(()) => exit::OK,
@@ -329,9 +348,11 @@ fn run(cli: Cli) -> Result<(), Error> {
             mib_per_slice,
             fraction,
             ratios,
+            backend,
         } => {
             let n = n.or(ratios.as_ref().map(|r| r.len() as u32));
             commands::devices(
+                backend,
                 n,
                 split,
                 mib_per_slice,

@@ -64,15 +64,27 @@ pub struct DeviceBudget {
     /// than `sm_count / sm_granularity`: groups stay within one processing cluster); `None`: that
     /// quotient.
     pub sm_groups: Option<u32>,
+    /// The granularity the device's memory pools are capped in (bytes); `None` on the CPU.
+    pub mem_granularity: Option<u64>,
 }
 
 impl DeviceBudget {
-    /// The SM groups partitions are made of, and their size; `None` on the CPU.
+    /// The SM groups partitions are made of, and their size, as the driver reported them;
+    /// `None` on the CPU or where the device has no green contexts.
     fn groups(&self) -> Option<(u32, u32)> {
         let total = self.sm_count?;
-        let g = self.sm_granularity.unwrap_or(8).max(1);
+        let g = self.sm_granularity?.max(1);
         let fit = total / g;
         Some((self.sm_groups.map_or(fit, |n| n.min(fit)), g))
+    }
+
+    /// A cap as the device's pools enforce it: rounded down to whole pages of its memory
+    /// granularity (at least one), so that the cap printed and recorded is the one in force.
+    pub fn real_cap(&self, bytes: u64) -> u64 {
+        match self.mem_granularity {
+            Some(g) if g > 1 => (bytes / g).max(1) * g,
+            _ => bytes,
+        }
     }
 }
 
@@ -181,7 +193,7 @@ pub fn slices(
 /// The cap of each slice under the job's memory policy; a cap above the device's memory is an error.
 pub fn slice_cap(job: &Job, n: u32, dev: &DeviceBudget) -> Result<u64, JobError> {
     match job.file.memory.policy() {
-        CapPolicy::Fraction(f) => Ok((dev.memory_bytes as f64 * f / n as f64) as u64),
+        CapPolicy::Fraction(f) => Ok(dev.real_cap((dev.memory_bytes as f64 * f / n as f64) as u64)),
         CapPolicy::MibPerSlice(mib) => {
             let bytes = mib * MIB;
             let total = dev.memory_bytes as f64;
@@ -204,7 +216,7 @@ pub fn slice_cap(job: &Job, n: u32, dev: &DeviceBudget) -> Result<u64, JobError>
                     ),
                 ));
             }
-            Ok(bytes as u64)
+            Ok(dev.real_cap(bytes as u64))
         }
     }
 }
@@ -270,7 +282,7 @@ pub fn unequal_slices(
             let mut total = 0u64;
             for (&i, wi) in members.iter().zip(&w) {
                 let given = explicit.and_then(|s| s[i].mem_mib).map(|m| m * MIB);
-                let cap = given.unwrap_or(budget * wi / sum) as u64;
+                let cap = dev.real_cap(given.unwrap_or(budget * wi / sum) as u64);
                 total += cap;
                 plan[i].mem_cap_bytes = Some(cap);
             }
@@ -495,6 +507,7 @@ mod tests {
         sm_count: None,
         sm_granularity: None,
         sm_groups: None,
+        mem_granularity: None,
     };
 
     #[test]
@@ -578,6 +591,7 @@ mod tests {
             sm_count: Some(132),
             sm_granularity: Some(8),
             sm_groups: None,
+            mem_granularity: None,
         };
         let j = job("ratios: [5, 3]\nmemory: {fraction: 0.8}\n");
         let s = slices(&j, 7, SplitMode::Green, &one(&gpu)).unwrap();
@@ -605,6 +619,7 @@ mod tests {
             sm_count: Some(132),
             sm_granularity: Some(8),
             sm_groups: Some(14),
+            mem_granularity: None,
         };
         let j = job("");
         let s = slices(&j, 34, SplitMode::Green, &one(&gpu)).unwrap();
@@ -626,12 +641,48 @@ mod tests {
     }
 
     #[test]
+    fn caps_are_whole_pages_of_the_device_memory() {
+        let gpu = DeviceBudget {
+            memory_bytes: 80 << 30,
+            sm_count: Some(132),
+            sm_granularity: Some(8),
+            sm_groups: None,
+            mem_granularity: Some(2 << 20),
+        };
+        // 0.9 of 80 GiB over 7 slices is not a whole number of 2 MiB pages: rounded down.
+        let j = job("memory: {fraction: 0.9}\n");
+        let s = slices(&j, 7, SplitMode::Logical, &one(&gpu)).unwrap();
+        let exact = ((80u64 << 30) as f64 * 0.9 / 7.0) as u64;
+        let cap = s[0].mem_cap_bytes.unwrap();
+        assert_eq!(cap % (2 << 20), 0);
+        assert!(cap <= exact && exact - cap < 2 << 20, "{cap} vs {exact}");
+        // An odd number of MiB per slice: the cap in force is one page less.
+        let j = job("memory: {mib_per_slice: 1001}\n");
+        let s = slices(&j, 2, SplitMode::Logical, &one(&gpu)).unwrap();
+        assert_eq!(s[0].mem_cap_bytes, Some(1000 << 20));
+        // Never below one page, and unequal caps are rounded too.
+        assert_eq!(gpu.real_cap(1), 2 << 20);
+        let j = job("ratios: [5, 3]\nmemory: {mib_per_slice: 1001}\n");
+        let s = slices(&j, 2, SplitMode::Logical, &one(&gpu)).unwrap();
+        assert!(s.iter().all(|s| s.mem_cap_bytes.unwrap() % (2 << 20) == 0));
+        // The CPU has no pages: caps stay as computed.
+        assert_eq!(DEV.real_cap(12345), 12345);
+        // Without green contexts there are no SM groups to plan.
+        let plain = DeviceBudget {
+            sm_granularity: None,
+            ..gpu
+        };
+        assert_eq!(plain.groups(), None);
+    }
+
+    #[test]
     fn explicit_slices_round_their_sms_and_must_fit() {
         let gpu = DeviceBudget {
             memory_bytes: 80 << 30,
             sm_count: Some(132),
             sm_granularity: Some(8),
             sm_groups: None,
+            mem_granularity: None,
         };
         let j = job("slices:\n  - {sm: 64, mem_mib: 30000}\n  - {sm: 37, mem_mib: 20000}\n  - {mem_mib: 1000}\n");
         let s = slices(&j, 3, SplitMode::Green, &one(&gpu)).unwrap();
@@ -659,12 +710,14 @@ mod tests {
             sm_count: Some(132),
             sm_granularity: Some(8),
             sm_groups: None,
+            mem_granularity: None,
         };
         let a100 = DeviceBudget {
             memory_bytes: 40 << 30,
             sm_count: Some(108),
             sm_granularity: Some(4),
             sm_groups: None,
+            mem_granularity: None,
         };
         let both = Budgets {
             first: h100.clone(),

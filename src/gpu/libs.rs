@@ -5,6 +5,7 @@
 //! library, and turns a missing library into a [`LibError`] instead of a panic.
 
 use std::ffi::OsString;
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, OnceLock};
 
@@ -18,6 +19,18 @@ pub enum CudaLib {
     Cublas,
     /// cuDNN 9: its front library and the sub-libraries it opens by soname.
     Cudnn,
+}
+
+impl CudaLib {
+    /// The library's short name, as `gpumux devices` lists it.
+    pub fn name(self) -> &'static str {
+        match self {
+            CudaLib::Driver => "driver",
+            CudaLib::Nvrtc => "nvrtc",
+            CudaLib::Cublas => "cublas",
+            CudaLib::Cudnn => "cudnn",
+        }
+    }
 }
 
 /// A library that is not installed where we looked (or did not load).
@@ -151,6 +164,80 @@ pub fn preload_optional(soname: &str) -> Option<PathBuf> {
     let handle = unsafe { Library::open(Some(file.as_path()), RTLD_NOW | RTLD_GLOBAL) }.ok()?;
     loaded.push((soname.to_string(), file.clone(), handle));
     Some(file)
+}
+
+/// The file the dynamic loader mapped the code at `addr` from (`dladdr`), as an absolute path
+/// with its links resolved; `None` when no loaded file holds the address. The address is only
+/// looked up, never read through.
+pub fn file_at(addr: usize) -> Option<PathBuf> {
+    if addr == 0 {
+        return None;
+    }
+    // SAFETY: an all-zero Dl_info is valid (null pointers and zero); dladdr only fills it.
+    let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
+    // SAFETY: dladdr reads no memory at `addr`; it looks the address up in the loader's tables
+    // and writes `info`, whose strings belong to the loader and live while the file is loaded.
+    let found = unsafe { libc::dladdr(addr as *const std::ffi::c_void, &mut info) };
+    if found == 0 || info.dli_fname.is_null() {
+        return None;
+    }
+    // SAFETY: a non-null dli_fname is a NUL-terminated string owned by the loader.
+    let name = unsafe { std::ffi::CStr::from_ptr(info.dli_fname) };
+    let path = PathBuf::from(std::ffi::OsStr::from_bytes(name.to_bytes()));
+    Some(std::fs::canonicalize(&path).unwrap_or(path))
+}
+
+/// Whether `path` is a CUDA toolkit's link-time stub: such files lie in a `stubs` folder, and
+/// a stub `libcuda` fails every call with `CUDA_ERROR_STUB_LIBRARY`.
+pub fn is_stub(path: &Path) -> bool {
+    path.components().any(|c| c.as_os_str() == "stubs")
+}
+
+/// A CUDA library in use: the file its functions are called from (as the loader reports it
+/// through one of them), and the file gpumux found and preloaded for it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Bound {
+    pub lib: CudaLib,
+    pub file: PathBuf,
+    pub preloaded: PathBuf,
+}
+
+impl Bound {
+    /// Whether the functions come from another file than the one preloaded (the same file
+    /// reached through a link is the same).
+    pub fn differs(&self) -> bool {
+        let canon = |p: &Path| std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf());
+        canon(&self.file) != canon(&self.preloaded)
+    }
+
+    /// `library cublas: /path` and, when it is not the file preloaded, which one that was.
+    pub fn line(&self) -> String {
+        let mut line = format!("library {}: {}", self.lib.name(), self.file.display());
+        if self.differs() {
+            line.push_str(&format!(
+                " (the bindings opened it by name; gpumux had found {})",
+                self.preloaded.display()
+            ));
+        }
+        line
+    }
+}
+
+/// The CUDA libraries bound in this process, in the order they were first recorded.
+static BOUND: Mutex<Vec<Bound>> = Mutex::new(Vec::new());
+
+/// Records a library in use (the latest record of a library wins).
+pub fn record_bound(b: Bound) {
+    let mut all = BOUND.lock().unwrap_or_else(|e| e.into_inner());
+    match all.iter_mut().find(|x| x.lib == b.lib) {
+        Some(entry) => *entry = b,
+        None => all.push(b),
+    }
+}
+
+/// The libraries bound so far ([`record_bound`]).
+pub fn bound() -> Vec<Bound> {
+    BOUND.lock().unwrap_or_else(|e| e.into_inner()).clone()
 }
 
 /// The sonames of `lib` to load, in load order; each is one file, and the last is `lib` itself.
@@ -576,6 +663,71 @@ mod tests {
         );
         let err = locate(CudaLib::Cudnn, &dirs[..0]).unwrap_err();
         assert!(err.to_string().contains("the system loader"), "{err}");
+    }
+
+    #[test]
+    fn the_loader_names_the_file_a_function_comes_from() {
+        // A C library function lives in the C library, by absolute path.
+        let libc_file = file_at(libc::strlen as usize).expect("strlen is in a loaded file");
+        assert!(libc_file.is_absolute(), "{}", libc_file.display());
+        let name = libc_file
+            .file_name()
+            .unwrap()
+            .to_string_lossy()
+            .into_owned();
+        assert!(name.starts_with("libc"), "{name}");
+        // A function of this test binary lives in the binary itself.
+        let own = file_at(file_at as usize).expect("in the test binary");
+        let exe = std::fs::canonicalize(std::env::current_exe().unwrap()).unwrap();
+        assert_eq!(own, exe);
+        assert_eq!(file_at(0), None);
+    }
+
+    #[test]
+    fn stubs_are_told_by_their_folder() {
+        assert!(is_stub(Path::new("/usr/local/cuda/lib64/stubs/libcuda.so")));
+        assert!(is_stub(Path::new(
+            "/opt/cuda/targets/x86_64-linux/lib/stubs/libcuda.so.1"
+        )));
+        assert!(!is_stub(Path::new(
+            "/usr/lib/x86_64-linux-gnu/libcuda.so.1"
+        )));
+        assert!(!is_stub(Path::new("/srv/stubsfolder/libcuda.so.1")));
+    }
+
+    #[test]
+    fn a_bound_library_says_when_it_is_not_the_file_found() {
+        let t = tempfile::tempdir().unwrap();
+        let real = touch(t.path(), "lib/libcublas.so.13.0.1");
+        let link = t.path().join("lib/libcublas.so.13");
+        std::os::unix::fs::symlink(&real, &link).unwrap();
+        let other = touch(t.path(), "cuda12/libcublas.so.12");
+        let same = Bound {
+            lib: CudaLib::Cublas,
+            file: real.clone(),
+            preloaded: link,
+        };
+        assert!(!same.differs(), "a link to the same file is the same file");
+        assert_eq!(same.line(), format!("library cublas: {}", real.display()));
+        let moved = Bound {
+            file: other.clone(),
+            ..same
+        };
+        assert!(moved.differs());
+        assert!(
+            moved.line().contains("gpumux had found"),
+            "{}",
+            moved.line()
+        );
+        record_bound(moved.clone());
+        record_bound(Bound {
+            file: real.clone(),
+            ..moved
+        });
+        let all = bound();
+        let cublas: Vec<_> = all.iter().filter(|b| b.lib == CudaLib::Cublas).collect();
+        assert_eq!(cublas.len(), 1, "one record per library, the latest");
+        assert_eq!(cublas[0].file, real);
     }
 
     #[test]

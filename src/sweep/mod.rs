@@ -497,6 +497,7 @@ fn dry_run(
         sm_count: None,
         sm_granularity: None,
         sm_groups: None,
+        mem_granularity: None,
     };
     // NVML's numbers stand in for CUDA's here: nothing is opened in a dry run.
     let budget = plan::Budgets {

@@ -74,7 +74,8 @@ impl CudaBackend {
         cudnn: bool,
     ) -> Result<CudaBackend, EngineError> {
         let stream = Stream::new(Arc::clone(&ctx))?;
-        let pool = Arc::new(Pool::new(Arc::clone(&stream), dev, cap)?);
+        let granule = ctx.device().info.mem_granularity;
+        let pool = Arc::new(Pool::new(Arc::clone(&stream), dev, cap, granule)?);
         let blas = Blas::new(Arc::clone(&stream), opts.tf32)?;
         let dnn = if cudnn {
             Some(Dnn::new(Arc::clone(&stream), opts.tf32)?)
@@ -274,7 +275,7 @@ impl CudaBackend {
             return Err(EngineError::Device("a capture is already running".into()));
         }
         // Counted outside the context, whose lock a device-wide teardown may be waiting for.
-        graph::capture_started();
+        graph::capture_started()?;
         let begun = self
             .ctx
             .enter()

@@ -22,8 +22,11 @@ pub(crate) fn error_name(res: sys::CUresult) -> String {
     let mut name: *const std::ffi::c_char = std::ptr::null();
     // SAFETY: cuGetErrorName only writes a pointer to a static string (or leaves it null); it
     // needs no context and is only called after the driver library has been loaded.
-    let found = unsafe { sys::cuGetErrorName(res, &mut name) };
-    if found == sys::CUresult::CUDA_SUCCESS && !name.is_null() {
+    // The bindings panic on a library without the function; the binding's own name serves then.
+    let found = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| unsafe {
+        sys::cuGetErrorName(res, &mut name)
+    }));
+    if found.is_ok_and(|r| r == sys::CUresult::CUDA_SUCCESS) && !name.is_null() {
         // SAFETY: on success the pointer is a NUL-terminated string owned by the driver for the
         // life of the process.
         let s = unsafe { CStr::from_ptr(name) };

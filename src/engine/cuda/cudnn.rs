@@ -47,6 +47,7 @@ pub(crate) fn load() -> Result<usize, String> {
                     path.display()
                 ));
             }
+            super::bound::check(CudaLib::Cudnn, &path)?;
             let major = cudart / 1000;
             libs::preload_optional(&format!("libcublasLt.so.{major}"));
             libs::preload_optional(&format!("libnvrtc.so.{major}"));

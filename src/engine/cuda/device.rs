@@ -38,6 +38,9 @@ pub struct CudaDeviceInfo {
     pub compute_capability: (u32, u32),
     /// How SMs can be split into green contexts; `None` when they are unsupported.
     pub green: Option<GreenCaps>,
+    /// The granularity of device memory from a pool, in bytes, as the driver reports it
+    /// (2 MiB on the GPUs known so far): a pool's `maxSize` is a multiple of it.
+    pub mem_granularity: u64,
 }
 
 /// The granularity of green-context SM partitions.
@@ -61,18 +64,54 @@ impl GreenCaps {
     }
 }
 
+/// The module-loading mode gpumux asks the driver for: kernels are loaded into a context when
+/// first used, so that each context (every green partition, every `process`-mode worker) holds
+/// only the cuBLAS and cuDNN kernels its trials run. Every trial runs its first step and first
+/// evaluation with the process's graph captures held off, so no kernel loads during a capture.
+pub const MODULE_LOADING: &str = "LAZY";
+
+/// Sets `CUDA_MODULE_LOADING` to [`MODULE_LOADING`] unless the environment already chooses.
+/// The driver reads it once, in `cuInit`; call this at the start of `main`, before any thread
+/// is started (changing the environment is not safe while other threads may read it).
+pub fn choose_module_loading() {
+    if std::env::var_os("CUDA_MODULE_LOADING").map_or(true, |v| v.is_empty()) {
+        std::env::set_var("CUDA_MODULE_LOADING", MODULE_LOADING);
+    }
+}
+
+/// The module-loading mode the driver runs with, once it is initialised: `lazy` or `eager`.
+pub fn module_loading() -> Option<&'static str> {
+    let mut mode = sys::CUmoduleLoadingMode::CU_MODULE_LAZY_LOADING;
+    // SAFETY: writes one enum; the driver is initialised by `init_driver` first.
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| unsafe {
+        sys::cuModuleGetLoadingMode(&mut mode)
+    }));
+    match r {
+        Ok(sys::CUresult::CUDA_SUCCESS) => Some(match mode {
+            sys::CUmoduleLoadingMode::CU_MODULE_EAGER_LOADING => "eager",
+            sys::CUmoduleLoadingMode::CU_MODULE_LAZY_LOADING => "lazy",
+        }),
+        _ => None,
+    }
+}
+
 /// Loads the driver library and initialises it; returns the driver's CUDA version (e.g. 13000).
+/// The file the bindings really bound is checked first: a toolkit's stub is refused by name.
 pub(crate) fn init_driver() -> Result<i32, String> {
     let path = libs::preload(CudaLib::Driver).map_err(|e| e.to_string())?;
-    // cudarc opens libcuda by its soname on its first call and panics if it cannot; the preload
-    // above should make that open succeed, and catch_unwind turns a failure into an error.
-    // SAFETY: cuInit has no preconditions; flags must be 0.
+    // The bindings open libcuda by bare name on their first call, which the loader may answer
+    // with another file than the one preloaded above.
+    let bound = super::bound::check(CudaLib::Driver, &path)?;
+    // SAFETY: cuInit has no preconditions; flags must be 0. The library is open (just above).
     let init = std::panic::catch_unwind(|| unsafe { sys::cuInit(0) }).map_err(|_| {
         format!(
             "the CUDA driver library {} could not be loaded through cudarc",
-            path.display()
+            bound.display()
         )
     })?;
+    if init == sys::CUresult::CUDA_ERROR_STUB_LIBRARY {
+        return Err(super::bound::stub_message(&bound, &path));
+    }
     check(init, "cuInit").map_err(|e| e.to_string())?;
     let mut version = 0;
     // SAFETY: writes one int; the driver is initialised.
@@ -264,7 +303,35 @@ fn describe(
         sm_count: attribute(dev, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?,
         compute_capability: cc,
         green: green_caps(dev, driver, cc),
+        mem_granularity: mem_granularity(dev)?,
     })
+}
+
+/// The granularity the driver maps pinned device memory in on `dev`: the larger of its
+/// minimum and recommended granularities.
+fn mem_granularity(dev: sys::CUdevice) -> Result<u64, EngineError> {
+    // SAFETY: every field of CUmemAllocationProp is an integer, a pointer or an enum whose zero
+    // value is a variant; the ones that matter are set below.
+    let mut prop: sys::CUmemAllocationProp = unsafe { std::mem::zeroed() };
+    prop.type_ = sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location = sys::CUmemLocation {
+        type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
+        id: dev,
+    };
+    let mut most = 0u64;
+    for option in [
+        sys::CUmemAllocationGranularity_flags::CU_MEM_ALLOC_GRANULARITY_MINIMUM,
+        sys::CUmemAllocationGranularity_flags::CU_MEM_ALLOC_GRANULARITY_RECOMMENDED,
+    ] {
+        let mut g = 0usize;
+        // SAFETY: `prop` is initialised; writes one size.
+        check(
+            unsafe { sys::cuMemGetAllocationGranularity(&mut g, &prop, option) },
+            "cuMemGetAllocationGranularity",
+        )?;
+        most = most.max(g as u64);
+    }
+    Ok(most.max(1))
 }
 
 /// The SM resource's partition granularity, or `None` when the driver has no green contexts or

@@ -5,6 +5,7 @@ use std::sync::Arc;
 use cudarc::cublas::sys as blas;
 
 use super::backend::CudaBackend;
+use super::bound;
 use super::check::check_blas;
 use super::context::Ctx;
 use super::cudnn;
@@ -37,14 +38,18 @@ impl CudaEngine {
     /// Opens device `ordinal`: initialises the driver, retains the primary context, compiles the
     /// kernels for the device's architecture, loads them, and checks that cuBLAS works.
     pub fn open(ordinal: usize, opts: &EngineOptions) -> Result<Arc<CudaEngine>, EngineError> {
-        let device = Arc::new(Device::open(ordinal)?);
-        libs::preload(CudaLib::Cublas).map_err(|e| EngineError::Unavailable {
+        let unavailable = |reason: String| EngineError::Unavailable {
             backend: "cuda".into(),
-            reason: e.to_string(),
-        })?;
+            reason,
+        };
+        let device = Arc::new(Device::open(ordinal)?);
+        let cublas = libs::preload(CudaLib::Cublas).map_err(|e| unavailable(e.to_string()))?;
         let compiled = kernels::compile_all(Some(device.info.compute_capability))?;
+        let nvrtc = libs::preload(CudaLib::Nvrtc).map_err(|e| unavailable(e.to_string()))?;
+        bound::check(CudaLib::Nvrtc, &nvrtc).map_err(unavailable)?;
         let primary = Ctx::primary(Arc::clone(&device), compiled)?;
         probe_cublas(&primary)?;
+        bound::check(CudaLib::Cublas, &cublas).map_err(unavailable)?;
         let cudnn = match opts.conv {
             ConvEngine::Gemm => None,
             ConvEngine::Cudnn => {

@@ -12,6 +12,7 @@
 
 mod backend;
 mod blas;
+mod bound;
 mod check;
 mod context;
 mod conv;
@@ -30,6 +31,10 @@ mod stream;
 
 pub use backend::CudaBackend;
 pub use data::DeviceData;
-pub use device::{available, describe_all, CudaDeviceInfo, GreenCaps};
+pub use device::{
+    available, choose_module_loading, describe_all, module_loading, CudaDeviceInfo, GreenCaps,
+    MODULE_LOADING,
+};
 pub use engine::CudaEngine;
+pub use graph::CaptureHold;
 pub use green::GreenPartition;

@@ -26,8 +26,6 @@ pub(crate) fn blas_workspace_bytes(cc: (u32, u32)) -> usize {
 /// Alignment of each part of the allocation (cuBLAS wants 256-byte workspaces; the memory plan
 /// aligns regions to 256 bytes from the arena's start).
 const PART_ALIGN: usize = 256;
-/// A pool's `maxSize` is rounded up to this (the driver maps pool memory in 2 MiB pages).
-const POOL_GRANULE: u64 = 2 << 20;
 
 /// Where the parts of a trial's single allocation lie, in bytes from its start.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -88,13 +86,37 @@ fn cap_exceeded(need: u64, cap: u64) -> EngineError {
     }
 }
 
-/// The pool's `maxSize` for a cap: the cap rounded up to whole 2 MiB pages, so that any request
-/// that passed [`check_cap`] is not refused for page rounding. `0` (the driver's default, no
-/// limit of ours) when uncapped.
-pub(crate) fn pool_max_size(cap: Option<u64>) -> usize {
-    cap.map(|c| c.div_ceil(POOL_GRANULE).saturating_mul(POOL_GRANULE))
+/// The pool's `maxSize` for a cap: the cap rounded up to whole pages of `granule` bytes (the
+/// device's memory granularity), so that any request that passed [`check_cap`] is not refused
+/// for page rounding. `0` (the driver's default, no limit of ours) when uncapped.
+pub(crate) fn pool_max_size(cap: Option<u64>, granule: u64) -> usize {
+    let granule = granule.max(1);
+    cap.map(|c| c.div_ceil(granule).saturating_mul(granule))
         .map(|c| usize::try_from(c).unwrap_or(usize::MAX))
         .unwrap_or(0)
+}
+
+/// What an out-of-memory answer to a request of `bytes` from a pool capped at `cap` means, with
+/// `free` bytes free on the device at that moment: the device is full (other trials or
+/// processes hold its memory), unless the request would have fitted in the free memory, in
+/// which case the pool's own limit refused it.
+pub(crate) fn out_of_memory(bytes: u64, cap: Option<u64>, free: Option<u64>) -> EngineError {
+    match (cap, free) {
+        (Some(cap), Some(free)) if bytes <= free => cap_exceeded(bytes, cap),
+        (Some(cap), None) => cap_exceeded(bytes, cap),
+        (_, free) => EngineError::DeviceFull {
+            need_mib: bytes as f64 / MIB,
+            free_mib: free.map(|f| f as f64 / MIB),
+        },
+    }
+}
+
+/// Free device memory in the current context, when the driver says.
+fn free_bytes() -> Option<u64> {
+    let (mut free, mut total) = (0usize, 0usize);
+    // SAFETY: writes two sizes; a context is current (the caller entered it).
+    let r = unsafe { sys::cuMemGetInfo_v2(&mut free, &mut total) };
+    (r == sys::CUresult::CUDA_SUCCESS).then_some(free as u64)
 }
 
 /// A memory pool of its own for one trial, capped or not.
@@ -110,11 +132,13 @@ unsafe impl Send for Pool {}
 unsafe impl Sync for Pool {}
 
 impl Pool {
-    /// A pool of device memory on `dev`, at most `cap` bytes (rounded up to 2 MiB).
+    /// A pool of device memory on `dev`, at most `cap` bytes (rounded up to whole `granule`s,
+    /// the device's memory granularity).
     pub(crate) fn new(
         stream: Arc<Stream>,
         dev: sys::CUdevice,
         cap: Option<u64>,
+        granule: u64,
     ) -> Result<Pool, EngineError> {
         let props = sys::CUmemPoolProps {
             allocType: sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED,
@@ -127,7 +151,7 @@ impl Pool {
                 id: dev,
             },
             win32SecurityAttributes: std::ptr::null_mut(),
-            maxSize: pool_max_size(cap),
+            maxSize: pool_max_size(cap, granule),
             usage: 0,
             reserved: [0; 54],
         };
@@ -148,23 +172,22 @@ impl Pool {
     }
 
     /// Allocates `bytes` from the pool, ordered on the pool's stream. `CapExceeded` when they do
-    /// not fit under the cap, whether the check here or the driver says so.
+    /// not fit under the cap, whether the check here or the driver says so; `DeviceFull` when
+    /// the device has not that much free, whatever the cap.
     pub(crate) fn alloc(self: &Arc<Self>, bytes: usize) -> Result<Allocation, EngineError> {
         check_cap(bytes as u64, self.cap)?;
         let mut ptr = 0;
-        let r = {
+        let (r, free) = {
             let _in = self.stream.ctx().enter()?;
             // SAFETY: pool and stream are live and belong to the current context.
-            unsafe { sys::cuMemAllocFromPoolAsync(&mut ptr, bytes, self.raw, self.stream.raw()) }
+            let r = unsafe {
+                sys::cuMemAllocFromPoolAsync(&mut ptr, bytes, self.raw, self.stream.raw())
+            };
+            let oom = r == sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY;
+            (r, if oom { free_bytes() } else { None })
         };
         if r == sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY {
-            return Err(match self.cap {
-                Some(cap) => cap_exceeded(bytes as u64, cap),
-                None => EngineError::Device(format!(
-                    "cuMemAllocFromPoolAsync: CUDA_ERROR_OUT_OF_MEMORY (needs {:.1} MiB)",
-                    bytes as f64 / MIB
-                )),
-            });
+            return Err(out_of_memory(bytes as u64, self.cap, free));
         }
         check(r, "cuMemAllocFromPoolAsync")?;
         Ok(Allocation {
@@ -229,11 +252,44 @@ mod tests {
     }
 
     #[test]
-    fn pools_are_capped_in_whole_pages() {
-        assert_eq!(pool_max_size(None), 0);
-        assert_eq!(pool_max_size(Some(2 << 20)), 2 << 20);
-        assert_eq!(pool_max_size(Some((2 << 20) + 1)), 4 << 20);
-        assert_eq!(pool_max_size(Some(1)), 2 << 20);
+    fn pools_are_capped_in_whole_pages_of_the_device() {
+        let two = 2 << 20;
+        assert_eq!(pool_max_size(None, two), 0);
+        assert_eq!(pool_max_size(Some(2 << 20), two), 2 << 20);
+        assert_eq!(pool_max_size(Some((2 << 20) + 1), two), 4 << 20);
+        assert_eq!(pool_max_size(Some(1), two), 2 << 20);
+        // Another device's granularity is its own.
+        assert_eq!(pool_max_size(Some(33 << 20), 32 << 20), 64 << 20);
+        assert_eq!(pool_max_size(Some(5), 0), 5);
+    }
+
+    #[test]
+    fn out_of_memory_is_the_cap_only_when_the_device_had_room() {
+        let mib = 1u64 << 20;
+        // The device had room: the pool's own limit refused it.
+        match out_of_memory(100 * mib, Some(64 * mib), Some(1000 * mib)) {
+            EngineError::CapExceeded { need_mib, cap_mib } => {
+                assert_eq!((need_mib, cap_mib), (100.0, 64.0));
+            }
+            other => panic!("{other:?}"),
+        }
+        // Under the cap, but others hold the device's memory: not this slice's cap.
+        let e = out_of_memory(50 * mib, Some(64 * mib), Some(10 * mib));
+        assert!(matches!(e, EngineError::DeviceFull { .. }), "{e:?}");
+        assert_eq!(
+            e.to_string(),
+            "the device is full: needs 50.0 MiB, 10.0 MiB free (other trials or processes hold the rest)"
+        );
+        // Uncapped: always the device.
+        assert!(matches!(
+            out_of_memory(50 * mib, None, None),
+            EngineError::DeviceFull { free_mib: None, .. }
+        ));
+        // Capped, and the driver would not say what is free: the cap, as before.
+        assert!(matches!(
+            out_of_memory(50 * mib, Some(64 * mib), None),
+            EngineError::CapExceeded { .. }
+        ));
     }
 
     #[test]
