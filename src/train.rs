@@ -126,7 +126,7 @@ pub fn run_trial(
         .map_or(steps_per_epoch, |m| m.min(steps_per_epoch));
     let graphs = cfg.engine.graphs && be.supports_graphs();
     let check_every = cfg.engine.check_every.max(1);
-    let mut captured = false;
+    let mut graph = StepGraph::new(graphs);
     let mut stats = [0f32; STATS_LEN];
     let mut last = None;
     for epoch in 1..=cfg.epochs {
@@ -140,22 +140,20 @@ pub fn run_trial(
             if epoch == 1 {
                 inject(be, &net, cfg.fault.as_ref(), step)?;
             }
-            // The first step runs eagerly even with graphs: it loads every kernel and lets cuBLAS
-            // pick its kernels outside a capture. The counter makes the captured step the same
+            // The first step runs eagerly even with graphs: it loads every kernel of the step
+            // and makes cuBLAS and cuDNN pick theirs in this trial's context, with every
+            // capture of the process held off, since a kernel loaded lazily during another
+            // trial's capture can invalidate it. The counter makes the captured step the same
             // computation as an eager one.
             let warm_up = epoch == 1 && step == 0;
-            if graphs && !warm_up {
-                if !captured {
-                    be.begin_capture()?;
-                    let body = net.train_step(be, steps_per_epoch, dropout_seed, h);
-                    // End the capture whatever happened, so the stream is usable again.
-                    let end = be.end_capture();
-                    body?;
-                    end?;
-                    captured = true;
-                }
+            if graph.wants_capture(warm_up) {
+                let captured = capture_step(be, &net, steps_per_epoch, dropout_seed, h);
+                graph.outcome(captured)?;
+            }
+            if graph.captured {
                 be.replay()?;
             } else {
+                let _hold = graph.eager_holds(warm_up).then(|| be.hold_captures());
                 net.train_step(be, steps_per_epoch, dropout_seed, h)?;
             }
             // A diverged trial stops soon rather than training on NaNs.
@@ -176,6 +174,9 @@ pub fn run_trial(
         let (test_loss, test_acc) = if cfg.max_steps.is_some() {
             (f64::NAN, f64::NAN)
         } else {
+            // The first evaluation loads its kernels (the last, partial batch has shapes of its
+            // own): captures held off, as for the first step.
+            let _hold = (epoch == 1).then(|| be.hold_captures());
             evaluate(be, &net, n_test)?
         };
         let e = EpochStats {
@@ -214,6 +215,74 @@ pub fn run_trial(
         peak_mem_bytes: be.allocated_bytes() as u64,
         param_count: net.param_count() as u64,
     })
+}
+
+/// How a trial's steps run with graphs: the first eagerly, then one captured and replayed from
+/// then on. A capture that fails (one invalidated by something outside the trial) is followed by
+/// an eager step and tried once more; a second failure fails the trial.
+#[derive(Debug)]
+struct StepGraph {
+    enabled: bool,
+    captured: bool,
+    failed: bool,
+}
+
+impl StepGraph {
+    fn new(enabled: bool) -> StepGraph {
+        StepGraph {
+            enabled,
+            captured: false,
+            failed: false,
+        }
+    }
+
+    /// Whether this step is to be captured.
+    fn wants_capture(&self, warm_up: bool) -> bool {
+        self.enabled && !warm_up && !self.captured
+    }
+
+    /// Takes a capture's outcome: `Ok` when the step goes on (replayed, or run eagerly after a
+    /// first failure), the error after a second failure.
+    fn outcome(&mut self, captured: Result<(), TrialError>) -> Result<(), TrialError> {
+        match captured {
+            Ok(()) => {
+                self.captured = true;
+                Ok(())
+            }
+            Err(e) if !self.failed => {
+                self.failed = true;
+                tracing::warn!(
+                    "capturing the training step failed ({e}); this step runs eagerly and the \
+                     next one is captured again"
+                );
+                Ok(())
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Whether an eager step holds every capture of the process off: the first step, and the
+    /// eager step after a failed capture (both may load kernels).
+    fn eager_holds(&self, warm_up: bool) -> bool {
+        warm_up || (self.failed && !self.captured)
+    }
+}
+
+/// Records one training step into the backend's graph. The capture is ended whatever happened,
+/// so that the stream is usable again.
+fn capture_step(
+    be: &mut dyn Backend,
+    net: &models::Network,
+    steps_per_epoch: usize,
+    dropout_seed: u64,
+    h: &crate::job::Hyper,
+) -> Result<(), TrialError> {
+    be.begin_capture()?;
+    let body = net.train_step(be, steps_per_epoch, dropout_seed, h);
+    let end = be.end_capture();
+    body?;
+    end?;
+    Ok(())
 }
 
 /// Mean loss and accuracy over the test split, in batches (the last one partial).
@@ -315,6 +384,34 @@ mod tests {
             },
         };
         CpuBackend::new(Arc::new(data), Some((cap_mib * MIB) as u64))
+    }
+
+    #[test]
+    fn a_failed_capture_gets_one_eager_step_and_one_more_try() {
+        let failed = || {
+            Err(TrialError::Worker(
+                "CUDA_ERROR_STREAM_CAPTURE_INVALIDATED".into(),
+            ))
+        };
+        // Warm-up: eager and holding captures off; no capture yet.
+        let mut g = StepGraph::new(true);
+        assert!(!g.wants_capture(true) && g.eager_holds(true));
+        // The first capture fails: the step runs eagerly, holding captures off.
+        assert!(g.wants_capture(false));
+        assert!(g.outcome(failed()).is_ok());
+        assert!(!g.captured && g.eager_holds(false));
+        // The next step is captured again, and from then on replayed without holding anything.
+        assert!(g.wants_capture(false));
+        assert!(g.outcome(Ok(())).is_ok());
+        assert!(g.captured && !g.wants_capture(false) && !g.eager_holds(false));
+        // Two failures in a row fail the trial with the second error.
+        let mut g = StepGraph::new(true);
+        assert!(g.outcome(failed()).is_ok());
+        let e = g.outcome(failed()).unwrap_err();
+        assert!(e.to_string().contains("INVALIDATED"), "{e}");
+        // Without graphs nothing is captured, and only the first step holds.
+        let g = StepGraph::new(false);
+        assert!(!g.wants_capture(false) && !g.eager_holds(false) && g.eager_holds(true));
     }
 
     #[test]

@@ -10,6 +10,7 @@ pub mod rng;
 pub mod shapes;
 
 use crate::error::EngineError;
+pub use cuda::CaptureHold;
 pub use shapes::{BnParams, Conv2dShape, GemmShape, PlaneShape, PoolShape};
 
 /// A span of `f32` elements inside a trial's arena.
@@ -320,6 +321,12 @@ pub trait Backend: Send {
     /// Whether ops can be captured into a graph and replayed ([`Backend::begin_capture`]).
     fn supports_graphs(&self) -> bool {
         false
+    }
+    /// Keeps every graph capture of the process from running while the hold lives: for eager
+    /// work that may load kernels lazily (a trial's first step and first evaluation), which
+    /// would invalidate another trial's capture. Backends without graphs hold nothing.
+    fn hold_captures(&self) -> CaptureHold {
+        CaptureHold::none()
     }
     /// Starts recording the ops issued from now on instead of running them.
     fn begin_capture(&mut self) -> Result<(), EngineError> {

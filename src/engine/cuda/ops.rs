@@ -5,6 +5,7 @@ use cudarc::driver::sys;
 use super::backend::{at, need, CudaBackend};
 use super::check::{check, to_u32};
 use super::conv::{workspace_len, BwdPtrs, FwdPtrs};
+use super::graph::{self, CaptureHold};
 use super::launch::{Arg, BLOCK, MAX_BLOCKS};
 use crate::engine::cpu::{check_conv, check_pool};
 use crate::engine::{
@@ -656,6 +657,10 @@ impl Backend for CudaBackend {
 
     fn supports_graphs(&self) -> bool {
         self.graphs
+    }
+
+    fn hold_captures(&self) -> CaptureHold {
+        graph::hold()
     }
 
     fn begin_capture(&mut self) -> Result<(), EngineError> {
