@@ -92,19 +92,46 @@ impl Drop for ProbeBuf {
     }
 }
 
-/// A 1×1×5×5 input (0, 1, …, 24) through a 3×3 filter of ones, padding 1: every output is the
-/// sum of its window, checked on the host.
+/// The probe's convolution: two 3×8×8 samples through four 3×3 filters with padding 1.
+const PROBE: Conv2dShape = Conv2dShape {
+    n: 2,
+    c_in: 3,
+    h: 8,
+    w: 8,
+    c_out: 4,
+    k: 3,
+    pad: 1,
+    stride: 1,
+};
+
+/// How far the probe's output may be from the CPU twin's: cuDNN's FFT and Winograd algorithms
+/// round differently from a direct sum (about 1e-6 relative in FP32), while a broken
+/// convolution is off by far more than this.
+const PROBE_TOLERANCE: f32 = 1e-4;
+
+/// Whether `got` matches `want` within [`PROBE_TOLERANCE`], relative to the largest `want`;
+/// the first element that does not, otherwise.
+fn probe_mismatch(got: &[f32], want: &[f32]) -> Option<(usize, f32, f32)> {
+    let scale = want.iter().fold(1f32, |m, v| m.max(v.abs()));
+    if got.len() != want.len() {
+        return Some((got.len().min(want.len()), f32::NAN, f32::NAN));
+    }
+    got.iter()
+        .zip(want)
+        .enumerate()
+        .find(|(_, (g, w))| {
+            let close = (*g - *w).abs() <= PROBE_TOLERANCE * scale;
+            !close // NaN is never close
+        })
+        .map(|(i, (g, w))| (i, *g, *w))
+}
+
+/// Random inputs and filters through cuDNN's first-ranked FP32 forward algorithm, compared with
+/// the CPU twin ([`cpu::ops::conv2d_fwd`](crate::engine::cpu::ops::conv2d_fwd)) within a
+/// tolerance, so that exact-rounding differences of FFT or Winograd algorithms pass and wrong
+/// results do not.
 fn probe_with(handle: dnn::cudnnHandle_t) -> Result<(), EngineError> {
-    let s = Conv2dShape {
-        n: 1,
-        c_in: 1,
-        h: 5,
-        w: 5,
-        c_out: 1,
-        k: 3,
-        pad: 1,
-        stride: 1,
-    };
+    let s = PROBE;
     let x = tensor(s.n, s.c_in, s.h, s.w)?;
     let y = tensor(s.n, s.c_out, s.h_out(), s.w_out())?;
     let w = filter(&s)?;
@@ -132,18 +159,29 @@ fn probe_with(handle: dnn::cudnnHandle_t) -> Result<(), EngineError> {
         },
         "cudnnGetConvolutionForwardWorkspaceSize",
     )?;
-    let input: Vec<f32> = (0..25u8).map(f32::from).collect();
-    let ones = [1f32; 9];
-    let (xb, wb, yb) = (ProbeBuf::new(100)?, ProbeBuf::new(36)?, ProbeBuf::new(100)?);
+    let mut rng = crate::engine::rng::HostRng::new(0x70_726f_6265);
+    let input: Vec<f32> = (0..s.n * s.c_in * s.h * s.w)
+        .map(|_| rng.uniform_f32(-1.0, 1.0))
+        .collect();
+    let weights: Vec<f32> = (0..s.c_out * s.c_in * s.k * s.k)
+        .map(|_| rng.uniform_f32(-1.0, 1.0))
+        .collect();
+    let out_len = s.n * s.c_out * s.h_out() * s.w_out();
+    let bytes = |v: usize| v * std::mem::size_of::<f32>();
+    let (xb, wb, yb) = (
+        ProbeBuf::new(bytes(input.len()))?,
+        ProbeBuf::new(bytes(weights.len()))?,
+        ProbeBuf::new(bytes(out_len))?,
+    );
     let ws = ProbeBuf::new(ws_bytes)?;
     // SAFETY: the buffers hold the bytes copied; the copies are synchronous.
     unsafe {
         check(
-            sys::cuMemcpyHtoD_v2(xb.0, input.as_ptr().cast(), 100),
+            sys::cuMemcpyHtoD_v2(xb.0, input.as_ptr().cast(), bytes(input.len())),
             "cuMemcpyHtoD",
         )?;
         check(
-            sys::cuMemcpyHtoD_v2(wb.0, ones.as_ptr().cast(), 36),
+            sys::cuMemcpyHtoD_v2(wb.0, weights.as_ptr().cast(), bytes(weights.len())),
             "cuMemcpyHtoD",
         )?;
     }
@@ -170,38 +208,64 @@ fn probe_with(handle: dnn::cudnnHandle_t) -> Result<(), EngineError> {
         },
         "cudnnConvolutionForward",
     )?;
-    let mut out = [0f32; 25];
-    // SAFETY: a synchronous copy of the 25 floats just written (it waits for the convolution).
+    let mut out = vec![0f32; out_len];
+    // SAFETY: a synchronous copy of the floats just written (it waits for the convolution).
     check(
-        unsafe { sys::cuMemcpyDtoH_v2(out.as_mut_ptr().cast(), yb.0, 100) },
+        unsafe { sys::cuMemcpyDtoH_v2(out.as_mut_ptr().cast(), yb.0, bytes(out_len)) },
         "cuMemcpyDtoH",
     )?;
-    let want = window_sums_5x5(&input);
-    if out != want {
+    let mut want = vec![0f32; out_len];
+    let mut scratch = vec![0f32; s.ws_len()];
+    crate::engine::cpu::ops::conv2d_fwd(&s, &input, &weights, None, &mut want, &mut scratch);
+    if let Some((i, g, w)) = probe_mismatch(&out, &want) {
         return Err(EngineError::Device(format!(
-            "cuDNN's test convolution (algorithm {}) computed {out:?}, not {want:?}",
-            offer.algo
+            "cuDNN's test convolution ({algo:?}) computed {g} at element {i}, the CPU {w}"
         )));
     }
     Ok(())
 }
 
-/// The probe's expected output: each pixel's 3×3 window sum over a zero-padded 5×5 plane (exact
-/// in f32: small integers).
-fn window_sums_5x5(x: &[f32]) -> [f32; 25] {
-    let mut out = [0f32; 25];
-    for (i, o) in out.iter_mut().enumerate() {
-        let (r, c) = ((i / 5) as i32, (i % 5) as i32);
-        for dr in -1..=1 {
-            for dc in -1..=1 {
-                let (rr, cc) = (r + dr, c + dc);
-                if (0..5).contains(&rr) && (0..5).contains(&cc) {
-                    *o += x[(rr * 5 + cc) as usize];
-                }
-            }
-        }
+/// An algorithm's name without cuDNN's common prefix, marked when it may use TF32.
+fn algo_name(debug: &str, tf32: bool) -> String {
+    let short = debug
+        .trim_start_matches("CUDNN_CONVOLUTION_")
+        .trim_start_matches("FWD_ALGO_")
+        .trim_start_matches("BWD_DATA_ALGO_")
+        .trim_start_matches("BWD_FILTER_ALGO_");
+    if tf32 {
+        format!("{short} (TF32)")
+    } else {
+        short.to_string()
     }
-    out
+}
+
+/// One line naming the algorithms a convolution shape runs with, for `--verbose`.
+fn choice_line(s: &Conv2dShape, [fwd, data, filter]: [String; 3], bytes: usize) -> String {
+    format!(
+        "cuDNN: conv {}×{}×{}×{} → {} channels, {}×{} kernel, stride {}, pad {}: forward {fwd}, \
+         backward-data {data}, backward-filter {filter}; workspace {:.1} MiB",
+        s.n,
+        s.c_in,
+        s.h,
+        s.w,
+        s.c_out,
+        s.k,
+        s.k,
+        s.stride,
+        s.pad,
+        bytes as f64 / (1u64 << 20) as f64
+    )
+}
+
+/// Logs `line` at debug level (`--verbose`) the first time this process makes that choice
+/// (every trial of a process plans the same shapes).
+fn say_choice(line: &str) {
+    static SAID: Mutex<Vec<String>> = Mutex::new(Vec::new());
+    let mut said = SAID.lock().unwrap_or_else(PoisonError::into_inner);
+    if !said.iter().any(|l| l == line) {
+        tracing::debug!("{line}");
+        said.push(line.to_string());
+    }
 }
 
 /// An owned tensor descriptor.
@@ -674,6 +738,15 @@ impl Dnn {
             .into_iter()
             .max()
             .unwrap_or(0);
+        say_choice(&choice_line(
+            s,
+            [
+                algo_name(&format!("{fa:?}"), f.tensor_ops && self.tf32),
+                algo_name(&format!("{da:?}"), d.tensor_ops && self.tf32),
+                algo_name(&format!("{ga:?}"), g.tensor_ops && self.tf32),
+            ],
+            bytes,
+        ));
         Ok(Choice {
             fwd: (fa, fc),
             data: (da, dc),
@@ -889,25 +962,48 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_probes_expected_output_is_the_cpu_convolution() {
-        let x: Vec<f32> = (0..25u8).map(f32::from).collect();
-        let want = window_sums_5x5(&x);
-        // The same convolution on the CPU backend's twin: a 3×3 filter of ones, padding 1.
-        let s = Conv2dShape {
-            n: 1,
-            c_in: 1,
-            h: 5,
-            w: 5,
-            c_out: 1,
-            k: 3,
-            pad: 1,
-            stride: 1,
-        };
-        let mut y = vec![0f32; 25];
-        let mut ws = vec![0f32; s.ws_len()];
-        crate::engine::cpu::ops::conv2d_fwd(&s, &x, &[1.0; 9], None, &mut y, &mut ws);
-        assert_eq!(y, want);
-        assert_eq!((want[0], want[12]), (12.0, 108.0));
+    fn each_convolution_says_which_algorithms_it_runs() {
+        let f = algo_name(
+            &format!(
+                "{:?}",
+                dnn::cudnnConvolutionFwdAlgo_t::CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD_NONFUSED
+            ),
+            false,
+        );
+        assert_eq!(f, "WINOGRAD_NONFUSED");
+        let d = algo_name(
+            &format!(
+                "{:?}",
+                dnn::cudnnConvolutionBwdDataAlgo_t::CUDNN_CONVOLUTION_BWD_DATA_ALGO_1
+            ),
+            true,
+        );
+        assert_eq!(d, "1 (TF32)");
+        let line = choice_line(&PROBE, [f, d, "FFT".into()], 3 << 20);
+        assert_eq!(
+            line,
+            "cuDNN: conv 2×3×8×8 → 4 channels, 3×3 kernel, stride 1, pad 1: forward \
+             WINOGRAD_NONFUSED, backward-data 1 (TF32), backward-filter FFT; workspace 3.0 MiB"
+        );
+    }
+
+    #[test]
+    fn the_probe_accepts_rounding_and_refuses_wrong_results() {
+        let want = [1.0f32, -2.0, 30.0, 0.0];
+        assert_eq!(probe_mismatch(&want, &want), None);
+        // What an FFT or Winograd algorithm may round differently: well within the tolerance.
+        let rounded = [1.000_01, -2.000_02, 30.000_5, 1e-5];
+        assert_eq!(probe_mismatch(&rounded, &want), None);
+        // A wrong result, or a NaN, is named with its element.
+        let wrong = [1.0, -2.0, 30.1, 0.0];
+        assert_eq!(probe_mismatch(&wrong, &want).map(|m| m.0), Some(2));
+        let nan = [1.0, f32::NAN, 30.0, 0.0];
+        assert_eq!(probe_mismatch(&nan, &want).map(|m| m.0), Some(1));
+        assert!(probe_mismatch(&want[..3], &want).is_some());
+        // The probe's shape is a real convolution with padding on several channels.
+        let p = PROBE;
+        assert_eq!((p.h_out(), p.w_out()), (8, 8));
+        assert!(p.c_in > 1 && p.c_out > 1 && p.n > 1 && p.pad > 0);
     }
 
     #[test]
