@@ -110,7 +110,7 @@ impl Resolved {
             if self.more.iter().any(|(n, _)| *n == d) {
                 continue;
             }
-            let engine = CudaEngine::open(d as usize, &job.file.engine).map_err(|e| {
+            let engine = CudaEngine::open(d as usize, &job.engine_options()).map_err(|e| {
                 let why = match e {
                     EngineError::Unavailable { reason, .. } => reason,
                     other => other.to_string(),
@@ -390,7 +390,7 @@ pub fn load_data(job: &Job, data_dir: Option<&Path>) -> Result<Arc<Dataset>> {
 pub fn train(job: &Job, trial: u32, data_dir: Option<&Path>, out: &mut dyn Write) -> Result<()> {
     job.model()?;
     let found = gpu::discover();
-    let r = resolve_backend(job.file.backend, &found, &job.file.engine)?;
+    let r = resolve_backend(job.file.backend, &found, &job.engine_options())?;
     eprintln!("{}", r.note);
     let data = load_data(job, data_dir)?;
     check_batch(job, &data, &[trial])?;
@@ -526,7 +526,7 @@ pub fn fib(job: &Job, opts: &FibOptions, out: &mut dyn Write) -> Result<PathBuf>
         }
     }
     let found = gpu::discover();
-    let mut r = resolve_backend(job.file.backend, &found, &job.file.engine)?;
+    let mut r = resolve_backend(job.file.backend, &found, &job.engine_options())?;
     eprintln!("{}", r.note);
     r.open_devices(job)?;
     let mut splits = job.file.splits.clone();

@@ -29,6 +29,13 @@ pub enum ModelKind {
     Resnet50,
 }
 
+impl ModelKind {
+    /// Whether the network has convolutions (what cuDNN would be loaded for).
+    pub fn has_convolutions(self) -> bool {
+        !matches!(self, ModelKind::Mlp)
+    }
+}
+
 impl std::fmt::Display for ModelKind {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
@@ -426,6 +433,19 @@ impl Default for EngineOptions {
             check_every: 50,
             conv: ConvEngine::Auto,
         }
+    }
+}
+
+impl EngineOptions {
+    /// These options for a process whose trials train a model with convolutions or not: with
+    /// `conv: auto`, a model without any does not load cuDNN (it would cost every process,
+    /// `process`-mode workers included, start-up time and memory for nothing).
+    pub fn for_model(&self, convolutions: bool) -> EngineOptions {
+        let mut opts = self.clone();
+        if !convolutions && opts.conv == ConvEngine::Auto {
+            opts.conv = ConvEngine::Gemm;
+        }
+        opts
     }
 }
 
@@ -1178,6 +1198,18 @@ impl Job {
     }
 
     /// The built-in model; an error for a job that runs an external command.
+    /// The engine options a process running this job opens its engine with
+    /// ([`EngineOptions::for_model`]): an external command or a model without convolutions does
+    /// not load cuDNN.
+    pub fn engine_options(&self) -> EngineOptions {
+        let convolutions = self
+            .file
+            .model
+            .as_ref()
+            .is_some_and(|m| m.kind.has_convolutions());
+        self.file.engine.for_model(convolutions)
+    }
+
     pub fn model(&self) -> Result<&ModelSpec, JobError> {
         self.file.model.as_ref().ok_or_else(|| {
             self.invalid(

@@ -355,3 +355,51 @@ fn sigterm_stops_fib_with_exit_code_3_and_keeps_the_rounds_done() {
         "the rounds done are kept, the cut one is not: {rounds}"
     );
 }
+
+/// With `--verbose`, each `process`-mode worker says how long it took to be ready and the memory
+/// it holds; without it, nothing of that.
+#[test]
+fn verbose_process_workers_say_their_start_up_time_and_memory() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let job = job(dir.path(), "small.yaml", SMALL);
+    for verbose in [true, false] {
+        let out = dir.path().join(format!("out-{verbose}"));
+        let mut args = vec![
+            "fib",
+            job.to_str().unwrap(),
+            "--n",
+            "2",
+            "--splits",
+            "process",
+            "--epochs",
+            "1",
+            "--backend",
+            "cpu",
+            "--out",
+            out.to_str().unwrap(),
+        ];
+        if verbose {
+            args.insert(0, "--verbose");
+        }
+        let o = gpumux(dir.path(), &args);
+        assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+        let err = stderr(&o);
+        let ready: Vec<&str> = err
+            .lines()
+            .filter(|l| l.contains("worker ready:"))
+            .collect();
+        if !verbose {
+            assert!(ready.is_empty(), "{err}");
+            continue;
+        }
+        assert_eq!(ready.len(), 2, "{err}");
+        for (i, l) in ready.iter().enumerate() {
+            assert!(l.contains("s after its start"), "{l}");
+            assert!(l.contains("host memory peak ") && l.contains(" MiB"), "{l}");
+            assert!(
+                ready.iter().any(|l| l.contains(&format!("trial t00{i},"))),
+                "{err}"
+            );
+        }
+    }
+}

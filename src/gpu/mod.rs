@@ -94,6 +94,37 @@ fn nvml_gpus() -> Result<(Vec<GpuInfo>, Option<String>), String> {
     Ok((gpus, driver))
 }
 
+/// The GPU memory NVML reports for process `pid` on the device `uuid`, in MiB, when it says.
+/// NVML is opened once per process. In a container with process ids of its own, NVML's (the
+/// host's) do not match and this is `None`.
+pub fn process_gpu_mib(uuid: &str, pid: u32) -> Option<f64> {
+    use nvml_wrapper::enums::device::UsedGpuMemory;
+    static NVML: std::sync::OnceLock<Option<nvml_wrapper::Nvml>> = std::sync::OnceLock::new();
+    let nvml = NVML
+        .get_or_init(|| nvml_wrapper::Nvml::init().ok())
+        .as_ref()?;
+    let dev = nvml.device_by_uuid(uuid).ok()?;
+    let procs = dev.running_compute_processes().ok()?;
+    match procs.into_iter().find(|p| p.pid == pid)?.used_gpu_memory {
+        UsedGpuMemory::Used(bytes) => Some(bytes as f64 / (1u64 << 20) as f64),
+        UsedGpuMemory::Unavailable => None,
+    }
+}
+
+/// The most resident memory this process has used so far (`VmHWM`), in MiB; `None` off Linux.
+pub fn peak_rss_mib() -> Option<f64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let kib: f64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))?
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .ok()?;
+    Some(kib / 1024.0)
+}
+
 /// The host's CPU model, core count and memory (from /proc on Linux; defaults elsewhere).
 pub fn host_info() -> HostInfo {
     let cores = std::thread::available_parallelism()

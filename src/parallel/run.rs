@@ -283,7 +283,7 @@ pub fn run(job: &Job, opts: &ParallelOptions, out: &mut dyn Write) -> Result<Pat
     let model = job.model()?.clone();
     let k = job.replicas()?;
     let found = gpu::discover();
-    let mut r = resolve_backend(job.file.backend, &found, &job.file.engine)?;
+    let mut r = resolve_backend(job.file.backend, &found, &job.engine_options())?;
     eprintln!("{}", r.note);
     r.open_devices(job)?;
     let split = opts.split.unwrap_or(job.file.split);

@@ -99,7 +99,7 @@ pub fn run(job: &Job, opts: &ScanOptions, out: &mut dyn Write) -> Result<PathBuf
         )));
     }
     let found = gpu::discover();
-    let mut r = resolve_backend(job.file.backend, &found, &job.file.engine)?;
+    let mut r = resolve_backend(job.file.backend, &found, &job.engine_options())?;
     eprintln!("{}", r.note);
     r.open_devices(job)?;
     let split = opts.split.unwrap_or(job.file.split);

@@ -37,9 +37,36 @@ pub struct WorkerRequest {
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum WorkerMessage {
+    /// The worker has its data, engine and backend, and starts training.
+    Ready(WorkerReady),
     Epoch(EpochStats),
     Done(TrialResult),
     Failed(String),
+}
+
+/// What a worker says when it is ready to train: its host memory so far.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct WorkerReady {
+    /// The worker's peak resident memory (MiB) at that point: data, libraries, engine.
+    pub host_peak_mib: Option<f64>,
+}
+
+/// The line `--verbose` prints when a worker is ready: how long it took to start (process,
+/// data, engine, backend) and the memory it holds, which every `process`-mode trial pays.
+pub fn ready_line(
+    trial: &str,
+    pid: u32,
+    startup_s: f64,
+    host_mib: Option<f64>,
+    gpu_mib: Option<f64>,
+) -> String {
+    let mib = |m: Option<f64>| m.map_or_else(|| "n/a".to_string(), |m| format!("{m:.0} MiB"));
+    format!(
+        "worker ready: trial {trial}, pid {pid}, {startup_s:.2} s after its start; host memory \
+         peak {}, GPU memory {}",
+        mib(host_mib),
+        mib(gpu_mib)
+    )
 }
 
 /// Runs one trial in a child process and waits for it.
@@ -134,6 +161,7 @@ fn supervise(
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     super::die_with_parent(&mut cmd);
+    let spawned = Instant::now();
     let mut child = cmd
         .spawn()
         .map_err(|e| format!("cannot start worker {}: {e}", ctx.worker_exe.display()))?;
@@ -155,6 +183,18 @@ fn supervise(
         for line in BufReader::new(out).lines() {
             let Ok(line) = line else { break };
             match serde_json::from_str::<WorkerMessage>(&line) {
+                Ok(WorkerMessage::Ready(r)) => {
+                    let pid = child.id();
+                    let gpu = match ctx.devices.get(req.slice.device) {
+                        Some(Device::Cuda { engine, .. }) => {
+                            crate::gpu::process_gpu_mib(&engine.info().uuid, pid)
+                        }
+                        _ => None,
+                    };
+                    let secs = spawned.elapsed().as_secs_f64();
+                    let line = ready_line(&req.trial.id, pid, secs, r.host_peak_mib, gpu);
+                    tracing::debug!("{line}");
+                }
                 Ok(WorkerMessage::Epoch(s)) => on_epoch(&s),
                 Ok(WorkerMessage::Done(r)) => result = Some(Ok(r)),
                 Ok(WorkerMessage::Failed(e)) => result = Some(Err(e)),
@@ -224,10 +264,18 @@ pub fn worker_main(input: &mut dyn Read, output: &mut dyn Write) -> Result<(), S
                 .data
                 .load(req.data_base.as_deref(), req.data_seed)
                 .map_err(|e| e.to_string())?;
-            let device = Device::open(req.backend, req.slice.device, &data, &req.config.engine)
+            let opts = req
+                .config
+                .engine
+                .for_model(req.config.model.kind.has_convolutions());
+            let device = Device::open(req.backend, req.slice.device, &data, &opts)
                 .map_err(|e| e.to_string())?;
             let mut be = open_backend(&device, Arc::new(data), &req.slice, None)
                 .map_err(|e| e.to_string())?;
+            let ready = WorkerReady {
+                host_peak_mib: crate::gpu::peak_rss_mib(),
+            };
+            send(output, &WorkerMessage::Ready(ready));
             run_trial(be.as_mut(), &req.config, &mut |s| {
                 send(output, &WorkerMessage::Epoch(s.clone()))
             })
@@ -246,6 +294,25 @@ pub fn worker_main(input: &mut dyn Read, output: &mut dyn Write) -> Result<(), S
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_ready_worker_says_its_start_up_time_and_memory() {
+        let line = ready_line("t003", 4242, 0.8456, Some(212.4), None);
+        assert_eq!(
+            line,
+            "worker ready: trial t003, pid 4242, 0.85 s after its start; host memory peak \
+             212 MiB, GPU memory n/a"
+        );
+        let msg = serde_json::to_string(&WorkerMessage::Ready(WorkerReady {
+            host_peak_mib: Some(1.5),
+        }))
+        .unwrap();
+        assert_eq!(msg, r#"{"ready":{"host_peak_mib":1.5}}"#);
+        // This process's own peak is known on Linux, and is above zero.
+        if cfg!(target_os = "linux") {
+            assert!(crate::gpu::peak_rss_mib().is_some_and(|m| m > 0.0));
+        }
+    }
 
     #[test]
     fn mps_limits_share_threads_and_pin_the_cap() {

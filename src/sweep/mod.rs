@@ -234,7 +234,7 @@ pub fn run(job: &Job, opts: &SweepOptions, out: &mut dyn Write) -> Result<PathBu
         return dry_run(job, &todo, split, concurrency, &dir, out).map(|_| dir);
     }
     let found = crate::gpu::discover();
-    let mut resolved = commands::resolve_backend(job.file.backend, &found, &job.file.engine)?;
+    let mut resolved = commands::resolve_backend(job.file.backend, &found, &job.engine_options())?;
     tracing::info!("{}", resolved.note);
     resolved.open_devices(job)?;
     if split.gpu_only() && resolved.engine.is_none() {
