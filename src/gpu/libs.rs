@@ -668,7 +668,8 @@ mod tests {
     #[test]
     fn the_loader_names_the_file_a_function_comes_from() {
         // A C library function lives in the C library, by absolute path.
-        let libc_file = file_at(libc::strlen as usize).expect("strlen is in a loaded file");
+        let libc_file =
+            file_at(libc::strlen as *const () as usize).expect("strlen is in a loaded file");
         assert!(libc_file.is_absolute(), "{}", libc_file.display());
         let name = libc_file
             .file_name()
@@ -677,7 +678,7 @@ mod tests {
             .into_owned();
         assert!(name.starts_with("libc"), "{name}");
         // A function of this test binary lives in the binary itself.
-        let own = file_at(file_at as usize).expect("in the test binary");
+        let own = file_at(file_at as *const () as usize).expect("in the test binary");
         let exe = std::fs::canonicalize(std::env::current_exe().unwrap()).unwrap();
         assert_eq!(own, exe);
         assert_eq!(file_at(0), None);
