@@ -1191,9 +1191,13 @@ enum Needs {
     Cudnn,
 }
 
+/// A test's body.
+type Body = Box<dyn FnOnce() + Send>;
+/// A test run once per convolution path, with its name.
+type PerConv = (&'static str, fn(ConvEngine));
+
 /// Every test of this file: its name, what it needs, and its body.
-fn tests() -> Vec<(String, Needs, Box<dyn FnOnce() + Send>)> {
-    type Body = Box<dyn FnOnce() + Send>;
+fn tests() -> Vec<(String, Needs, Body)> {
     let plain: Vec<(&str, fn())> = vec![
         (
             "regions_are_checked_as_on_the_cpu",
@@ -1267,7 +1271,7 @@ fn tests() -> Vec<(String, Needs, Box<dyn FnOnce() + Send>)> {
         .into_iter()
         .map(|(name, f)| (name.to_string(), Needs::Gpu, Box::new(f) as Body))
         .collect();
-    let per_conv: [(&str, fn(ConvEngine)); 2] = [
+    let per_conv: [PerConv; 2] = [
         ("convolutions_match_the_cpu", convolutions_match_the_cpu),
         (
             "reduced_resnet_training_matches_the_cpu",
