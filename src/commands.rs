@@ -437,7 +437,7 @@ pub fn train(job: &Job, trial: u32, data_dir: Option<&Path>, out: &mut dyn Write
     let mut lines = Vec::new();
     let res = run_trial(be.as_mut(), &cfg, &mut |e| {
         let line = format!(
-            "epoch {:>3}  train loss {:.4}  train acc {:.4}  test loss {:.4}  test acc {:.4}  {:.1} s",
+            "epoch {:>3}  train loss {:.4}  train acc {:.4}  test loss {:.4}  test acc {:.4}  {:.2} s",
             e.epoch, e.train_loss, e.train_acc, e.test_loss, e.test_acc, e.wall_s
         );
         let _ = writeln!(out, "{line}");
@@ -445,7 +445,7 @@ pub fn train(job: &Job, trial: u32, data_dir: Option<&Path>, out: &mut dyn Write
     });
     match res {
         Ok(r) => say(out, format!(
-            "done: test acc {:.4}, final loss {:.4}, {:.1} s, {:.0} samples/s, {} parameters, arena {:.2} MiB",
+            "done: test acc {:.4}, final loss {:.4}, {:.2} s, {:.0} samples/s, {} parameters, arena {:.2} MiB",
             r.test_acc, r.final_loss, r.wall_s, r.samples_per_s, r.param_count, r.peak_mem_bytes as f64 / MIB
         )),
         Err(e) => Err(Error::Internal(format!("trial {} failed: {e}", spec.id))),
