@@ -175,9 +175,13 @@ pub fn run_trial(
             (f64::NAN, f64::NAN)
         } else {
             // The first evaluation loads its kernels (the last, partial batch has shapes of its
-            // own): captures held off, as for the first step.
-            let _hold = (epoch == 1).then(|| be.hold_captures());
-            evaluate(be, &net, n_test)?
+            // own): issued with captures held off, as the first step is.
+            let loads = if graphs && epoch == 1 {
+                Loads::HoldCaptures
+            } else {
+                Loads::Done
+            };
+            evaluate(be, &net, n_test, loads)?
         };
         let e = EpochStats {
             epoch,
@@ -262,10 +266,20 @@ impl StepGraph {
     }
 
     /// Whether an eager step holds every capture of the process off: the first step, and the
-    /// eager step after a failed capture (both may load kernels).
+    /// eager step after a failed capture (both may load kernels). Without graphs nothing in the
+    /// process captures (every trial of a job has the same engine options), so nothing is held.
     fn eager_holds(&self, warm_up: bool) -> bool {
-        warm_up || (self.failed && !self.captured)
+        self.enabled && (warm_up || (self.failed && !self.captured))
     }
+}
+
+/// Whether work may load kernels that other trials' captures must be kept from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Loads {
+    /// Issue the work whose kernels may load with the process's captures held off.
+    HoldCaptures,
+    /// Its kernels are loaded already, or nothing in the process captures.
+    Done,
 }
 
 /// Records one training step into the backend's graph. The capture is ended whatever happened,
@@ -286,10 +300,15 @@ fn capture_step(
 }
 
 /// Mean loss and accuracy over the test split, in batches (the last one partial).
+///
+/// With [`Loads::HoldCaptures`], the batches whose shapes run for the first time (the first, and
+/// a last partial one) are issued with the process's captures held off, since their kernels may
+/// load then; waiting for the result is not.
 pub(crate) fn evaluate(
     be: &mut dyn Backend,
     net: &models::Network,
     n_test: usize,
+    loads: Loads,
 ) -> Result<(f64, f64), TrialError> {
     if n_test == 0 {
         return Ok((f64::NAN, f64::NAN));
@@ -298,6 +317,8 @@ pub(crate) fn evaluate(
     let mut start = 0;
     while start < n_test {
         let rows = net.batch.min(n_test - start);
+        let new_shape = start == 0 || rows < net.batch;
+        let _hold = (loads == Loads::HoldCaptures && new_shape).then(|| be.hold_captures());
         be.gather(Split::Test, start, rows, net.input(), net.labels)?;
         let logits = net.forward(be, rows, false, 0)?;
         be.eval_xent(logits, net.labels, net.stats, rows, net.classes)?;
@@ -409,9 +430,9 @@ mod tests {
         assert!(g.outcome(failed()).is_ok());
         let e = g.outcome(failed()).unwrap_err();
         assert!(e.to_string().contains("INVALIDATED"), "{e}");
-        // Without graphs nothing is captured, and only the first step holds.
+        // Without graphs nothing is captured, and nothing is held.
         let g = StepGraph::new(false);
-        assert!(!g.wants_capture(false) && !g.eager_holds(false) && g.eager_holds(true));
+        assert!(!g.wants_capture(false) && !g.eager_holds(false) && !g.eager_holds(true));
     }
 
     #[test]

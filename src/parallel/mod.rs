@@ -462,7 +462,12 @@ fn drive(
             match crew.one(
                 0,
                 Box::new(move |r: &mut Replica| {
-                    let (l, a) = crate::train::evaluate(r.be.as_mut(), &r.net, n_test)?;
+                    let (l, a) = crate::train::evaluate(
+                        r.be.as_mut(),
+                        &r.net,
+                        n_test,
+                        crate::train::Loads::Done,
+                    )?;
                     Ok(Reply::Eval(l, a))
                 }),
             )? {
