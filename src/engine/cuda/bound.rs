@@ -8,7 +8,6 @@
 
 use std::ffi::c_void;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::path::PathBuf;
 
 use crate::gpu::libs::{self, CudaLib};
 
@@ -44,9 +43,10 @@ fn symbol_text(symbol: &[u8]) -> String {
     String::from_utf8_lossy(symbol.strip_suffix(b"\0").unwrap_or(symbol)).into_owned()
 }
 
-/// The file `lib`'s functions are called from, recorded for `gpumux devices`. A stub driver is
-/// an error that names the file and the one that was meant.
-pub(crate) fn check(lib: CudaLib, preloaded: &std::path::Path) -> Result<PathBuf, String> {
+/// The file `lib`'s functions are called from. A stub driver is an error that names the file
+/// and the one that was meant. Callers record the library ([`libs::record_bound`]) once it
+/// proved usable, so that `gpumux devices` lists only libraries in use.
+pub(crate) fn check(lib: CudaLib, preloaded: &std::path::Path) -> Result<libs::Bound, String> {
     let addr = symbol_address(lib)?;
     let file = libs::file_at(addr as usize).ok_or_else(|| {
         format!(
@@ -57,12 +57,11 @@ pub(crate) fn check(lib: CudaLib, preloaded: &std::path::Path) -> Result<PathBuf
     if lib == CudaLib::Driver && libs::is_stub(&file) {
         return Err(stub_message(&file, preloaded));
     }
-    libs::record_bound(libs::Bound {
+    Ok(libs::Bound {
         lib,
-        file: file.clone(),
+        file,
         preloaded: preloaded.to_path_buf(),
-    });
-    Ok(file)
+    })
 }
 
 /// Why a stub driver library cannot be used, and what to change.

@@ -28,9 +28,9 @@ pub(crate) const WORKSPACE_LIMIT: usize = 256 << 20;
 
 /// Loads cuDNN once per process: the library and its sub-libraries by absolute path, then the
 /// cuBLASLt and NVRTC of its CUDA version, which it opens by soname for some engines. Returns its
-/// version (e.g. `91002`), or why it cannot be used.
-pub(crate) fn load() -> Result<usize, String> {
-    static LOADED: OnceLock<Result<usize, String>> = OnceLock::new();
+/// version (e.g. `91002`) and the file its functions come from, or why it cannot be used.
+pub(crate) fn load() -> Result<(usize, libs::Bound), String> {
+    static LOADED: OnceLock<Result<(usize, libs::Bound), String>> = OnceLock::new();
     LOADED
         .get_or_init(|| {
             let path = libs::preload(CudaLib::Cudnn).map_err(|e| e.to_string())?;
@@ -47,11 +47,11 @@ pub(crate) fn load() -> Result<usize, String> {
                     path.display()
                 ));
             }
-            super::bound::check(CudaLib::Cudnn, &path)?;
+            let bound = super::bound::check(CudaLib::Cudnn, &path)?;
             let major = cudart / 1000;
             libs::preload_optional(&format!("libcublasLt.so.{major}"));
             libs::preload_optional(&format!("libnvrtc.so.{major}"));
-            Ok(version)
+            Ok((version, bound))
         })
         .clone()
 }

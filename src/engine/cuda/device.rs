@@ -101,7 +101,8 @@ pub(crate) fn init_driver() -> Result<i32, String> {
     let path = libs::preload(CudaLib::Driver).map_err(|e| e.to_string())?;
     // The bindings open libcuda by bare name on their first call, which the loader may answer
     // with another file than the one preloaded above.
-    let bound = super::bound::check(CudaLib::Driver, &path)?;
+    let driver = super::bound::check(CudaLib::Driver, &path)?;
+    let bound = driver.file.clone();
     // SAFETY: cuInit has no preconditions; flags must be 0. The library is open (just above).
     let init = std::panic::catch_unwind(|| unsafe { sys::cuInit(0) }).map_err(|_| {
         format!(
@@ -111,6 +112,9 @@ pub(crate) fn init_driver() -> Result<i32, String> {
     })?;
     if init == sys::CUresult::CUDA_ERROR_STUB_LIBRARY {
         return Err(super::bound::stub_message(&bound, &path));
+    }
+    if init == sys::CUresult::CUDA_SUCCESS {
+        libs::record_bound(driver);
     }
     check(init, "cuInit").map_err(|e| e.to_string())?;
     let mut version = 0;
@@ -303,13 +307,15 @@ fn describe(
         sm_count: attribute(dev, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?,
         compute_capability: cc,
         green: green_caps(dev, driver, cc),
-        mem_granularity: mem_granularity(dev)?,
+        mem_granularity: mem_granularity(dev),
     })
 }
 
-/// The granularity the driver maps pinned device memory in on `dev`: the larger of its
-/// minimum and recommended granularities.
-fn mem_granularity(dev: sys::CUdevice) -> Result<u64, EngineError> {
+/// The granularity the driver maps pinned device memory in on `dev` (its minimum), or 2 MiB,
+/// the value on every GPU known so far, when it does not say: a device that cannot answer this
+/// is still usable.
+fn mem_granularity(dev: sys::CUdevice) -> u64 {
+    const USUAL: u64 = 2 << 20;
     // SAFETY: every field of CUmemAllocationProp is an integer, a pointer or an enum whose zero
     // value is a variant; the ones that matter are set below.
     let mut prop: sys::CUmemAllocationProp = unsafe { std::mem::zeroed() };
@@ -318,20 +324,15 @@ fn mem_granularity(dev: sys::CUdevice) -> Result<u64, EngineError> {
         type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
         id: dev,
     };
-    let mut most = 0u64;
-    for option in [
-        sys::CUmemAllocationGranularity_flags::CU_MEM_ALLOC_GRANULARITY_MINIMUM,
-        sys::CUmemAllocationGranularity_flags::CU_MEM_ALLOC_GRANULARITY_RECOMMENDED,
-    ] {
-        let mut g = 0usize;
-        // SAFETY: `prop` is initialised; writes one size.
-        check(
-            unsafe { sys::cuMemGetAllocationGranularity(&mut g, &prop, option) },
-            "cuMemGetAllocationGranularity",
-        )?;
-        most = most.max(g as u64);
+    let mut g = 0usize;
+    let option = sys::CUmemAllocationGranularity_flags::CU_MEM_ALLOC_GRANULARITY_MINIMUM;
+    // SAFETY: `prop` is initialised; writes one size.
+    let r = unsafe { sys::cuMemGetAllocationGranularity(&mut g, &prop, option) };
+    if r == sys::CUresult::CUDA_SUCCESS && g > 0 {
+        g as u64
+    } else {
+        USUAL
     }
-    Ok(most.max(1))
 }
 
 /// The SM resource's partition granularity, or `None` when the driver has no green contexts or

@@ -46,10 +46,10 @@ impl CudaEngine {
         let cublas = libs::preload(CudaLib::Cublas).map_err(|e| unavailable(e.to_string()))?;
         let compiled = kernels::compile_all(Some(device.info.compute_capability))?;
         let nvrtc = libs::preload(CudaLib::Nvrtc).map_err(|e| unavailable(e.to_string()))?;
-        bound::check(CudaLib::Nvrtc, &nvrtc).map_err(unavailable)?;
+        libs::record_bound(bound::check(CudaLib::Nvrtc, &nvrtc).map_err(unavailable)?);
         let primary = Ctx::primary(Arc::clone(&device), compiled)?;
         probe_cublas(&primary)?;
-        bound::check(CudaLib::Cublas, &cublas).map_err(unavailable)?;
+        libs::record_bound(bound::check(CudaLib::Cublas, &cublas).map_err(unavailable)?);
         let cudnn = match opts.conv {
             ConvEngine::Gemm => None,
             ConvEngine::Cudnn => {
@@ -174,13 +174,15 @@ impl CudaEngine {
     }
 }
 
-/// Loads cuDNN and proves a handle can be made in the primary context; its version, or why not.
+/// Loads cuDNN and proves it computes a convolution right in the primary context; its version
+/// (and the library recorded as in use), or why not.
 fn open_cudnn(primary: &Ctx) -> Result<usize, String> {
-    let version = cudnn::load()?;
+    let (version, bound) = cudnn::load()?;
     let entered = primary.enter().map_err(|e| e.to_string())?;
     std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| cudnn::probe(&entered)))
         .map_err(|_| "cuDNN could not be loaded through cudarc".to_string())?
         .map_err(|e| format!("cuDNN does not initialise: {e}"))?;
+    libs::record_bound(bound);
     Ok(version)
 }
 
