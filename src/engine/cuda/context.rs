@@ -104,9 +104,12 @@ impl Ctx {
         let r = unsafe { sys::cuCtxFromGreenCtx(&mut raw, green) };
         check(r, "cuCtxFromGreenCtx").map_err(destroy)?;
         // Nobody else can reach this context yet, so no lock is needed for loading. The green
-        // context is left (the primary one made current again) before any destruction.
-        let loaded = make_current(raw, None, Some(device.primary))
-            .and_then(|entered| Kernels::load(&entered, compiled));
+        // context is left (the primary one made current again) before any destruction. Loading
+        // modules may synchronise: not while another thread captures a graph.
+        let loaded = graph::without_captures(|| {
+            make_current(raw, None, Some(device.primary))
+                .and_then(|entered| Kernels::load(&entered, compiled))
+        });
         let kernels = loaded.map_err(destroy)?;
         Ok(Arc::new(Ctx {
             raw,

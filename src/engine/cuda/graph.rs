@@ -18,6 +18,8 @@ static NO_CAPTURES: Condvar = Condvar::new();
 thread_local! {
     /// Whether this thread holds captures off ([`hold`]).
     static HOLDING: Cell<bool> = const { Cell::new(false) };
+    /// Captures this thread is running: a hold taken on it then does not wait (for itself).
+    static CAPTURING: Cell<u32> = const { Cell::new(0) };
 }
 
 /// While alive, no graph capture runs in the process and none starts. Held around eager work
@@ -44,10 +46,11 @@ impl Drop for CaptureHold {
 }
 
 /// Waits until no capture is running, then keeps new ones from starting until the hold is
-/// dropped. Holds taken again on the same thread are nested in the first (no deadlock).
-/// Take it with no context entered (it may be held while contexts are entered).
+/// dropped. Holds taken again on the same thread are nested in the first, and a thread that is
+/// capturing itself does not wait (it would wait for itself): neither deadlocks. Take it with
+/// no context entered (it may be held while contexts are entered).
 pub(crate) fn hold() -> CaptureHold {
-    if HOLDING.with(Cell::get) {
+    if HOLDING.with(Cell::get) || CAPTURING.with(Cell::get) > 0 {
         return CaptureHold::none();
     }
     let mut n = CAPTURES.lock().unwrap_or_else(PoisonError::into_inner);
@@ -67,11 +70,14 @@ pub(crate) fn capture_started() -> Result<(), EngineError> {
         ));
     }
     *CAPTURES.lock().unwrap_or_else(PoisonError::into_inner) += 1;
+    CAPTURING.with(|c| c.set(c.get() + 1));
     Ok(())
 }
 
-/// Counts a capture as over, whether it ended well or not; call it with no context entered.
+/// Counts a capture as over, whether it ended well or not; call it with no context entered, on
+/// the thread that started it.
 pub(crate) fn capture_ended() {
+    CAPTURING.with(|c| c.set(c.get().saturating_sub(1)));
     let mut n = CAPTURES.lock().unwrap_or_else(PoisonError::into_inner);
     *n = n.saturating_sub(1);
     if *n == 0 {
@@ -209,8 +215,10 @@ mod tests {
         drop(hold);
         other.join().unwrap();
         assert!(started.load(Ordering::SeqCst));
-        // Released: this thread may capture again.
+        // Released: this thread may capture again, and while it does, its own teardown does
+        // not wait for its capture to end.
         capture_started().unwrap();
+        assert_eq!(without_captures(|| 5), 5);
         capture_ended();
     }
 }

@@ -96,18 +96,41 @@ pub(crate) fn pool_max_size(cap: Option<u64>, granule: u64) -> usize {
         .unwrap_or(0)
 }
 
-/// What an out-of-memory answer to a request of `bytes` from a pool capped at `cap` means, with
-/// `free` bytes free on the device at that moment: the device is full (other trials or
-/// processes hold its memory), unless the request would have fitted in the free memory, in
-/// which case the pool's own limit refused it.
-pub(crate) fn out_of_memory(bytes: u64, cap: Option<u64>, free: Option<u64>) -> EngineError {
-    match (cap, free) {
-        (Some(cap), Some(free)) if bytes <= free => cap_exceeded(bytes, cap),
-        (Some(cap), None) => cap_exceeded(bytes, cap),
-        (_, free) => EngineError::DeviceFull {
-            need_mib: bytes as f64 / MIB,
-            free_mib: free.map(|f| f as f64 / MIB),
+/// What an out-of-memory answer to a request of `bytes` (within the slice's cap: that was
+/// checked first) means, with `free` bytes free on the device and `reserved` bytes held by the
+/// trial's pool at that moment. When the device has less free than asked, it is full: other
+/// trials or processes hold its memory, whatever this slice's cap. Otherwise the pool itself
+/// refused (its reservations count against its `maxSize`), which is said as it is: it is not
+/// the cap, since the request was within it.
+pub(crate) fn out_of_memory(
+    bytes: u64,
+    cap: Option<u64>,
+    free: Option<u64>,
+    reserved: Option<u64>,
+) -> EngineError {
+    let mib = |b: u64| b as f64 / MIB;
+    match free {
+        Some(f) if bytes > f => EngineError::DeviceFull {
+            need_mib: mib(bytes),
+            free_mib: Some(mib(f)),
         },
+        _ => {
+            let mut why = format!(
+                "cuMemAllocFromPoolAsync: out of memory for {:.1} MiB",
+                mib(bytes)
+            );
+            if let Some(c) = cap {
+                why.push_str(&format!(" under a slice cap of {:.1} MiB", mib(c)));
+            }
+            let said =
+                |v: Option<u64>| v.map_or("unknown".to_string(), |b| format!("{:.1} MiB", mib(b)));
+            why.push_str(&format!(
+                " ({} free on the device, {} reserved by the trial's pool)",
+                said(free),
+                said(reserved)
+            ));
+            EngineError::Device(why)
+        }
     }
 }
 
@@ -172,22 +195,26 @@ impl Pool {
     }
 
     /// Allocates `bytes` from the pool, ordered on the pool's stream. `CapExceeded` when they do
-    /// not fit under the cap, whether the check here or the driver says so; `DeviceFull` when
-    /// the device has not that much free, whatever the cap.
+    /// not fit under the cap (checked first); when the driver then has no memory for them, the
+    /// pool gives back what it holds unused and asks once more, and `DeviceFull` says the device
+    /// has not that much free, whatever the cap ([`out_of_memory`]).
     pub(crate) fn alloc(self: &Arc<Self>, bytes: usize) -> Result<Allocation, EngineError> {
         check_cap(bytes as u64, self.cap)?;
         let mut ptr = 0;
-        let (r, free) = {
-            let _in = self.stream.ctx().enter()?;
-            // SAFETY: pool and stream are live and belong to the current context.
-            let r = unsafe {
-                sys::cuMemAllocFromPoolAsync(&mut ptr, bytes, self.raw, self.stream.raw())
-            };
-            let oom = r == sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY;
-            (r, if oom { free_bytes() } else { None })
-        };
+        let mut r = self.try_alloc(&mut ptr, bytes)?;
         if r == sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY {
-            return Err(out_of_memory(bytes as u64, self.cap, free));
+            // Frees still pending on the stream, and memory the pool keeps reserved, count
+            // against its maxSize: let them finish and hand the unused memory back.
+            self.stream.wait()?;
+            self.trim()?;
+            r = self.try_alloc(&mut ptr, bytes)?;
+        }
+        if r == sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY {
+            let (free, reserved) = {
+                let _in = self.stream.ctx().enter()?;
+                (free_bytes(), self.reserved())
+            };
+            return Err(out_of_memory(bytes as u64, self.cap, free, reserved));
         }
         check(r, "cuMemAllocFromPoolAsync")?;
         Ok(Allocation {
@@ -198,13 +225,55 @@ impl Pool {
     }
 }
 
+impl Pool {
+    /// One allocation attempt; the driver's answer.
+    fn try_alloc(
+        &self,
+        ptr: &mut sys::CUdeviceptr,
+        bytes: usize,
+    ) -> Result<sys::CUresult, EngineError> {
+        let _in = self.stream.ctx().enter()?;
+        // SAFETY: pool and stream are live and belong to the current context; writes one pointer.
+        Ok(unsafe { sys::cuMemAllocFromPoolAsync(ptr, bytes, self.raw, self.stream.raw()) })
+    }
+
+    /// Gives the memory the pool holds unused back to the device.
+    fn trim(&self) -> Result<(), EngineError> {
+        let _in = self.stream.ctx().enter()?;
+        // SAFETY: the pool is live; keeping 0 bytes releases every unused reservation.
+        check(
+            unsafe { sys::cuMemPoolTrimTo(self.raw, 0) },
+            "cuMemPoolTrimTo",
+        )
+    }
+
+    /// The bytes the pool holds reserved from the device, when the driver says; call it inside
+    /// the context.
+    fn reserved(&self) -> Option<u64> {
+        let mut v: u64 = 0;
+        // SAFETY: the attribute is a cuuint64_t, written into `v`.
+        let r = unsafe {
+            sys::cuMemPoolGetAttribute(
+                self.raw,
+                sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT,
+                (&mut v as *mut u64).cast(),
+            )
+        };
+        (r == sys::CUresult::CUDA_SUCCESS).then_some(v)
+    }
+}
+
 impl Drop for Pool {
     fn drop(&mut self) {
-        if let Ok(_in) = self.stream.ctx().enter() {
-            // SAFETY: every allocation holds an Arc of its pool, so none is outstanding. Errors
-            // cannot be reported from Drop.
-            let _ = unsafe { sys::cuMemPoolDestroy(self.raw) };
-        }
+        // Destroying a pool releases its memory, which may synchronise the device: not while
+        // another thread captures a graph.
+        super::graph::without_captures(|| {
+            if let Ok(_in) = self.stream.ctx().enter() {
+                // SAFETY: every allocation holds an Arc of its pool, so none is outstanding.
+                // Errors cannot be reported from Drop.
+                let _ = unsafe { sys::cuMemPoolDestroy(self.raw) };
+            }
+        });
     }
 }
 
@@ -264,32 +333,31 @@ mod tests {
     }
 
     #[test]
-    fn out_of_memory_is_the_cap_only_when_the_device_had_room() {
+    fn out_of_memory_is_the_device_only_when_it_had_not_the_room() {
         let mib = 1u64 << 20;
-        // The device had room: the pool's own limit refused it.
-        match out_of_memory(100 * mib, Some(64 * mib), Some(1000 * mib)) {
-            EngineError::CapExceeded { need_mib, cap_mib } => {
-                assert_eq!((need_mib, cap_mib), (100.0, 64.0));
-            }
-            other => panic!("{other:?}"),
-        }
-        // Under the cap, but others hold the device's memory: not this slice's cap.
-        let e = out_of_memory(50 * mib, Some(64 * mib), Some(10 * mib));
+        // Under the cap, but others hold the device's memory: the device is full.
+        let e = out_of_memory(50 * mib, Some(64 * mib), Some(10 * mib), Some(0));
         assert!(matches!(e, EngineError::DeviceFull { .. }), "{e:?}");
         assert_eq!(
             e.to_string(),
             "the device is full: needs 50.0 MiB, 10.0 MiB free (other trials or processes hold the rest)"
         );
-        // Uncapped: always the device.
-        assert!(matches!(
-            out_of_memory(50 * mib, None, None),
-            EngineError::DeviceFull { free_mib: None, .. }
-        ));
-        // Capped, and the driver would not say what is free: the cap, as before.
-        assert!(matches!(
-            out_of_memory(50 * mib, Some(64 * mib), None),
-            EngineError::CapExceeded { .. }
-        ));
+        // The device had room: the pool refused, and that is said as it is, not as the cap (the
+        // request was within it) nor as a full device.
+        let e = out_of_memory(50 * mib, Some(64 * mib), Some(1000 * mib), Some(32 * mib));
+        assert!(matches!(e, EngineError::Device(_)), "{e:?}");
+        assert_eq!(
+            e.to_string(),
+            "cuMemAllocFromPoolAsync: out of memory for 50.0 MiB under a slice cap of 64.0 MiB \
+             (1000.0 MiB free on the device, 32.0 MiB reserved by the trial's pool)"
+        );
+        // Uncapped, the driver silent about free memory: named, not guessed.
+        let e = out_of_memory(50 * mib, None, None, None);
+        assert!(
+            e.to_string()
+                .ends_with("(unknown free on the device, unknown reserved by the trial's pool)"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -91,10 +91,13 @@ impl Stream {
 
 impl Drop for Stream {
     fn drop(&mut self) {
-        if let Ok(_in) = self.ctx.enter() {
-            // SAFETY: the stream's last user is gone; the driver releases it once its pending
-            // work (if any) completes. Errors cannot be reported from Drop.
-            let _ = unsafe { sys::cuStreamDestroy_v2(self.raw) };
-        }
+        // Destroying a stream may synchronise: not while another thread captures a graph.
+        super::graph::without_captures(|| {
+            if let Ok(_in) = self.ctx.enter() {
+                // SAFETY: the stream's last user is gone; the driver releases it once its
+                // pending work (if any) completes. Errors cannot be reported from Drop.
+                let _ = unsafe { sys::cuStreamDestroy_v2(self.raw) };
+            }
+        });
     }
 }
