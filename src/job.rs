@@ -1197,7 +1197,6 @@ impl Job {
         Ok(out)
     }
 
-    /// The built-in model; an error for a job that runs an external command.
     /// The engine options a process running this job opens its engine with
     /// ([`EngineOptions::for_model`]): an external command or a model without convolutions does
     /// not load cuDNN.
@@ -1210,6 +1209,7 @@ impl Job {
         self.file.engine.for_model(convolutions)
     }
 
+    /// The built-in model; an error for a job that runs an external command.
     pub fn model(&self) -> Result<&ModelSpec, JobError> {
         self.file.model.as_ref().ok_or_else(|| {
             self.invalid(

@@ -171,30 +171,29 @@ fn supervise(
         // A child that died at once shows up below through its exit status.
         let _ = stdin.write_all(&body);
     }
-    let stderr = child.stderr.take().map(|mut err| {
-        std::thread::spawn(move || {
-            let mut s = String::new();
-            let _ = err.read_to_string(&mut s);
-            s
-        })
-    });
+    let trial_id = req.trial.id.clone();
+    let stderr = child
+        .stderr
+        .take()
+        .map(|err| std::thread::spawn(move || stderr_tail(err, &trial_id)));
     let mut result = None;
     if let Some(out) = child.stdout.take() {
         for line in BufReader::new(out).lines() {
             let Ok(line) = line else { break };
             match serde_json::from_str::<WorkerMessage>(&line) {
-                Ok(WorkerMessage::Ready(r)) => {
+                Ok(WorkerMessage::Ready(r)) if tracing::enabled!(tracing::Level::DEBUG) => {
                     let pid = child.id();
+                    let secs = spawned.elapsed().as_secs_f64();
                     let gpu = match ctx.devices.get(req.slice.device) {
                         Some(Device::Cuda { engine, .. }) => {
                             crate::gpu::process_gpu_mib(&engine.info().uuid, pid)
                         }
                         _ => None,
                     };
-                    let secs = spawned.elapsed().as_secs_f64();
                     let line = ready_line(&req.trial.id, pid, secs, r.host_peak_mib, gpu);
                     tracing::debug!("{line}");
                 }
+                Ok(WorkerMessage::Ready(_)) => {}
                 Ok(WorkerMessage::Epoch(s)) => on_epoch(&s),
                 Ok(WorkerMessage::Done(r)) => result = Some(Ok(r)),
                 Ok(WorkerMessage::Failed(e)) => result = Some(Err(e)),
@@ -210,6 +209,64 @@ fn supervise(
     match result {
         Some(r) => r,
         None => Err(describe_exit(status, &err_text)),
+    }
+}
+
+/// Lines of a worker's standard error kept for the message of a worker that dies.
+const STDERR_TAIL: usize = 20;
+
+/// Reads a worker's standard error to its end, keeping its last [`STDERR_TAIL`] lines (each cut
+/// at 1,000 characters), so that no worker output grows memory without bound. With `--verbose`
+/// each line is also shown as it comes, prefixed with the trial's id.
+fn stderr_tail(err: impl Read, trial: &str) -> String {
+    let verbose = tracing::enabled!(tracing::Level::DEBUG);
+    let mut tail = std::collections::VecDeque::with_capacity(STDERR_TAIL);
+    let mut reader = BufReader::new(err);
+    let mut line = Vec::new();
+    loop {
+        line.clear();
+        // A line is read to its end but kept cut, so that one endless line cannot grow it.
+        match read_line_bounded(&mut reader, &mut line, 64 * 1024) {
+            Ok(0) | Err(_) => break,
+            Ok(_) => {}
+        }
+        let text = String::from_utf8_lossy(&line);
+        let text = text.trim_end();
+        if verbose {
+            eprintln!("[{trial}] {text}");
+        }
+        if tail.len() == STDERR_TAIL {
+            tail.pop_front();
+        }
+        tail.push_back(text.chars().take(1000).collect::<String>());
+    }
+    tail.into_iter().collect::<Vec<_>>().join("\n")
+}
+
+/// Reads one line into `buf`, keeping at most `max` bytes of it and discarding the rest; the
+/// number of bytes read (0 at the end).
+fn read_line_bounded(
+    r: &mut impl BufRead,
+    buf: &mut Vec<u8>,
+    max: usize,
+) -> std::io::Result<usize> {
+    let mut read = 0;
+    loop {
+        let chunk = r.fill_buf()?;
+        if chunk.is_empty() {
+            return Ok(read);
+        }
+        let (used, done) = match chunk.iter().position(|&b| b == b'\n') {
+            Some(i) => (i + 1, true),
+            None => (chunk.len(), false),
+        };
+        let room = max.saturating_sub(buf.len());
+        buf.extend_from_slice(&chunk[..used.min(room)]);
+        r.consume(used);
+        read += used;
+        if done {
+            return Ok(read);
+        }
     }
 }
 
@@ -294,6 +351,35 @@ pub fn worker_main(input: &mut dyn Read, output: &mut dyn Write) -> Result<(), S
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_workers_stderr_is_kept_bounded() {
+        // 100 lines, one of them endless: the last 20 are kept, each cut at 1,000 characters.
+        let mut text = String::new();
+        for i in 0..100 {
+            if i == 95 {
+                text.push_str(&"x".repeat(200_000));
+                text.push('\n');
+            } else {
+                text.push_str(&format!("line {i}\n"));
+            }
+        }
+        text.push_str("last, without a newline");
+        let tail = stderr_tail(text.as_bytes(), "t000");
+        let lines: Vec<&str> = tail.lines().collect();
+        assert_eq!(lines.len(), STDERR_TAIL);
+        assert_eq!(lines[0], "line 81");
+        assert_eq!(lines[14].len(), 1000);
+        assert_eq!(lines[19], "last, without a newline");
+        // A single line longer than the reader's buffer is read to its end, not split.
+        let mut r = BufReader::with_capacity(16, "abcdefghijklmnopqrstuvwxyz\nnext\n".as_bytes());
+        let mut buf = Vec::new();
+        assert_eq!(read_line_bounded(&mut r, &mut buf, 5).unwrap(), 27);
+        assert_eq!(buf, b"abcde");
+        buf.clear();
+        assert_eq!(read_line_bounded(&mut r, &mut buf, 5).unwrap(), 5);
+        assert_eq!(buf, b"next\n");
+    }
 
     #[test]
     fn a_ready_worker_says_its_start_up_time_and_memory() {
