@@ -48,8 +48,9 @@
 #   GPUMUX_CARRY      the folder of prebuilt binaries (default .carry).
 # SIGTERM or SIGINT stops the running step (FAIL(interrupted)) and skips the rest; the summary and
 # the copy to OUT are still made.
-# Exit: 0 all passed; 1 a step failed; 2 usage, or no binaries (or binaries older than this
-# script) in .carry; 3 nothing failed, but steps were skipped for time; 4 no usable GPU.
+# Exit: 0 all passed; 1 a step failed (or the first failed before it described the GPU: the run
+# stops there); 2 usage, or no binaries (or binaries too old for this script) in .carry; 3 nothing
+# failed, but steps were skipped for time; 4 no usable GPU.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
 root=$PWD
@@ -309,8 +310,18 @@ main() {
     elif [ "$rc" = "FAIL(2)" ] && grep -q "unexpected argument '--backend'" "$out/devices.log"; then
         stopped=2
         note "$bin does not take \`devices --backend\`: it is older than this script; run scripts/build-gpu-check.sh"
+    elif [ "$rehearse" = 0 ] && ! grep -qE '^CUDA device 0:' "$out/devices.log"; then
+        # It failed some other way (a panic, say) before the GPU was described: the steps after
+        # it would only fail the same way.
+        stopped=1
+        note "gpumux devices --backend $backend ended $rc before describing the GPU: ${why:-see devices.log}"
     fi
     if [ -n "$stopped" ]; then
+        {
+            echo "date: $(date -u +%FT%TZ)"
+            echo "phases: ${phases[*]}: stopped at the first step"
+            echo "${notes[-1]}"
+        } | mark >"$out/device.txt"
         summary >/dev/null
         pack >/dev/null
         echo "gpu-check: ${notes[-1]} (exit $stopped)" >&2
