@@ -550,20 +550,21 @@ pub fn fib(job: &Job, opts: &FibOptions, out: &mut dyn Write) -> Result<PathBuf>
         .out
         .clone()
         .unwrap_or_else(|| PathBuf::from("out").join(&job.name));
+    let _lock = crate::outdir::lock(&dir)?;
     if dir.join(report::RUNS_CSV).exists() {
         eprintln!("note: replacing the earlier results in {}", dir.display());
     }
     let mut writer = report::ReportWriter::create(&dir)?;
-    std::fs::write(
-        dir.join("command.txt"),
+    crate::outdir::replace_bytes(
+        &dir.join("command.txt"),
         format!(
             "{}\n# gpumux {}, device: {}\n",
             opts.command,
             env!("CARGO_PKG_VERSION"),
             r.device
-        ),
-    )
-    .map_err(Error::io(dir.join("command.txt").display().to_string()))?;
+        )
+        .as_bytes(),
+    )?;
     // A signal stops the experiment: running trials end as INTERRUPTED, the round is not
     // recorded (its makespan would be wrong), and gpumux exits with code 3.
     let cancel = Cancel::new();
@@ -914,12 +915,8 @@ pub fn report(dirs: &[PathBuf], out_dir: Option<&Path>, out: &mut dyn Write) -> 
     if dirs.is_empty() {
         return Err(Error::Usage("give at least one result folder".into()));
     }
-    let (runs, trials, progress) = report::merge_dirs(dirs)?;
     let target = match (out_dir, dirs) {
-        (Some(o), _) => {
-            report::write_merged(o, &runs, &trials, &progress)?;
-            o.to_path_buf()
-        }
+        (Some(o), _) => o.to_path_buf(),
         (None, [one]) => one.clone(),
         (None, _) => {
             return Err(Error::Usage(
@@ -927,6 +924,19 @@ pub fn report(dirs: &[PathBuf], out_dir: Option<&Path>, out: &mut dyn Write) -> 
             ))
         }
     };
+    // A missing folder is said as such (exit 2) before any folder is made or locked.
+    for d in dirs {
+        std::fs::metadata(d).map_err(|source| crate::error::ReportError::Read {
+            path: d.clone(),
+            source,
+        })?;
+    }
+    // The folder written is held from before the reading, as every writing command does.
+    let _lock = crate::outdir::lock(&target)?;
+    let (runs, trials, progress) = report::merge_dirs(dirs)?;
+    if out_dir.is_some() {
+        report::write_merged(&target, &runs, &trials, &progress)?;
+    }
     let paths = report::write_report(&target, &runs, &trials)?;
     write!(out, "{}", report::summary_text(&runs, &trials)).map_err(Error::io("stdout"))?;
     print_paths(&paths, out)

@@ -9,7 +9,8 @@ pub mod exit {
     pub const OK: i32 = 0;
     /// Some trials of a sweep failed, every trial of a `fib` failed, or an unexpected failure (results could not be written).
     pub const FAILURE: i32 = 1;
-    /// Bad input: the job file, a flag, or a data file named by them.
+    /// Bad input: the job file, a flag, a data file named by them, a results file that cannot be
+    /// read, or an output folder in use by another gpumux.
     pub const BAD_INPUT: i32 = 2;
     /// Interrupted (SIGINT or SIGTERM): completed trials are recorded; `--resume` finishes the rest.
     pub const INTERRUPTED: i32 = 3;
@@ -124,20 +125,56 @@ pub enum TrialError {
     Slice { slice: u32, source: Box<TrialError> },
 }
 
-/// Errors in writing or reading reports.
+/// Errors in writing or reading results files (and the output folder they live in).
 #[derive(Debug, thiserror::Error)]
 pub enum ReportError {
-    #[error("{path}: {source}")]
-    Io {
+    /// A results folder or file that cannot be read: missing, not a folder, not readable.
+    #[error("{path}: cannot read: {source}")]
+    Read {
         path: PathBuf,
         source: std::io::Error,
+    },
+    /// A results file that cannot be written: a full disk, a read-only folder.
+    #[error("{path}: cannot write: {source}")]
+    Write {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    /// A results file with a damaged line; the file is left as it is.
+    #[error("{path} line {line}: {message}; the file is left as it is: mend or remove that line, or choose another folder")]
+    Damaged {
+        path: PathBuf,
+        line: u64,
+        message: String,
     },
     #[error("{path}: {source}")]
     Csv { path: PathBuf, source: csv::Error },
     #[error("{path}: cannot draw the plot: {message}")]
     Plot { path: PathBuf, message: String },
+    /// Another gpumux process writes this output folder.
+    #[error("{dir} is in use by another gpumux{holder}: it holds the lock {lock}; wait for it to end, or choose another output folder")]
+    Locked {
+        dir: PathBuf,
+        lock: PathBuf,
+        /// ` (pid N)` when the lock file says which process holds it, else empty.
+        holder: String,
+    },
+    /// Results that cannot be used as asked (no results files in a folder, other columns).
     #[error("{0}")]
     Invalid(String),
+}
+
+impl ReportError {
+    /// Whether the error is in what the user gave (exit 2) rather than in writing (exit 1).
+    pub fn is_bad_input(&self) -> bool {
+        matches!(
+            self,
+            ReportError::Read { .. }
+                | ReportError::Damaged { .. }
+                | ReportError::Locked { .. }
+                | ReportError::Invalid(_)
+        )
+    }
 }
 
 /// The top-level error of every library entry point.
@@ -181,6 +218,7 @@ impl Error {
     pub fn exit_code(&self) -> i32 {
         match self {
             Error::Job(_) | Error::Data(_) | Error::Usage(_) => exit::BAD_INPUT,
+            Error::Report(e) if e.is_bad_input() => exit::BAD_INPUT,
             Error::Engine(EngineError::Unavailable { .. }) | Error::NoDevice(_) => exit::NO_DEVICE,
             Error::Interrupted(_) => exit::INTERRUPTED,
             Error::Engine(_)

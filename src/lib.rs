@@ -10,6 +10,7 @@ pub mod gpu;
 pub mod hash;
 pub mod job;
 pub mod models;
+pub mod outdir;
 pub mod parallel;
 pub mod plan;
 pub mod report;

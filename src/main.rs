@@ -409,8 +409,7 @@ fn run(cli: Cli) -> Result<(), Error> {
                 GoalArg::Maximize => Goal::Maximize,
                 GoalArg::Minimize => Goal::Minimize,
             };
-            let m = gpumux::sweep::merge::merge(&dirs)?;
-            gpumux::sweep::merge::write(&m, &out, goal, &mut std::io::stdout())
+            gpumux::sweep::merge::run(&dirs, &out, goal, &mut std::io::stdout())
         }
     }
 }

@@ -370,6 +370,7 @@ pub fn run(job: &Job, opts: &ParallelOptions, out: &mut dyn Write) -> Result<Pat
         .out
         .clone()
         .unwrap_or_else(|| PathBuf::from("out").join(format!("{}-parallel", job.name)));
+    let _lock = crate::outdir::lock(&dir)?;
     std::fs::create_dir_all(&dir).map_err(Error::io(dir.display().to_string()))?;
     std::fs::write(
         dir.join("command.txt"),

@@ -189,6 +189,7 @@ pub fn run(job: &Job, opts: &ScanOptions, out: &mut dyn Write) -> Result<PathBuf
         .out
         .clone()
         .unwrap_or_else(|| PathBuf::from("out").join(format!("{}-batch-scan", job.name)));
+    let _lock = crate::outdir::lock(&dir)?;
     std::fs::create_dir_all(&dir).map_err(Error::io(dir.display().to_string()))?;
     std::fs::write(
         dir.join("command.txt"),

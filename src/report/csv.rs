@@ -1,14 +1,15 @@
-//! Writing `runs.csv`, `trials.csv` and `progress.csv` one flushed row at a time, and reading them back.
+//! Results files (`runs.csv`, `trials.csv`, `progress.csv`): rows appended one fsynced line at a time, whole files replaced atomically, and the one reader that drops a cut last line and refuses damage.
 
 use std::fs::{self, File, OpenOptions};
-use std::io::{BufReader, Read, Seek, SeekFrom};
+use std::io::{self, BufRead, BufReader, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use super::{ProgressRow, RunRow, TrialRow};
+use super::{ProgressRow, RunRow, TrialRow, STATES};
 use crate::error::ReportError;
+use crate::hash::fnv1a;
 
 /// The file with one row per round.
 pub const RUNS_CSV: &str = "runs.csv";
@@ -16,9 +17,60 @@ pub const RUNS_CSV: &str = "runs.csv";
 pub const TRIALS_CSV: &str = "trials.csv";
 /// The file with one row per trial and epoch.
 pub const PROGRESS_CSV: &str = "progress.csv";
+/// The last column of every row: a checksum of the row's other cells (16 hex digits of FNV-1a
+/// over the cells joined by the unit separator). A row whose cells do not match it is damaged;
+/// an empty `check` (a row added by hand) is taken as it is.
+pub const CHECK: &str = "check";
+/// The longest line a results file may hold; a longer one is damage, not a row.
+pub const MAX_LINE: usize = 1 << 20;
 
-fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> ReportError + '_ {
-    move |source| ReportError::Io {
+/// A row type of a results file: its columns come from serde, and this says what else makes
+/// a row that parses unusable.
+pub trait ResultsRow: Serialize + DeserializeOwned + Default {
+    /// Why this row cannot be a row of its file, if it cannot.
+    fn invalid(&self) -> Option<String>;
+}
+
+impl ResultsRow for RunRow {
+    fn invalid(&self) -> Option<String> {
+        None
+    }
+}
+
+impl ResultsRow for TrialRow {
+    fn invalid(&self) -> Option<String> {
+        if self.trial_id.trim().is_empty() {
+            return Some("the trial_id is empty".into());
+        }
+        if !STATES.contains(&self.state.as_str()) {
+            return Some(format!(
+                "the state `{}` is none of {}",
+                self.state,
+                STATES.join(", ")
+            ));
+        }
+        None
+    }
+}
+
+impl ResultsRow for ProgressRow {
+    fn invalid(&self) -> Option<String> {
+        self.trial_id
+            .trim()
+            .is_empty()
+            .then(|| "the trial_id is empty".into())
+    }
+}
+
+fn write_err(path: &Path) -> impl FnOnce(io::Error) -> ReportError + '_ {
+    move |source| ReportError::Write {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+fn read_err(path: &Path) -> impl FnOnce(io::Error) -> ReportError + '_ {
+    move |source| ReportError::Read {
         path: path.to_path_buf(),
         source,
     }
@@ -31,122 +83,237 @@ fn csv_err(path: &Path) -> impl FnOnce(::csv::Error) -> ReportError + '_ {
     }
 }
 
-/// The header record of a row type: its field names, in order.
-fn header_of<T: Serialize + Default>() -> Result<::csv::StringRecord, ReportError> {
-    let invalid = |e: &dyn std::fmt::Display| ReportError::Invalid(format!("row header: {e}"));
+fn damaged(path: &Path, line: u64, message: impl Into<String>) -> ReportError {
+    ReportError::Damaged {
+        path: path.to_path_buf(),
+        line,
+        message: message.into(),
+    }
+}
+
+/// The columns of a row type, in order, without [`CHECK`].
+fn columns_of<T: Serialize + Default>() -> Result<::csv::ByteRecord, ReportError> {
     let mut writer = ::csv::Writer::from_writer(Vec::new());
+    let invalid = |e: &dyn std::fmt::Display| ReportError::Invalid(format!("row header: {e}"));
     writer.serialize(T::default()).map_err(|e| invalid(&e))?;
     let bytes = writer.into_inner().map_err(|e| invalid(&e))?;
     let mut reader = ::csv::Reader::from_reader(bytes.as_slice());
-    let header = reader.headers().map_err(|e| invalid(&e))?;
-    Ok(header.clone())
+    Ok(reader.byte_headers().map_err(|e| invalid(&e))?.clone())
 }
 
-/// One CSV file open for writing; every row is flushed as soon as it is written.
+/// The header a results file of rows `T` is written with: the row's columns, then [`CHECK`].
+fn header_of<T: Serialize + Default>() -> Result<::csv::ByteRecord, ReportError> {
+    let mut header = columns_of::<T>()?;
+    header.push_field(CHECK.as_bytes());
+    Ok(header)
+}
+
+/// The checksum of a row's cells, as written in its [`CHECK`] cell.
+fn check_of<'a>(cells: impl Iterator<Item = &'a [u8]>) -> String {
+    let mut joined = Vec::new();
+    for (i, cell) in cells.enumerate() {
+        if i > 0 {
+            joined.push(0x1f);
+        }
+        joined.extend_from_slice(cell);
+    }
+    format!("{:016x}", fnv1a(&joined))
+}
+
+/// One row as the bytes of one line: a line break inside a cell (a multi-line error message)
+/// is written as ` | `, so that every row is one line and a cut row is always the last line;
+/// with `checked`, the [`CHECK`] cell ends it.
+fn encode<T: Serialize>(path: &Path, row: &T, checked: bool) -> Result<Vec<u8>, ReportError> {
+    let mut writer = ::csv::WriterBuilder::new()
+        .has_headers(false)
+        .from_writer(Vec::new());
+    writer.serialize(row).map_err(csv_err(path))?;
+    let bytes = writer
+        .into_inner()
+        .map_err(|e| ReportError::Invalid(format!("{}: {e}", path.display())))?;
+    let mut reader = ::csv::ReaderBuilder::new()
+        .has_headers(false)
+        .from_reader(bytes.as_slice());
+    let mut cells = ::csv::ByteRecord::new();
+    reader.read_byte_record(&mut cells).map_err(csv_err(path))?;
+    let mut record: ::csv::ByteRecord = cells.iter().map(one_line).collect();
+    if checked {
+        let check = check_of(record.iter());
+        record.push_field(check.as_bytes());
+    }
+    let mut writer = ::csv::WriterBuilder::new()
+        .has_headers(false)
+        .from_writer(Vec::new());
+    writer.write_byte_record(&record).map_err(csv_err(path))?;
+    writer
+        .into_inner()
+        .map_err(|e| ReportError::Invalid(format!("{}: {e}", path.display())))
+}
+
+/// A cell with its line breaks written as ` | `.
+fn one_line(cell: &[u8]) -> Vec<u8> {
+    if !cell.iter().any(|&b| b == b'\n' || b == b'\r') {
+        return cell.to_vec();
+    }
+    let text = String::from_utf8_lossy(cell).replace("\r\n", "\n");
+    text.split(['\n', '\r'])
+        .collect::<Vec<_>>()
+        .join(" | ")
+        .into_bytes()
+}
+
+/// One results file open for appending: each row is one line, written whole, flushed and
+/// fsynced before the call returns; a row that cannot be written whole is taken back out.
 struct Sink {
     path: PathBuf,
-    writer: ::csv::Writer<File>,
+    file: File,
+    /// The file's length after its last whole row.
+    len: u64,
+    /// Whether rows end with the [`CHECK`] cell (files written before it had none).
+    checked: bool,
 }
 
 impl Sink {
     fn open<T: Serialize + Default>(path: PathBuf, append: bool) -> Result<Self, ReportError> {
         let header = header_of::<T>()?;
         let existing = append && non_empty(&path)?;
-        if existing {
-            check_header(&path, &header)?;
+        let checked = if existing {
+            check_header(&path, &header)?
+        } else {
+            true
+        };
+        let mut options = OpenOptions::new();
+        if append {
+            options.read(true).append(true).create(true);
+        } else {
+            options.write(true).create(true).truncate(true);
         }
-        let mut file = open_file(&path, append)?;
-        if existing {
-            end_with_newline(&path, &mut file)?;
-        }
-        let writer = ::csv::WriterBuilder::new()
-            .has_headers(false)
-            .from_writer(file);
-        let mut sink = Sink { path, writer };
+        let mut file = options.open(&path).map_err(write_err(&path))?;
+        let len = if existing {
+            end_with_newline(&path, &mut file)?
+        } else {
+            0
+        };
+        let mut sink = Sink {
+            path,
+            file,
+            len,
+            checked,
+        };
         if !existing {
-            sink.writer
-                .write_record(&header)
+            let mut writer = ::csv::Writer::from_writer(Vec::new());
+            writer
+                .write_byte_record(&header)
                 .map_err(csv_err(&sink.path))?;
-            sink.flush()?;
+            let bytes = writer
+                .into_inner()
+                .map_err(|e| ReportError::Invalid(e.to_string()))?;
+            sink.append(&bytes)?;
         }
         Ok(sink)
     }
 
     fn write<T: Serialize>(&mut self, row: &T) -> Result<(), ReportError> {
-        self.writer.serialize(row).map_err(csv_err(&self.path))?;
-        self.flush()
+        let bytes = encode(&self.path, row, self.checked)?;
+        self.append(&bytes)
     }
 
-    /// Hands the row to the OS and to the disk (fsync), so a crash right after loses nothing.
-    fn flush(&mut self) -> Result<(), ReportError> {
-        self.writer.flush().map_err(io_err(&self.path))?;
-        self.writer
-            .get_ref()
-            .sync_data()
-            .map_err(io_err(&self.path))
+    /// Appends one whole line and fsyncs it; on an error (a full disk) the file is cut back
+    /// to its last whole row, so what was there before stays readable.
+    fn append(&mut self, bytes: &[u8]) -> Result<(), ReportError> {
+        let done = self
+            .file
+            .write_all(bytes)
+            .and_then(|()| self.file.sync_data());
+        match done {
+            Ok(()) => {
+                self.len += bytes.len() as u64;
+                Ok(())
+            }
+            Err(e) => {
+                let _ = self.file.set_len(self.len);
+                let _ = self.file.sync_data();
+                Err(write_err(&self.path)(e))
+            }
+        }
     }
 }
 
 fn non_empty(path: &Path) -> Result<bool, ReportError> {
     match fs::metadata(path) {
         Ok(meta) => Ok(meta.len() > 0),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
-        Err(e) => Err(io_err(path)(e)),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
+        Err(e) => Err(read_err(path)(e)),
     }
 }
 
-fn open_file(path: &Path, append: bool) -> Result<File, ReportError> {
-    let mut options = OpenOptions::new();
-    if append {
-        options.read(true).append(true).create(true);
-    } else {
-        options.write(true).create(true).truncate(true);
+/// Appending to a file written with other columns would corrupt it: refuse instead. Returns
+/// whether its rows carry the [`CHECK`] cell (files written before it had none).
+fn check_header(path: &Path, expected: &::csv::ByteRecord) -> Result<bool, ReportError> {
+    let file = File::open(path).map_err(read_err(path))?;
+    let mut reader = ::csv::ReaderBuilder::new()
+        .has_headers(false)
+        .from_reader(BufReader::new(file).take(MAX_LINE as u64));
+    let mut found = ::csv::ByteRecord::new();
+    reader
+        .read_byte_record(&mut found)
+        .map_err(|e| damaged(path, 1, format!("the header does not parse: {e}")))?;
+    if &found == expected {
+        return Ok(true);
     }
-    options.open(path).map_err(io_err(path))
-}
-
-/// Appending to a file written with other columns would corrupt it: refuse instead.
-fn check_header(path: &Path, expected: &::csv::StringRecord) -> Result<(), ReportError> {
-    let file = File::open(path).map_err(io_err(path))?;
-    let mut reader = ::csv::Reader::from_reader(BufReader::new(file));
-    let found = reader.headers().map_err(csv_err(path))?;
-    if found == expected {
-        return Ok(());
+    let without: ::csv::ByteRecord = expected.iter().take(expected.len() - 1).collect();
+    if found == without {
+        return Ok(false);
     }
     Err(ReportError::Invalid(format!(
         "{}: cannot append: its columns are `{}`, expected `{}`",
         path.display(),
-        found.iter().collect::<Vec<_>>().join(","),
-        expected.iter().collect::<Vec<_>>().join(","),
+        join(&found),
+        join(expected),
     )))
 }
 
-/// A row cut short by an interruption (a kill in the middle of a write) is dropped, so the
-/// file reads cleanly and the next row starts on a line of its own.
-fn end_with_newline(path: &Path, file: &mut File) -> Result<(), ReportError> {
-    let len = file.seek(SeekFrom::End(0)).map_err(io_err(path))?;
+fn join(r: &::csv::ByteRecord) -> String {
+    r.iter()
+        .map(|c| String::from_utf8_lossy(c).into_owned())
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// A row cut short by an interruption (a kill in the middle of a write) is the last line,
+/// without its newline: it is dropped, so the next row starts on a line of its own. Returns
+/// the file's new length.
+fn end_with_newline(path: &Path, file: &mut File) -> Result<u64, ReportError> {
+    let len = file.seek(SeekFrom::End(0)).map_err(read_err(path))?;
     let mut tail = Vec::new();
-    let from = len.saturating_sub(1 << 16);
-    file.seek(SeekFrom::Start(from)).map_err(io_err(path))?;
-    file.read_to_end(&mut tail).map_err(io_err(path))?;
+    let from = len.saturating_sub(MAX_LINE as u64);
+    file.seek(SeekFrom::Start(from)).map_err(read_err(path))?;
+    file.read_to_end(&mut tail).map_err(read_err(path))?;
     if tail.last() == Some(&b'\n') {
-        return Ok(());
+        return Ok(len);
     }
     let keep = match tail.iter().rposition(|&b| b == b'\n') {
         Some(i) => from + i as u64 + 1,
         None if from == 0 => 0,
         None => {
-            return Err(ReportError::Invalid(format!(
-                "{}: its last line is over 64 KiB",
-                path.display()
-            )))
+            return Err(damaged(
+                path,
+                0,
+                format!("its last line is over {} KiB", MAX_LINE >> 10),
+            ))
         }
     };
-    file.set_len(keep).map_err(io_err(path))?;
-    file.sync_data().map_err(io_err(path))
+    tracing::warn!(
+        "{}: dropping its last line, a row cut short ({} bytes)",
+        path.display(),
+        len - keep
+    );
+    file.set_len(keep).map_err(write_err(path))?;
+    file.sync_data().map_err(write_err(path))?;
+    Ok(keep)
 }
 
-/// Writes the three report files of one output directory.
+/// Writes the three results files of one output directory, a row at a time.
 pub struct ReportWriter {
     dir: PathBuf,
     runs: Sink,
@@ -155,11 +322,11 @@ pub struct ReportWriter {
 }
 
 impl ReportWriter {
-    /// Creates `dir` if needed and opens its report files. With `append`, existing files keep
-    /// their rows and header (their columns must match); without it, they are rewritten.
-    /// Each file has its header as soon as this returns.
+    /// Creates `dir` if needed and opens its results files. With `append`, existing files keep
+    /// their rows and header (their columns must match; a cut last line is dropped); without
+    /// it, they are rewritten. Each file has its header as soon as this returns.
     pub fn open(dir: &Path, append: bool) -> Result<Self, ReportError> {
-        fs::create_dir_all(dir).map_err(io_err(dir))?;
+        fs::create_dir_all(dir).map_err(write_err(dir))?;
         Ok(ReportWriter {
             dir: dir.to_path_buf(),
             runs: Sink::open::<RunRow>(dir.join(RUNS_CSV), append)?,
@@ -168,12 +335,12 @@ impl ReportWriter {
         })
     }
 
-    /// Opens `dir` with fresh report files.
+    /// Opens `dir` with fresh results files.
     pub fn create(dir: &Path) -> Result<Self, ReportError> {
         Self::open(dir, false)
     }
 
-    /// Opens `dir`, adding rows to the report files already there.
+    /// Opens `dir`, adding rows to the results files already there.
     pub fn append(dir: &Path) -> Result<Self, ReportError> {
         Self::open(dir, true)
     }
@@ -183,30 +350,306 @@ impl ReportWriter {
         &self.dir
     }
 
-    /// Writes one round's row to `runs.csv`; it is with the OS when this returns.
+    /// Writes one round's row to `runs.csv`; it is on disk when this returns.
     pub fn run(&mut self, row: &RunRow) -> Result<(), ReportError> {
         self.runs.write(row)
     }
 
-    /// Writes one trial's row to `trials.csv`; it is with the OS when this returns.
+    /// Writes one trial's row to `trials.csv`; it is on disk when this returns.
     pub fn trial(&mut self, row: &TrialRow) -> Result<(), ReportError> {
         self.trials.write(row)
     }
 
-    /// Writes one epoch's row to `progress.csv`; it is with the OS when this returns.
+    /// Writes one epoch's row to `progress.csv`; it is on disk when this returns.
     pub fn progress(&mut self, row: &ProgressRow) -> Result<(), ReportError> {
         self.progress.write(row)
     }
 }
 
-/// Reads every row of a report file; errors name the file and, for a bad row, its line.
-pub fn read_rows<T: DeserializeOwned>(path: &Path) -> Result<Vec<T>, ReportError> {
-    let file = File::open(path).map_err(io_err(path))?;
-    let mut reader = ::csv::Reader::from_reader(BufReader::new(file));
-    reader
-        .deserialize()
-        .map(|row| row.map_err(csv_err(path)))
-        .collect()
+/// Replaces the results file at `path` with `rows`, whole: a temporary file, one fsync, a
+/// rename (see [`crate::outdir::replace_file`]). The file is the old one or the whole new one.
+pub fn write_rows<T: ResultsRow>(path: &Path, rows: &[T]) -> Result<(), ReportError> {
+    let header = header_of::<T>()?;
+    let mut writer = ::csv::Writer::from_writer(Vec::new());
+    writer.write_byte_record(&header).map_err(csv_err(path))?;
+    let head = writer
+        .into_inner()
+        .map_err(|e| ReportError::Invalid(e.to_string()))?;
+    // Rows are encoded as they are written, so the whole file is never held in memory twice.
+    let mut bad_row = None;
+    let written = crate::outdir::replace_file(path, |w| {
+        w.write_all(&head)?;
+        for row in rows {
+            match encode(path, row, true) {
+                Ok(line) => w.write_all(&line)?,
+                Err(e) => {
+                    bad_row = Some(e);
+                    return Err(io::Error::other("a row cannot be written"));
+                }
+            }
+        }
+        Ok(())
+    });
+    match bad_row {
+        Some(e) => Err(e),
+        None => written,
+    }
+}
+
+/// Replaces the three results files of `dir` (created if needed) with these rows; each file
+/// is either the old one or the whole new one, whenever the process stops.
+pub fn write_all(
+    dir: &Path,
+    runs: &[RunRow],
+    trials: &[TrialRow],
+    progress: &[ProgressRow],
+) -> Result<(), ReportError> {
+    fs::create_dir_all(dir).map_err(write_err(dir))?;
+    write_rows(&dir.join(RUNS_CSV), runs)?;
+    write_rows(&dir.join(PROGRESS_CSV), progress)?;
+    write_rows(&dir.join(TRIALS_CSV), trials)
+}
+
+/// Where the whole lines of a file end, found in one pass that also bounds every line.
+struct Lines {
+    /// The offset after the last newline: the whole lines are the bytes before it.
+    end: u64,
+    /// The file's length; the bytes from `end` on are a line cut short.
+    len: u64,
+    /// How many whole lines there are.
+    count: u64,
+}
+
+fn scan_lines(path: &Path, file: &File) -> Result<Lines, ReportError> {
+    let mut reader = BufReader::with_capacity(1 << 16, file);
+    let (mut pos, mut end, mut count, mut line_len) = (0u64, 0u64, 0u64, 0usize);
+    loop {
+        let buf = reader.fill_buf().map_err(read_err(path))?;
+        if buf.is_empty() {
+            break;
+        }
+        let n = buf.len();
+        let mut start = 0;
+        while let Some(i) = buf[start..].iter().position(|&b| b == b'\n') {
+            line_len += i;
+            if line_len > MAX_LINE {
+                return Err(damaged(
+                    path,
+                    count + 1,
+                    format!("the line is over {} KiB", MAX_LINE >> 10),
+                ));
+            }
+            count += 1;
+            end = pos + (start + i) as u64 + 1;
+            line_len = 0;
+            start += i + 1;
+        }
+        line_len += n - start;
+        if line_len > MAX_LINE {
+            return Err(damaged(
+                path,
+                count + 1,
+                format!("the line is over {} KiB", MAX_LINE >> 10),
+            ));
+        }
+        pos += n as u64;
+        reader.consume(n);
+    }
+    Ok(Lines {
+        end,
+        len: pos,
+        count,
+    })
+}
+
+/// Checks a header against the row type, and returns the index of its [`CHECK`] column.
+/// Refused: a NUL byte, text that is not UTF-8, a name twice, a name the row does not know,
+/// [`CHECK`] anywhere but last, and a column the row needs missing. A header with [`CHECK`]
+/// (written since rows carry it) must name every column of the row; one without it (an
+/// older file) only those the row cannot do without.
+fn check_columns<T: ResultsRow>(
+    path: &Path,
+    header: &::csv::ByteRecord,
+) -> Result<Option<usize>, ReportError> {
+    let bad = |m: String| damaged(path, 1, format!("the header {m}"));
+    if header.iter().any(|c| c.contains(&0)) {
+        return Err(bad("holds a NUL byte".into()));
+    }
+    let names: Vec<&str> = header
+        .iter()
+        .map(std::str::from_utf8)
+        .collect::<Result<_, _>>()
+        .map_err(|_| bad("is not UTF-8 text".into()))?;
+    let mut seen = std::collections::HashSet::new();
+    if let Some(dup) = names.iter().find(|n| !seen.insert(**n)) {
+        return Err(bad(format!("names `{dup}` twice")));
+    }
+    let columns = columns_of::<T>()?;
+    let known: Vec<&str> = columns
+        .iter()
+        .filter_map(|c| std::str::from_utf8(c).ok())
+        .collect();
+    if let Some(odd) = names.iter().find(|n| **n != CHECK && !known.contains(n)) {
+        return Err(bad(format!(
+            "names `{odd}`, which is no column of {}",
+            file_name(path)
+        )));
+    }
+    let check = names.iter().position(|n| *n == CHECK);
+    if check.is_some_and(|i| i + 1 != names.len()) {
+        return Err(bad(format!("has `{CHECK}` before its last column")));
+    }
+    let missing: Vec<&str> = known
+        .iter()
+        .filter(|c| !names.contains(c))
+        .copied()
+        .collect();
+    if check.is_some() && !missing.is_empty() {
+        return Err(bad(format!("lacks the columns {}", missing.join(", "))));
+    }
+    // An older file: a row of defaults under this header deserializes only when every column
+    // the row cannot do without is there.
+    let defaults = one_record(&encode(path, &T::default(), false)?)?;
+    let probe: ::csv::ByteRecord = header
+        .iter()
+        .map(|name| {
+            columns
+                .iter()
+                .position(|c| c == name)
+                .and_then(|i| defaults.get(i))
+                .unwrap_or(b"")
+        })
+        .collect();
+    if let Err(e) = probe.deserialize::<T>(Some(header)) {
+        return Err(bad(format!(
+            "lacks columns its rows need ({}): {e}",
+            missing.join(", ")
+        )));
+    }
+    Ok(check)
+}
+
+fn file_name(path: &Path) -> String {
+    path.file_name()
+        .map_or_else(String::new, |n| n.to_string_lossy().into_owned())
+}
+
+/// The cells of one encoded line.
+fn one_record(line: &[u8]) -> Result<::csv::ByteRecord, ReportError> {
+    let mut r = ::csv::ReaderBuilder::new()
+        .has_headers(false)
+        .from_reader(line);
+    let mut rec = ::csv::ByteRecord::new();
+    r.read_byte_record(&mut rec)
+        .map_err(|e| ReportError::Invalid(format!("a row of defaults: {e}")))?;
+    Ok(rec)
+}
+
+/// Reads every row of a results file: the one reader of `runs.csv`, `trials.csv` and
+/// `progress.csv`, used by resume, dry runs, merge and report.
+///
+/// - A last line without its newline is a row cut short by a kill: it is dropped (and said).
+/// - Any other damage is refused, naming the file and the line: a wrong number of cells, a NUL
+///   byte, text that is not UTF-8, an unknown state, a number that does not parse, a cell that
+///   does not match the row's checksum, a quoted cell never closed, a line over [`MAX_LINE`].
+/// - A file of zero bytes, or with its header alone, has no rows.
+pub fn read_rows<T: ResultsRow>(path: &Path) -> Result<Vec<T>, ReportError> {
+    let file = File::open(path).map_err(read_err(path))?;
+    let lines = scan_lines(path, &file)?;
+    if lines.end < lines.len {
+        tracing::warn!(
+            "{}: dropping line {}, a row cut short ({} bytes without a newline)",
+            path.display(),
+            lines.count + 1,
+            lines.len - lines.end
+        );
+    }
+    if lines.count == 0 {
+        return Ok(Vec::new());
+    }
+    let mut file = file;
+    file.seek(SeekFrom::Start(0)).map_err(read_err(path))?;
+    let mut reader = ::csv::ReaderBuilder::new()
+        .has_headers(false)
+        .flexible(true)
+        .from_reader(BufReader::new(file).take(lines.end));
+    let mut header = ::csv::ByteRecord::new();
+    let line_of = |r: &::csv::ByteRecord| r.position().map_or(0, |p| p.line());
+    let parse = |e: ::csv::Error| {
+        let line = e.position().map_or(0, |p| p.line());
+        damaged(path, line, format!("does not parse: {e}"))
+    };
+    if !reader.read_byte_record(&mut header).map_err(parse)? {
+        return Ok(Vec::new());
+    }
+    let check = check_columns::<T>(path, &header)?;
+    let mut rows = Vec::new();
+    let mut record = ::csv::ByteRecord::new();
+    let mut last: Option<(u64, bool)> = None;
+    while reader.read_byte_record(&mut record).map_err(parse)? {
+        let line = line_of(&record);
+        if record.len() != header.len() {
+            return Err(damaged(
+                path,
+                line,
+                format!(
+                    "{} cells where the header has {}",
+                    record.len(),
+                    header.len()
+                ),
+            ));
+        }
+        if record.iter().any(|c| c.contains(&0)) {
+            return Err(damaged(path, line, "a NUL byte"));
+        }
+        if let Some(i) = check {
+            let given = record.get(i).unwrap_or(b"");
+            if !given.is_empty() {
+                let want = check_of(record.iter().take(i));
+                if !given.eq_ignore_ascii_case(want.as_bytes()) {
+                    return Err(damaged(
+                        path,
+                        line,
+                        "its cells do not match its check: the row was changed after it was written",
+                    ));
+                }
+            }
+        }
+        let row: T = record
+            .deserialize(Some(&header))
+            .map_err(|e| damaged(path, line, cell_error(&header, &e)))?;
+        if let Some(why) = row.invalid() {
+            return Err(damaged(path, line, why));
+        }
+        // A quoted cell left open runs to the end of the file, taking its line break with it.
+        let open = record
+            .get(record.len() - 1)
+            .is_some_and(|c| c.ends_with(b"\n"));
+        last = Some((line, open));
+        rows.push(row);
+    }
+    if let Some((line, true)) = last {
+        return Err(damaged(path, line, "a quoted cell is never closed"));
+    }
+    Ok(rows)
+}
+
+/// Which cell of a row does not parse, by its column's name, and why.
+fn cell_error(header: &::csv::ByteRecord, e: &::csv::Error) -> String {
+    match e.kind() {
+        ::csv::ErrorKind::Deserialize { err, .. } => {
+            let column = err
+                .field()
+                .and_then(|i| header.get(i as usize))
+                .map(|c| format!(" `{}`", String::from_utf8_lossy(c)));
+            format!(
+                "the cell{} does not parse: {}",
+                column.unwrap_or_default(),
+                err.kind()
+            )
+        }
+        _ => format!("a cell does not parse: {e}"),
+    }
 }
 
 /// Reads `runs.csv` in `dir`.
@@ -320,7 +763,7 @@ pub(crate) mod tests {
         let runs = vec![run_row("shared", 1, 12.5), full];
         let mut failed = trial_row("t1", "mps", None, None);
         failed.error = "needs 9.0 MiB, slice cap 8.0 MiB, \"quoted\"\nsecond line".into();
-        let trials = vec![
+        let mut trials = vec![
             trial_row("t0", "mps", Some(0.1 + 0.2), Some(1e-300)),
             failed,
         ];
@@ -331,6 +774,10 @@ pub(crate) mod tests {
         progress.iter().for_each(|r| writer.progress(r).unwrap());
         drop(writer);
         assert_eq!(read_runs(dir.path()).unwrap(), runs);
+        // Every row is one line: a line break inside a cell is written as ` | `.
+        let text = fs::read_to_string(dir.path().join(TRIALS_CSV)).unwrap();
+        assert_eq!(text.lines().count(), 3, "{text}");
+        trials[1].error = "needs 9.0 MiB, slice cap 8.0 MiB, \"quoted\" | second line".into();
         assert_eq!(read_trials(dir.path()).unwrap(), trials);
         assert_eq!(read_progress(dir.path()).unwrap(), progress);
         let text = fs::read_to_string(dir.path().join(RUNS_CSV)).unwrap();
@@ -341,12 +788,16 @@ pub(crate) mod tests {
     #[test]
     fn sm_clock_column_follows_power_in_the_header() {
         let header = header_of::<RunRow>().unwrap();
-        let names: Vec<&str> = header.iter().collect();
+        let names: Vec<&str> = header
+            .iter()
+            .map(|c| std::str::from_utf8(c).unwrap())
+            .collect();
         let power = names.iter().position(|n| *n == "power_w_mean").unwrap();
         assert_eq!(names[power + 1], "sm_clock_mhz_mean");
         assert_eq!(names[power + 2], "proc_mem_peak_mib");
-        assert_eq!(names.len(), 22);
+        assert_eq!(names.len(), 23);
         assert_eq!(names[21], "slice_plan");
+        assert_eq!(names[22], CHECK);
     }
 
     #[test]
@@ -452,7 +903,7 @@ pub(crate) mod tests {
     fn a_missing_file_names_its_path() {
         let dir = tempfile::tempdir().unwrap();
         let err = read_runs(dir.path()).unwrap_err();
-        assert!(matches!(err, ReportError::Io { .. }));
+        assert!(matches!(err, ReportError::Read { .. }) && err.is_bad_input());
         assert!(err
             .to_string()
             .contains(&*dir.path().join(RUNS_CSV).to_string_lossy()));
@@ -466,15 +917,219 @@ pub(crate) mod tests {
         drop(writer);
         let path = dir.path().join(PROGRESS_CSV);
         let mut file = OpenOptions::new().append(true).open(&path).unwrap();
-        file.write_all(b"1,t0,green,3,not-a-number,0.1,0.5,0.7,0.2,2.0\n")
+        file.write_all(b"1,t0,green,3,not-a-number,0.1,0.5,0.7,0.2,2.0,\n")
             .unwrap();
         drop(file);
         let err = read_progress(dir.path()).unwrap_err();
         let text = err.to_string();
-        assert!(matches!(err, ReportError::Csv { .. }));
         assert!(
-            text.contains(PROGRESS_CSV) && text.contains("line: 3"),
+            matches!(err, ReportError::Damaged { line: 3, .. }),
             "{text}"
         );
+        assert!(err.is_bad_input());
+        assert!(
+            text.contains(PROGRESS_CSV) && text.contains("line 3") && text.contains("epoch"),
+            "{text}"
+        );
+    }
+
+    /// A trials.csv of `rows` written by the writer, and its bytes.
+    fn written(rows: &[TrialRow]) -> (tempfile::TempDir, Vec<u8>) {
+        let dir = tempfile::tempdir().unwrap();
+        let mut writer = ReportWriter::create(dir.path()).unwrap();
+        rows.iter().for_each(|r| writer.trial(r).unwrap());
+        drop(writer);
+        let bytes = fs::read(dir.path().join(TRIALS_CSV)).unwrap();
+        (dir, bytes)
+    }
+
+    fn read_bytes(dir: &Path, bytes: &[u8]) -> Result<Vec<TrialRow>, ReportError> {
+        let path = dir.join("probe.csv");
+        fs::write(&path, bytes).unwrap();
+        read_rows::<TrialRow>(&path)
+    }
+
+    fn three_rows() -> Vec<TrialRow> {
+        let mut fail = trial_row("t1", "shared", None, None);
+        fail.error = "exited with code 1, \"quoted\"".into();
+        vec![
+            trial_row("t0", "shared", Some(0.5), Some(0.25)),
+            fail,
+            trial_row("t2", "shared", Some(0.75), Some(0.125)),
+        ]
+    }
+
+    #[test]
+    fn a_cut_last_line_is_dropped_and_never_counted() {
+        let rows = three_rows();
+        let (dir, bytes) = written(&rows);
+        let cut = &bytes[..bytes.len() - 1];
+        assert_eq!(read_bytes(dir.path(), cut).unwrap(), rows[..2].to_vec());
+        // A cut that leaves every cell of the row but its newline still drops it.
+        let last_line = bytes[..bytes.len() - 1]
+            .iter()
+            .rposition(|&b| b == b'\n')
+            .unwrap();
+        let just_state = &bytes[..last_line + 40];
+        assert_eq!(read_bytes(dir.path(), just_state).unwrap().len(), 2);
+        assert!(read_bytes(dir.path(), b"").unwrap().is_empty());
+        assert!(read_bytes(dir.path(), &bytes[..10]).unwrap().is_empty());
+    }
+
+    #[test]
+    fn damage_before_the_last_line_is_refused_naming_the_line() {
+        let rows = three_rows();
+        let (dir, bytes) = written(&rows);
+        let text = String::from_utf8(bytes.clone()).unwrap();
+        let lines: Vec<&str> = text.lines().collect();
+        let with_line_3 = |line: &str| {
+            let mut l = lines.clone();
+            l[2] = line;
+            format!("{}\n", l.join("\n"))
+        };
+        let changed_digit = lines[1].replacen("0.5", "0.9", 1);
+        let complete_instead = lines[2].replacen("FAIL", "COMPLETE", 1);
+        let unchecked_state = {
+            let mut cells: Vec<&str> = lines[2].split(',').collect();
+            let n = cells.len();
+            cells[n - 1] = "";
+            cells.join(",").replacen("FAIL", "DONE", 1)
+        };
+        let cases: Vec<(String, u64, &str)> = vec![
+            (with_line_3("\0\0\0\0"), 3, "cells"),
+            (with_line_3(&"\0".repeat(lines[2].len())), 3, ""),
+            (with_line_3("garbage"), 3, "cells"),
+            (with_line_3(&complete_instead), 3, "check"),
+            (with_line_3(&unchecked_state), 3, "DONE"),
+            (text.replacen(lines[1], &changed_digit, 1), 2, "check"),
+            (text.replacen("trial_id", "trial_idx", 1), 1, "trial_idx"),
+            (format!("{}\"{}", &text[..text.len() - 1], "\n"), 4, ""),
+        ];
+        for (bad, line, word) in cases {
+            let err = read_bytes(dir.path(), bad.as_bytes()).unwrap_err();
+            let said = err.to_string();
+            assert!(
+                matches!(&err, ReportError::Damaged { line: l, .. } if *l == line),
+                "{said}"
+            );
+            assert!(said.contains("probe.csv") && said.contains(word), "{said}");
+            assert!(err.is_bad_input());
+        }
+        // An older file without the check column still reads.
+        let old: String = text
+            .lines()
+            .map(|l| format!("{}\n", &l[..l.rfind(',').unwrap()]))
+            .collect();
+        assert_eq!(read_bytes(dir.path(), old.as_bytes()).unwrap(), rows);
+    }
+
+    #[test]
+    fn an_over_long_line_is_refused_without_reading_it_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut big = b"trial_id,state\n".to_vec();
+        big.extend(vec![b'x'; MAX_LINE + 10]);
+        big.push(b'\n');
+        let err = read_bytes(dir.path(), &big).unwrap_err();
+        assert!(matches!(err, ReportError::Damaged { line: 2, .. }), "{err}");
+    }
+
+    #[test]
+    fn a_write_that_fails_leaves_the_rows_before_it_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut writer = ReportWriter::create(dir.path()).unwrap();
+        writer.trial(&three_rows()[0]).unwrap();
+        // A sink whose file refuses writes, as a full disk does.
+        let path = dir.path().join(TRIALS_CSV);
+        let ro = OpenOptions::new().read(true).open(&path).unwrap();
+        let len = ro.metadata().unwrap().len();
+        writer.trials.file = ro;
+        let err = writer.trial(&three_rows()[2]).unwrap_err();
+        assert!(
+            matches!(err, ReportError::Write { .. }) && !err.is_bad_input(),
+            "{err}"
+        );
+        assert!(err.to_string().contains(TRIALS_CSV));
+        assert_eq!(fs::metadata(&path).unwrap().len(), len);
+        assert_eq!(read_trials(dir.path()).unwrap(), three_rows()[..1].to_vec());
+    }
+
+    #[test]
+    fn write_rows_replaces_a_file_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(TRIALS_CSV);
+        write_rows(&path, &three_rows()).unwrap();
+        assert_eq!(read_rows::<TrialRow>(&path).unwrap().len(), 3);
+        write_rows(&path, &three_rows()[..1]).unwrap();
+        assert_eq!(read_rows::<TrialRow>(&path).unwrap().len(), 1);
+        let names: Vec<_> = fs::read_dir(dir.path()).unwrap().collect();
+        assert_eq!(names.len(), 1, "no temporary file left");
+    }
+
+    mod props {
+        use super::*;
+        use proptest::prelude::*;
+
+        fn any_row() -> impl Strategy<Value = TrialRow> {
+            (
+                "[0-9a-f]{16}",
+                prop::sample::select(vec!["COMPLETE", "FAIL", "INTERRUPTED"]),
+                prop::option::of(0.0f64..1.0),
+                prop::option::of(-1e6f64..1e6),
+                "[ -~]{0,30}(\n[ -~]{0,10})?",
+                0.0f64..1e5,
+            )
+                .prop_map(|(id, state, acc, loss, error, wall)| TrialRow {
+                    state: state.into(),
+                    error,
+                    wall_s: wall,
+                    params: format!("{{\"lr\":{wall}}}"),
+                    ..trial_row(&id, "logical", acc, loss)
+                })
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(64))]
+
+            /// Any cut gives the rows written whole before it, never the row it cuts.
+            #[test]
+            fn any_cut_gives_the_whole_rows_before_it(
+                rows in prop::collection::vec(any_row(), 1..8),
+                at in any::<prop::sample::Index>(),
+            ) {
+                let (dir, bytes) = written(&rows);
+                let full = read_bytes(dir.path(), &bytes).unwrap();
+                prop_assert_eq!(full.len(), rows.len());
+                let cut = at.index(bytes.len() + 1);
+                let whole = bytes[..cut].iter().filter(|&&b| b == b'\n').count();
+                let got = read_bytes(dir.path(), &bytes[..cut]).unwrap();
+                prop_assert_eq!(got, full[..whole.saturating_sub(1)].to_vec());
+            }
+
+            /// Any damaged bytes are refused or dropped: every row read back is a row written,
+            /// in its place.
+            #[test]
+            fn damaged_bytes_are_refused_or_dropped_never_read(
+                rows in prop::collection::vec(any_row(), 1..6),
+                at in any::<prop::sample::Index>(),
+                with in prop::collection::vec(any::<u8>(), 1..4),
+                insert in any::<bool>(),
+            ) {
+                let (dir, bytes) = written(&rows);
+                let full = read_bytes(dir.path(), &bytes).unwrap();
+                let i = at.index(bytes.len());
+                let mut bad = bytes.clone();
+                if insert {
+                    bad.splice(i..i, with.iter().copied());
+                } else {
+                    let end = (i + with.len()).min(bad.len());
+                    bad.splice(i..end, with.iter().copied());
+                }
+                prop_assume!(bad != bytes);
+                if let Ok(got) = read_bytes(dir.path(), &bad) {
+                    prop_assert!(got.len() <= full.len());
+                    prop_assert_eq!(&got[..], &full[..got.len()]);
+                }
+            }
+        }
     }
 }

@@ -5,7 +5,7 @@ use std::fmt::Debug;
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use super::csv::{read_progress, read_runs, read_trials, ReportWriter};
+use super::csv::{read_progress, read_runs, read_trials, write_all};
 use super::csv::{PROGRESS_CSV, RUNS_CSV, TRIALS_CSV};
 use super::plot::{
     plot_samples_per_s, plot_time_per_training, samples_per_s_plottable,
@@ -14,6 +14,7 @@ use super::plot::{
 use super::summary::summary_text;
 use super::{ProgressRow, RunRow, TrialRow};
 use crate::error::ReportError;
+use crate::outdir::replace_bytes;
 
 /// The chart of time per training against N.
 pub const TIME_PER_TRAINING_SVG: &str = "time_per_training.svg";
@@ -42,21 +43,37 @@ fn dedup<T: Debug>(rows: Vec<T>) -> Vec<T> {
         .collect()
 }
 
-/// Reads one directory: `runs.csv` and `trials.csv` must be there, `progress.csv` may be missing.
-fn read_dir(dir: &Path) -> Result<Rows, ReportError> {
-    let has = |name: &str| dir.join(name).is_file();
-    if ![RUNS_CSV, TRIALS_CSV, PROGRESS_CSV].iter().any(|f| has(f)) {
+/// Reads one results folder with the one reader ([`read_rows`](super::read_rows)):
+/// `trials.csv` must be there; `runs.csv` and `progress.csv` may be missing (no rows). A
+/// missing folder, a folder without `trials.csv`, and a damaged file are bad input (exit 2).
+pub fn read_dir(dir: &Path) -> Result<Rows, ReportError> {
+    let meta = fs::metadata(dir).map_err(|source| ReportError::Read {
+        path: dir.to_path_buf(),
+        source,
+    })?;
+    if !meta.is_dir() {
         return Err(ReportError::Invalid(format!(
-            "{}: no report files ({RUNS_CSV}, {TRIALS_CSV}, {PROGRESS_CSV}) in this directory",
+            "{}: not a folder: give a folder of gpumux results",
             dir.display()
         )));
     }
-    let progress = if has(PROGRESS_CSV) {
-        read_progress(dir)?
-    } else {
-        Vec::new()
+    let has = |name: &str| dir.join(name).exists();
+    if !has(TRIALS_CSV) {
+        return Err(ReportError::Invalid(format!(
+            "{}: no {TRIALS_CSV} in this folder: not a folder of gpumux results",
+            dir.display()
+        )));
+    }
+    let optional = |name: &str| has(name).then_some(());
+    let runs = match optional(RUNS_CSV) {
+        Some(()) => read_runs(dir)?,
+        None => Vec::new(),
     };
-    Ok((read_runs(dir)?, read_trials(dir)?, progress))
+    let progress = match optional(PROGRESS_CSV) {
+        Some(()) => read_progress(dir)?,
+        None => Vec::new(),
+    };
+    Ok((runs, read_trials(dir)?, progress))
 }
 
 /// Reads the report files of every directory, in order, and drops rows repeated exactly
@@ -75,17 +92,14 @@ pub fn merge_dirs(dirs: &[PathBuf]) -> Result<Rows, ReportError> {
     Ok((dedup(runs), dedup(trials), dedup(progress)))
 }
 
-/// Writes rows as fresh report files in `out` (created if needed).
+/// Replaces the results files in `out` (created if needed) with these rows, each file whole.
 pub fn write_merged(
     out: &Path,
     runs: &[RunRow],
     trials: &[TrialRow],
     progress: &[ProgressRow],
 ) -> Result<(), ReportError> {
-    let mut writer = ReportWriter::create(out)?;
-    runs.iter().try_for_each(|r| writer.run(r))?;
-    trials.iter().try_for_each(|t| writer.trial(t))?;
-    progress.iter().try_for_each(|p| writer.progress(p))
+    write_all(out, runs, trials, progress)
 }
 
 /// A chart title naming the model and dataset when all rounds share them.
@@ -105,7 +119,7 @@ pub fn write_report(
     runs: &[RunRow],
     trials: &[TrialRow],
 ) -> Result<ReportPaths, ReportError> {
-    fs::create_dir_all(dir).map_err(|source| ReportError::Io {
+    fs::create_dir_all(dir).map_err(|source| ReportError::Write {
         path: dir.to_path_buf(),
         source,
     })?;
@@ -124,10 +138,7 @@ pub fn write_report(
         samples_per_s,
         summary: dir.join(SUMMARY_TXT),
     };
-    fs::write(&paths.summary, summary_text(runs, trials)).map_err(|source| ReportError::Io {
-        path: paths.summary.clone(),
-        source,
-    })?;
+    replace_bytes(&paths.summary, summary_text(runs, trials).as_bytes())?;
     Ok(paths)
 }
 
@@ -149,7 +160,7 @@ fn chart(
 /// Removes a chart left by an earlier run in the same folder, which would no longer match its CSVs.
 fn remove_stale(path: &Path) -> Result<(), ReportError> {
     match fs::remove_file(path) {
-        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(ReportError::Io {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(ReportError::Write {
             path: path.to_path_buf(),
             source: e,
         }),
@@ -205,7 +216,7 @@ mod tests {
         fs::create_dir(&empty).unwrap();
         let err = merge_dirs(&[empty]).unwrap_err().to_string();
         assert!(
-            err.contains("nothing-here") && err.contains("no report files"),
+            err.contains("nothing-here") && err.contains("no trials.csv"),
             "{err}"
         );
         assert!(merge_dirs(&[]).is_err());

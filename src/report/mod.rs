@@ -8,9 +8,12 @@ pub mod plot;
 pub mod summary;
 
 pub use self::csv::{
-    read_progress, read_runs, read_trials, ReportWriter, PROGRESS_CSV, RUNS_CSV, TRIALS_CSV,
+    read_progress, read_rows, read_runs, read_trials, write_all, write_rows, ReportWriter,
+    ResultsRow, CHECK, PROGRESS_CSV, RUNS_CSV, TRIALS_CSV,
 };
-pub use self::merge::{merge_dirs, merge_into, write_merged, write_report, ReportPaths};
+pub use self::merge::{
+    merge_dirs, merge_into, read_dir, write_merged, write_report, ReportPaths, Rows,
+};
 pub use self::plot::{plot_samples_per_s, plot_time_per_training};
 pub use self::summary::{
     best_n, best_trial, format_best, format_best_n, format_parity, parity, summary_table,
@@ -19,6 +22,9 @@ pub use self::summary::{
 
 /// The state of a trial that ran to the end.
 pub const COMPLETE: &str = "COMPLETE";
+
+/// Every state a row of `trials.csv` may hold; a row with another one is damaged.
+pub const STATES: [&str; 5] = [COMPLETE, "FAIL", "FAILED", "INTERRUPTED", "PRUNED"];
 
 /// The split modes in the order reports list them; others follow, by name.
 const SPLIT_ORDER: [&str; 5] = ["shared", "process", "logical", "green", "mps"];
@@ -101,6 +107,18 @@ pub struct TrialRow {
     pub metric: Option<f64>,
     /// Every parameter the trial was given, as a JSON object (external commands' too).
     pub params: String,
+}
+
+impl TrialRow {
+    /// Whether the trial can be ranked: it is COMPLETE and every result it has (the metric,
+    /// test accuracy and final loss) is a finite number. A NaN or infinite result is a failed
+    /// value: such a trial is never the best one.
+    pub fn ranks(&self) -> bool {
+        self.state == COMPLETE
+            && [self.metric, self.test_acc, self.final_loss]
+                .iter()
+                .all(|v| v.map_or(true, f64::is_finite))
+    }
 }
 
 /// One row of `progress.csv`: one trial after one epoch.

@@ -207,10 +207,11 @@ fn plot(runs: &[RunRow], path: &Path, title: &str, metric: &Metric) -> Result<()
         series: &series,
         legend_title: Varying::of(runs).legend_title(),
     };
-    chart.draw(path).map_err(|e| ReportError::Plot {
+    let svg = chart.draw().map_err(|e| ReportError::Plot {
         path: path.to_path_buf(),
         message: e.to_string(),
-    })
+    })?;
+    crate::outdir::replace_bytes(path, svg.as_bytes())
 }
 
 /// Everything one SVG shows.
@@ -245,19 +246,24 @@ fn color(i: usize) -> RGBColor {
 }
 
 impl Chart<'_> {
-    fn draw(&self, path: &Path) -> DrawResult<()> {
+    /// The chart as SVG text, written to its file whole by the caller.
+    fn draw(&self) -> DrawResult<String> {
         let legend_w = self.legend_width()?;
         let size = (PLOT_SIZE.0 + legend_w, PLOT_SIZE.1);
-        let root = SVGBackend::new(path, size).into_drawing_area();
-        root.fill(&WHITE)?;
-        let body = root.titled(self.title, (FONT, 28))?.titled(
-            &self.subtitle,
-            (FONT, 17).into_font().color(&RGBColor(80, 80, 80)),
-        )?;
-        let (plot_area, legend_area) = body.split_horizontally(PLOT_SIZE.0);
-        self.draw_plot(&plot_area)?;
-        self.draw_legend(&legend_area)?;
-        root.present()
+        let mut svg = String::new();
+        {
+            let root = SVGBackend::with_string(&mut svg, size).into_drawing_area();
+            root.fill(&WHITE)?;
+            let body = root.titled(self.title, (FONT, 28))?.titled(
+                &self.subtitle,
+                (FONT, 17).into_font().color(&RGBColor(80, 80, 80)),
+            )?;
+            let (plot_area, legend_area) = body.split_horizontally(PLOT_SIZE.0);
+            self.draw_plot(&plot_area)?;
+            self.draw_legend(&legend_area)?;
+            root.present()?;
+        }
+        Ok(svg)
     }
 
     fn legend_width(&self) -> DrawResult<u32> {

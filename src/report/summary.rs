@@ -3,7 +3,7 @@
 use std::cmp::Ordering;
 use std::collections::BTreeMap;
 
-use super::{split_rank, RunRow, TrialRow, COMPLETE};
+use super::{split_rank, RunRow, TrialRow};
 
 /// What a series of rounds has in common: what was trained, where, and under which split mode.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -181,8 +181,10 @@ fn loss_key(trial: &TrialRow) -> f64 {
         .unwrap_or(f64::INFINITY)
 }
 
+/// A trial that can be ranked and compared: COMPLETE with finite results (NaN or infinite
+/// values count as failed), and a test accuracy.
 fn has_result(trial: &TrialRow) -> bool {
-    trial.state == COMPLETE && trial.test_acc.is_some_and(f64::is_finite)
+    trial.ranks() && trial.test_acc.is_some()
 }
 
 /// Orders trials best first: higher test accuracy, then lower final loss, then trial id.

@@ -1,6 +1,6 @@
 //! `gpumux merge`: the results of several sweep shards (or resumed runs) as one report.
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
@@ -8,7 +8,7 @@ use crate::error::{Error, Result};
 use crate::job::Goal;
 use crate::report::{self, ProgressRow, TrialRow};
 
-use super::{best, latest_rows};
+use super::{best, one_per_epoch};
 use crate::commands::say;
 
 /// What a merge found.
@@ -16,53 +16,73 @@ use crate::commands::say;
 pub struct Merged {
     /// One row per trial id: its latest state across the folders (a COMPLETE row wins).
     pub trials: Vec<TrialRow>,
+    /// The epochs of each kept row's trial, from the folder that row came from, one per epoch.
     pub progress: Vec<ProgressRow>,
 }
 
-/// Reads every folder's trials.csv (required) and progress.csv (optional) and keeps, per trial
-/// id, its COMPLETE row when it has one, else its latest row.
+/// Reads every folder with the one reader of results files (a damaged file is refused, a cut
+/// last line dropped) and keeps, per trial id, its COMPLETE row when it has one, else its
+/// latest row. A folder of a `fib` run (rounds in runs.csv, the same trial id in every
+/// round) is refused: one row per trial id would drop its rounds.
 pub fn merge(dirs: &[PathBuf]) -> Result<Merged> {
     if dirs.is_empty() {
         return Err(Error::Usage(
             "give at least one result folder to merge".into(),
         ));
     }
-    let mut rows = Vec::new();
-    let mut progress = Vec::new();
-    for d in dirs {
-        if !d.join(report::TRIALS_CSV).exists() {
+    let mut rows: Vec<(usize, TrialRow)> = Vec::new();
+    let mut progress: Vec<(usize, ProgressRow)> = Vec::new();
+    for (i, d) in dirs.iter().enumerate() {
+        let (runs, trials, p) = report::read_dir(d)?;
+        if !runs.is_empty() {
             return Err(Error::Usage(format!(
-                "{} has no {}",
+                "{} holds a fib run ({} rounds in {}), not sweep results: `gpumux merge` keeps \
+                 one row per trial id, which would drop its rounds; put fib runs together with \
+                 `gpumux report DIR... --out DIR`, which keeps every row",
                 d.display(),
-                report::TRIALS_CSV
+                runs.len(),
+                report::RUNS_CSV
             )));
         }
-        rows.extend(report::read_trials(d)?);
-        if d.join(report::PROGRESS_CSV).exists() {
-            progress.extend(report::read_progress(d)?);
+        rows.extend(trials.into_iter().map(|t| (i, t)));
+        progress.extend(p.into_iter().map(|p| (i, p)));
+    }
+    // Per trial id, the last COMPLETE row, else the last row, in the order given.
+    let mut chosen: BTreeMap<String, (usize, TrialRow)> = BTreeMap::new();
+    for (i, r) in rows {
+        let replace = match chosen.get(&r.trial_id) {
+            None => true,
+            Some((_, kept)) => r.state == report::COMPLETE || kept.state != report::COMPLETE,
+        };
+        if replace {
+            chosen.insert(r.trial_id.clone(), (i, r));
         }
     }
-    // Non-COMPLETE rows first, so a COMPLETE row of the same id is the one kept.
-    let (complete, other): (Vec<TrialRow>, Vec<TrialRow>) =
-        rows.into_iter().partition(|r| r.state == "COMPLETE");
-    let mut ordered = other;
-    ordered.extend(complete);
-    let mut trials = latest_rows(&ordered);
-    trials.sort_by(|a, b| a.trial_id.cmp(&b.trial_id));
-    let ids: HashSet<&str> = trials.iter().map(|r| r.trial_id.as_str()).collect();
-    progress.retain(|p| ids.contains(p.trial_id.as_str()));
+    let from: HashSet<(usize, &str)> = chosen
+        .values()
+        .map(|(i, r)| (*i, r.trial_id.as_str()))
+        .collect();
+    let progress = one_per_epoch(
+        progress
+            .into_iter()
+            .filter(|(i, p)| from.contains(&(*i, p.trial_id.as_str())))
+            .map(|(_, p)| p),
+    );
+    let trials = chosen.into_values().map(|(_, r)| r).collect();
     Ok(Merged { trials, progress })
 }
 
-/// Writes a merge into `out` and prints its counts and best trial.
+/// `gpumux merge DIR... --out OUT`: holds OUT's lock, merges, and replaces OUT's files whole.
+pub fn run(dirs: &[PathBuf], out_dir: &Path, goal: Goal, out: &mut dyn Write) -> Result<()> {
+    let _lock = crate::outdir::lock(out_dir)?;
+    let m = merge(dirs)?;
+    write(&m, out_dir, goal, out)
+}
+
+/// Writes a merge into `out` (each file replaced whole, fsynced once) and prints its counts
+/// and best trial.
 pub fn write(m: &Merged, out_dir: &Path, goal: Goal, out: &mut dyn Write) -> Result<()> {
-    let mut w = report::ReportWriter::create(out_dir)?;
-    for r in &m.trials {
-        w.trial(r)?;
-    }
-    for p in &m.progress {
-        w.progress(p)?;
-    }
+    report::write_all(out_dir, &[], &m.trials, &m.progress)?;
     let count = |s: &str| m.trials.iter().filter(|r| r.state == s).count();
     say(
         out,

@@ -18,7 +18,7 @@ use crate::engine::cuda::CudaEngine;
 use crate::error::{Error, Result};
 use crate::job::{Concurrency, Goal, Job, SplitMode};
 use crate::plan::{self, Round, TrialSpec};
-use crate::report::{self, TrialRow};
+use crate::report::{self, ProgressRow, TrialRow};
 use crate::sched::cancel::Cancel;
 use crate::sched::external::ExternalEnv;
 use crate::sched::{self, Device, Devices, Event, ExternalTrials, RoundContext, TrialState};
@@ -109,8 +109,8 @@ pub fn latest_rows(rows: &[TrialRow]) -> Vec<TrialRow> {
 /// The best COMPLETE row by the metric column and the goal (ties: the lower trial id).
 pub fn best(rows: &[TrialRow], goal: Goal) -> Option<&TrialRow> {
     rows.iter()
-        .filter(|r| r.state == "COMPLETE")
-        .filter_map(|r| r.metric.filter(|m| m.is_finite()).map(|m| (m, r)))
+        .filter(|r| r.ranks())
+        .filter_map(|r| r.metric.map(|m| (m, r)))
         .min_by(|(a, ra), (b, rb)| {
             let ord = match goal {
                 Goal::Maximize => b.total_cmp(a),
@@ -162,10 +162,7 @@ fn write_best(dir: &Path, job: &Job, row: &TrialRow) -> Result<PathBuf> {
         "# the best trial of sweep {}; `parameters` can be pasted into a job\n{text}",
         job.name
     );
-    std::fs::write(&path, body).map_err(|e| Error::Io {
-        context: path.display().to_string(),
-        source: e,
-    })?;
+    crate::outdir::replace_bytes(&path, body.as_bytes())?;
     Ok(path)
 }
 
@@ -183,26 +180,28 @@ pub fn run(job: &Job, opts: &SweepOptions, out: &mut dyn Write) -> Result<PathBu
             None => base,
         }
     });
-    let has_rows = report::read_trials(&dir)
-        .map(|r| !r.is_empty())
-        .unwrap_or(false);
-    if has_rows && !opts.resume && !opts.dry_run {
+    // A writing run holds the folder's lock from before it reads what is there to its end.
+    let _lock = if opts.dry_run {
+        None
+    } else {
+        Some(crate::outdir::lock(&dir)?)
+    };
+    // Every results file there is read whole first: one that cannot be read is refused (exit
+    // 2) and left as it is, with or without --resume; a cut last line is dropped.
+    let held = Held::read(&dir)?;
+    if held.has_rows() && !opts.resume && !opts.dry_run {
         return Err(Error::Usage(format!(
             "{} already holds sweep results: add --resume to finish them, or choose another --out",
             dir.display()
         )));
     }
-    // Resuming opens the files for appending first, which drops a row cut short by a kill, so
-    // what is read next parses; the same writer takes the new rows. A dry run only reads.
+    let previous = if opts.resume { held.trials } else { Vec::new() };
     let resumed = if opts.resume && !opts.dry_run {
+        keep_complete_progress(&dir, &previous, held.progress)?;
+        // Drops a cut last line, so that the next row starts on a line of its own.
         Some(report::ReportWriter::append(&dir)?)
     } else {
         None
-    };
-    let previous = if opts.resume && dir.join(report::TRIALS_CSV).exists() {
-        report::read_trials(&dir)?
-    } else {
-        Vec::new()
     };
     let done: HashSet<&str> = previous
         .iter()
@@ -277,6 +276,86 @@ pub fn run(job: &Job, opts: &SweepOptions, out: &mut dyn Write) -> Result<PathBu
     }
     finish(job, &dir, &mine, &rows, &cancel, out)?;
     Ok(dir)
+}
+
+/// What an output folder already holds, read with the one reader of results files.
+struct Held {
+    trials: Vec<TrialRow>,
+    progress: Vec<ProgressRow>,
+    runs: usize,
+}
+
+impl Held {
+    fn read(dir: &Path) -> Result<Held> {
+        let present = |name: &str| dir.join(name).exists();
+        Ok(Held {
+            trials: if present(report::TRIALS_CSV) {
+                report::read_trials(dir)?
+            } else {
+                Vec::new()
+            },
+            progress: if present(report::PROGRESS_CSV) {
+                report::read_progress(dir)?
+            } else {
+                Vec::new()
+            },
+            runs: if present(report::RUNS_CSV) {
+                report::read_runs(dir)?.len()
+            } else {
+                0
+            },
+        })
+    }
+
+    fn has_rows(&self) -> bool {
+        !self.trials.is_empty() || !self.progress.is_empty() || self.runs > 0
+    }
+}
+
+/// At the start of a resumed sweep, `progress.csv` keeps the rows of COMPLETE trials only, one
+/// per (trial, epoch) (the last written): the trials run again write theirs anew, so that
+/// the file never holds one epoch twice. It is replaced whole (temporary file and rename).
+fn keep_complete_progress(
+    dir: &Path,
+    trials: &[TrialRow],
+    progress: Vec<ProgressRow>,
+) -> Result<()> {
+    let complete: HashSet<&str> = trials
+        .iter()
+        .filter(|r| r.state == report::COMPLETE)
+        .map(|r| r.trial_id.as_str())
+        .collect();
+    let before = progress.len();
+    let kept = one_per_epoch(
+        progress
+            .into_iter()
+            .filter(|p| complete.contains(p.trial_id.as_str())),
+    );
+    if kept.len() != before {
+        tracing::info!(
+            "{}: dropping {} rows of trials that did not complete (or of an epoch written twice)",
+            dir.join(report::PROGRESS_CSV).display(),
+            before - kept.len()
+        );
+        report::write_rows(&dir.join(report::PROGRESS_CSV), &kept)?;
+    }
+    Ok(())
+}
+
+/// One progress row per (trial, epoch): the last one written, in the order of the first.
+pub fn one_per_epoch(rows: impl IntoIterator<Item = ProgressRow>) -> Vec<ProgressRow> {
+    let mut slot: BTreeMap<(String, u32), usize> = BTreeMap::new();
+    let mut out: Vec<ProgressRow> = Vec::new();
+    for row in rows {
+        match slot.get(&(row.trial_id.clone(), row.epoch)) {
+            Some(&i) => out[i] = row,
+            None => {
+                slot.insert((row.trial_id.clone(), row.epoch), out.len());
+                out.push(row);
+            }
+        }
+    }
+    out
 }
 
 /// The context every worker of the sweep shares.
@@ -412,6 +491,12 @@ fn execute(
         };
         bar.set_message(format!("{running} running, {failed} failed"));
         if let Err(e) = res {
+            // A row that cannot be recorded (a full disk): stop the sweep rather than run
+            // trials whose results would be lost; the rows written so far stay whole.
+            if first_err.is_none() {
+                tracing::error!("{e}: stopping the sweep");
+                ctx.cancel.abort();
+            }
             first_err.get_or_insert(e);
         }
     });

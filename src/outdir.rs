@@ -1,0 +1,195 @@
+//! An output folder's safety: one writer at a time (an advisory lock), and whole-file replacement of results files (temporary file, fsync, rename).
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, BufWriter, Read, Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+
+use crate::error::ReportError;
+
+/// The lock file every command that writes an output folder holds while it runs.
+pub const LOCK_FILE: &str = ".gpumux.lock";
+/// How the temporary files of [`replace_file`] begin; those of a killed process are removed by
+/// the next one that takes the folder's lock.
+pub const TMP_PREFIX: &str = ".gpumux-tmp.";
+
+/// An output folder held by this process; the lock goes when this is dropped, and the OS drops
+/// it when the process dies, however it dies, so a killed run leaves no stale lock.
+#[derive(Debug)]
+pub struct OutLock {
+    dir: PathBuf,
+    /// Open for as long as the lock is held: closing it releases the lock.
+    _file: File,
+}
+
+impl OutLock {
+    /// The folder this lock holds.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+}
+
+/// Creates `dir` if needed and takes its lock, or refuses (exit 2) when another gpumux holds
+/// it, naming the lock file and the process id written in it. Every command that writes an
+/// output folder calls this first and keeps the guard until it is done.
+///
+/// On a file system without locks (some network mounts) it warns and goes on unlocked.
+pub fn lock(dir: &Path) -> Result<OutLock, ReportError> {
+    fs::create_dir_all(dir).map_err(|source| ReportError::Write {
+        path: dir.to_path_buf(),
+        source,
+    })?;
+    let path = dir.join(LOCK_FILE);
+    let mut file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(&path)
+        .map_err(|source| ReportError::Write {
+            path: path.clone(),
+            source,
+        })?;
+    match fs4::FileExt::try_lock(&file) {
+        Ok(()) => {
+            // Who holds it, for the message of a second process; the lock is what counts.
+            let pid = format!("{}\n", std::process::id());
+            let _ = file
+                .set_len(0)
+                .and_then(|()| file.seek(SeekFrom::Start(0)))
+                .and_then(|_| file.write_all(pid.as_bytes()));
+            remove_leftovers(dir);
+        }
+        Err(fs4::TryLockError::WouldBlock) => {
+            let mut text = String::new();
+            let _ = (&file).take(64).read_to_string(&mut text);
+            let holder = match text.trim().parse::<u32>() {
+                Ok(pid) => format!(" (pid {pid})"),
+                Err(_) => String::new(),
+            };
+            return Err(ReportError::Locked {
+                dir: dir.to_path_buf(),
+                lock: path,
+                holder,
+            });
+        }
+        Err(fs4::TryLockError::Error(e)) => {
+            tracing::warn!(
+                "cannot lock {}: {e}; nothing stops another gpumux from writing {} at the same time",
+                path.display(),
+                dir.display()
+            );
+        }
+    }
+    Ok(OutLock {
+        dir: dir.to_path_buf(),
+        _file: file,
+    })
+}
+
+/// Removes the temporary files a killed process left in `dir`: with its lock held, no other
+/// process is writing them.
+fn remove_leftovers(dir: &Path) {
+    let Ok(entries) = fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        if name.to_string_lossy().starts_with(TMP_PREFIX) {
+            let _ = fs::remove_file(entry.path());
+        }
+    }
+}
+
+/// Replaces the file at `path` with what `write` writes, so that the file is always either
+/// the old one or the whole new one: `write` fills a temporary file in the same folder, which
+/// is flushed and fsynced, then renamed over `path`, and the folder is fsynced. On an error the
+/// old file is left as it was and the temporary file is removed.
+pub fn replace_file(
+    path: &Path,
+    write: impl FnOnce(&mut dyn Write) -> io::Result<()>,
+) -> Result<(), ReportError> {
+    let dir = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    let failed = |source| ReportError::Write {
+        path: path.to_path_buf(),
+        source,
+    };
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let tmp = tempfile::Builder::new()
+        .prefix(&format!("{TMP_PREFIX}{name}."))
+        .suffix(".tmp")
+        .tempfile_in(&dir)
+        .map_err(failed)?;
+    let mut out = BufWriter::new(tmp);
+    write(&mut out).map_err(failed)?;
+    let tmp = out.into_inner().map_err(|e| failed(e.into_error()))?;
+    tmp.as_file().sync_all().map_err(failed)?;
+    tmp.persist(path).map_err(|e| failed(e.error))?;
+    sync_dir(&dir).map_err(failed)
+}
+
+/// [`replace_file`] with the whole content at hand.
+pub fn replace_bytes(path: &Path, bytes: &[u8]) -> Result<(), ReportError> {
+    replace_file(path, |w| w.write_all(bytes))
+}
+
+/// Fsyncs a folder, so that a rename in it survives a power loss.
+pub fn sync_dir(dir: &Path) -> io::Result<()> {
+    File::open(dir)?.sync_all()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_second_lock_on_the_same_folder_is_refused_until_the_first_is_dropped() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("out");
+        let first = lock(&dir).unwrap();
+        assert_eq!(first.dir(), dir.as_path());
+        let err = lock(&dir).unwrap_err();
+        let text = err.to_string();
+        assert!(matches!(err, ReportError::Locked { .. }), "{text}");
+        assert!(err.is_bad_input());
+        assert!(
+            text.contains(LOCK_FILE) && text.contains(&format!("pid {}", std::process::id())),
+            "{text}"
+        );
+        drop(first);
+        fs::write(dir.join(format!("{TMP_PREFIX}trials.csv.x1.tmp")), "half").unwrap();
+        drop(lock(&dir).unwrap());
+        let names: Vec<String> = fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(
+            names,
+            vec![LOCK_FILE.to_string()],
+            "a killed run's leftovers go"
+        );
+    }
+
+    #[test]
+    fn replace_keeps_the_old_file_when_writing_fails() {
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join("best.yaml");
+        replace_bytes(&path, b"old\n").unwrap();
+        let err = replace_file(&path, |w| {
+            w.write_all(b"half of the new")?;
+            Err(io::Error::other("the disk is full"))
+        })
+        .unwrap_err();
+        assert!(matches!(err, ReportError::Write { .. }) && !err.is_bad_input());
+        assert_eq!(fs::read(&path).unwrap(), b"old\n");
+        let left: Vec<_> = fs::read_dir(tmp.path()).unwrap().collect();
+        assert_eq!(left.len(), 1, "no temporary file is left behind");
+        replace_bytes(&path, b"new\n").unwrap();
+        assert_eq!(fs::read(&path).unwrap(), b"new\n");
+    }
+}
