@@ -1,0 +1,675 @@
+//! Results files on the real binary: damaged files refused and left as they were, one writer per output folder, merges killed midway, cut rows, progress after a resume, fib merges, one exit-code table, non-finite metrics and a full disk.
+
+mod common;
+use common::*;
+use std::collections::{BTreeMap, HashSet};
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use gpumux::report::{self, ProgressRow, TrialRow};
+
+/// A sweep of `run_cap` trials of a small MLP on synthetic data, on the CPU.
+fn sweep_job(run_cap: u32, epochs: u32, samples: u32) -> String {
+    format!(
+        "name: rf
+model: {{kind: mlp, hidden: [32]}}
+data: {{source: synthetic, train_samples: {samples}, test_samples: 128}}
+train: {{epochs: {epochs}, batch_size: 32}}
+run_cap: {run_cap}
+parameters:
+  lr: {{min: 0.0003, max: 0.01, distribution: log_uniform_values}}
+concurrency: 2
+split: logical
+backend: cpu
+"
+    )
+}
+
+const FIB_JOB: &str = "name: fibsmall
+model: {kind: mlp, hidden: [16]}
+data: {source: synthetic, train_samples: 256, test_samples: 64}
+train: {epochs: 1, batch_size: 32}
+n: [1, 2]
+splits: [shared]
+backend: cpu
+";
+
+fn bin() -> PathBuf {
+    assert_cmd::cargo::cargo_bin("gpumux")
+}
+
+fn spawn(dir: &Path, args: &[&str]) -> Child {
+    Command::new(bin())
+        .current_dir(dir)
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("gpumux starts")
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().expect("a UTF-8 path")
+}
+
+fn code(o: &Output) -> Option<i32> {
+    o.status.code()
+}
+
+/// Runs a sweep of `job` into `out` with more arguments, and returns its output.
+fn sweep(dir: &Path, job: &Path, out: &Path, more: &[&str]) -> Output {
+    let mut args = vec!["sweep", s(job), "--out", s(out)];
+    args.extend(more);
+    gpumux(dir, &args)
+}
+
+/// Whole lines of a file, header excluded.
+fn rows_in(path: &Path) -> usize {
+    fs::read(path)
+        .map(|b| b.iter().filter(|&&c| c == b'\n').count().saturating_sub(1))
+        .unwrap_or(0)
+}
+
+/// Waits until `cond` holds; false when `child` ends first or after a minute.
+fn wait_for(child: &mut Child, mut cond: impl FnMut() -> bool) -> bool {
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(60) {
+        if cond() {
+            return true;
+        }
+        if let Ok(Some(_)) = child.try_wait() {
+            return cond();
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    false
+}
+
+fn signal(child: &Child, sig: i32) {
+    // SAFETY: kill(2) on our own child.
+    unsafe { libc::kill(child.id() as i32, sig) };
+}
+
+/// The trials.csv of `out`, read with the strict reader (a damaged file fails the test).
+fn trials(out: &Path) -> Vec<TrialRow> {
+    report::read_trials(out).unwrap_or_else(|e| panic!("{e}"))
+}
+
+fn progress(out: &Path) -> Vec<ProgressRow> {
+    report::read_progress(out).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// Asserts that every trial is COMPLETE exactly once, and returns their ids.
+fn complete_once(out: &Path, n: usize) -> HashSet<String> {
+    let rows = trials(out);
+    let complete: Vec<&TrialRow> = rows.iter().filter(|r| r.state == "COMPLETE").collect();
+    let ids: HashSet<String> = complete.iter().map(|r| r.trial_id.clone()).collect();
+    assert_eq!(complete.len(), n, "{rows:?}");
+    assert_eq!(ids.len(), n, "no trial COMPLETE twice");
+    ids
+}
+
+/// Each COMPLETE trial has one progress row per epoch, and no other trial has any.
+fn one_progress_row_per_epoch(out: &Path, epochs: u32) {
+    let done: HashSet<String> = trials(out)
+        .into_iter()
+        .filter(|r| r.state == "COMPLETE")
+        .map(|r| r.trial_id)
+        .collect();
+    let mut seen: BTreeMap<(String, u32), usize> = BTreeMap::new();
+    for p in progress(out) {
+        *seen.entry((p.trial_id.clone(), p.epoch)).or_default() += 1;
+    }
+    let twice: Vec<_> = seen.iter().filter(|(_, n)| **n > 1).collect();
+    assert!(twice.is_empty(), "(trial, epoch) written twice: {twice:?}");
+    let trials_seen: HashSet<&String> = seen.keys().map(|(t, _)| t).collect();
+    assert_eq!(
+        trials_seen,
+        done.iter().collect::<HashSet<_>>(),
+        "progress rows of COMPLETE trials only"
+    );
+    for t in &done {
+        let n = seen.keys().filter(|(id, _)| id == t).count();
+        assert_eq!(n, epochs as usize, "trial {t}: one row per epoch");
+    }
+}
+
+#[test]
+fn a_damaged_trials_csv_is_refused_and_left_byte_for_byte() {
+    let dir = tempfile::tempdir().unwrap();
+    let job = job(dir.path(), "j.yaml", &sweep_job(3, 1, 256));
+    let out = dir.path().join("out");
+    assert_eq!(code(&sweep(dir.path(), &job, &out, &[])), Some(0));
+    let csv = out.join("trials.csv");
+    let good = fs::read_to_string(&csv).unwrap();
+    let lines: Vec<&str> = good.lines().collect();
+    let nul_row = lines[1].replacen("COMPLETE", "COMP\0ETE", 1);
+    let damage: Vec<(&str, String)> = vec![
+        ("a NUL line", "\0\0\0\0\0\0\0\0".into()),
+        ("a garbage line", "garbage".into()),
+        ("a row with a NUL byte", nul_row),
+        ("a row of another shape", "a,b,c".into()),
+    ];
+    let progress_before = fs::read(out.join("progress.csv")).unwrap();
+    for (what, line) in damage {
+        // The damaged line stands between two whole rows (line 3 of the file), or last.
+        for at in [2, lines.len()] {
+            let mut l = lines.clone();
+            l.insert(at, &line);
+            let bad = format!("{}\n", l.join("\n"));
+            fs::write(&csv, &bad).unwrap();
+            for more in [&[][..], &["--resume"], &["--resume", "--dry-run"]] {
+                let o = sweep(dir.path(), &job, &out, more);
+                let said = stderr(&o);
+                assert_eq!(code(&o), Some(2), "{what} {more:?}: {said}");
+                assert!(
+                    said.contains("trials.csv") && said.contains(&format!("line {}", at + 1)),
+                    "{what} {more:?}: {said}"
+                );
+                assert_eq!(
+                    fs::read(&csv).unwrap(),
+                    bad.as_bytes(),
+                    "{what} {more:?}: the file is left as it was"
+                );
+                assert_eq!(fs::read(out.join("progress.csv")).unwrap(), progress_before);
+            }
+        }
+    }
+}
+
+#[test]
+fn a_cut_last_row_is_dropped_by_resume_dry_run_merge_and_report() {
+    let dir = tempfile::tempdir().unwrap();
+    let job = job(dir.path(), "j.yaml", &sweep_job(4, 1, 256));
+    let out = dir.path().join("out");
+    assert_eq!(code(&sweep(dir.path(), &job, &out, &[])), Some(0));
+    let csv = out.join("trials.csv");
+    let whole = fs::read(&csv).unwrap();
+    // A kill in the middle of the last row's write: its state (COMPLETE) is there, not its end.
+    let cut = &whole[..whole.len() - 5];
+    let last = String::from_utf8_lossy(&cut[cut.iter().rposition(|&b| b == b'\n').unwrap()..])
+        .into_owned();
+    assert!(last.contains("COMPLETE"), "{last}");
+    fs::write(&csv, cut).unwrap();
+    let o = sweep(dir.path(), &job, &out, &["--resume", "--dry-run"]);
+    assert_eq!(code(&o), Some(0), "{}", stderr(&o));
+    assert!(
+        stdout(&o).contains("3 already COMPLETE, 1 to run"),
+        "{}",
+        stdout(&o)
+    );
+    assert!(stderr(&o).contains("cut short"), "{}", stderr(&o));
+    assert_eq!(fs::read(&csv).unwrap(), cut, "a dry run writes nothing");
+    let merged = dir.path().join("merged");
+    let o = gpumux(dir.path(), &["merge", s(&out), "--out", s(&merged)]);
+    assert_eq!(code(&o), Some(0), "{}", stderr(&o));
+    assert!(
+        stdout(&o).contains("merged 3 trials: 3 COMPLETE"),
+        "{}",
+        stdout(&o)
+    );
+    assert_eq!(trials(&merged).len(), 3);
+    let reported = dir.path().join("reported");
+    let o = gpumux(dir.path(), &["report", s(&out), "--out", s(&reported)]);
+    assert_eq!(code(&o), Some(0), "{}", stderr(&o));
+    assert_eq!(trials(&reported).len(), 3, "report drops it too");
+    let o = sweep(dir.path(), &job, &out, &["--resume"]);
+    assert_eq!(code(&o), Some(0), "{}", stderr(&o));
+    complete_once(&out, 4);
+}
+
+#[test]
+fn two_sweeps_started_together_in_one_folder_one_refuses_naming_the_lock() {
+    let dir = tempfile::tempdir().unwrap();
+    let job = job(dir.path(), "j.yaml", &sweep_job(6, 4, 1024));
+    for more in [&[][..], &["--resume"]] {
+        let out = dir.path().join(format!("out{}", more.len()));
+        let mut args = vec!["sweep", s(&job), "--out", s(&out)];
+        args.extend(more);
+        let (a, b) = (spawn(dir.path(), &args), spawn(dir.path(), &args));
+        let (a, b) = (a.wait_with_output().unwrap(), b.wait_with_output().unwrap());
+        let mut codes = vec![code(&a), code(&b)];
+        codes.sort();
+        assert_eq!(
+            codes,
+            vec![Some(0), Some(2)],
+            "{more:?}\n{}\n{}",
+            stderr(&a),
+            stderr(&b)
+        );
+        let loser = if code(&a) == Some(2) { &a } else { &b };
+        assert!(
+            stderr(loser).contains(".gpumux.lock") && stderr(loser).contains("in use"),
+            "{}",
+            stderr(loser)
+        );
+        complete_once(&out, 6);
+        assert_eq!(trials(&out).len(), 6, "one row per trial");
+        one_progress_row_per_epoch(&out, 4);
+    }
+}
+
+#[test]
+fn a_sweep_killed_outright_leaves_no_stale_lock() {
+    let dir = tempfile::tempdir().unwrap();
+    let job = job(dir.path(), "j.yaml", &sweep_job(4, 400, 2048));
+    let out = dir.path().join("out");
+    let mut child = spawn(dir.path(), &["sweep", s(&job), "--out", s(&out)]);
+    assert!(
+        wait_for(&mut child, || rows_in(&out.join("progress.csv")) >= 1),
+        "the sweep trains"
+    );
+    let o = sweep(dir.path(), &job, &out, &["--resume"]);
+    assert_eq!(code(&o), Some(2), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains(&format!("pid {}", child.id())),
+        "names the process holding it: {}",
+        stderr(&o)
+    );
+    child.kill().expect("SIGKILL");
+    let _ = child.wait();
+    // The lock file is still there; its lock went with the process.
+    assert!(out.join(".gpumux.lock").exists());
+    let o = gpumux(dir.path(), &["report", s(&out)]);
+    assert_eq!(code(&o), Some(0), "{}", stderr(&o));
+}
+
+#[test]
+fn every_command_that_writes_a_folder_refuses_one_in_use() {
+    let dir = tempfile::tempdir().unwrap();
+    let job = job(dir.path(), "j.yaml", &sweep_job(2, 1, 256));
+    let fib = common::job(dir.path(), "f.yaml", FIB_JOB);
+    let src = dir.path().join("src");
+    assert_eq!(code(&sweep(dir.path(), &job, &src, &[])), Some(0));
+    let busy = dir.path().join("busy");
+    let o = sweep(dir.path(), &job, &busy, &[]);
+    assert_eq!(code(&o), Some(0), "{}", stderr(&o));
+    let before: BTreeMap<String, Vec<u8>> = fs::read_dir(&busy)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .map(|p| (p.display().to_string(), fs::read(&p).unwrap()))
+        .collect();
+    // This test process holds the folder, as another gpumux would.
+    let held = gpumux::outdir::lock(&busy).unwrap();
+    let b = s(&busy);
+    let commands: Vec<Vec<&str>> = vec![
+        vec!["sweep", s(&job), "--out", b, "--resume"],
+        vec!["fib", s(&fib), "--out", b],
+        vec!["merge", s(&src), "--out", b],
+        vec!["report", s(&src), "--out", b],
+        vec!["report", b],
+        vec![
+            "parallel",
+            s(&fib),
+            "--slices",
+            "2",
+            "--epochs",
+            "1",
+            "--out",
+            b,
+        ],
+        vec![
+            "batch-scan",
+            s(&fib),
+            "--max-batch",
+            "2",
+            "--seconds",
+            "0.05",
+            "--out",
+            b,
+        ],
+    ];
+    for args in &commands {
+        let o = gpumux(dir.path(), args);
+        assert_eq!(code(&o), Some(2), "{args:?}: {}", stderr(&o));
+        assert!(
+            stderr(&o).contains(".gpumux.lock")
+                && stderr(&o).contains(&format!("pid {}", std::process::id())),
+            "{args:?}: {}",
+            stderr(&o)
+        );
+    }
+    let after: BTreeMap<String, Vec<u8>> = fs::read_dir(&busy)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .map(|p| (p.display().to_string(), fs::read(&p).unwrap()))
+        .collect();
+    let lock = busy.join(".gpumux.lock").display().to_string();
+    let strip = |m: &BTreeMap<String, Vec<u8>>| {
+        m.iter()
+            .filter(|(k, _)| **k != lock)
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect::<BTreeMap<_, _>>()
+    };
+    assert_eq!(
+        strip(&after),
+        strip(&before),
+        "nothing in the folder changed"
+    );
+    drop(held);
+    let o = gpumux(dir.path(), &["report", b]);
+    assert_eq!(code(&o), Some(0), "free again: {}", stderr(&o));
+}
+
+/// A sweep folder of `n` COMPLETE trials with `epochs` progress rows each, made by the library.
+fn big_folder(dir: &Path, prefix: &str, n: usize, epochs: u32) {
+    let trials: Vec<TrialRow> = (0..n)
+        .map(|i| TrialRow {
+            trial_id: format!("{prefix}{i:012x}"),
+            split: "logical".into(),
+            n: 4,
+            model: "mlp".into(),
+            state: "COMPLETE".into(),
+            test_acc: Some(0.5 + (i % 100) as f64 / 1000.0),
+            final_loss: Some(0.25),
+            metric: Some(0.5 + (i % 100) as f64 / 1000.0),
+            params: format!("{{\"lr\":{}}}", 1e-3 * (1.0 + i as f64 / n as f64)),
+            ..TrialRow::default()
+        })
+        .collect();
+    let progress: Vec<ProgressRow> = trials
+        .iter()
+        .flat_map(|t| {
+            (1..=epochs).map(|e| ProgressRow {
+                trial_id: t.trial_id.clone(),
+                split: "logical".into(),
+                n: 4,
+                epoch: e,
+                ..ProgressRow::default()
+            })
+        })
+        .collect();
+    report::write_all(dir, &[], &trials, &progress).unwrap();
+}
+
+#[test]
+fn a_merge_killed_midway_leaves_its_output_old_or_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b, out) = (
+        dir.path().join("a"),
+        dir.path().join("b"),
+        dir.path().join("merged"),
+    );
+    big_folder(&a, "a", 60_000, 3);
+    big_folder(&b, "b", 60_000, 3);
+    let o = gpumux(dir.path(), &["merge", s(&a), "--out", s(&out)]);
+    assert_eq!(code(&o), Some(0), "{}", stderr(&o));
+    let old_trials = fs::read(out.join("trials.csv")).unwrap();
+    let old_progress = fs::read(out.join("progress.csv")).unwrap();
+    let mut child = spawn(dir.path(), &["merge", s(&a), s(&b), "--out", s(&out)]);
+    // Kill it at its first write into the output folder: a temporary file, or a changed file.
+    let writing = || {
+        let tmp = fs::read_dir(&out)
+            .map(|d| {
+                d.flatten()
+                    .any(|e| e.file_name().to_string_lossy().ends_with(".tmp"))
+            })
+            .unwrap_or(false);
+        let changed = |name: &str, old: &[u8]| {
+            fs::metadata(out.join(name)).map_or(true, |m| m.len() != old.len() as u64)
+        };
+        tmp || changed("trials.csv", &old_trials) || changed("progress.csv", &old_progress)
+    };
+    let caught = wait_for(&mut child, writing);
+    child.kill().expect("SIGKILL");
+    let _ = child.wait();
+    assert!(caught, "the merge was seen writing");
+    let now = trials(&out).len();
+    assert!(now == 60_000 || now == 120_000, "old or whole new: {now}");
+    let epochs = progress(&out).len();
+    assert!(epochs == 180_000 || epochs == 360_000, "{epochs}");
+    // Run to its end, the merge gives the whole new output.
+    let o = gpumux(dir.path(), &["merge", s(&a), s(&b), "--out", s(&out)]);
+    assert_eq!(code(&o), Some(0), "{}", stderr(&o));
+    assert_eq!(trials(&out).len(), 120_000);
+    let left: Vec<String> = fs::read_dir(&out)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".tmp"))
+        .collect();
+    assert!(
+        left.is_empty(),
+        "the killed merge's leftovers are gone: {left:?}"
+    );
+}
+
+#[test]
+fn a_resumed_sweep_has_one_progress_row_per_trial_and_epoch() {
+    let dir = tempfile::tempdir().unwrap();
+    let job = job(dir.path(), "j.yaml", &sweep_job(6, 8, 1024));
+    for sig in [libc::SIGKILL, libc::SIGTERM] {
+        let out = dir.path().join(format!("out{sig}"));
+        let mut child = spawn(
+            dir.path(),
+            &["sweep", s(&job), "--out", s(&out), "--grace", "0"],
+        );
+        // Killed in the middle of a trial: some of its epochs are written, not its row.
+        assert!(
+            wait_for(&mut child, || {
+                rows_in(&out.join("progress.csv")) >= 3 + 8 * rows_in(&out.join("trials.csv"))
+            }),
+            "the sweep trains"
+        );
+        signal(&child, sig);
+        let o = child.wait_with_output().unwrap();
+        if sig == libc::SIGTERM {
+            assert_eq!(code(&o), Some(3), "{}", stderr(&o));
+        }
+        let o = sweep(dir.path(), &job, &out, &["--resume"]);
+        assert_eq!(code(&o), Some(0), "{}", stderr(&o));
+        complete_once(&out, 6);
+        one_progress_row_per_epoch(&out, 8);
+    }
+}
+
+#[test]
+fn merging_fib_runs_is_refused_and_report_keeps_every_row() {
+    let dir = tempfile::tempdir().unwrap();
+    let fib = job(dir.path(), "f.yaml", FIB_JOB);
+    let (a, b) = (dir.path().join("a"), dir.path().join("b"));
+    for out in [&a, &b] {
+        let o = gpumux(dir.path(), &["fib", s(&fib), "--out", s(out)]);
+        assert_eq!(code(&o), Some(0), "{}", stderr(&o));
+    }
+    let each = trials(&a).len();
+    assert_eq!(each, 3, "N = 1 and N = 2: t000 twice, t001 once");
+    let merged = dir.path().join("merged");
+    let o = gpumux(dir.path(), &["merge", s(&a), s(&b), "--out", s(&merged)]);
+    assert_eq!(code(&o), Some(2), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("fib run") && stderr(&o).contains("gpumux report"),
+        "{}",
+        stderr(&o)
+    );
+    assert!(!merged.join("trials.csv").exists());
+    let reported = dir.path().join("reported");
+    let o = gpumux(dir.path(), &["report", s(&a), s(&b), "--out", s(&reported)]);
+    assert_eq!(code(&o), Some(0), "{}", stderr(&o));
+    assert_eq!(
+        trials(&reported).len(),
+        2 * each,
+        "every run's rows are kept"
+    );
+    assert_eq!(report::read_runs(&reported).unwrap().len(), 4);
+}
+
+#[test]
+fn report_and_merge_give_the_same_exit_code_for_the_same_folder() {
+    let dir = tempfile::tempdir().unwrap();
+    let job = job(dir.path(), "j.yaml", &sweep_job(2, 1, 256));
+    let good = dir.path().join("good");
+    assert_eq!(code(&sweep(dir.path(), &job, &good, &[])), Some(0));
+    let text = fs::read(good.join("trials.csv")).unwrap();
+    let folder = |name: &str, trials: Option<&[u8]>| {
+        let d = dir.path().join(name);
+        fs::create_dir_all(&d).unwrap();
+        if let Some(t) = trials {
+            fs::write(d.join("trials.csv"), t).unwrap();
+        }
+        d
+    };
+    let mut garbage = text.clone();
+    let first = garbage.iter().position(|&b| b == b'\n').unwrap() + 1;
+    garbage.splice(first..first, b"\0\0\0garbage\n".iter().copied());
+    let cases = [
+        (dir.path().join("missing"), 2),
+        (folder("empty", None), 2),
+        (folder("garbage", Some(&garbage)), 2),
+        (folder("cut", Some(&text[..text.len() - 3])), 0),
+        (folder("header-only", Some(&text[..first])), 0),
+    ];
+    for (i, (d, want)) in cases.iter().enumerate() {
+        let runs: [Vec<String>; 3] = [
+            vec!["report".into(), s(d).into()],
+            vec![
+                "report".into(),
+                s(d).into(),
+                "--out".into(),
+                format!("{}/r{i}", dir.path().display()),
+            ],
+            vec![
+                "merge".into(),
+                s(d).into(),
+                "--out".into(),
+                format!("{}/m{i}", dir.path().display()),
+            ],
+        ];
+        for args in &runs {
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            let o = gpumux(dir.path(), &args);
+            assert_eq!(code(&o), Some(*want), "{args:?}: {}", stderr(&o));
+            if *want == 2 {
+                assert!(
+                    stderr(&o).contains(s(d)),
+                    "names the folder: {}",
+                    stderr(&o)
+                );
+            }
+        }
+    }
+    assert!(
+        !dir.path().join("missing").exists(),
+        "a missing folder is not made"
+    );
+}
+
+#[test]
+fn non_finite_metrics_never_make_the_best_trial() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    let row = |id: &str, acc: f64, loss: f64, metric: f64| TrialRow {
+        trial_id: id.into(),
+        split: "logical".into(),
+        model: "mlp".into(),
+        state: "COMPLETE".into(),
+        test_acc: Some(acc),
+        final_loss: Some(loss),
+        metric: Some(metric),
+        params: "{}".into(),
+        ..TrialRow::default()
+    };
+    let rows = vec![
+        row("t-nan-metric", 0.99, 0.1, f64::NAN),
+        row("t-inf-loss", 0.98, f64::INFINITY, 0.98),
+        row("t-inf-metric", 0.97, 0.1, f64::INFINITY),
+        row("t-finite", 0.5, 0.7, 0.5),
+    ];
+    report::write_all(&out, &[], &rows, &[]).unwrap();
+    let o = gpumux(dir.path(), &["report", s(&out)]);
+    assert_eq!(code(&o), Some(0), "{}", stderr(&o));
+    assert!(stdout(&o).contains("best trial t-finite"), "{}", stdout(&o));
+    let merged = dir.path().join("merged");
+    for goal in ["maximize", "minimize"] {
+        let o = gpumux(
+            dir.path(),
+            &["merge", s(&out), "--out", s(&merged), "--goal", goal],
+        );
+        assert_eq!(code(&o), Some(0), "{}", stderr(&o));
+        assert!(
+            stdout(&o).contains("best trial t-finite"),
+            "{goal}: {}",
+            stdout(&o)
+        );
+    }
+}
+
+/// A tmpfs mounted for one test, unmounted when dropped.
+struct Tmpfs(PathBuf);
+
+impl Tmpfs {
+    fn mount(at: &Path, size: &str) -> Option<Tmpfs> {
+        fs::create_dir_all(at).ok()?;
+        let ok = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(at)
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+        ok.then(|| Tmpfs(at.to_path_buf()))
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.0).status();
+    }
+}
+
+#[test]
+fn a_full_disk_stops_the_sweep_with_exit_1_and_keeps_every_row_before() {
+    let dir = tempfile::tempdir().unwrap();
+    let disk = dir.path().join("disk");
+    let Some(_mounted) = Tmpfs::mount(&disk, "64k") else {
+        eprintln!("skipped: cannot mount a tmpfs here (needs root)");
+        return;
+    };
+    let job = job(dir.path(), "j.yaml", &sweep_job(40, 1, 256));
+    let out = disk.join("out");
+    // Fill the disk, then free five pages: the lock file, the three headers, and a few rows.
+    let filler = disk.join("filler");
+    {
+        use std::io::Write;
+        let mut f = fs::File::create(&filler).unwrap();
+        while f
+            .write_all(&[b'x'; 4096])
+            .and_then(|()| f.sync_all())
+            .is_ok()
+        {}
+    }
+    let len = fs::metadata(&filler).unwrap().len();
+    fs::OpenOptions::new()
+        .write(true)
+        .open(&filler)
+        .unwrap()
+        .set_len(len.saturating_sub(5 * 4096))
+        .unwrap();
+    let o = sweep(dir.path(), &job, &out, &[]);
+    let said = stderr(&o);
+    assert_eq!(code(&o), Some(1), "{said}");
+    assert!(
+        said.contains("No space left on device") && said.contains("cannot write"),
+        "{said}"
+    );
+    for name in ["trials.csv", "progress.csv"] {
+        let bytes = fs::read(out.join(name)).unwrap();
+        assert_eq!(bytes.last(), Some(&b'\n'), "{name} ends with a whole row");
+    }
+    let kept = trials(&out);
+    let _ = progress(&out);
+    eprintln!("{} rows before the disk was full", kept.len());
+    assert!(kept.len() < 40, "it stopped: {} rows", kept.len());
+    fs::remove_file(&filler).unwrap();
+    let o = sweep(dir.path(), &job, &out, &["--resume"]);
+    assert_eq!(code(&o), Some(0), "{}", stderr(&o));
+    complete_once(&out, 40);
+    for r in kept.iter().filter(|r| r.state == "COMPLETE") {
+        assert!(
+            trials(&out).contains(r),
+            "row {} kept as it was",
+            r.trial_id
+        );
+    }
+}
