@@ -551,7 +551,10 @@ pub fn fib(job: &Job, opts: &FibOptions, out: &mut dyn Write) -> Result<PathBuf>
         .clone()
         .unwrap_or_else(|| PathBuf::from("out").join(&job.name));
     let _lock = crate::outdir::lock(&dir)?;
-    if dir.join(report::RUNS_CSV).exists() {
+    // Earlier results are replaced, but only results that read: anything else is refused
+    // (exit 2) and left as it is.
+    if dir.join(report::TRIALS_CSV).exists() {
+        report::read_dir(&dir)?;
         eprintln!("note: replacing the earlier results in {}", dir.display());
     }
     let mut writer = report::ReportWriter::create(&dir)?;

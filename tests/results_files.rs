@@ -177,6 +177,15 @@ fn a_damaged_trials_csv_is_refused_and_left_byte_for_byte() {
             }
         }
     }
+    // fib replaces earlier results, but never results it cannot read.
+    let fib = common::job(dir.path(), "f.yaml", FIB_JOB);
+    let o = gpumux(dir.path(), &["fib", s(&fib), "--out", s(&out)]);
+    assert_eq!(code(&o), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("trials.csv"), "{}", stderr(&o));
+    assert_eq!(
+        fs::read_to_string(&csv).unwrap().lines().last(),
+        Some("a,b,c")
+    );
 }
 
 #[test]
@@ -514,8 +523,11 @@ fn report_and_merge_give_the_same_exit_code_for_the_same_folder() {
     let mut garbage = text.clone();
     let first = garbage.iter().position(|&b| b == b'\n').unwrap() + 1;
     garbage.splice(first..first, b"\0\0\0garbage\n".iter().copied());
+    let endless = folder("endless", None);
+    std::os::unix::fs::symlink("/dev/zero", endless.join("trials.csv")).unwrap();
     let cases = [
         (dir.path().join("missing"), 2),
+        (endless, 2),
         (folder("empty", None), 2),
         (folder("garbage", Some(&garbage)), 2),
         (folder("cut", Some(&text[..text.len() - 3])), 0),
@@ -648,15 +660,19 @@ fn a_full_disk_stops_the_sweep_with_exit_1_and_keeps_every_row_before() {
         .unwrap();
     let o = sweep(dir.path(), &job, &out, &[]);
     let said = stderr(&o);
+    for name in ["trials.csv", "progress.csv"] {
+        let bytes = fs::read(out.join(name)).unwrap();
+        assert_eq!(
+            bytes.last(),
+            Some(&b'\n'),
+            "{name} ends with a whole row: {said}"
+        );
+    }
     assert_eq!(code(&o), Some(1), "{said}");
     assert!(
         said.contains("No space left on device") && said.contains("cannot write"),
         "{said}"
     );
-    for name in ["trials.csv", "progress.csv"] {
-        let bytes = fs::read(out.join(name)).unwrap();
-        assert_eq!(bytes.last(), Some(&b'\n'), "{name} ends with a whole row");
-    }
     let kept = trials(&out);
     let _ = progress(&out);
     eprintln!("{} rows before the disk was full", kept.len());

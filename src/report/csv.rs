@@ -418,11 +418,15 @@ struct Lines {
     len: u64,
     /// How many whole lines there are.
     count: u64,
+    /// Whether the line cut short holds a carriage return, which no row ever does: a file
+    /// with other line ends, not a row cut by a kill.
+    tail_cr: bool,
 }
 
 fn scan_lines(path: &Path, file: &File) -> Result<Lines, ReportError> {
     let mut reader = BufReader::with_capacity(1 << 16, file);
     let (mut pos, mut end, mut count, mut line_len) = (0u64, 0u64, 0u64, 0usize);
+    let mut cr = false;
     loop {
         let buf = reader.fill_buf().map_err(read_err(path))?;
         if buf.is_empty() {
@@ -442,9 +446,11 @@ fn scan_lines(path: &Path, file: &File) -> Result<Lines, ReportError> {
             count += 1;
             end = pos + (start + i) as u64 + 1;
             line_len = 0;
+            cr = false;
             start += i + 1;
         }
         line_len += n - start;
+        cr |= buf[start..].contains(&b'\r');
         if line_len > MAX_LINE {
             return Err(damaged(
                 path,
@@ -459,6 +465,7 @@ fn scan_lines(path: &Path, file: &File) -> Result<Lines, ReportError> {
         end,
         len: pos,
         count,
+        tail_cr: cr,
     })
 }
 
@@ -555,7 +562,21 @@ fn one_record(line: &[u8]) -> Result<::csv::ByteRecord, ReportError> {
 /// - A file of zero bytes, or with its header alone, has no rows.
 pub fn read_rows<T: ResultsRow>(path: &Path) -> Result<Vec<T>, ReportError> {
     let file = File::open(path).map_err(read_err(path))?;
+    // A device, a pipe or a folder in a file's place could be read forever, or never end.
+    if !file.metadata().map_err(read_err(path))?.is_file() {
+        return Err(ReportError::Invalid(format!(
+            "{}: not a regular file",
+            path.display()
+        )));
+    }
     let lines = scan_lines(path, &file)?;
+    if lines.tail_cr {
+        return Err(damaged(
+            path,
+            lines.count + 1,
+            "a carriage return without a newline: the file is not written with one row per line",
+        ));
+    }
     if lines.end < lines.len {
         tracing::warn!(
             "{}: dropping line {}, a row cut short ({} bytes without a newline)",
@@ -1021,6 +1042,22 @@ pub(crate) mod tests {
             .map(|l| format!("{}\n", &l[..l.rfind(',').unwrap()]))
             .collect();
         assert_eq!(read_bytes(dir.path(), old.as_bytes()).unwrap(), rows);
+    }
+
+    #[test]
+    fn a_file_of_other_line_ends_is_refused_not_dropped_as_a_cut() {
+        let (dir, bytes) = written(&three_rows());
+        let cr: Vec<u8> = bytes
+            .iter()
+            .map(|&b| if b == b'\n' { b'\r' } else { b })
+            .collect();
+        let err = read_bytes(dir.path(), &cr).unwrap_err();
+        assert!(matches!(err, ReportError::Damaged { line: 1, .. }), "{err}");
+        let crlf = String::from_utf8(bytes).unwrap().replace('\n', "\r\n");
+        assert_eq!(
+            read_bytes(dir.path(), crlf.as_bytes()).unwrap(),
+            three_rows()
+        );
     }
 
     #[test]
