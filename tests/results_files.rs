@@ -232,7 +232,7 @@ fn a_cut_last_row_is_dropped_by_resume_dry_run_merge_and_report() {
 #[test]
 fn two_sweeps_started_together_in_one_folder_one_refuses_naming_the_lock() {
     let dir = tempfile::tempdir().unwrap();
-    let job = job(dir.path(), "j.yaml", &sweep_job(6, 4, 1024));
+    let job = job(dir.path(), "j.yaml", &sweep_job(6, 6, 2048));
     for more in [&[][..], &["--resume"]] {
         let out = dir.path().join(format!("out{}", more.len()));
         let mut args = vec!["sweep", s(&job), "--out", s(&out)];
@@ -256,7 +256,7 @@ fn two_sweeps_started_together_in_one_folder_one_refuses_naming_the_lock() {
         );
         complete_once(&out, 6);
         assert_eq!(trials(&out).len(), 6, "one row per trial");
-        one_progress_row_per_epoch(&out, 4);
+        one_progress_row_per_epoch(&out, 6);
     }
 }
 
@@ -448,7 +448,7 @@ fn a_merge_killed_midway_leaves_its_output_old_or_whole() {
 #[test]
 fn a_resumed_sweep_has_one_progress_row_per_trial_and_epoch() {
     let dir = tempfile::tempdir().unwrap();
-    let job = job(dir.path(), "j.yaml", &sweep_job(6, 8, 1024));
+    let job = job(dir.path(), "j.yaml", &sweep_job(6, 8, 4096));
     for sig in [libc::SIGKILL, libc::SIGTERM] {
         let out = dir.path().join(format!("out{sig}"));
         let mut child = spawn(
