@@ -398,6 +398,11 @@ pub fn train(job: &Job, trial: u32, data_dir: Option<&Path>, out: &mut dyn Write
     let spec = plan::trials(job, trial + 1)?
         .pop()
         .ok_or_else(|| Error::Internal("no trial".into()))?;
+    // A signal stops the training at its next step (exit 3); the epochs printed stay printed.
+    let cancel = Cancel::new();
+    if let Err(e) = cancel.on_signals(std::time::Duration::ZERO) {
+        eprintln!("note: cannot watch for signals: {e}");
+    }
     let cfg = TrialConfig {
         model: job.model()?.clone(),
         hyper: spec.hyper.clone(),
@@ -408,7 +413,7 @@ pub fn train(job: &Job, trial: u32, data_dir: Option<&Path>, out: &mut dyn Write
         fault: spec.fault.clone(),
         engine: job.file.engine.clone(),
         max_steps: None,
-        cancel: Default::default(),
+        cancel,
     };
     let h = &spec.hyper;
     say(out, format!(
@@ -448,7 +453,7 @@ pub fn train(job: &Job, trial: u32, data_dir: Option<&Path>, out: &mut dyn Write
             "done: test acc {:.4}, final loss {:.4}, {:.2} s, {:.0} samples/s, {} parameters, arena {:.2} MiB",
             r.test_acc, r.final_loss, r.wall_s, r.samples_per_s, r.param_count, r.peak_mem_bytes as f64 / MIB
         )),
-        Err(e) => Err(Error::Internal(format!("trial {} failed: {e}", spec.id))),
+        Err(e) => Err(Error::from_trial(&format!("trial {}", spec.id), e)),
     }
 }
 
@@ -633,7 +638,7 @@ pub fn fib(job: &Job, opts: &FibOptions, out: &mut dyn Write) -> Result<PathBuf>
                 Event::Finished(o) => {
                     bar.inc(1);
                     states.running -= 1;
-                    match o.state {
+                    match o.state() {
                         TrialState::Complete => states.complete += 1,
                         _ => states.failed += 1,
                     }
@@ -799,6 +804,7 @@ pub fn builtin_context(
         cancel: cancel.clone(),
         max_steps: None,
         external: None,
+        metric: None,
     })
 }
 
@@ -825,7 +831,7 @@ pub fn progress_row(
 /// The `trials.csv` row of a trial that ended in round `round` (N trials under `split`).
 pub fn trial_row(job: &Job, round: u32, split: SplitMode, n: u32, o: &TrialOutcome) -> TrialRow {
     let h = &o.trial.hyper;
-    let r = o.result.as_ref();
+    let r = o.result();
     let metric = |name: &str| r.and_then(|r| r.metrics.get(name).copied());
     TrialRow {
         trial_id: o.trial.id.clone(),
@@ -841,7 +847,7 @@ pub fn trial_row(job: &Job, round: u32, split: SplitMode, n: u32, o: &TrialOutco
         params_weight_decay: h.weight_decay,
         params_dropout: h.dropout,
         seed: o.trial.seed,
-        state: o.state.name().to_string(),
+        state: o.state().name().to_string(),
         test_acc: metric("test_acc"),
         final_loss: metric("final_loss"),
         epochs: r.map(|r| r.epochs).unwrap_or(0),
@@ -851,7 +857,7 @@ pub fn trial_row(job: &Job, round: u32, split: SplitMode, n: u32, o: &TrialOutco
             .map(|r| r.peak_mem_bytes as f64 / MIB)
             .filter(|x| *x > 0.0),
         mem_cap_mib: o.slice.cap_mib(),
-        error: o.error.clone().unwrap_or_default(),
+        error: o.error().unwrap_or_default(),
         metric: metric(&job.file.metric.name),
         params: serde_json::to_string(&o.trial.params).unwrap_or_default(),
     }
@@ -868,12 +874,12 @@ fn run_row(
     let ok = outcome
         .outcomes
         .iter()
-        .filter(|o| o.state == TrialState::Complete)
+        .filter(|o| o.state() == TrialState::Complete)
         .count() as u32;
     let samples: u64 = outcome
         .outcomes
         .iter()
-        .filter_map(|o| o.result.as_ref())
+        .filter_map(|o| o.result())
         .map(|r| r.train_samples)
         .sum();
     let makespan = outcome.makespan_s.max(1e-9);

@@ -162,10 +162,11 @@ pub enum Error {
     },
     #[error("{0}")]
     Internal(String),
-    /// A sweep was interrupted by a signal; what completed is recorded.
+    /// A command was interrupted by a signal; what completed is recorded.
     #[error("interrupted: {0}")]
     Interrupted(String),
-    /// A sweep finished but some of its trials failed, or a `fib` finished with none completed.
+    /// A sweep finished but some of its trials failed, a `fib` finished with none completed, or
+    /// the training of `train`, `parallel` or `batch-scan` failed.
     #[error("{0}")]
     TrialsFailed(String),
 }
@@ -177,7 +178,19 @@ impl Error {
         move |source| Error::Io { context, source }
     }
 
-    /// The stable exit code for this error.
+    /// The error of a command that runs one training, from how the training ended: stopped by
+    /// a signal (exit 3), or failed (exit 1) with its reason after `what`.
+    pub fn from_trial(what: &str, e: TrialError) -> Error {
+        match e {
+            TrialError::Interrupted => Error::Interrupted(format!("{what}: stopped by a signal")),
+            TrialError::Slice { source, .. } if matches!(*source, TrialError::Interrupted) => {
+                Error::Interrupted(format!("{what}: stopped by a signal"))
+            }
+            other => Error::TrialsFailed(format!("{what} failed: {other}")),
+        }
+    }
+
+    /// The stable exit code for this error: the one place where errors become exit codes.
     pub fn exit_code(&self) -> i32 {
         match self {
             Error::Job(_) | Error::Data(_) | Error::Usage(_) => exit::BAD_INPUT,
