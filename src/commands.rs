@@ -372,7 +372,7 @@ pub fn say(out: &mut dyn Write, line: impl std::fmt::Display) -> Result<()> {
 pub fn load_data(job: &Job, data_dir: Option<&Path>) -> Result<Arc<Dataset>> {
     let started = Instant::now();
     let data = job.data()?.load(data_dir, job.file.seed)?;
-    eprintln!(
+    crate::note!(
         "data: {} — {} train, {} test, {}×{}×{}, {} classes ({:.1} s)",
         data.name,
         data.train.len(),
@@ -391,7 +391,7 @@ pub fn train(job: &Job, trial: u32, data_dir: Option<&Path>, out: &mut dyn Write
     job.model()?;
     let found = gpu::discover();
     let r = resolve_backend(job.file.backend, &found, &job.engine_options())?;
-    eprintln!("{}", r.note);
+    crate::note!("{}", r.note);
     let data = load_data(job, data_dir)?;
     check_batch(job, &data, &[trial])?;
     let device = r.device_for(&data)?;
@@ -401,7 +401,7 @@ pub fn train(job: &Job, trial: u32, data_dir: Option<&Path>, out: &mut dyn Write
     // A signal stops the training at its next step (exit 3); the epochs printed stay printed.
     let cancel = Cancel::new();
     if let Err(e) = cancel.on_signals(std::time::Duration::ZERO) {
-        eprintln!("note: cannot watch for signals: {e}");
+        crate::note!("note: cannot watch for signals: {e}");
     }
     let cfg = TrialConfig {
         model: job.model()?.clone(),
@@ -532,12 +532,12 @@ pub fn fib(job: &Job, opts: &FibOptions, out: &mut dyn Write) -> Result<PathBuf>
     }
     let found = gpu::discover();
     let mut r = resolve_backend(job.file.backend, &found, &job.engine_options())?;
-    eprintln!("{}", r.note);
+    crate::note!("{}", r.note);
     r.open_devices(job)?;
     let mut splits = job.file.splits.clone();
     splits.retain(|m| match split_unavailable(*m, &r) {
         Some(why) => {
-            eprintln!("note: skipping split mode {m}: {why}");
+            crate::note!("note: skipping split mode {m}: {why}");
             false
         }
         None => true,
@@ -556,7 +556,7 @@ pub fn fib(job: &Job, opts: &FibOptions, out: &mut dyn Write) -> Result<PathBuf>
         .clone()
         .unwrap_or_else(|| PathBuf::from("out").join(&job.name));
     if dir.join(report::RUNS_CSV).exists() {
-        eprintln!("note: replacing the earlier results in {}", dir.display());
+        crate::note!("note: replacing the earlier results in {}", dir.display());
     }
     let mut writer = report::ReportWriter::create(&dir)?;
     std::fs::write(
@@ -573,7 +573,7 @@ pub fn fib(job: &Job, opts: &FibOptions, out: &mut dyn Write) -> Result<PathBuf>
     // recorded (its makespan would be wrong), and gpumux exits with code 3.
     let cancel = Cancel::new();
     if let Err(e) = cancel.on_signals(std::time::Duration::ZERO) {
-        eprintln!("note: cannot watch for signals: {e}");
+        crate::note!("note: cannot watch for signals: {e}");
     }
     let ctx = builtin_context(
         job,
@@ -584,7 +584,7 @@ pub fn fib(job: &Job, opts: &FibOptions, out: &mut dyn Write) -> Result<PathBuf>
         &cancel,
     )?;
     let total: u64 = rounds.iter().map(|r| r.n as u64).sum();
-    eprintln!(
+    crate::note!(
         "{}: {} rounds ({} trials) of {} on {}, N = {:?}, splits {}; writing {}",
         job.name,
         rounds.len(),
@@ -621,7 +621,7 @@ pub fn fib(job: &Job, opts: &FibOptions, out: &mut dyn Write) -> Result<PathBuf>
         // NVML samples the device at 20 Hz while the round runs (GPU only).
         let sampler = r.engine.as_ref().and_then(|e| {
             Sampler::start(&e.info().uuid, 20.0)
-                .map_err(|why| eprintln!("note: no telemetry for this round: {why}"))
+                .map_err(|why| crate::note!("note: no telemetry for this round: {why}"))
                 .ok()
         });
         let outcome = sched::run_round(round, &ctx, &mut |ev| {
@@ -675,7 +675,7 @@ pub fn fib(job: &Job, opts: &FibOptions, out: &mut dyn Write) -> Result<PathBuf>
             round.index, round.n, round.split.name(), row.makespan_s, row.time_per_training_s, row.ok, row.failed
         ));
         if !opts.progress {
-            eprintln!(
+            crate::note!(
                 "round {}/{}: N={} {} makespan {:.2} s, time per training {:.3} s, ok {}, failed {}",
                 round.index + 1,
                 rounds.len(),

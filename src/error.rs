@@ -2,6 +2,16 @@
 
 use std::path::PathBuf;
 
+/// `eprintln!` that never panics: one line of the log on stderr, where a closed stderr
+/// (`gpumux ... 2>&1 | head`) is no error.
+#[macro_export]
+macro_rules! note {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), $($arg)*);
+    }};
+}
+
 /// Exit codes are part of the interface: scripts (Slurm jobs included) branch on them.
 pub mod exit {
     /// Everything asked for was done (`fib` records failed trials as data and still exits 0, unless

@@ -351,7 +351,14 @@ fn main() {
         }
     }
     let mut out = QuietStdout::default();
-    let res = run(cli, &mut out);
+    let res = match run(cli, &mut out) {
+        // A signal came and the command ended without it (it was done, or watches none): it
+        // was interrupted all the same.
+        Ok(()) if gpumux::sched::cancel::signals_seen() > 0 => {
+            Err(Error::Interrupted("a signal came before the end".into()))
+        }
+        other => other,
+    };
     let _ = out.flush();
     let code = match res {
         Ok(()) => exit::OK,

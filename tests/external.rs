@@ -324,3 +324,70 @@ fn read_csv_rows(path: &Path) -> usize {
         .map(|t| t.matches('\n').count().saturating_sub(1))
         .unwrap_or(0)
 }
+
+#[test]
+fn a_third_signal_exits_at_once_and_takes_the_trials_processes_along() {
+    let dir = tempfile::tempdir().unwrap();
+    let _cleanup = Cleanup(dir.path().to_path_buf());
+    // A trial that ignores SIGTERM, with a setsid daemon that ignores it too.
+    script(
+        dir.path(),
+        "stubborn.sh",
+        r#"trap '' TERM
+setsid sh -c 'trap "" TERM; echo $$ > "d-$GPUMUX_TRIAL.pid"; while :; do sleep 1; done' > /dev/null 2>&1 &
+echo $$ > "c-$GPUMUX_TRIAL.pid"
+echo '{"epoch": 1}'
+while :; do sleep 1; done
+"#,
+    );
+    let job = command_job(dir.path(), "st", "./stubborn.sh {lr}", 1);
+    let out = dir.path().join("out");
+    let mut child = Command::new(bin())
+        .current_dir(dir.path())
+        .args([
+            "sweep",
+            job.to_str().unwrap(),
+            "--out",
+            out.to_str().unwrap(),
+            "--grace",
+            "600",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let start = Instant::now();
+    while pids(dir.path()).len() < 2 || read_csv_rows(&out.join("progress.csv")) < 1 {
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "the trial did not start"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let mut err = std::io::BufReader::new(child.stderr.take().unwrap());
+    let mut log = String::new();
+    // Each signal once the one before it was taken: drain, abort, exit.
+    for taken in ["launching no more trials", "stopping running trials now"] {
+        // SAFETY: kill(2) on our own child.
+        unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+        loop {
+            let mut line = String::new();
+            let n = std::io::BufRead::read_line(&mut err, &mut line).unwrap();
+            assert!(n > 0, "gpumux ended early: {log}");
+            log.push_str(&line);
+            if line.contains(taken) {
+                break;
+            }
+        }
+    }
+    // SAFETY: kill(2) on our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut err, &mut rest).unwrap();
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(3), "{log}{rest}");
+    assert!(rest.contains("again: stopping now"), "{log}{rest}");
+    for pid in pids(dir.path()) {
+        assert!(gone_soon(pid), "process {pid} outlived gpumux");
+    }
+}

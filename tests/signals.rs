@@ -329,6 +329,29 @@ fn a_closed_stdout_stops_the_output_but_not_the_work_or_its_exit_code() {
     assert_eq!(trials.len(), 3, "every trial ran: {trials:?}");
     assert!(out.join("best.yaml").exists(), "the sweep finished");
 
+    // `2>&1 | head -1`: the log's lines go to the closed pipe too.
+    let both = dir.path().join("both");
+    let (read, write) = pipe();
+    let mut child = Command::new(bin())
+        .current_dir(dir.path())
+        .args([
+            "sweep",
+            job.to_str().unwrap(),
+            "--out",
+            both.to_str().unwrap(),
+        ])
+        .stdout(Stdio::from(write.try_clone().unwrap()))
+        .stderr(Stdio::from(write))
+        .spawn()
+        .unwrap();
+    let mut reader = BufReader::new(std::fs::File::from(read));
+    let mut first = String::new();
+    reader.read_line(&mut first).unwrap();
+    drop(reader);
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(1), "first line: {first}");
+    assert_eq!(read_csv(&both.join("trials.csv")).len(), 3);
+
     // batch-scan under `| head -1` writes its whole CSV and exits 0.
     let scan = job_file_scan(dir.path());
     let out = dir.path().join("scan");
@@ -361,6 +384,22 @@ fn a_closed_stdout_stops_the_output_but_not_the_work_or_its_exit_code() {
     );
     // Batch 1, 2, 4, ..., 64.
     assert_eq!(read_csv(&out.join("batch_scan.csv")).len(), 7);
+}
+
+/// A pipe: its read end and its write end.
+fn pipe() -> (std::os::fd::OwnedFd, std::os::fd::OwnedFd) {
+    use std::os::fd::FromRawFd;
+    let mut fds = [0; 2];
+    // SAFETY: pipe(2) fills the two descriptors, which are then owned here alone.
+    let r = unsafe { libc::pipe(fds.as_mut_ptr()) };
+    assert_eq!(r, 0);
+    // SAFETY: as above; each descriptor is fresh and owned once.
+    unsafe {
+        (
+            std::os::fd::OwnedFd::from_raw_fd(fds[0]),
+            std::os::fd::OwnedFd::from_raw_fd(fds[1]),
+        )
+    }
 }
 
 fn job_file_scan(dir: &Path) -> PathBuf {

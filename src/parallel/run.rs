@@ -286,7 +286,7 @@ pub fn run(job: &Job, opts: &ParallelOptions, out: &mut dyn Write) -> Result<Pat
     let k = job.replicas()?;
     let found = gpu::discover();
     let mut r = resolve_backend(job.file.backend, &found, &job.engine_options())?;
-    eprintln!("{}", r.note);
+    crate::note!("{}", r.note);
     r.open_devices(job)?;
     let split = opts.split.unwrap_or(job.file.split);
     check_split(split, &r)?;
@@ -387,7 +387,7 @@ pub fn run(job: &Job, opts: &ParallelOptions, out: &mut dyn Write) -> Result<Pat
     let parts = sched::partitions(split, &slices, &devices).map_err(Error::NoDevice)?;
     let cancel = Cancel::new();
     if let Err(e) = cancel.on_signals(std::time::Duration::ZERO) {
-        eprintln!("note: cannot watch for signals: {e}");
+        crate::note!("note: cannot watch for signals: {e}");
     }
     let mut cfg = ParallelConfig {
         model: model.clone(),

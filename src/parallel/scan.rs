@@ -102,11 +102,11 @@ pub fn run(job: &Job, opts: &ScanOptions, out: &mut dyn Write) -> Result<PathBuf
     // batch size; the rows measured until then are in the CSV.
     let cancel = Cancel::new();
     if let Err(e) = cancel.on_signals(std::time::Duration::ZERO) {
-        eprintln!("note: cannot watch for signals: {e}");
+        crate::note!("note: cannot watch for signals: {e}");
     }
     let found = gpu::discover();
     let mut r = resolve_backend(job.file.backend, &found, &job.engine_options())?;
-    eprintln!("{}", r.note);
+    crate::note!("{}", r.note);
     r.open_devices(job)?;
     let split = opts.split.unwrap_or(job.file.split);
     check_split(split, &r)?;

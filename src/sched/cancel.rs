@@ -121,6 +121,11 @@ pub fn watch_signals() -> std::io::Result<()> {
     Ok(())
 }
 
+/// How many SIGINT/SIGTERM this process has had since [`watch_signals`].
+pub fn signals_seen() -> usize {
+    WATCHER.seen.load(Ordering::SeqCst)
+}
+
 /// What one signal does (see [`watch_signals`]).
 fn on_signal(sig: i32) {
     let name = super::end::signal_name(sig);

@@ -1,10 +1,15 @@
 //! A trial's end as a value: COMPLETE with its result, FAILED with a typed reason, or INTERRUPTED; the CSV's words are made from it at the edge.
 
+use std::time::{Duration, Instant};
+
 use serde::{Deserialize, Serialize};
 
 use super::cancel::Cancel;
 use crate::error::{EngineError, TrialError};
 use crate::train::{json_float, TrialResult};
+
+/// How long a trial killed by SIGTERM or SIGINT from outside waits for gpumux's own signal.
+pub const STOP_WAIT: Duration = Duration::from_secs(1);
 
 /// How a trial ended.
 #[derive(Clone, Debug, PartialEq)]
@@ -62,8 +67,18 @@ impl TrialEnd {
 
     /// A failure that is really the run being stopped: a trial's process killed by SIGTERM or
     /// SIGINT (a scheduler such as Slurm signals every process of the job) while the run drains,
-    /// or by SIGKILL once it aborts, ends INTERRUPTED, so that `--resume` runs it again.
+    /// or by SIGKILL once it aborts, ends INTERRUPTED, so that `--resume` runs it again. The
+    /// trial's process may get its signal a moment before gpumux gets its own: a trial killed
+    /// by SIGTERM or SIGINT waits up to [`STOP_WAIT`] for the run to start draining.
     pub fn settle(self, cancel: &Cancel) -> TrialEnd {
+        if let TrialEnd::Failed(f) = &self {
+            if matches!(f.signal(), Some(libc::SIGTERM | libc::SIGINT)) {
+                let until = Instant::now() + STOP_WAIT;
+                while !cancel.draining() && Instant::now() < until {
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+            }
+        }
         match self {
             TrialEnd::Failed(f) if stopped_by_the_run(&f, cancel) => TrialEnd::Interrupted,
             other => other,
@@ -389,6 +404,15 @@ mod tests {
         );
         cancel.abort();
         assert_eq!(kill().settle(&cancel), TrialEnd::Interrupted);
+        // The trial's SIGTERM came first; the run's own comes a moment later.
+        let late = Cancel::new();
+        let drains = late.clone();
+        let t = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(50));
+            drains.drain();
+        });
+        assert_eq!(term().settle(&late), TrialEnd::Interrupted);
+        t.join().unwrap();
         let segv = TrialEnd::Failed(Failure::WorkerSignal {
             signal: libc::SIGSEGV,
             stderr: String::new(),
