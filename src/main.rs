@@ -351,7 +351,17 @@ fn main() {
         }
     }
     let mut out = QuietStdout::default();
-    let res = match run(cli, &mut out) {
+    // A panic is a bug, not a signal or bad input: it is exit 1 like any unexpected failure.
+    let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run(cli, &mut out)))
+        .unwrap_or_else(|payload| {
+            let text = payload
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| payload.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "unknown panic".into());
+            Err(Error::Internal(format!("panic: {text}")))
+        });
+    let res = match ran {
         // A signal came and the command ended without it (it was done, or watches none): it
         // was interrupted all the same.
         Ok(()) if gpumux::sched::cancel::signals_seen() > 0 => {
