@@ -235,16 +235,18 @@ fn gone_soon(pid: u32) -> bool {
 fn a_setsid_daemon_does_not_outlive_its_trial() {
     let dir = tempfile::tempdir().unwrap();
     let _cleanup = Cleanup(dir.path().to_path_buf());
-    // Each trial starts daemons that leave its process group and session: one that holds the
-    // trial's stdout, one double-forked with its output closed, one that ignores SIGTERM; then
-    // it reports and exits.
+    // Each trial starts daemons that leave its process group and session: `setsid sleep 1000 &`
+    // and one more that hold the trial's stdout, one double-forked with its output closed, one
+    // that ignores SIGTERM; then it reports and exits.
     script(
         dir.path(),
         "daemon.sh",
-        r#"setsid sh -c 'echo $$ > "d1-$GPUMUX_TRIAL.pid"; exec sleep 1000' &
+        r#"setsid sleep 1000 &
+echo $! > "d0-$GPUMUX_TRIAL.pid"
+setsid sh -c 'echo $$ > "d1-$GPUMUX_TRIAL.pid"; exec sleep 1000' &
 ( setsid sh -c 'echo $$ > "d2-$GPUMUX_TRIAL.pid"; exec sleep 1000' > /dev/null 2>&1 < /dev/null & )
 setsid sh -c 'trap "" TERM; echo $$ > "d3-$GPUMUX_TRIAL.pid"; while :; do sleep 1; done' > /dev/null 2>&1 &
-while [ $(ls *-"$GPUMUX_TRIAL".pid 2>/dev/null | wc -l) -lt 3 ]; do sleep 0.05; done
+while [ $(ls *-"$GPUMUX_TRIAL".pid 2>/dev/null | wc -l) -lt 4 ]; do sleep 0.05; done
 echo '{"test_acc": 0.5}'
 "#,
     );
@@ -261,7 +263,7 @@ echo '{"test_acc": 0.5}'
     );
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     let started = pids(dir.path());
-    assert_eq!(started.len(), 6, "three daemons per trial: {started:?}");
+    assert_eq!(started.len(), 8, "four daemons per trial: {started:?}");
     for pid in started {
         assert!(gone_soon(pid), "daemon {pid} outlived its trial");
     }
