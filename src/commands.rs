@@ -372,7 +372,7 @@ pub fn say(out: &mut dyn Write, line: impl std::fmt::Display) -> Result<()> {
 pub fn load_data(job: &Job, data_dir: Option<&Path>) -> Result<Arc<Dataset>> {
     let started = Instant::now();
     let data = job.data()?.load(data_dir, job.file.seed)?;
-    eprintln!(
+    crate::note!(
         "data: {} — {} train, {} test, {}×{}×{}, {} classes ({:.1} s)",
         data.name,
         data.train.len(),
@@ -391,13 +391,18 @@ pub fn train(job: &Job, trial: u32, data_dir: Option<&Path>, out: &mut dyn Write
     job.model()?;
     let found = gpu::discover();
     let r = resolve_backend(job.file.backend, &found, &job.engine_options())?;
-    eprintln!("{}", r.note);
+    crate::note!("{}", r.note);
     let data = load_data(job, data_dir)?;
     check_batch(job, &data, &[trial])?;
     let device = r.device_for(&data)?;
     let spec = plan::trials(job, trial + 1)?
         .pop()
         .ok_or_else(|| Error::Internal("no trial".into()))?;
+    // A signal stops the training at its next step (exit 3); the epochs printed stay printed.
+    let cancel = Cancel::new();
+    if let Err(e) = cancel.on_signals(std::time::Duration::ZERO) {
+        crate::note!("note: cannot watch for signals: {e}");
+    }
     let cfg = TrialConfig {
         model: job.model()?.clone(),
         hyper: spec.hyper.clone(),
@@ -408,7 +413,7 @@ pub fn train(job: &Job, trial: u32, data_dir: Option<&Path>, out: &mut dyn Write
         fault: spec.fault.clone(),
         engine: job.file.engine.clone(),
         max_steps: None,
-        cancel: Default::default(),
+        cancel,
     };
     let h = &spec.hyper;
     say(out, format!(
@@ -448,7 +453,7 @@ pub fn train(job: &Job, trial: u32, data_dir: Option<&Path>, out: &mut dyn Write
             "done: test acc {:.4}, final loss {:.4}, {:.2} s, {:.0} samples/s, {} parameters, arena {:.2} MiB",
             r.test_acc, r.final_loss, r.wall_s, r.samples_per_s, r.param_count, r.peak_mem_bytes as f64 / MIB
         )),
-        Err(e) => Err(Error::Internal(format!("trial {} failed: {e}", spec.id))),
+        Err(e) => Err(Error::from_trial(&format!("trial {}", spec.id), e)),
     }
 }
 
@@ -527,12 +532,12 @@ pub fn fib(job: &Job, opts: &FibOptions, out: &mut dyn Write) -> Result<PathBuf>
     }
     let found = gpu::discover();
     let mut r = resolve_backend(job.file.backend, &found, &job.engine_options())?;
-    eprintln!("{}", r.note);
+    crate::note!("{}", r.note);
     r.open_devices(job)?;
     let mut splits = job.file.splits.clone();
     splits.retain(|m| match split_unavailable(*m, &r) {
         Some(why) => {
-            eprintln!("note: skipping split mode {m}: {why}");
+            crate::note!("note: skipping split mode {m}: {why}");
             false
         }
         None => true,
@@ -555,7 +560,7 @@ pub fn fib(job: &Job, opts: &FibOptions, out: &mut dyn Write) -> Result<PathBuf>
     // (exit 2) and left as it is.
     if dir.join(report::TRIALS_CSV).exists() {
         report::read_dir(&dir)?;
-        eprintln!("note: replacing the earlier results in {}", dir.display());
+        crate::note!("note: replacing the earlier results in {}", dir.display());
     }
     let mut writer = report::ReportWriter::create(&dir)?;
     crate::outdir::replace_bytes(
@@ -572,7 +577,7 @@ pub fn fib(job: &Job, opts: &FibOptions, out: &mut dyn Write) -> Result<PathBuf>
     // recorded (its makespan would be wrong), and gpumux exits with code 3.
     let cancel = Cancel::new();
     if let Err(e) = cancel.on_signals(std::time::Duration::ZERO) {
-        eprintln!("note: cannot watch for signals: {e}");
+        crate::note!("note: cannot watch for signals: {e}");
     }
     let ctx = builtin_context(
         job,
@@ -583,7 +588,7 @@ pub fn fib(job: &Job, opts: &FibOptions, out: &mut dyn Write) -> Result<PathBuf>
         &cancel,
     )?;
     let total: u64 = rounds.iter().map(|r| r.n as u64).sum();
-    eprintln!(
+    crate::note!(
         "{}: {} rounds ({} trials) of {} on {}, N = {:?}, splits {}; writing {}",
         job.name,
         rounds.len(),
@@ -620,7 +625,7 @@ pub fn fib(job: &Job, opts: &FibOptions, out: &mut dyn Write) -> Result<PathBuf>
         // NVML samples the device at 20 Hz while the round runs (GPU only).
         let sampler = r.engine.as_ref().and_then(|e| {
             Sampler::start(&e.info().uuid, 20.0)
-                .map_err(|why| eprintln!("note: no telemetry for this round: {why}"))
+                .map_err(|why| crate::note!("note: no telemetry for this round: {why}"))
                 .ok()
         });
         let outcome = sched::run_round(round, &ctx, &mut |ev| {
@@ -637,7 +642,7 @@ pub fn fib(job: &Job, opts: &FibOptions, out: &mut dyn Write) -> Result<PathBuf>
                 Event::Finished(o) => {
                     bar.inc(1);
                     states.running -= 1;
-                    match o.state {
+                    match o.state() {
                         TrialState::Complete => states.complete += 1,
                         _ => states.failed += 1,
                     }
@@ -674,7 +679,7 @@ pub fn fib(job: &Job, opts: &FibOptions, out: &mut dyn Write) -> Result<PathBuf>
             round.index, round.n, round.split.name(), row.makespan_s, row.time_per_training_s, row.ok, row.failed
         ));
         if !opts.progress {
-            eprintln!(
+            crate::note!(
                 "round {}/{}: N={} {} makespan {:.2} s, time per training {:.3} s, ok {}, failed {}",
                 round.index + 1,
                 rounds.len(),
@@ -803,6 +808,7 @@ pub fn builtin_context(
         cancel: cancel.clone(),
         max_steps: None,
         external: None,
+        metric: None,
     })
 }
 
@@ -829,7 +835,7 @@ pub fn progress_row(
 /// The `trials.csv` row of a trial that ended in round `round` (N trials under `split`).
 pub fn trial_row(job: &Job, round: u32, split: SplitMode, n: u32, o: &TrialOutcome) -> TrialRow {
     let h = &o.trial.hyper;
-    let r = o.result.as_ref();
+    let r = o.result();
     let metric = |name: &str| r.and_then(|r| r.metrics.get(name).copied());
     TrialRow {
         trial_id: o.trial.id.clone(),
@@ -845,7 +851,7 @@ pub fn trial_row(job: &Job, round: u32, split: SplitMode, n: u32, o: &TrialOutco
         params_weight_decay: h.weight_decay,
         params_dropout: h.dropout,
         seed: o.trial.seed,
-        state: o.state.name().to_string(),
+        state: o.state().name().to_string(),
         test_acc: metric("test_acc"),
         final_loss: metric("final_loss"),
         epochs: r.map(|r| r.epochs).unwrap_or(0),
@@ -855,7 +861,7 @@ pub fn trial_row(job: &Job, round: u32, split: SplitMode, n: u32, o: &TrialOutco
             .map(|r| r.peak_mem_bytes as f64 / MIB)
             .filter(|x| *x > 0.0),
         mem_cap_mib: o.slice.cap_mib(),
-        error: o.error.clone().unwrap_or_default(),
+        error: o.error().unwrap_or_default(),
         metric: metric(&job.file.metric.name),
         params: serde_json::to_string(&o.trial.params).unwrap_or_default(),
     }
@@ -872,12 +878,12 @@ fn run_row(
     let ok = outcome
         .outcomes
         .iter()
-        .filter(|o| o.state == TrialState::Complete)
+        .filter(|o| o.state() == TrialState::Complete)
         .count() as u32;
     let samples: u64 = outcome
         .outcomes
         .iter()
-        .filter_map(|o| o.result.as_ref())
+        .filter_map(|o| o.result())
         .map(|r| r.train_samples)
         .sum();
     let makespan = outcome.makespan_s.max(1e-9);

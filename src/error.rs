@@ -2,6 +2,16 @@
 
 use std::path::PathBuf;
 
+/// `eprintln!` that never panics: one line of the log on stderr, where a closed stderr
+/// (`gpumux ... 2>&1 | head`) is no error.
+#[macro_export]
+macro_rules! note {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), $($arg)*);
+    }};
+}
+
 /// Exit codes are part of the interface: scripts (Slurm jobs included) branch on them.
 pub mod exit {
     /// Everything asked for was done (`fib` records failed trials as data and still exits 0, unless
@@ -199,10 +209,11 @@ pub enum Error {
     },
     #[error("{0}")]
     Internal(String),
-    /// A sweep was interrupted by a signal; what completed is recorded.
+    /// A command was interrupted by a signal; what completed is recorded.
     #[error("interrupted: {0}")]
     Interrupted(String),
-    /// A sweep finished but some of its trials failed, or a `fib` finished with none completed.
+    /// A sweep finished but some of its trials failed, a `fib` finished with none completed, or
+    /// the training of `train`, `parallel` or `batch-scan` failed.
     #[error("{0}")]
     TrialsFailed(String),
 }
@@ -214,7 +225,19 @@ impl Error {
         move |source| Error::Io { context, source }
     }
 
-    /// The stable exit code for this error.
+    /// The error of a command that runs one training, from how the training ended: stopped by
+    /// a signal (exit 3), or failed (exit 1) with its reason after `what`.
+    pub fn from_trial(what: &str, e: TrialError) -> Error {
+        match e {
+            TrialError::Interrupted => Error::Interrupted(format!("{what}: stopped by a signal")),
+            TrialError::Slice { source, .. } if matches!(*source, TrialError::Interrupted) => {
+                Error::Interrupted(format!("{what}: stopped by a signal"))
+            }
+            other => Error::TrialsFailed(format!("{what} failed: {other}")),
+        }
+    }
+
+    /// The stable exit code for this error: the one place where errors become exit codes.
     pub fn exit_code(&self) -> i32 {
         match self {
             Error::Job(_) | Error::Data(_) | Error::Usage(_) => exit::BAD_INPUT,

@@ -1,6 +1,6 @@
 //! The `gpumux` command line: a thin clap layer over the library, mapping each error to a stable exit code.
 
-use std::io::IsTerminal;
+use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
@@ -305,7 +305,19 @@ enum OptArg {
 }
 
 fn main() {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            // --help and --version are no errors (clap prints them on stdout); a bad flag is
+            // bad input.
+            let _ = e.print();
+            std::process::exit(if e.use_stderr() {
+                Error::Usage(e.kind().to_string()).exit_code()
+            } else {
+                exit::OK
+            });
+        }
+    };
     // Before any thread starts: the driver reads it in cuInit.
     gpumux::engine::cuda::choose_module_loading();
     let verbose = cli.verbose || std::env::var("GPUMUX_VERBOSE").is_ok_and(|v| v == "1");
@@ -324,23 +336,93 @@ fn main() {
             tracing::Level::INFO
         })
         .init();
-    let code = match run(cli) {
-        Ok(()) => exit::OK,
-        // A reader that went away (`gpumux ... | head`) is not an error worth a message.
-        Err(Error::Io { source, .. }) if source.kind() == std::io::ErrorKind::BrokenPipe => {
-            exit::OK
+    // The long-running commands watch SIGINT/SIGTERM from their first moment: a signal stops
+    // them with what they measured kept, and exit code 3 (see `sched::cancel`).
+    if matches!(
+        cli.command,
+        Command::Train(_)
+            | Command::Fib { .. }
+            | Command::Sweep(_)
+            | Command::Parallel(_)
+            | Command::BatchScan(_)
+    ) {
+        if let Err(e) = gpumux::sched::cancel::watch_signals() {
+            tracing::warn!("cannot watch for SIGINT/SIGTERM: {e}");
         }
+    }
+    let mut out = QuietStdout::default();
+    // A panic is a bug, not a signal or bad input: it is exit 1 like any unexpected failure.
+    let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run(cli, &mut out)))
+        .unwrap_or_else(|payload| {
+            let text = payload
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| payload.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "unknown panic".into());
+            Err(Error::Internal(format!("panic: {text}")))
+        });
+    let res = match ran {
+        // A signal came and the command ended without it (it was done, or watches none): it
+        // was interrupted all the same.
+        Ok(()) if gpumux::sched::cancel::signals_seen() > 0 => {
+            Err(Error::Interrupted("a signal came before the end".into()))
+        }
+        other => other,
+    };
+    let _ = out.flush();
+    let code = match res {
+        Ok(()) => exit::OK,
         Err(e) => {
-            let code = e.exit_code();
-            eprintln!("error: {e}");
-            code
+            // Not eprintln!, which panics when stderr is closed.
+            let _ = writeln!(std::io::stderr(), "error: {e}");
+            e.exit_code()
         }
     };
     std::process::exit(code);
 }
 
-fn run(cli: Cli) -> Result<(), Error> {
-    let mut stdout = std::io::stdout();
+/// Standard output that goes quiet when its reader has gone away (`gpumux sweep ... | head -1`):
+/// a broken pipe ends the output, never the work, which finishes and exits with its own code.
+#[derive(Default)]
+struct QuietStdout {
+    closed: bool,
+}
+
+impl QuietStdout {
+    /// Runs one write; a broken pipe closes this output for good and counts as written.
+    fn quietly<T>(
+        &mut self,
+        done: T,
+        op: impl FnOnce(&mut std::io::Stdout) -> std::io::Result<T>,
+    ) -> std::io::Result<T> {
+        if self.closed {
+            return Ok(done);
+        }
+        match op(&mut std::io::stdout()) {
+            Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => {
+                self.closed = true;
+                Ok(done)
+            }
+            other => other,
+        }
+    }
+}
+
+impl Write for QuietStdout {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.quietly(buf.len(), |o| o.write(buf))
+    }
+
+    fn write_all(&mut self, buf: &[u8]) -> std::io::Result<()> {
+        self.quietly((), |o| o.write_all(buf))
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.quietly((), |o| o.flush())
+    }
+}
+
+fn run(cli: Cli, stdout: &mut QuietStdout) -> Result<(), Error> {
     match cli.command {
         Command::Devices {
             n,
@@ -358,12 +440,12 @@ fn run(cli: Cli) -> Result<(), Error> {
                 mib_per_slice,
                 fraction,
                 ratios.as_deref(),
-                &mut stdout,
+                stdout,
             )
         }
         Command::Train(args) => {
             let (job, trial, data_dir) = train_job(args)?;
-            commands::train(&job, trial, data_dir.as_deref(), &mut stdout)
+            commands::train(&job, trial, data_dir.as_deref(), stdout)
         }
         Command::Fib {
             job,
@@ -397,24 +479,24 @@ fn run(cli: Cli) -> Result<(), Error> {
                 command: std::env::args().collect::<Vec<_>>().join(" "),
                 progress: std::io::stderr().is_terminal(),
             };
-            commands::fib(&job, &opts, &mut stdout).map(|_| ())
+            commands::fib(&job, &opts, stdout).map(|_| ())
         }
-        Command::Report { dirs, out } => commands::report(&dirs, out.as_deref(), &mut stdout),
+        Command::Report { dirs, out } => commands::report(&dirs, out.as_deref(), stdout),
         Command::Worker => commands::worker(),
-        Command::Parallel(a) => parallel(a),
-        Command::BatchScan(a) => batch_scan(a),
-        Command::Sweep(a) => sweep(a),
+        Command::Parallel(a) => parallel(a, stdout),
+        Command::BatchScan(a) => batch_scan(a, stdout),
+        Command::Sweep(a) => sweep(a, stdout),
         Command::Merge { dirs, out, goal } => {
             let goal = match goal {
                 GoalArg::Maximize => Goal::Maximize,
                 GoalArg::Minimize => Goal::Minimize,
             };
-            gpumux::sweep::merge::run(&dirs, &out, goal, &mut std::io::stdout())
+            gpumux::sweep::merge::run(&dirs, &out, goal, stdout)
         }
     }
 }
 
-fn sweep(a: SweepArgs) -> Result<(), Error> {
+fn sweep(a: SweepArgs, stdout: &mut QuietStdout) -> Result<(), Error> {
     let job = load_with(&a.job, |file| {
         if let Some(b) = a.backend {
             file.backend = b;
@@ -451,10 +533,10 @@ fn sweep(a: SweepArgs) -> Result<(), Error> {
         worker_exe: worker_exe()?,
         progress: std::io::stderr().is_terminal(),
     };
-    gpumux::sweep::run(&job, &opts, &mut std::io::stdout()).map(|_| ())
+    gpumux::sweep::run(&job, &opts, stdout).map(|_| ())
 }
 
-fn parallel(a: ParallelArgs) -> Result<(), Error> {
+fn parallel(a: ParallelArgs, stdout: &mut QuietStdout) -> Result<(), Error> {
     let job = load_with(&a.job, |file| {
         if let Some(b) = a.backend {
             file.backend = b;
@@ -487,10 +569,10 @@ fn parallel(a: ParallelArgs) -> Result<(), Error> {
         dry_run: a.dry_run,
         command: std::env::args().collect::<Vec<_>>().join(" "),
     };
-    gpumux::parallel::run::run(&job, &opts, &mut std::io::stdout()).map(|_| ())
+    gpumux::parallel::run::run(&job, &opts, stdout).map(|_| ())
 }
 
-fn batch_scan(a: ScanArgs) -> Result<(), Error> {
+fn batch_scan(a: ScanArgs, stdout: &mut QuietStdout) -> Result<(), Error> {
     let job = load_with(&a.job, |file| {
         if let Some(b) = a.backend {
             file.backend = b;
@@ -512,7 +594,7 @@ fn batch_scan(a: ScanArgs) -> Result<(), Error> {
         seconds: a.seconds,
         command: std::env::args().collect::<Vec<_>>().join(" "),
     };
-    gpumux::parallel::scan::run(&job, &opts, &mut std::io::stdout()).map(|_| ())
+    gpumux::parallel::scan::run(&job, &opts, stdout).map(|_| ())
 }
 
 /// The gpumux executable, which `process` mode runs as `gpumux worker`.

@@ -38,9 +38,14 @@ pub struct TrialConfig {
 pub struct EpochStats {
     /// 1-based.
     pub epoch: u32,
+    #[serde(with = "json_float")]
     pub train_loss: f64,
+    #[serde(with = "json_float")]
     pub train_acc: f64,
+    /// NaN in short probes, which skip evaluation.
+    #[serde(with = "json_float")]
     pub test_loss: f64,
+    #[serde(with = "json_float")]
     pub test_acc: f64,
     /// Seconds since the trial started.
     pub wall_s: f64,
@@ -49,8 +54,11 @@ pub struct EpochStats {
 /// A completed trial.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct TrialResult {
+    /// NaN in short probes, which skip evaluation.
+    #[serde(with = "json_float")]
     pub test_acc: f64,
     /// Mean training loss of the last epoch.
+    #[serde(with = "json_float")]
     pub final_loss: f64,
     pub epochs: u32,
     pub wall_s: f64,
@@ -63,6 +71,48 @@ pub struct TrialResult {
     /// built-in model; whatever an external command printed.
     #[serde(default)]
     pub metrics: std::collections::BTreeMap<String, f64>,
+}
+
+/// A float field that crosses a JSON pipe whole (a `process`-mode worker's messages): JSON has
+/// no NaN or infinity, and serde_json writes them as `null`, which would not read back as a
+/// number. Finite values are numbers; NaN is `null`; infinities are `"inf"` and `"-inf"`.
+pub mod json_float {
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(x: &f64, s: S) -> Result<S::Ok, S::Error> {
+        if x.is_finite() {
+            s.serialize_f64(*x)
+        } else if x.is_nan() {
+            s.serialize_none()
+        } else if *x > 0.0 {
+            s.serialize_str("inf")
+        } else {
+            s.serialize_str("-inf")
+        }
+    }
+
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Repr {
+        Num(f64),
+        Word(String),
+        Null(()),
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
+        match Option::<Repr>::deserialize(d)? {
+            Some(Repr::Num(x)) => Ok(x),
+            Some(Repr::Word(w)) => match w.as_str() {
+                "inf" => Ok(f64::INFINITY),
+                "-inf" => Ok(f64::NEG_INFINITY),
+                "nan" | "NaN" => Ok(f64::NAN),
+                other => Err(serde::de::Error::custom(format!(
+                    "expected a number, null, \"inf\" or \"-inf\", not {other:?}"
+                ))),
+            },
+            None | Some(Repr::Null(())) => Ok(f64::NAN),
+        }
+    }
 }
 
 /// Trains one trial on `be`, calling `on_epoch` after each epoch.

@@ -24,7 +24,8 @@ pub struct Speed {
 
 /// Trains `cfg.model` on `be` alone, in batches of `rows` (not `cfg.shards`), for a short timed run: whole training
 /// steps (gather, forward, backward, update), each waited for, as a data-parallel step is.
-/// Fails with the cap error when the batch's memory plan does not fit the slice.
+/// Fails with the cap error when the batch's memory plan does not fit the slice, and with
+/// [`TrialError::Interrupted`] when `cfg.cancel` is aborted.
 pub fn measure(
     be: &mut dyn Backend,
     cfg: &ParallelConfig,
@@ -51,6 +52,9 @@ pub fn measure(
     let started = Instant::now();
     let mut steps = 0;
     while steps < MAX_STEPS && (steps < MIN_STEPS || started.elapsed().as_secs_f64() < target_s) {
+        if cfg.cancel.aborted() {
+            return Err(TrialError::Interrupted);
+        }
         net.train_step(be, steps_per_epoch, seed, h)?;
         be.synchronize()?;
         steps += 1;

@@ -110,23 +110,28 @@ pub struct RatioRow {
 }
 
 /// A CSV file written one flushed row at a time.
-struct CsvFile {
+/// A CSV file written a row at a time, each row flushed and fsynced as it is written, so that a
+/// signal or a crash loses none of the rows before it.
+pub(super) struct CsvFile {
     path: PathBuf,
     w: csv::Writer<std::fs::File>,
 }
 
 impl CsvFile {
-    fn create(path: PathBuf) -> Result<CsvFile> {
+    pub(super) fn create(path: PathBuf) -> Result<CsvFile> {
         let w = csv::Writer::from_path(&path).map_err(|e| csv_error(&path, e))?;
         Ok(CsvFile { path, w })
     }
-    fn row<T: Serialize>(&mut self, row: &T) -> Result<()> {
+
+    pub(super) fn row<T: Serialize>(&mut self, row: &T) -> Result<()> {
         self.w
             .serialize(row)
             .map_err(|e| csv_error(&self.path, e))?;
+        let io = Error::io(self.path.display().to_string());
         self.w
             .flush()
-            .map_err(Error::io(self.path.display().to_string()))
+            .map_err(Error::io(self.path.display().to_string()))?;
+        self.w.get_ref().sync_data().map_err(io)
     }
 }
 
@@ -263,10 +268,7 @@ fn open_all(
 }
 
 fn trial_error(e: TrialError) -> Error {
-    match e {
-        TrialError::Interrupted => Error::Interrupted("stopped by a signal".into()),
-        other => Error::Internal(format!("the parallel training failed: {other}")),
-    }
+    Error::from_trial("the parallel training", e)
 }
 
 fn joined<T: std::fmt::Display>(items: impl IntoIterator<Item = T>) -> String {
@@ -284,7 +286,7 @@ pub fn run(job: &Job, opts: &ParallelOptions, out: &mut dyn Write) -> Result<Pat
     let k = job.replicas()?;
     let found = gpu::discover();
     let mut r = resolve_backend(job.file.backend, &found, &job.engine_options())?;
-    eprintln!("{}", r.note);
+    crate::note!("{}", r.note);
     r.open_devices(job)?;
     let split = opts.split.unwrap_or(job.file.split);
     check_split(split, &r)?;
@@ -386,7 +388,7 @@ pub fn run(job: &Job, opts: &ParallelOptions, out: &mut dyn Write) -> Result<Pat
     let parts = sched::partitions(split, &slices, &devices).map_err(Error::NoDevice)?;
     let cancel = Cancel::new();
     if let Err(e) = cancel.on_signals(std::time::Duration::ZERO) {
-        eprintln!("note: cannot watch for signals: {e}");
+        crate::note!("note: cannot watch for signals: {e}");
     }
     let mut cfg = ParallelConfig {
         model: model.clone(),
@@ -480,10 +482,7 @@ fn choose_ratios(
         let part = sched::partition_of(parts, s);
         let mut be = sched::open_backend(devices.device(s.device)?, Arc::clone(data), s, part)?;
         let speed = probe::measure(be.as_mut(), cfg, rows, probe::TARGET_S).map_err(|e| {
-            Error::Internal(format!(
-                "ratios auto: the probe of slice {} failed: {e}",
-                s.index
-            ))
+            Error::from_trial(&format!("ratios auto: the probe of slice {}", s.index), e)
         })?;
         speeds.push(speed);
     }

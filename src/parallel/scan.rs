@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use serde::Serialize;
 
-use super::run::check_split;
+use super::run::{check_split, CsvFile};
 use super::{plan_on, probe, ParallelConfig};
 use crate::commands::{load_data, resolve_backend, say};
 use crate::engine::Backend;
@@ -98,9 +98,15 @@ pub fn run(job: &Job, opts: &ScanOptions, out: &mut dyn Write) -> Result<PathBuf
             opts.seconds
         )));
     }
+    // A signal stops the scan (exit 3): at once, inside a measurement, or before the next
+    // batch size; the rows measured until then are in the CSV.
+    let cancel = Cancel::new();
+    if let Err(e) = cancel.on_signals(std::time::Duration::ZERO) {
+        crate::note!("note: cannot watch for signals: {e}");
+    }
     let found = gpu::discover();
     let mut r = resolve_backend(job.file.backend, &found, &job.engine_options())?;
-    eprintln!("{}", r.note);
+    crate::note!("{}", r.note);
     r.open_devices(job)?;
     let split = opts.split.unwrap_or(job.file.split);
     check_split(split, &r)?;
@@ -164,7 +170,7 @@ pub fn run(job: &Job, opts: &ScanOptions, out: &mut dyn Write) -> Result<PathBuf
         classes: data.classes,
         shards: Vec::new(),
         max_steps: None,
-        cancel: Cancel::new(),
+        cancel: cancel.clone(),
     };
     // Whether batch `b` fits: the static plan first, then a real allocation from the slice's
     // pool (on a GPU the pool also holds the cuBLAS workspace and the epoch's order). `Err`
@@ -202,31 +208,47 @@ pub fn run(job: &Job, opts: &ScanOptions, out: &mut dyn Write) -> Result<PathBuf
     )
     .map_err(Error::io(dir.join("command.txt").display().to_string()))?;
     let path = dir.join(SCAN_CSV);
-    let mut csv = csv::Writer::from_path(&path).map_err(|e| csv_error(&path, e))?;
+    // Each row is written and fsynced as it is measured, in increasing batch order.
+    let mut csv = CsvFile::create(path.clone())?;
     let mut rows: Vec<ScanRow> = Vec::new();
-    let time = |b: usize, rows: &mut Vec<ScanRow>, out: &mut dyn Write| -> Result<()> {
-        let mut be = open()?;
-        let speed = probe::measure(be.as_mut(), &cfg, b, opts.seconds)
-            .map_err(|e| Error::Internal(format!("batch {b}: {e}")))?;
-        let row = ScanRow {
-            batch: b,
-            arena_mib: plan_bytes(b)? as f64 / MIB,
-            mem_cap_mib: cap.map(|c| c as f64 / MIB),
-            fits: true,
-            steps: Some(speed.steps),
-            seconds: Some(speed.seconds),
-            samples_per_s: Some(speed.samples_per_s),
-        };
-        say(
-            out,
-            format!(
-                "batch {:>7}  arena {:>9.1} MiB  {:>4} steps  {:>10.0} samples/s",
-                b, row.arena_mib, speed.steps, speed.samples_per_s
-            ),
-        )?;
-        rows.push(row);
-        Ok(())
+    let interrupted = |rows: &[ScanRow]| {
+        Error::Interrupted(format!(
+            "batch scan stopped by a signal; the {} batch size(s) measured are in {}",
+            rows.len(),
+            path.display()
+        ))
     };
+    let time =
+        |b: usize, rows: &mut Vec<ScanRow>, csv: &mut CsvFile, out: &mut dyn Write| -> Result<()> {
+            if cancel.draining() {
+                return Err(interrupted(rows));
+            }
+            let mut be = open()?;
+            let speed = match probe::measure(be.as_mut(), &cfg, b, opts.seconds) {
+                Ok(s) => s,
+                Err(TrialError::Interrupted) => return Err(interrupted(rows)),
+                Err(e) => return Err(Error::from_trial(&format!("batch {b}"), e)),
+            };
+            let row = ScanRow {
+                batch: b,
+                arena_mib: plan_bytes(b)? as f64 / MIB,
+                mem_cap_mib: cap.map(|c| c as f64 / MIB),
+                fits: true,
+                steps: Some(speed.steps),
+                seconds: Some(speed.seconds),
+                samples_per_s: Some(speed.samples_per_s),
+            };
+            csv.row(&row)?;
+            say(
+                out,
+                format!(
+                    "batch {:>7}  arena {:>9.1} MiB  {:>4} steps  {:>10.0} samples/s",
+                    b, row.arena_mib, speed.steps, speed.samples_per_s
+                ),
+            )?;
+            rows.push(row);
+            Ok(())
+        };
     let mut b = opts.start;
     let mut last_ok: Option<usize> = None;
     let stop = loop {
@@ -245,7 +267,7 @@ pub fn run(job: &Job, opts: &ScanOptions, out: &mut dyn Write) -> Result<PathBuf
                 cap_mib,
             };
         }
-        time(b, &mut rows, out)?;
+        time(b, &mut rows, &mut csv, out)?;
         last_ok = Some(b);
         b = b.saturating_mul(2);
     };
@@ -272,28 +294,28 @@ pub fn run(job: &Job, opts: &ScanOptions, out: &mut dyn Write) -> Result<PathBuf
         }
         (_, ok) => ok,
     };
+    if cancel.draining() {
+        return Err(interrupted(&rows));
+    }
     if let Some(l) = largest {
         if last_ok != Some(l) {
-            time(l, &mut rows, out)?;
+            time(l, &mut rows, &mut csv, out)?;
         }
     }
-    rows.sort_by_key(|r| r.batch);
     if let Stop::Cap {
         batch, need_mib, ..
     } = &stop
     {
-        rows.push(ScanRow {
+        let row = ScanRow {
             batch: *batch,
             arena_mib: *need_mib,
             mem_cap_mib: cap.map(|c| c as f64 / MIB),
             fits: false,
             ..Default::default()
-        });
+        };
+        csv.row(&row)?;
+        rows.push(row);
     }
-    for row in &rows {
-        csv.serialize(row).map_err(|e| csv_error(&path, e))?;
-    }
-    csv.flush().map_err(Error::io(path.display().to_string()))?;
     let best = rows
         .iter()
         .filter_map(|r| r.samples_per_s.map(|s| (r.batch, s)))
@@ -322,13 +344,6 @@ pub fn run(job: &Job, opts: &ScanOptions, out: &mut dyn Write) -> Result<PathBuf
     }
     say(out, format!("wrote {}", path.display()))?;
     Ok(dir)
-}
-
-fn csv_error(path: &std::path::Path, source: csv::Error) -> Error {
-    Error::Report(crate::error::ReportError::Csv {
-        path: path.to_path_buf(),
-        source,
-    })
 }
 
 #[cfg(test)]

@@ -1,8 +1,15 @@
-//! Cancellation: SIGINT/SIGTERM first stop new launches (drain), then, after a grace period, stop running trials (abort).
+//! Cancellation: SIGINT/SIGTERM first stop new launches (drain), then, after a grace period or at the next signal, stop running trials (abort); a signal after that ends the process at once.
+//!
+//! The signals are watched for the whole process ([`watch_signals`], called by the CLI before a
+//! long-running command starts), so that one that comes early (while data loads) is neither lost
+//! nor fatal: each [`Cancel`] that subscribes later ([`Cancel::on_signals`]) is told of the
+//! signals already seen.
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
+
+use crate::error::exit;
 
 #[derive(Debug, Default)]
 struct Flags {
@@ -40,38 +47,120 @@ impl Cancel {
         self.flags.aborted.load(Ordering::SeqCst)
     }
 
-    /// On the first SIGINT or SIGTERM: drain at once, and abort `grace` later (or at a second signal).
-    /// Returns an error when the handlers cannot be installed.
-    pub fn on_signals(&self, grace: Duration) -> std::io::Result<()> {
-        use signal_hook::consts::{SIGINT, SIGTERM};
-        let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM])?;
-        let me = self.clone();
-        std::thread::Builder::new()
-            .name("gpumux-signals".into())
+    /// Drains now and aborts `grace` later (at once when it is zero).
+    fn begin(&self, grace: Duration) {
+        if grace.is_zero() {
+            self.abort();
+            return;
+        }
+        self.drain();
+        let later = Arc::downgrade(&self.flags);
+        let _ = std::thread::Builder::new()
+            .name("gpumux-grace".into())
             .spawn(move || {
-                let mut seen = 0;
-                for sig in signals.forever() {
-                    seen += 1;
-                    if seen > 1 {
-                        tracing::warn!("second signal {sig}: stopping running trials now");
-                        me.abort();
-                        continue;
-                    }
-                    tracing::warn!(
-                        "signal {sig}: launching no more trials; running ones get {:.0} s to finish",
-                        grace.as_secs_f64()
-                    );
-                    me.drain();
-                    let later = me.clone();
-                    let _ = std::thread::Builder::new()
-                        .name("gpumux-grace".into())
-                        .spawn(move || {
-                            std::thread::sleep(grace);
-                            later.abort();
-                        });
+                std::thread::sleep(grace);
+                if let Some(flags) = later.upgrade() {
+                    Cancel { flags }.abort();
                 }
-            })?;
+            });
+    }
+
+    /// On the first SIGINT or SIGTERM: drain at once, and abort `grace` later (or at a second
+    /// signal); a signal after the abort ends the process at once with exit code 3. Signals that
+    /// came before this call count. Returns an error when the handlers cannot be installed.
+    pub fn on_signals(&self, grace: Duration) -> std::io::Result<()> {
+        watch_signals()?;
+        let mut subs = WATCHER
+            .subscribers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        subs.retain(|(w, _)| w.strong_count() > 0);
+        subs.push((Arc::downgrade(&self.flags), grace));
+        match WATCHER.seen.load(Ordering::SeqCst) {
+            0 => {}
+            1 => self.begin(grace),
+            _ => self.abort(),
+        }
         Ok(())
+    }
+}
+
+/// The signals seen by this process, and the cancels to tell.
+struct Watcher {
+    seen: AtomicUsize,
+    subscribers: Mutex<Vec<(Weak<Flags>, Duration)>>,
+    installed: Mutex<bool>,
+}
+
+static WATCHER: Watcher = Watcher {
+    seen: AtomicUsize::new(0),
+    subscribers: Mutex::new(Vec::new()),
+    installed: Mutex::new(false),
+};
+
+/// Watches SIGINT and SIGTERM for the rest of the process's life (once; later calls do
+/// nothing). From then on these signals no longer kill the process: the first one drains
+/// every subscribed [`Cancel`] (and aborts it after its grace), the next one aborts them, and
+/// one that comes when all of them are aborted (or when none has subscribed and one signal
+/// came already) kills what the trials left running and exits with code 3 at once.
+pub fn watch_signals() -> std::io::Result<()> {
+    use signal_hook::consts::{SIGINT, SIGTERM};
+    let mut installed = WATCHER.installed.lock().unwrap_or_else(|p| p.into_inner());
+    if *installed {
+        return Ok(());
+    }
+    let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM])?;
+    std::thread::Builder::new()
+        .name("gpumux-signals".into())
+        .spawn(move || {
+            for sig in signals.forever() {
+                on_signal(sig);
+            }
+        })?;
+    *installed = true;
+    Ok(())
+}
+
+/// How many SIGINT/SIGTERM this process has had since [`watch_signals`].
+pub fn signals_seen() -> usize {
+    WATCHER.seen.load(Ordering::SeqCst)
+}
+
+/// What one signal does (see [`watch_signals`]).
+fn on_signal(sig: i32) {
+    let name = super::end::signal_name(sig);
+    let n = WATCHER.seen.fetch_add(1, Ordering::SeqCst) + 1;
+    let subs: Vec<(Cancel, Duration)> = {
+        let list = WATCHER
+            .subscribers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        list.iter()
+            .filter_map(|(w, g)| w.upgrade().map(|flags| (Cancel { flags }, *g)))
+            .collect()
+    };
+    if n > 1 && subs.iter().all(|(c, _)| c.aborted()) {
+        tracing::warn!("{name} again: stopping now");
+        super::reap::kill_everything();
+        std::process::exit(exit::INTERRUPTED);
+    }
+    if n == 1 {
+        match subs.iter().map(|(_, g)| *g).max() {
+            None => tracing::warn!("{name}: stopping as soon as the work in progress allows"),
+            Some(g) if g.is_zero() => tracing::warn!("{name}: stopping"),
+            Some(g) => tracing::warn!(
+                "{name}: launching no more trials; running ones get {:.0} s to finish",
+                g.as_secs_f64()
+            ),
+        }
+        for (c, g) in &subs {
+            c.begin(*g);
+        }
+    } else {
+        tracing::warn!("{name} again: stopping running trials now");
+        for (c, _) in &subs {
+            c.abort();
+        }
     }
 }
 
@@ -88,5 +177,20 @@ mod tests {
         assert!(d.draining() && !d.aborted());
         c.abort();
         assert!(d.aborted());
+    }
+
+    #[test]
+    fn a_grace_period_ends_in_an_abort_and_zero_aborts_at_once() {
+        let c = Cancel::new();
+        c.begin(Duration::from_millis(30));
+        assert!(c.draining());
+        let waited = std::time::Instant::now();
+        while !c.aborted() && waited.elapsed() < Duration::from_secs(10) {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert!(c.aborted());
+        let z = Cancel::new();
+        z.begin(Duration::ZERO);
+        assert!(z.aborted());
     }
 }

@@ -1,17 +1,22 @@
-//! External trials: a user's training command run in its own process group, its last stdout line read as JSON metrics, with cancellation and a GPU-memory watchdog.
+//! External trials: a user's training command run in its own process group, its last stdout line read as JSON metrics, with cancellation, bounded output and a GPU-memory watchdog.
 
-use std::collections::{BTreeMap, VecDeque};
-use std::io::{BufRead, BufReader, Read};
-use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::collections::BTreeMap;
+use std::io::BufReader;
+use std::os::unix::process::ExitStatusExt;
 use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::{bounded, unbounded, Receiver, RecvTimeoutError, Sender};
+use crossbeam_channel::{bounded, Receiver, RecvTimeoutError, Sender};
 
 use super::cancel::Cancel;
+use super::end::{Failure, Stop};
+use super::lines::{self, Tail};
+use super::reap;
+use crate::error::JobError;
+use crate::job::Job;
 use crate::plan::{SliceSpec, MIB};
 use crate::space::ParamValue;
 
@@ -21,6 +26,14 @@ pub const DEFAULT_MARGIN: f64 = 0.05;
 const STDERR_KEEP: usize = 20;
 /// How many of them an error message quotes.
 const STDERR_QUOTE: usize = 5;
+/// The longest stdout line kept whole (the metrics line included); the rest of a longer one is
+/// read and dropped, so one endless line holds no more than this.
+pub const LINE_MAX: usize = 1 << 20;
+/// Batches of stdout lines read ahead of the supervisor at most: a command that prints faster
+/// than they are handled waits on its pipe.
+const QUEUE_BATCHES: usize = 16;
+/// The longest stderr line kept, in characters.
+const STDERR_LINE_CHARS: usize = 1000;
 
 /// Where and how an external trial runs.
 #[derive(Clone, Debug)]
@@ -68,16 +81,58 @@ pub fn render(
     template: &str,
     params: &BTreeMap<String, ParamValue>,
 ) -> Result<Vec<String>, String> {
-    let words = shell_words::split(template)
-        .map_err(|e| format!("the command cannot be split into words: {e}"))?;
+    let known: Vec<&str> = params.keys().map(String::as_str).collect();
+    fill_template(template, &mut |name| match params.get(name) {
+        Some(v) => Ok(v.to_string()),
+        None => Err(unknown(name, &known)),
+    })
+    .map_err(|e| format!("the command {e}"))
+}
+
+/// Checks a template against the names its trials will have (a sweep checks its job's command
+/// with this when it loads it): its words split, its braces pair, and every `{name}` is one of
+/// `known`. The error says what is wrong, as in "uses `{lr_max}`, which is not a parameter
+/// (known: batch_size, lr)".
+pub fn check_template(template: &str, known: &[&str]) -> Result<(), String> {
+    fill_template(template, &mut |name| {
+        if known.contains(&name) {
+            Ok(String::new())
+        } else {
+            Err(unknown(name, known))
+        }
+    })
+    .map(|_| ())
+}
+
+/// Checks a job's `command` (when it has one) against the values its trials are given: an
+/// unknown `{name}` is a job error (exit 2) found before anything runs.
+pub fn check_job(job: &Job) -> Result<(), JobError> {
+    let Some(template) = &job.file.command else {
+        return Ok(());
+    };
+    let params = job.params(0)?;
+    let known: Vec<&str> = params.keys().map(String::as_str).collect();
+    check_template(template, &known).map_err(|e| job.invalid("command", e))
+}
+
+/// The template split into words, each filled with `value(name)` for its `{name}`s.
+fn fill_template(
+    template: &str,
+    value: &mut dyn FnMut(&str) -> Result<String, String>,
+) -> Result<Vec<String>, String> {
+    let words =
+        shell_words::split(template).map_err(|e| format!("cannot be split into words: {e}"))?;
     if words.is_empty() {
-        return Err("the command is empty".into());
+        return Err("is empty".into());
     }
-    words.iter().map(|w| fill(w, params)).collect()
+    words.iter().map(|w| fill(w, value)).collect()
 }
 
 /// One word with its `{name}`s replaced and `{{`/`}}` unescaped.
-fn fill(word: &str, params: &BTreeMap<String, ParamValue>) -> Result<String, String> {
+fn fill(
+    word: &str,
+    value: &mut dyn FnMut(&str) -> Result<String, String>,
+) -> Result<String, String> {
     let mut out = String::with_capacity(word.len());
     let mut chars = word.chars().peekable();
     while let Some(c) = chars.next() {
@@ -92,13 +147,13 @@ fn fill(word: &str, params: &BTreeMap<String, ParamValue>) -> Result<String, Str
             }
             '{' => {
                 let name = take_name(&mut chars).ok_or_else(|| {
-                    format!("unclosed `{{` in `{word}` (write `{{{{` for a brace)")
+                    format!("has an unclosed `{{` in `{word}` (write `{{{{` for a brace)")
                 })?;
-                out.push_str(&lookup(&name, params)?);
+                out.push_str(&value(name.trim())?);
             }
             '}' => {
                 return Err(format!(
-                    "unmatched `}}` in `{word}` (write `}}}}` for a brace)"
+                    "has an unmatched `}}` in `{word}` (write `}}}}` for a brace)"
                 ))
             }
             c => out.push(c),
@@ -119,22 +174,14 @@ fn take_name(chars: &mut dyn Iterator<Item = char>) -> Option<String> {
     None
 }
 
-/// The text of parameter `name`, or an error listing the known names.
-fn lookup(name: &str, params: &BTreeMap<String, ParamValue>) -> Result<String, String> {
-    match params.get(name.trim()) {
-        Some(v) => Ok(v.to_string()),
-        None => {
-            let known: Vec<&str> = params.keys().map(String::as_str).collect();
-            let known = if known.is_empty() {
-                "none".to_string()
-            } else {
-                known.join(", ")
-            };
-            Err(format!(
-                "the command uses `{{{name}}}`, which is not a parameter (known: {known})"
-            ))
-        }
-    }
+/// The error for a `{name}` that is not a parameter, listing the known names.
+fn unknown(name: &str, known: &[&str]) -> String {
+    let known = if known.is_empty() {
+        "none".to_string()
+    } else {
+        known.join(", ")
+    };
+    format!("uses `{{{name}}}`, which is not a parameter (known: {known})")
 }
 
 /// Runs the command for one trial on one slice and waits for it.
@@ -143,13 +190,15 @@ fn lookup(name: &str, params: &BTreeMap<String, ParamValue>) -> Result<String, S
 /// (trial id), GPUMUX_MEM_CAP_MIB (when capped), XLA_PYTHON_CLIENT_MEM_FRACTION (cap / device
 /// memory, 3 decimals rounded down, when both are known; also as XLA_CLIENT_MEM_FRACTION, its
 /// newer name) and XLA_PYTHON_CLIENT_PREALLOCATE=false.
-/// Each stdout line goes to `on_line` as it comes; the metrics are the last non-empty stdout line,
-/// a JSON object whose numeric values are kept. A non-zero exit or a signal is an error quoting
-/// the end of stderr. When `cancel.aborted()` turns true the process group gets SIGTERM, then
-/// SIGKILL 5 s later, and the result is `Err("interrupted")`. With `watch_uuid`, NVML is sampled
-/// at 5 Hz for the processes of the command's group (its peak is `peak_mem_mib`); with a cap too,
-/// the group is killed once it uses more than cap × (1 + margin). Whatever is left of the group
-/// when the command ends is killed.
+/// Each stdout line goes to `on_line` as it comes (lines longer than [`LINE_MAX`] cut there);
+/// the metrics are the last non-empty stdout line, a JSON object whose numeric values are kept.
+/// Output is held in bounded memory: a few lines queued, the last stderr lines kept. A non-zero
+/// exit or a signal is a failure quoting the end of stderr. When `cancel.aborted()` turns true
+/// the trial is ended (SIGTERM, then SIGKILL 5 s later) and the result is
+/// [`Stop::Interrupted`]. With `watch_uuid`, NVML is sampled at 5 Hz for the processes of the
+/// trial (its peak is `peak_mem_mib`); with a cap too, they are killed once they use more than
+/// cap × (1 + margin). Whatever the command leaves running when it ends (its group, and what
+/// escaped it, such as a `setsid` daemon) is ended the same way: see [`reap`].
 pub fn run(
     argv: &[String],
     trial_id: &str,
@@ -157,7 +206,7 @@ pub fn run(
     env: &ExternalEnv,
     cancel: &Cancel,
     on_line: &mut dyn FnMut(&str),
-) -> Result<ExternalOutcome, String> {
+) -> Result<ExternalOutcome, Stop> {
     let knobs = Knobs {
         poll: Duration::from_millis(100),
         term_grace: Duration::from_secs(5),
@@ -172,7 +221,7 @@ pub fn run(
 struct Knobs {
     /// How often the cancel flag and the child are checked.
     poll: Duration,
-    /// How long a cancelled command has between SIGTERM and SIGKILL.
+    /// How long a trial being ended has between SIGTERM and SIGKILL.
     term_grace: Duration,
     /// The watchdog's sampling period.
     watch_period: Duration,
@@ -196,19 +245,19 @@ fn run_with(
     cancel: &Cancel,
     on_line: &mut dyn FnMut(&str),
     knobs: &Knobs,
-) -> Result<ExternalOutcome, String> {
+) -> Result<ExternalOutcome, Stop> {
     if cancel.aborted() {
-        return Err("interrupted".into());
+        return Err(Stop::Interrupted);
     }
     let started = Instant::now();
-    let mut child = spawn(argv, &env_vars(trial_id, slice, env), env.cwd.as_ref())?;
-    let pgid = child.id();
+    let (mut child, _ours) = spawn(argv, &env_vars(trial_id, slice, env), env.cwd.as_ref())?;
+    let leader = child.id();
     let streams = Streams::start(&mut child);
     let watchdog = env.watch_uuid.as_ref().map(|uuid| {
         let limit = slice
             .cap_mib()
             .map(|cap| (cap, margin_of(env.watchdog_margin)));
-        Watchdog::start(uuid, pgid, limit, knobs)
+        Watchdog::start(uuid, leader, limit, knobs)
     });
     let mut last = String::new();
     let mut feed = |line: String| {
@@ -219,13 +268,18 @@ fn run_with(
     };
     let end = supervise(&mut child, &streams.lines, cancel, knobs, &mut feed);
     if matches!(end, Ok(End::Exited(_))) {
-        streams.drain(knobs.drain, &mut feed, pgid);
+        // What is still in the pipes is read; what holds them open after `drain` is ended first.
+        if !streams.drain_until(Instant::now() + knobs.drain, &mut feed) {
+            reap::end_trial(&mut child, knobs.term_grace);
+            streams.drain_until(Instant::now() + knobs.drain, &mut feed);
+        }
     }
-    kill_group(pgid, libc::SIGKILL);
+    // The trial is over: whatever it left running is ended.
+    reap::end_trial(&mut child, knobs.term_grace);
     let wall_s = started.elapsed().as_secs_f64();
     let report = watchdog.map(Watchdog::finish).unwrap_or_default();
-    match end? {
-        End::Interrupted => Err("interrupted".into()),
+    match end.map_err(Failure::Command)? {
+        End::Interrupted => Err(Stop::Interrupted),
         End::Exited(status) => {
             let metrics = judge(status, &report, &streams, &last)?;
             Ok(ExternalOutcome {
@@ -244,14 +298,18 @@ fn judge(
     report: &WatchReport,
     streams: &Streams,
     last: &str,
-) -> Result<BTreeMap<String, f64>, String> {
-    if let Some((used, cap, margin)) = report.tripped {
-        return Err(cap_message(used, cap, margin));
+) -> Result<BTreeMap<String, f64>, Failure> {
+    if let Some((used_mib, cap_mib, margin)) = report.tripped {
+        return Err(Failure::MemoryCap {
+            used_mib,
+            cap_mib,
+            margin,
+        });
     }
     if !status.success() {
-        return Err(describe_exit(status, &streams.stderr_tail()));
+        return Err(describe_exit(status, streams.stderr_tail()));
     }
-    parse_metrics(last)
+    parse_metrics(last).map_err(Failure::Command)
 }
 
 /// The variables the command is given.
@@ -297,61 +355,71 @@ fn margin_of(m: f64) -> f64 {
     }
 }
 
-/// Starts the command as the leader of a new process group, stdout and stderr piped.
+/// Starts the command as the leader of a new process group (see [`reap::spawn`]), stdout and
+/// stderr piped.
 fn spawn(
     argv: &[String],
     vars: &[(String, String)],
     cwd: Option<&PathBuf>,
-) -> Result<Child, String> {
+) -> Result<(Child, reap::Ours), Failure> {
     let (prog, args) = argv
         .split_first()
-        .ok_or_else(|| "the command is empty".to_string())?;
+        .ok_or_else(|| Failure::Command("the command is empty".into()))?;
     let mut cmd = Command::new(prog);
     cmd.args(args)
         .envs(vars.iter().map(|(k, v)| (k, v)))
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .process_group(0);
-    super::die_with_parent(&mut cmd);
+        .stderr(Stdio::piped());
     if let Some(dir) = cwd {
         cmd.current_dir(dir);
     }
-    cmd.spawn().map_err(|e| match cwd {
-        Some(dir) => format!("cannot start `{prog}` in {}: {e}", dir.display()),
-        None => format!("cannot start `{prog}`: {e}"),
+    reap::spawn(&mut cmd).map_err(|e| {
+        Failure::Command(match cwd {
+            Some(dir) => format!("cannot start `{prog}` in {}: {e}", dir.display()),
+            None => format!("cannot start `{prog}`: {e}"),
+        })
     })
 }
 
-/// The command's output, read on two threads.
+/// The command's output, read on two threads in bounded memory.
 struct Streams {
-    /// Stdout lines as they come; disconnected at end of file.
-    lines: Receiver<String>,
+    /// Stdout lines as they come, in batches, at most [`QUEUE_BATCHES`] ahead; disconnected at
+    /// end of file.
+    lines: Receiver<Vec<String>>,
     /// The last stderr lines.
-    stderr: Arc<Mutex<VecDeque<String>>>,
+    stderr: Arc<Mutex<Tail>>,
     /// Disconnected when stderr reaches end of file.
     stderr_done: Receiver<()>,
 }
 
 impl Streams {
     fn start(child: &mut Child) -> Streams {
-        let (tx, lines) = unbounded();
-        if let Some(out) = child.stdout.take() {
-            spawn_reader(out, move |l| tx.send(l).is_ok());
-        }
-        let stderr = Arc::new(Mutex::new(VecDeque::new()));
+        let lines = match child.stdout.take() {
+            Some(out) => lines::spawn_line_reader(out, LINE_MAX, QUEUE_BATCHES),
+            None => bounded(0).1,
+        };
+        let stderr = Arc::new(Mutex::new(Tail::new(STDERR_KEEP, STDERR_LINE_CHARS)));
         let (done_tx, stderr_done) = bounded::<()>(0);
         if let Some(err) = child.stderr.take() {
             let keep = Arc::clone(&stderr);
-            spawn_reader(err, move |l| {
-                // The closure owns the sender: `stderr_done` disconnects when the reader ends.
-                let _owned = &done_tx;
-                let mut q = keep.lock().unwrap_or_else(|p| p.into_inner());
-                q.push_back(l);
-                if q.len() > STDERR_KEEP {
-                    q.pop_front();
+            std::thread::spawn(move || {
+                // The thread owns the sender: `stderr_done` disconnects when it ends.
+                let _owned = done_tx;
+                let mut reader = BufReader::new(err);
+                let mut buf = Vec::new();
+                loop {
+                    buf.clear();
+                    match lines::read_line_bounded(&mut reader, &mut buf, 4 * STDERR_LINE_CHARS) {
+                        Ok(0) | Err(_) => break,
+                        Ok(_) => {
+                            let text = String::from_utf8_lossy(&buf);
+                            keep.lock()
+                                .unwrap_or_else(|p| p.into_inner())
+                                .push(text.trim_end_matches(['\n', '\r']));
+                        }
+                    }
                 }
-                true
             });
         }
         Streams {
@@ -361,20 +429,11 @@ impl Streams {
         }
     }
 
-    /// Reads what is left of the output after the command ended; descendants that still hold
-    /// the pipes open after `wait` are killed so that the output ends.
-    fn drain(&self, wait: Duration, feed: &mut dyn FnMut(String), pgid: u32) {
-        if !self.drain_until(Instant::now() + wait, feed) {
-            kill_group(pgid, libc::SIGKILL);
-            self.drain_until(Instant::now() + wait, feed);
-        }
-    }
-
     /// Reads stdout to its end and waits for stderr's; false when `deadline` came first.
     fn drain_until(&self, deadline: Instant, feed: &mut dyn FnMut(String)) -> bool {
         loop {
             match self.lines.recv_deadline(deadline) {
-                Ok(line) => feed(line),
+                Ok(batch) => batch.into_iter().for_each(&mut *feed),
                 Err(RecvTimeoutError::Disconnected) => break,
                 Err(RecvTimeoutError::Timeout) => return false,
             }
@@ -387,45 +446,16 @@ impl Streams {
 
     /// The last non-empty stderr lines, joined with ` | `.
     fn stderr_tail(&self) -> String {
-        let q = self.stderr.lock().unwrap_or_else(|p| p.into_inner());
-        let lines: Vec<&str> = q
-            .iter()
-            .map(|l| l.trim())
-            .filter(|l| !l.is_empty())
-            .collect();
+        let t = self.stderr.lock().unwrap_or_else(|p| p.into_inner());
+        let lines: Vec<&str> = t.lines().map(str::trim).filter(|l| !l.is_empty()).collect();
         lines[lines.len().saturating_sub(STDERR_QUOTE)..].join(" | ")
     }
-}
-
-/// Reads `src` line by line on a thread (lossy UTF-8, line ends trimmed) until its end or until
-/// `sink` returns false.
-fn spawn_reader<R, F>(src: R, mut sink: F)
-where
-    R: Read + Send + 'static,
-    F: FnMut(String) -> bool + Send + 'static,
-{
-    std::thread::spawn(move || {
-        let mut reader = BufReader::new(src);
-        let mut buf = Vec::new();
-        loop {
-            buf.clear();
-            match reader.read_until(b'\n', &mut buf) {
-                Ok(0) | Err(_) => break,
-                Ok(_) => {
-                    let text = String::from_utf8_lossy(&buf);
-                    if !sink(text.trim_end_matches(['\n', '\r']).to_string()) {
-                        break;
-                    }
-                }
-            }
-        }
-    });
 }
 
 /// Passes lines on while the command runs; stops when it exits or the sweep is aborted.
 fn supervise(
     child: &mut Child,
-    lines: &Receiver<String>,
+    lines: &Receiver<Vec<String>>,
     cancel: &Cancel,
     knobs: &Knobs,
     feed: &mut dyn FnMut(String),
@@ -433,7 +463,7 @@ fn supervise(
     let mut open = true;
     loop {
         if cancel.aborted() {
-            terminate(child, knobs);
+            reap::end_trial(child, knobs.term_grace);
             return Ok(End::Interrupted);
         }
         let polled = child
@@ -447,81 +477,20 @@ fn supervise(
             continue;
         }
         match lines.recv_timeout(knobs.poll) {
-            Ok(line) => feed(line),
+            Ok(batch) => batch.into_iter().for_each(&mut *feed),
             Err(RecvTimeoutError::Timeout) => {}
             Err(RecvTimeoutError::Disconnected) => open = false,
         }
     }
 }
 
-/// SIGTERM to the command's group, then SIGKILL after the grace period; reaps the command.
-fn terminate(child: &mut Child, knobs: &Knobs) {
-    let pgid = child.id();
-    kill_group(pgid, libc::SIGTERM);
-    let deadline = Instant::now() + knobs.term_grace;
-    while Instant::now() < deadline {
-        if matches!(child.try_wait(), Ok(Some(_)) | Err(_)) {
-            return;
-        }
-        std::thread::sleep(knobs.poll.min(Duration::from_millis(50)));
+/// Why a command that did not exit with status 0 failed.
+fn describe_exit(status: ExitStatus, stderr: String) -> Failure {
+    match (status.code(), status.signal()) {
+        (_, Some(signal)) => Failure::CommandSignal { signal, stderr },
+        (Some(code), _) => Failure::CommandExit { code, stderr },
+        _ => Failure::Command("the command ended abnormally".into()),
     }
-    kill_group(pgid, libc::SIGKILL);
-    let _ = child.kill();
-    let _ = child.wait();
-}
-
-/// Sends `sig` to every process of group `pgid` (a group that is gone is no error).
-fn kill_group(pgid: u32, sig: libc::c_int) {
-    let Ok(id) = libc::pid_t::try_from(pgid) else {
-        return;
-    };
-    if id > 1 {
-        // SAFETY: killpg only sends a signal; the group is the command's own (its leader's pid).
-        unsafe {
-            libc::killpg(id, sig);
-        }
-    }
-}
-
-/// The error for a command that did not exit with status 0.
-fn describe_exit(status: ExitStatus, stderr_tail: &str) -> String {
-    let what = match (status.code(), status.signal()) {
-        (_, Some(sig)) => format!(
-            "the command was killed by signal {sig} ({})",
-            signal_name(sig)
-        ),
-        (Some(code), _) => format!("the command exited with code {code}"),
-        _ => "the command ended abnormally".to_string(),
-    };
-    if stderr_tail.is_empty() {
-        format!("{what} (no stderr)")
-    } else {
-        format!("{what}; stderr: {stderr_tail}")
-    }
-}
-
-/// The usual name of a signal number.
-fn signal_name(sig: i32) -> &'static str {
-    const NAMES: [(i32, &str); 14] = [
-        (libc::SIGHUP, "SIGHUP"),
-        (libc::SIGINT, "SIGINT"),
-        (libc::SIGQUIT, "SIGQUIT"),
-        (libc::SIGILL, "SIGILL"),
-        (libc::SIGABRT, "SIGABRT"),
-        (libc::SIGBUS, "SIGBUS"),
-        (libc::SIGFPE, "SIGFPE"),
-        (libc::SIGKILL, "SIGKILL"),
-        (libc::SIGUSR1, "SIGUSR1"),
-        (libc::SIGSEGV, "SIGSEGV"),
-        (libc::SIGUSR2, "SIGUSR2"),
-        (libc::SIGPIPE, "SIGPIPE"),
-        (libc::SIGALRM, "SIGALRM"),
-        (libc::SIGTERM, "SIGTERM"),
-    ];
-    NAMES
-        .iter()
-        .find(|(n, _)| *n == sig)
-        .map_or("unknown signal", |(_, name)| name)
 }
 
 /// The metrics of the command's last non-empty stdout line: a JSON object's numeric values.
@@ -606,23 +575,16 @@ pub(crate) fn over_cap(used_mib: f64, cap_mib: f64, margin: f64) -> bool {
     used_mib > cap_mib * (1.0 + margin)
 }
 
-/// The error for a command the watchdog killed.
-fn cap_message(used: f64, cap: f64, margin: f64) -> String {
-    let pct = (margin * 1000.0).round() / 10.0;
-    format!("the command exceeded its memory cap: used {used:.0} MiB, cap {cap:.0} MiB (+{pct}%)")
-}
-
-/// The process group of `pid`, from field 5 of `/proc/<pid>/stat`.
-fn pgid_of(pid: u32) -> Option<u32> {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    parse_stat_pgid(&text)
-}
-
-/// Field 5 (pgrp) of a `/proc/<pid>/stat` line. The name (field 2) is in parentheses and may
-/// itself hold spaces and parentheses, so fields are counted from the last `)`.
-fn parse_stat_pgid(stat: &str) -> Option<u32> {
-    let (_, rest) = stat.rsplit_once(')')?;
-    rest.split_whitespace().nth(2)?.parse().ok()
+/// The group of `pid` for the watchdog: `leader`'s when `pid` is in the trial (in its process
+/// group, or a descendant of its leader that left the group, such as a `setsid` daemon), else
+/// its own process group.
+fn trial_of(pid: u32, leader: u32) -> Option<u32> {
+    let p = reap::proc_of(pid)?;
+    if p.pgid == leader || reap::descends_from(pid, leader) {
+        Some(leader)
+    } else {
+        Some(p.pgid)
+    }
 }
 
 /// The MiB used by the processes of group `pgid` (`None` when none of them is listed).
@@ -705,12 +667,22 @@ impl Watchdog {
                     return WatchReport::default();
                 }
             };
-            let mut kill = || kill_group(pgid, libc::SIGKILL);
+            let mut kill = || {
+                let procs = reap::snapshot();
+                reap::kill_group(pgid, libc::SIGKILL);
+                for pid in reap::descendants(pgid, &procs) {
+                    if let Ok(pid) = libc::pid_t::try_from(pid) {
+                        // SAFETY: kill(2) only sends a signal, to a process of this trial.
+                        unsafe { libc::kill(pid, libc::SIGKILL) };
+                    }
+                }
+            };
+            let group_of = |pid| trial_of(pid, pgid);
             let mut watch = Watch {
                 pgid,
                 limit,
                 period,
-                group_of: &pgid_of,
+                group_of: &group_of,
                 kill: &mut kill,
             };
             watch.run(source.as_mut(), &stop_rx)
@@ -792,7 +764,7 @@ mod tests {
         argv: &[String],
         s: &SliceSpec,
         env: &ExternalEnv,
-    ) -> (Result<ExternalOutcome, String>, Vec<String>) {
+    ) -> (Result<ExternalOutcome, Stop>, Vec<String>) {
         let mut lines = Vec::new();
         let res = run_with(
             argv,
@@ -924,7 +896,8 @@ mod tests {
             sh("echo '{\"test_acc\": 1}'; echo early >&2; echo 'ValueError: bad lr' >&2; exit 3");
         let e = go(&argv, &slice(None), &ExternalEnv::default())
             .0
-            .unwrap_err();
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("exited with code 3"), "{e}");
         assert!(e.contains("early | ValueError: bad lr"), "{e}");
     }
@@ -937,7 +910,8 @@ mod tests {
             &ExternalEnv::default(),
         )
         .0
-        .unwrap_err();
+        .unwrap_err()
+        .to_string();
         assert!(e.contains("signal 11 (SIGSEGV)"), "{e}");
         assert!(e.contains("stderr: x"), "{e}");
     }
@@ -950,15 +924,18 @@ mod tests {
             &ExternalEnv::default(),
         )
         .0
-        .unwrap_err();
+        .unwrap_err()
+        .to_string();
         assert!(e.contains("`done: acc=0.9`"), "{e}");
         let e = go(&sh("echo '[1, 2]'"), &slice(None), &ExternalEnv::default())
             .0
-            .unwrap_err();
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("`[1, 2]`"), "{e}");
         let e = go(&sh("true"), &slice(None), &ExternalEnv::default())
             .0
-            .unwrap_err();
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("printed nothing"), "{e}");
         let e = go(
             &["/nonexistent/prog".to_string()],
@@ -966,13 +943,14 @@ mod tests {
             &ExternalEnv::default(),
         )
         .0
-        .unwrap_err();
+        .unwrap_err()
+        .to_string();
         assert!(e.contains("cannot start `/nonexistent/prog`"), "{e}");
     }
 
     /// Runs `argv`, aborts the sweep when its first stdout line comes, and returns the result,
     /// the time from the abort to the return, and the lines.
-    fn cancelled(argv: &[String]) -> (Result<ExternalOutcome, String>, Duration, Vec<String>) {
+    fn cancelled(argv: &[String]) -> (Result<ExternalOutcome, Stop>, Duration, Vec<String>) {
         let cancel = Cancel::new();
         let mut aborted_at = None;
         let mut lines = Vec::new();
@@ -1015,7 +993,7 @@ mod tests {
     #[test]
     fn cancel_terminates_the_command_and_its_children() {
         let (res, took, lines) = cancelled(&sh("sleep 30 & echo $!; sleep 30"));
-        assert_eq!(res.unwrap_err(), "interrupted");
+        assert_eq!(res.unwrap_err(), Stop::Interrupted);
         assert!(took < Duration::from_secs(3), "{took:?}");
         let pid: u32 = lines[0].parse().unwrap();
         assert!(wait_gone(pid), "background child {pid} survived");
@@ -1025,7 +1003,7 @@ mod tests {
     fn a_command_that_ignores_sigterm_is_killed_after_the_grace() {
         let script = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('ready', flush=True); time.sleep(30)";
         let (res, took, lines) = cancelled(&["python3".into(), "-c".into(), script.into()]);
-        assert_eq!(res.unwrap_err(), "interrupted");
+        assert_eq!(res.unwrap_err(), Stop::Interrupted);
         assert!(
             took >= Duration::from_millis(300),
             "SIGKILL came before the grace: {took:?}"
@@ -1059,7 +1037,7 @@ mod tests {
             &mut |_| {},
             &knobs(),
         );
-        assert_eq!(res.unwrap_err(), "interrupted");
+        assert_eq!(res.unwrap_err(), Stop::Interrupted);
     }
 
     #[test]
@@ -1072,22 +1050,15 @@ mod tests {
         assert_eq!(margin_of(f64::NAN), DEFAULT_MARGIN);
         assert_eq!(margin_of(-1.0), DEFAULT_MARGIN);
         assert_eq!(margin_of(0.0), 0.0);
+        let tripped = Failure::MemoryCap {
+            used_mib: 2100.4,
+            cap_mib: 2000.0,
+            margin: 0.05,
+        };
         assert_eq!(
-            cap_message(2100.4, 2000.0, 0.05),
+            tripped.to_string(),
             "the command exceeded its memory cap: used 2100 MiB, cap 2000 MiB (+5%)"
         );
-    }
-
-    #[test]
-    fn the_pgid_is_read_after_the_name() {
-        assert_eq!(
-            parse_stat_pgid("42 (py (x) y) S 1 4040 4040 0 -1"),
-            Some(4040)
-        );
-        assert_eq!(parse_stat_pgid("garbage"), None);
-        // SAFETY: getpgrp only reads this process's group.
-        let mine = unsafe { libc::getpgrp() } as u32;
-        assert_eq!(pgid_of(std::process::id()), Some(mine));
     }
 
     #[test]
@@ -1176,7 +1147,7 @@ mod tests {
         };
         let started = Instant::now();
         let (res, lines) = go(&argv, &slice(Some(1000 << 20)), &env);
-        let e = res.unwrap_err();
+        let e = res.unwrap_err().to_string();
         assert!(
             e.ends_with("exceeded its memory cap: used 1200 MiB, cap 1000 MiB (+5%)"),
             "{e}"

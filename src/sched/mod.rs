@@ -1,8 +1,11 @@
 //! The supervisor: a crossbeam queue of trials, one worker per slice (a thread, or a thread minding a child process), and the trial lifecycle.
 
 pub mod cancel;
+pub mod end;
 pub mod external;
+pub mod lines;
 pub mod process;
+pub mod reap;
 pub mod thread;
 
 use serde::{Deserialize, Serialize};
@@ -20,6 +23,7 @@ use crate::error::EngineError;
 use crate::job::{EngineOptions, ModelSpec, SplitMode};
 use crate::plan::{PerDevice, Round, SliceSpec, TrialSpec};
 use crate::train::{EpochStats, TrialConfig, TrialResult};
+pub use end::{Failure, Stop, TrialEnd};
 
 /// Where a trial is in its life.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -45,15 +49,41 @@ impl TrialState {
     }
 }
 
-/// How a trial ended.
+/// How a trial ended, where it ran, and for how long.
 #[derive(Clone, Debug)]
 pub struct TrialOutcome {
     pub trial: TrialSpec,
     pub slice: SliceSpec,
-    pub state: TrialState,
-    pub result: Option<TrialResult>,
-    pub error: Option<String>,
+    pub end: TrialEnd,
     pub wall_s: f64,
+}
+
+impl TrialOutcome {
+    /// The state word of its end: COMPLETE, FAIL or INTERRUPTED.
+    pub fn state(&self) -> TrialState {
+        match self.end {
+            TrialEnd::Complete(_) => TrialState::Complete,
+            TrialEnd::Failed(_) => TrialState::Fail,
+            TrialEnd::Interrupted => TrialState::Interrupted,
+        }
+    }
+
+    /// What a COMPLETE trial measured.
+    pub fn result(&self) -> Option<&TrialResult> {
+        match &self.end {
+            TrialEnd::Complete(r) => Some(r),
+            _ => None,
+        }
+    }
+
+    /// Why it did not complete, in words (the `error` column).
+    pub fn error(&self) -> Option<String> {
+        match &self.end {
+            TrialEnd::Complete(_) => None,
+            TrialEnd::Failed(f) => Some(f.to_string()),
+            TrialEnd::Interrupted => Some("interrupted".into()),
+        }
+    }
 }
 
 /// What the supervisor reports while a round runs, in the order it happens.
@@ -93,6 +123,9 @@ pub struct RoundContext {
     pub max_steps: Option<usize>,
     /// Trials run this command instead of a built-in model (sweeps with `command:`).
     pub external: Option<ExternalTrials>,
+    /// The metric every COMPLETE trial must report (a sweep's `metric.name`): a trial whose
+    /// result has no finite value for it fails. `None` checks nothing (probes, `fib`).
+    pub metric: Option<String>,
 }
 
 /// An external command run for each trial, and where it runs.
@@ -350,20 +383,17 @@ pub fn run_round(round: &Round, ctx: &RoundContext, sink: &mut dyn FnMut(&Event)
                         slice: slice.index,
                     });
                     let mut outcome = match &part {
-                        Err(e) => outcome(trial, slice, Err(e.clone()), 0.0),
+                        Err(e) => {
+                            outcome(trial, slice, Err(Failure::NoSlice(e.clone()).into()), 0.0)
+                        }
                         Ok(_) if ctx.external.is_some() => run_external(ctx, slice, trial, &events),
                         Ok(_) if split.one_process_per_trial() => {
                             process::run(ctx, slice, round, trial, &events)
                         }
                         Ok(p) => thread::run(ctx, slice, p.clone(), trial, &events),
                     };
-                    let stopped = outcome
-                        .error
-                        .as_deref()
-                        .is_some_and(|e| interrupted(&ctx.cancel, e));
-                    if outcome.state == TrialState::Fail && stopped {
-                        outcome.state = TrialState::Interrupted;
-                    }
+                    outcome.end =
+                        require_metric(outcome.end, ctx.metric.as_deref()).settle(&ctx.cancel);
                     let _ = events.send(Event::Finished(Box::new(outcome)));
                 }
             });
@@ -398,19 +428,22 @@ fn run_external(
 ) -> TrialOutcome {
     let started = Instant::now();
     let Some(ext) = &ctx.external else {
-        return outcome(trial, slice, Err("no external command".into()), 0.0);
+        let why = Failure::Command("no external command".into());
+        return outcome(trial, slice, Err(why.into()), 0.0);
     };
     let env = match ext.env_for(slice.device) {
         Ok(e) => e,
-        Err(why) => return outcome(trial, slice, Err(why), 0.0),
+        Err(why) => return outcome(trial, slice, Err(Failure::NoSlice(why).into()), 0.0),
     };
-    let res = external::render(&ext.template, &trial.params).and_then(|argv| {
-        external::run(&argv, &trial.id, slice, env, &ctx.cancel, &mut |line| {
-            if let Some(stats) = epoch_line(line, started) {
-                epoch_event(events, &trial, slice.index, &stats);
-            }
-        })
-    });
+    let res = external::render(&ext.template, &trial.params)
+        .map_err(|e| Stop::from(Failure::Command(e)))
+        .and_then(|argv| {
+            external::run(&argv, &trial.id, slice, env, &ctx.cancel, &mut |line| {
+                if let Some(stats) = epoch_line(line, started) {
+                    epoch_event(events, &trial, slice.index, &stats);
+                }
+            })
+        });
     let wall_s = started.elapsed().as_secs_f64();
     let res = res.map(|o| TrialResult {
         test_acc: o.metrics.get("test_acc").copied().unwrap_or(f64::NAN),
@@ -426,6 +459,19 @@ fn run_external(
         metrics: o.metrics,
     });
     outcome(trial, slice, res, wall_s)
+}
+
+/// A COMPLETE end whose result has no finite value for `metric` is a failure: a sweep cannot
+/// rank it, and a resumed sweep would never run it again.
+fn require_metric(end: TrialEnd, metric: Option<&str>) -> TrialEnd {
+    match (end, metric) {
+        (TrialEnd::Complete(r), Some(m)) if !r.metrics.get(m).is_some_and(|v| v.is_finite()) => {
+            TrialEnd::Failed(Failure::MissingMetric {
+                metric: m.to_string(),
+            })
+        }
+        (end, _) => end,
+    }
 }
 
 /// A progress line of an external command: a JSON object with an `epoch` number.
@@ -468,55 +514,18 @@ pub(crate) fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
     }
 }
 
-/// Makes a child die with its parent (Linux `PR_SET_PDEATHSIG`): a supervisor killed outright
-/// leaves no trial training on as an orphan. A resumed run redoes those trials.
-pub(crate) fn die_with_parent(cmd: &mut std::process::Command) {
-    use std::os::unix::process::CommandExt;
-    // SAFETY: the closure runs in the forked child before exec and only calls prctl(2), which is
-    // async-signal-safe and touches no memory of the parent.
-    unsafe {
-        cmd.pre_exec(|| {
-            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
-}
-
-/// Whether a trial's error is the interruption itself (a signal while draining).
-pub(crate) fn interrupted(cancel: &cancel::Cancel, error: &str) -> bool {
-    cancel.draining()
-        && (error == "interrupted"
-            || error.contains("(SIGTERM)")
-            || error.contains("(SIGINT)")
-            || (cancel.aborted() && error.contains("(SIGKILL)")))
-}
-
 /// The outcome of a trial that ran to an end, good or bad.
 pub(crate) fn outcome(
     trial: TrialSpec,
     slice: &SliceSpec,
-    res: Result<TrialResult, String>,
+    res: Result<TrialResult, Stop>,
     wall_s: f64,
 ) -> TrialOutcome {
-    match res {
-        Ok(r) => TrialOutcome {
-            trial,
-            slice: slice.clone(),
-            state: TrialState::Complete,
-            result: Some(r),
-            error: None,
-            wall_s,
-        },
-        Err(e) => TrialOutcome {
-            trial,
-            slice: slice.clone(),
-            state: TrialState::Fail,
-            result: None,
-            error: Some(e),
-            wall_s,
-        },
+    TrialOutcome {
+        trial,
+        slice: slice.clone(),
+        end: TrialEnd::of(res),
+        wall_s,
     }
 }
 
@@ -534,6 +543,38 @@ mod tests {
             sm_count: partition.map(|_| sms),
             partition,
         }
+    }
+
+    #[test]
+    fn a_complete_trial_without_the_metric_fails() {
+        let result = |pairs: &[(&str, f64)]| {
+            TrialEnd::Complete(TrialResult {
+                test_acc: 0.0,
+                final_loss: 0.0,
+                epochs: 1,
+                wall_s: 0.0,
+                train_samples: 0,
+                samples_per_s: 0.0,
+                peak_mem_bytes: 0,
+                param_count: 0,
+                metrics: pairs.iter().map(|(k, v)| (k.to_string(), *v)).collect(),
+            })
+        };
+        let missing = TrialEnd::Failed(Failure::MissingMetric {
+            metric: "test_acc".into(),
+        });
+        assert_eq!(
+            require_metric(result(&[("loss", 0.1)]), Some("test_acc")),
+            missing
+        );
+        assert_eq!(
+            require_metric(result(&[("test_acc", f64::NAN)]), Some("test_acc")),
+            missing
+        );
+        let ok = result(&[("test_acc", 0.9)]);
+        assert_eq!(require_metric(ok.clone(), Some("test_acc")), ok);
+        assert_eq!(require_metric(result(&[]), None), result(&[]));
+        assert_eq!(require_metric(missing.clone(), Some("x")), missing);
     }
 
     #[test]
@@ -620,11 +661,11 @@ mod tests {
         assert_eq!(out.outcomes.len(), 8);
         for o in &out.outcomes {
             if o.slice.device == 2 {
-                assert_eq!(o.state, TrialState::Fail);
-                let e = o.error.as_deref().unwrap_or("");
+                assert_eq!(o.state(), TrialState::Fail);
+                let e = o.error().unwrap_or_default();
                 assert!(e.contains("device 2 was not opened"), "{e}");
             } else {
-                assert_eq!(o.state, TrialState::Complete, "{:?}", o.error);
+                assert_eq!(o.state(), TrialState::Complete, "{:?}", o.error());
             }
         }
         // Slices on device 1 alone run every trial; on device 2 alone, none.
@@ -637,12 +678,11 @@ mod tests {
         assert!(out
             .outcomes
             .iter()
-            .all(|o| o.state == TrialState::Complete && o.slice.device == 1));
+            .all(|o| o.state() == TrialState::Complete && o.slice.device == 1));
         let out = run_round(&on(2), &ctx, &mut |_| {});
         assert_eq!(out.outcomes.len(), 3);
-        assert!(out.outcomes.iter().all(|o| o.state == TrialState::Fail
-            && o.error
-                .as_deref()
+        assert!(out.outcomes.iter().all(|o| o.state() == TrialState::Fail
+            && o.error()
                 .is_some_and(|e| e.contains("device 2 was not opened"))));
     }
 }

@@ -1,7 +1,7 @@
 //! Process workers (`process` mode): each trial runs in a child `gpumux worker` that answers over a pipe; a child that dies fails only its own trial.
 
 use serde::{Deserialize, Serialize};
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufReader, Read, Write};
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::sync::Arc;
@@ -12,8 +12,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::cancel::Cancel;
 
+use super::lines::{read_line_bounded, Tail};
 use super::{
-    epoch_event, open_backend, outcome, panic_text, Device, Event, RoundContext, TrialOutcome,
+    epoch_event, open_backend, outcome, panic_text, Device, Event, Failure, RoundContext, Stop,
+    TrialOutcome,
 };
 use crate::data::DataSpec;
 use crate::engine::BackendKind;
@@ -41,7 +43,7 @@ pub enum WorkerMessage {
     Ready(WorkerReady),
     Epoch(EpochStats),
     Done(TrialResult),
-    Failed(String),
+    Failed(Failure),
 }
 
 /// What a worker says when it is ready to train: its host memory so far.
@@ -148,23 +150,24 @@ fn supervise(
     req: &WorkerRequest,
     env: &[(String, String)],
     on_epoch: &mut dyn FnMut(&EpochStats),
-) -> Result<TrialResult, String> {
-    let body =
-        serde_json::to_vec(req).map_err(|e| format!("cannot encode the worker request: {e}"))?;
-    use std::os::unix::process::CommandExt;
+) -> Result<TrialResult, Stop> {
+    let body = serde_json::to_vec(req)
+        .map_err(|e| Failure::Worker(format!("cannot encode the worker request: {e}")))?;
     let mut cmd = Command::new(&ctx.worker_exe);
+    // Its own process group (made by `reap::spawn`): a terminal's Ctrl-C reaches the
+    // supervisor, which then drains.
     cmd.arg("worker")
-        // Its own process group: a terminal's Ctrl-C reaches the supervisor, which then drains.
-        .process_group(0)
         .envs(env.iter().map(|(k, v)| (k, v)))
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
-    super::die_with_parent(&mut cmd);
     let spawned = Instant::now();
-    let mut child = cmd
-        .spawn()
-        .map_err(|e| format!("cannot start worker {}: {e}", ctx.worker_exe.display()))?;
+    let (mut child, _ours) = super::reap::spawn(&mut cmd).map_err(|e| {
+        Failure::Worker(format!(
+            "cannot start worker {}: {e}",
+            ctx.worker_exe.display()
+        ))
+    })?;
     let done = Arc::new(AtomicBool::new(false));
     let _watch = abort_watch(child.id(), ctx.cancel.clone(), Arc::clone(&done));
     if let Some(mut stdin) = child.stdin.take() {
@@ -178,9 +181,16 @@ fn supervise(
         .map(|err| std::thread::spawn(move || stderr_tail(err, &trial_id)));
     let mut result = None;
     if let Some(out) = child.stdout.take() {
-        for line in BufReader::new(out).lines() {
-            let Ok(line) = line else { break };
-            match serde_json::from_str::<WorkerMessage>(&line) {
+        let mut reader = BufReader::new(out);
+        let mut line = Vec::new();
+        loop {
+            line.clear();
+            // A worker's messages are short; a line is read to its end but kept cut.
+            match read_line_bounded(&mut reader, &mut line, MESSAGE_MAX) {
+                Ok(0) | Err(_) => break,
+                Ok(_) => {}
+            }
+            match serde_json::from_slice::<WorkerMessage>(&line) {
                 Ok(WorkerMessage::Ready(r)) if tracing::enabled!(tracing::Level::DEBUG) => {
                     let pid = child.id();
                     let secs = spawned.elapsed().as_secs_f64();
@@ -196,21 +206,29 @@ fn supervise(
                 Ok(WorkerMessage::Ready(_)) => {}
                 Ok(WorkerMessage::Epoch(s)) => on_epoch(&s),
                 Ok(WorkerMessage::Done(r)) => result = Some(Ok(r)),
-                Ok(WorkerMessage::Failed(e)) => result = Some(Err(e)),
-                Err(_) => {} // Stray output is not ours to interpret.
+                Ok(WorkerMessage::Failed(e)) => result = Some(Err(Stop::Failed(e))),
+                Err(e) => {
+                    // Stray output is not ours to interpret; a message we cannot read is said.
+                    if line.starts_with(b"{\"") {
+                        tracing::warn!("trial {}: unreadable worker message: {e}", req.trial.id);
+                    }
+                }
             }
         }
     }
     let status = child
         .wait()
-        .map_err(|e| format!("cannot wait for the worker: {e}"))?;
+        .map_err(|e| Failure::Worker(format!("cannot wait for the worker: {e}")))?;
     done.store(true, Ordering::SeqCst);
     let err_text = stderr.and_then(|h| h.join().ok()).unwrap_or_default();
     match result {
         Some(r) => r,
-        None => Err(describe_exit(status, &err_text)),
+        None => Err(describe_exit(status, err_text).into()),
     }
 }
+
+/// The longest worker message line read whole.
+const MESSAGE_MAX: usize = 1 << 20;
 
 /// Lines of a worker's standard error kept for the message of a worker that dies.
 const STDERR_TAIL: usize = 20;
@@ -220,83 +238,30 @@ const STDERR_TAIL: usize = 20;
 /// each line is also shown as it comes, prefixed with the trial's id.
 fn stderr_tail(err: impl Read, trial: &str) -> String {
     let verbose = tracing::enabled!(tracing::Level::DEBUG);
-    let mut tail = std::collections::VecDeque::with_capacity(STDERR_TAIL);
-    let mut reader = BufReader::new(err);
-    let mut line = Vec::new();
-    loop {
-        line.clear();
-        // A line is read to its end but kept cut, so that one endless line cannot grow it.
-        match read_line_bounded(&mut reader, &mut line, 64 * 1024) {
-            Ok(0) | Err(_) => break,
-            Ok(_) => {}
-        }
-        let text = String::from_utf8_lossy(&line);
-        let text = text.trim_end();
+    let mut tail = Tail::new(STDERR_TAIL, 1000);
+    tail.read_all(err, &mut |line| {
         if verbose {
-            eprintln!("[{trial}] {text}");
+            // Not eprintln!, which panics when stderr is closed.
+            let _ = writeln!(std::io::stderr(), "[{trial}] {}", line.trim_end());
         }
-        if tail.len() == STDERR_TAIL {
-            tail.pop_front();
-        }
-        tail.push_back(text.chars().take(1000).collect::<String>());
-    }
-    tail.into_iter().collect::<Vec<_>>().join("\n")
+    });
+    tail.lines().collect::<Vec<_>>().join("\n")
 }
 
-/// Reads one line into `buf`, keeping at most `max` bytes of it and discarding the rest; the
-/// number of bytes read (0 at the end).
-fn read_line_bounded(
-    r: &mut impl BufRead,
-    buf: &mut Vec<u8>,
-    max: usize,
-) -> std::io::Result<usize> {
-    let mut read = 0;
-    loop {
-        let chunk = r.fill_buf()?;
-        if chunk.is_empty() {
-            return Ok(read);
-        }
-        let (used, done) = match chunk.iter().position(|&b| b == b'\n') {
-            Some(i) => (i + 1, true),
-            None => (chunk.len(), false),
-        };
-        let room = max.saturating_sub(buf.len());
-        buf.extend_from_slice(&chunk[..used.min(room)]);
-        r.consume(used);
-        read += used;
-        if done {
-            return Ok(read);
-        }
-    }
-}
-
-fn describe_exit(status: std::process::ExitStatus, stderr: &str) -> String {
+/// Why a worker that ended without reporting failed.
+fn describe_exit(status: std::process::ExitStatus, stderr: String) -> Failure {
     use std::os::unix::process::ExitStatusExt;
-    let tail: String = stderr
-        .lines()
-        .rfind(|l| !l.trim().is_empty())
-        .map(|l| format!(": {}", l.trim()))
-        .unwrap_or_default();
     match (status.code(), status.signal()) {
-        (_, Some(sig)) => format!(
-            "worker process killed by signal {sig} ({}){tail}",
-            signal_name(sig)
-        ),
-        (Some(code), _) => format!("worker process exited with code {code} before reporting{tail}"),
-        _ => format!("worker process ended without reporting{tail}"),
-    }
-}
-
-fn signal_name(sig: i32) -> &'static str {
-    match sig {
-        libc::SIGKILL => "SIGKILL",
-        libc::SIGABRT => "SIGABRT",
-        libc::SIGSEGV => "SIGSEGV",
-        libc::SIGTERM => "SIGTERM",
-        libc::SIGINT => "SIGINT",
-        libc::SIGBUS => "SIGBUS",
-        libc::SIGFPE => "SIGFPE",
-        _ => "signal",
+        (_, Some(signal)) => Failure::WorkerSignal { signal, stderr },
+        (Some(code), _) => Failure::WorkerExit { code, stderr },
+        _ => Failure::Worker(format!(
+            "ended without reporting{}",
+            stderr
+                .lines()
+                .rfind(|l| !l.trim().is_empty())
+                .map(|l| format!(": {}", l.trim()))
+                .unwrap_or_default()
+        )),
     }
 }
 
@@ -316,19 +281,17 @@ pub fn worker_main(input: &mut dyn Read, output: &mut dyn Write) -> Result<(), S
         }
     };
     let res = std::panic::catch_unwind(std::panic::AssertUnwindSafe(
-        || -> Result<TrialResult, String> {
+        || -> Result<TrialResult, Failure> {
             let data = req
                 .data
                 .load(req.data_base.as_deref(), req.data_seed)
-                .map_err(|e| e.to_string())?;
+                .map_err(|e| Failure::Data(e.to_string()))?;
             let opts = req
                 .config
                 .engine
                 .for_model(req.config.model.kind.has_convolutions());
-            let device = Device::open(req.backend, req.slice.device, &data, &opts)
-                .map_err(|e| e.to_string())?;
-            let mut be = open_backend(&device, Arc::new(data), &req.slice, None)
-                .map_err(|e| e.to_string())?;
+            let device = Device::open(req.backend, req.slice.device, &data, &opts)?;
+            let mut be = open_backend(&device, Arc::new(data), &req.slice, None)?;
             let ready = WorkerReady {
                 host_peak_mib: crate::gpu::peak_rss_mib(),
             };
@@ -336,13 +299,13 @@ pub fn worker_main(input: &mut dyn Read, output: &mut dyn Write) -> Result<(), S
             run_trial(be.as_mut(), &req.config, &mut |s| {
                 send(output, &WorkerMessage::Epoch(s.clone()))
             })
-            .map_err(|e| e.to_string())
+            .map_err(Failure::from)
         },
     ));
     let msg = match res {
         Ok(Ok(r)) => WorkerMessage::Done(r),
         Ok(Err(e)) => WorkerMessage::Failed(e),
-        Err(p) => WorkerMessage::Failed(format!("panic: {}", panic_text(p.as_ref()))),
+        Err(p) => WorkerMessage::Failed(Failure::Panic(panic_text(p.as_ref()))),
     };
     send(output, &msg);
     Ok(())
@@ -371,14 +334,57 @@ mod tests {
         assert_eq!(lines[0], "line 81");
         assert_eq!(lines[14].len(), 1000);
         assert_eq!(lines[19], "last, without a newline");
-        // A single line longer than the reader's buffer is read to its end, not split.
-        let mut r = BufReader::with_capacity(16, "abcdefghijklmnopqrstuvwxyz\nnext\n".as_bytes());
-        let mut buf = Vec::new();
-        assert_eq!(read_line_bounded(&mut r, &mut buf, 5).unwrap(), 27);
-        assert_eq!(buf, b"abcde");
-        buf.clear();
-        assert_eq!(read_line_bounded(&mut r, &mut buf, 5).unwrap(), 5);
-        assert_eq!(buf, b"next\n");
+    }
+
+    #[test]
+    fn a_probe_result_with_nan_metrics_crosses_the_pipe() {
+        // A probe trains a few steps and skips evaluation: its test figures are NaN, which JSON
+        // cannot hold. The message must still read back, or the worker "exits before reporting".
+        let result = TrialResult {
+            test_acc: f64::NAN,
+            final_loss: 0.5,
+            epochs: 1,
+            wall_s: 0.1,
+            train_samples: 64,
+            samples_per_s: 640.0,
+            peak_mem_bytes: 1,
+            param_count: 2,
+            metrics: Default::default(),
+        };
+        let stats = EpochStats {
+            epoch: 1,
+            train_loss: f64::INFINITY,
+            train_acc: 0.1,
+            test_loss: f64::NAN,
+            test_acc: f64::NAN,
+            wall_s: 0.1,
+        };
+        let failed = Failure::NonFiniteLoss {
+            value: f64::NAN,
+            epoch: 1,
+            step: 3,
+        };
+        for msg in [
+            WorkerMessage::Done(result),
+            WorkerMessage::Epoch(stats),
+            WorkerMessage::Failed(failed),
+        ] {
+            let line = serde_json::to_string(&msg).unwrap();
+            let back: WorkerMessage =
+                serde_json::from_str(&line).unwrap_or_else(|e| panic!("{line}: {e}"));
+            match (back, msg) {
+                (WorkerMessage::Done(a), WorkerMessage::Done(b)) => {
+                    assert!(a.test_acc.is_nan() && a.final_loss == b.final_loss)
+                }
+                (WorkerMessage::Epoch(a), WorkerMessage::Epoch(_)) => {
+                    assert!(a.test_loss.is_nan() && a.train_loss == f64::INFINITY)
+                }
+                (WorkerMessage::Failed(a), WorkerMessage::Failed(b)) => {
+                    assert_eq!(a.to_string(), b.to_string())
+                }
+                (a, b) => panic!("{a:?} read back from {b:?}"),
+            }
+        }
     }
 
     #[test]

@@ -6,7 +6,10 @@ use std::time::Instant;
 
 use crossbeam_channel::Sender;
 
-use super::{epoch_event, open_backend, outcome, panic_text, Event, RoundContext, TrialOutcome};
+use super::{
+    epoch_event, open_backend, outcome, panic_text, Event, Failure, RoundContext, Stop,
+    TrialOutcome,
+};
 use crate::engine::cuda::GreenPartition;
 use crate::plan::{SliceSpec, TrialSpec};
 use crate::train::run_trial;
@@ -21,21 +24,20 @@ pub fn run(
 ) -> TrialOutcome {
     let started = Instant::now();
     let cfg = ctx.config(&trial);
-    let res = catch_unwind(AssertUnwindSafe(|| {
+    let res = catch_unwind(AssertUnwindSafe(|| -> Result<_, Stop> {
         let device = ctx
             .devices
             .device(slice.device)
-            .map_err(|e| e.to_string())?;
-        let mut be = open_backend(device, Arc::clone(&ctx.data), slice, partition)
-            .map_err(|e| e.to_string())?;
-        run_trial(be.as_mut(), &cfg, &mut |s| {
+            .map_err(|e| Failure::NoSlice(e.to_string()))?;
+        let mut be =
+            open_backend(device, Arc::clone(&ctx.data), slice, partition).map_err(Failure::from)?;
+        Ok(run_trial(be.as_mut(), &cfg, &mut |s| {
             epoch_event(events, &trial, slice.index, s)
-        })
-        .map_err(|e| e.to_string())
+        })?)
     }));
     let res = match res {
         Ok(r) => r,
-        Err(payload) => Err(format!("panic: {}", panic_text(payload.as_ref()))),
+        Err(payload) => Err(Failure::Panic(panic_text(payload.as_ref())).into()),
     };
     outcome(trial, slice, res, started.elapsed().as_secs_f64())
 }

@@ -168,6 +168,7 @@ fn write_best(dir: &Path, job: &Job, row: &TrialRow) -> Result<PathBuf> {
 
 /// `gpumux sweep`: runs the trials of this shard that are not COMPLETE yet.
 pub fn run(job: &Job, opts: &SweepOptions, out: &mut dyn Write) -> Result<PathBuf> {
+    crate::sched::external::check_job(job)?;
     let all = sweep_trials(job)?;
     let mine: Vec<TrialSpec> = match opts.shard {
         Some(s) => all.iter().filter(|t| s.contains(&t.id)).cloned().collect(),
@@ -252,27 +253,39 @@ pub fn run(job: &Job, opts: &SweepOptions, out: &mut dyn Write) -> Result<PathBu
     };
     let mut rows = previous.clone();
     if !todo.is_empty() {
-        let ctx = context(job, opts, &resolved, &cancel)?;
-        let n =
-            match concurrency {
-                Concurrency::Fixed(n) => n,
-                Concurrency::Auto(_) if ctx.external.is_some() => return Err(job
+        let mut ctx = context(job, opts, &resolved, &cancel)?;
+        let n = match concurrency {
+            Concurrency::Fixed(n) => Some(n),
+            Concurrency::Auto(_) if ctx.external.is_some() => {
+                return Err(job
                     .invalid(
                         "concurrency",
                         "auto probes built-in models only; give a number for an external command",
                     )
-                    .into()),
-                Concurrency::Auto(_) => probe::choose(job, &todo, &ctx, &resolved, split, out)?,
-            };
-        let n = n.min(todo.len() as u32).max(1);
-        let round = Round {
-            index: 0,
-            n,
-            split,
-            slices: plan::slices(job, n, split, &resolved.budgets)?,
-            trials: todo.clone(),
+                    .into())
+            }
+            Concurrency::Auto(_) => match probe::choose(job, &todo, &ctx, &resolved, split, out) {
+                Ok(n) => Some(n),
+                // A signal during the probe: no trial ran; the end below says so (exit 3).
+                Err(Error::Interrupted(why)) => {
+                    tracing::warn!("{why}");
+                    None
+                }
+                Err(e) => return Err(e),
+            },
         };
-        rows.extend(execute(job, &round, &ctx, &mut writer, opts.progress)?);
+        if let Some(n) = n {
+            let n = n.min(todo.len() as u32).max(1);
+            let round = Round {
+                index: 0,
+                n,
+                split,
+                slices: plan::slices(job, n, split, &resolved.budgets)?,
+                trials: todo.clone(),
+            };
+            ctx.metric = Some(job.file.metric.name.clone());
+            rows.extend(execute(job, &round, &ctx, &mut writer, opts.progress)?);
+        }
     }
     finish(job, &dir, &mine, &rows, &cancel, out)?;
     Ok(dir)
@@ -423,6 +436,7 @@ fn external_context(
             template: template.to_string(),
             envs,
         }),
+        metric: None,
     }
 }
 
@@ -463,7 +477,7 @@ fn execute(
             Event::Finished(o) => {
                 running = running.saturating_sub(1);
                 finished += 1;
-                if o.state != TrialState::Complete {
+                if o.state() != TrialState::Complete {
                     failed += 1;
                 }
                 let row = commands::trial_row(job, round.index, round.split, round.n, o);

@@ -6,7 +6,7 @@ use crate::commands::{say, Resolved};
 use crate::error::{Error, Result};
 use crate::job::{Job, SplitMode, DEFAULT_N};
 use crate::plan::{self, Round, TrialSpec};
-use crate::sched::{self, RoundContext, TrialState};
+use crate::sched::{self, RoundContext, TrialEnd};
 
 /// Steps each probe trial starts with (no evaluation).
 pub const PROBE_STEPS: usize = 20;
@@ -32,8 +32,14 @@ pub fn pick(times: &[(u32, f64)]) -> Option<u32> {
         .map(|(n, _)| *n)
 }
 
+/// A signal stopped the probe: no N is chosen, and the sweep stops as interrupted.
+fn interrupted() -> Error {
+    Error::Interrupted("stopped during the concurrency probe; no trial was run".into())
+}
+
 /// Probes N = 1, 2, 3, 5, 8, ... (up to the trials to run) with short trainings of the sweep's
-/// first trials, stopping after two N in a row that do no better, and says what it chose.
+/// first trials, stopping after two N in a row that do no better, and says what it chose. A
+/// signal during the probe is [`Error::Interrupted`].
 pub fn choose(
     job: &Job,
     todo: &[TrialSpec],
@@ -57,16 +63,18 @@ pub fn choose(
             trials,
         };
         let outcome = sched::run_round(&round, ctx, &mut |_| {});
-        if let Some(o) = outcome
-            .outcomes
-            .iter()
-            .find(|o| o.state != TrialState::Complete)
-        {
-            tracing::info!(
-                "probe N={n}: a trial failed ({}); stopping the probe here",
-                o.error.clone().unwrap_or_default()
-            );
-            return Ok(None);
+        if ctx.cancel.draining() || outcome.outcomes.len() < n as usize {
+            return Err(interrupted());
+        }
+        for o in &outcome.outcomes {
+            match &o.end {
+                TrialEnd::Complete(_) => {}
+                TrialEnd::Interrupted => return Err(interrupted()),
+                TrialEnd::Failed(why) => {
+                    tracing::info!("probe N={n}: a trial failed ({why}); stopping the probe here");
+                    return Ok(None);
+                }
+            }
         }
         Ok(Some(outcome.makespan_s / n as f64))
     };
@@ -87,7 +95,7 @@ pub fn choose(
         .filter(|&&n| n as usize <= todo.len().max(1))
     {
         if ctx.cancel.draining() {
-            break;
+            return Err(interrupted());
         }
         let Some(t) = time(n, &probe_ctx)? else { break };
         tracing::info!("probe N={n}: {t:.4} s per training ({steps} steps each)");

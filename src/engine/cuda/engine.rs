@@ -191,7 +191,7 @@ pub(crate) fn say_once(line: &str) {
     static SAID: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
     let mut said = SAID.lock().unwrap_or_else(|e| e.into_inner());
     if !said.iter().any(|l| l == line) {
-        eprintln!("{line}");
+        crate::note!("{line}");
         said.push(line.to_string());
     }
 }

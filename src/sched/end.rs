@@ -1,0 +1,422 @@
+//! A trial's end as a value: COMPLETE with its result, FAILED with a typed reason, or INTERRUPTED; the CSV's words are made from it at the edge.
+
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+
+use super::cancel::Cancel;
+use crate::error::{EngineError, TrialError};
+use crate::train::{json_float, TrialResult};
+
+/// How long a trial killed by SIGTERM or SIGINT from outside waits for gpumux's own signal.
+pub const STOP_WAIT: Duration = Duration::from_secs(1);
+
+/// How a trial ended.
+#[derive(Clone, Debug, PartialEq)]
+pub enum TrialEnd {
+    Complete(TrialResult),
+    Failed(Failure),
+    /// Stopped by a signal before it ended; `--resume` runs it again.
+    Interrupted,
+}
+
+/// Why a trial stopped short of COMPLETE.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Stop {
+    /// A signal stopped the run (or the trial) before the trial ended.
+    Interrupted,
+    Failed(Failure),
+}
+
+impl From<Failure> for Stop {
+    fn from(f: Failure) -> Stop {
+        Stop::Failed(f)
+    }
+}
+
+impl From<TrialError> for Stop {
+    fn from(e: TrialError) -> Stop {
+        match e {
+            TrialError::Interrupted => Stop::Interrupted,
+            TrialError::Slice { source, .. } if matches!(*source, TrialError::Interrupted) => {
+                Stop::Interrupted
+            }
+            other => Stop::Failed(Failure::from(other)),
+        }
+    }
+}
+
+impl std::fmt::Display for Stop {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Stop::Interrupted => f.write_str("interrupted"),
+            Stop::Failed(why) => why.fmt(f),
+        }
+    }
+}
+
+impl TrialEnd {
+    /// The end of a trial that ran, from its result.
+    pub fn of(res: Result<TrialResult, Stop>) -> TrialEnd {
+        match res {
+            Ok(r) => TrialEnd::Complete(r),
+            Err(Stop::Interrupted) => TrialEnd::Interrupted,
+            Err(Stop::Failed(f)) => TrialEnd::Failed(f),
+        }
+    }
+
+    /// A failure that is really the run being stopped: a trial's process killed by SIGTERM or
+    /// SIGINT (a scheduler such as Slurm signals every process of the job) while the run drains,
+    /// or by SIGKILL once it aborts, ends INTERRUPTED, so that `--resume` runs it again. The
+    /// trial's process may get its signal a moment before gpumux gets its own: a trial killed
+    /// by SIGTERM or SIGINT waits up to [`STOP_WAIT`] for the run to start draining.
+    pub fn settle(self, cancel: &Cancel) -> TrialEnd {
+        if let TrialEnd::Failed(f) = &self {
+            if matches!(f.signal(), Some(libc::SIGTERM | libc::SIGINT)) {
+                let until = Instant::now() + STOP_WAIT;
+                while !cancel.draining() && Instant::now() < until {
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+            }
+        }
+        match self {
+            TrialEnd::Failed(f) if stopped_by_the_run(&f, cancel) => TrialEnd::Interrupted,
+            other => other,
+        }
+    }
+}
+
+/// Whether a failure is the signal that stops the run, seen from the trial's side.
+fn stopped_by_the_run(f: &Failure, cancel: &Cancel) -> bool {
+    if !cancel.draining() {
+        return false;
+    }
+    match f.signal() {
+        Some(libc::SIGTERM | libc::SIGINT) => true,
+        Some(libc::SIGKILL) => cancel.aborted(),
+        _ => false,
+    }
+}
+
+/// Why a trial failed. Serialisable: a `process`-mode worker sends it to its supervisor.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, thiserror::Error)]
+#[serde(rename_all = "snake_case")]
+pub enum Failure {
+    /// The trial's plan at its batch size does not fit under its slice's cap; it never started.
+    #[error("batch {batch} needs {need_mib:.1} MiB, slice cap {cap_mib:.1} MiB; {}", match largest {
+        Some(b) => format!("the largest batch that fits is {b}"),
+        None => format!("no batch size fits (batch 1 needs {floor_mib:.1} MiB)"),
+    })]
+    DoesNotFit {
+        batch: usize,
+        #[serde(with = "json_float")]
+        need_mib: f64,
+        #[serde(with = "json_float")]
+        cap_mib: f64,
+        largest: Option<usize>,
+        #[serde(with = "json_float")]
+        floor_mib: f64,
+    },
+    /// An allocation went over the slice's cap.
+    #[error("needs {need_mib:.1} MiB, slice cap {cap_mib:.1} MiB")]
+    CapExceeded {
+        #[serde(with = "json_float")]
+        need_mib: f64,
+        #[serde(with = "json_float")]
+        cap_mib: f64,
+    },
+    /// The device had not the memory free that the trial needs, whatever its cap.
+    #[error("{}", EngineError::DeviceFull { need_mib: *need_mib, free_mib: *free_mib })]
+    DeviceFull {
+        #[serde(with = "json_float")]
+        need_mib: f64,
+        free_mib: Option<f64>,
+    },
+    #[error("loss is {value} at epoch {epoch} step {step}")]
+    NonFiniteLoss {
+        #[serde(with = "json_float")]
+        value: f64,
+        epoch: usize,
+        step: usize,
+    },
+    #[error("panic: {0}")]
+    Panic(String),
+    #[error("injected fault: {0}")]
+    Injected(String),
+    /// The dataset could not be read (in a worker process, which loads its own).
+    #[error("{0}")]
+    Data(String),
+    /// The device or the engine on it failed (a CUDA error, a shape the model cannot take, ...).
+    #[error("{0}")]
+    Device(String),
+    /// The trial's slice has nothing to run on: its device was not opened, or its green
+    /// partition could not be made.
+    #[error("{0}")]
+    NoSlice(String),
+    /// A `process`-mode worker died by a signal before reporting.
+    #[error("worker process killed by signal {signal} ({}){}", signal_name(*signal), last_line(stderr))]
+    WorkerSignal { signal: i32, stderr: String },
+    /// A `process`-mode worker exited before reporting.
+    #[error(
+        "worker process exited with code {code} before reporting{}",
+        last_line(stderr)
+    )]
+    WorkerExit { code: i32, stderr: String },
+    /// A `process`-mode worker could not be started, waited for or understood.
+    #[error("worker process: {0}")]
+    Worker(String),
+    /// One replica of a data-parallel training failed.
+    #[error("slice {slice}: {source}")]
+    Slice { slice: u32, source: Box<Failure> },
+    /// An external command died by a signal.
+    #[error("the command was killed by signal {signal} ({}){}", signal_name(*signal), stderr_words(stderr))]
+    CommandSignal { signal: i32, stderr: String },
+    /// An external command exited with a non-zero code.
+    #[error("the command exited with code {code}{}", stderr_words(stderr))]
+    CommandExit { code: i32, stderr: String },
+    /// An external command could not be made or started, or what it printed is not a result.
+    #[error("{0}")]
+    Command(String),
+    /// The memory watchdog killed an external command's process group.
+    #[error("the command exceeded its memory cap: used {used_mib:.0} MiB, cap {cap_mib:.0} MiB (+{}%)", (margin * 1000.0).round() / 10.0)]
+    MemoryCap {
+        used_mib: f64,
+        cap_mib: f64,
+        margin: f64,
+    },
+    /// The trial's result has no (finite) value for the sweep's metric.
+    #[error("no value for metric {metric} in the trial's result")]
+    MissingMetric { metric: String },
+}
+
+impl Failure {
+    /// The signal that killed the trial's process, when that is how it failed.
+    pub fn signal(&self) -> Option<i32> {
+        match self {
+            Failure::WorkerSignal { signal, .. } | Failure::CommandSignal { signal, .. } => {
+                Some(*signal)
+            }
+            Failure::Slice { source, .. } => source.signal(),
+            _ => None,
+        }
+    }
+}
+
+impl From<TrialError> for Failure {
+    fn from(e: TrialError) -> Failure {
+        match e {
+            TrialError::Engine(e) => Failure::from(e),
+            TrialError::NonFiniteLoss { value, epoch, step } => Failure::NonFiniteLoss {
+                value: f64::from(value),
+                epoch,
+                step,
+            },
+            TrialError::DoesNotFit {
+                batch,
+                need_mib,
+                cap_mib,
+                largest,
+                floor_mib,
+            } => Failure::DoesNotFit {
+                batch,
+                need_mib,
+                cap_mib,
+                largest,
+                floor_mib,
+            },
+            TrialError::Injected(s) => Failure::Injected(s),
+            // Not a failure; kept as a reason for callers that only take failures.
+            TrialError::Interrupted => Failure::Worker("interrupted".into()),
+            TrialError::Panic(s) => Failure::Panic(s),
+            TrialError::Worker(s) => Failure::Worker(s),
+            TrialError::Data(e) => Failure::Data(e.to_string()),
+            TrialError::Slice { slice, source } => Failure::Slice {
+                slice,
+                source: Box::new(Failure::from(*source)),
+            },
+        }
+    }
+}
+
+impl From<EngineError> for Failure {
+    fn from(e: EngineError) -> Failure {
+        match e {
+            EngineError::CapExceeded { need_mib, cap_mib } => {
+                Failure::CapExceeded { need_mib, cap_mib }
+            }
+            EngineError::DeviceFull { need_mib, free_mib } => {
+                Failure::DeviceFull { need_mib, free_mib }
+            }
+            other => Failure::Device(other.to_string()),
+        }
+    }
+}
+
+/// `: <the last non-empty line>` of a worker's stderr, or nothing.
+fn last_line(stderr: &str) -> String {
+    stderr
+        .lines()
+        .rfind(|l| !l.trim().is_empty())
+        .map(|l| format!(": {}", l.trim()))
+        .unwrap_or_default()
+}
+
+/// `; stderr: <its end>` of an external command, or ` (no stderr)`.
+fn stderr_words(tail: &str) -> String {
+    if tail.is_empty() {
+        " (no stderr)".to_string()
+    } else {
+        format!("; stderr: {tail}")
+    }
+}
+
+/// The usual name of a signal number.
+pub fn signal_name(sig: i32) -> &'static str {
+    const NAMES: [(i32, &str); 15] = [
+        (libc::SIGHUP, "SIGHUP"),
+        (libc::SIGINT, "SIGINT"),
+        (libc::SIGQUIT, "SIGQUIT"),
+        (libc::SIGILL, "SIGILL"),
+        (libc::SIGTRAP, "SIGTRAP"),
+        (libc::SIGABRT, "SIGABRT"),
+        (libc::SIGBUS, "SIGBUS"),
+        (libc::SIGFPE, "SIGFPE"),
+        (libc::SIGKILL, "SIGKILL"),
+        (libc::SIGUSR1, "SIGUSR1"),
+        (libc::SIGSEGV, "SIGSEGV"),
+        (libc::SIGUSR2, "SIGUSR2"),
+        (libc::SIGPIPE, "SIGPIPE"),
+        (libc::SIGALRM, "SIGALRM"),
+        (libc::SIGTERM, "SIGTERM"),
+    ];
+    NAMES
+        .iter()
+        .find(|(n, _)| *n == sig)
+        .map_or("unknown signal", |(_, name)| name)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_failure_crosses_the_worker_pipe_whole_even_with_a_nan_in_it() {
+        let all = [
+            Failure::NonFiniteLoss {
+                value: f64::NAN,
+                epoch: 1,
+                step: 2,
+            },
+            Failure::NonFiniteLoss {
+                value: f64::INFINITY,
+                epoch: 1,
+                step: 2,
+            },
+            Failure::DoesNotFit {
+                batch: 64,
+                need_mib: 9.5,
+                cap_mib: 5.5,
+                largest: None,
+                floor_mib: 6.0,
+            },
+            Failure::DeviceFull {
+                need_mib: 100.0,
+                free_mib: None,
+            },
+            Failure::Panic("boom".into()),
+        ];
+        for f in all {
+            let text = serde_json::to_string(&f).unwrap();
+            let back: Failure = serde_json::from_str(&text).unwrap();
+            assert_eq!(back.to_string(), f.to_string(), "{text}");
+        }
+    }
+
+    #[test]
+    fn the_words_are_those_of_the_typed_errors() {
+        let fit = || TrialError::DoesNotFit {
+            batch: 64,
+            need_mib: 9.5,
+            cap_mib: 5.5,
+            largest: Some(37),
+            floor_mib: 1.0,
+        };
+        assert_eq!(Failure::from(fit()).to_string(), fit().to_string());
+        let full = || {
+            TrialError::Engine(EngineError::DeviceFull {
+                need_mib: 10.0,
+                free_mib: Some(2.0),
+            })
+        };
+        assert_eq!(Failure::from(full()).to_string(), full().to_string());
+        let nan = TrialError::NonFiniteLoss {
+            value: f32::NAN,
+            epoch: 2,
+            step: 7,
+        };
+        assert_eq!(
+            Failure::from(nan).to_string(),
+            "loss is NaN at epoch 2 step 7"
+        );
+        let w = Failure::WorkerSignal {
+            signal: libc::SIGKILL,
+            stderr: "a\nlast words\n\n".into(),
+        };
+        assert_eq!(
+            w.to_string(),
+            "worker process killed by signal 9 (SIGKILL): last words"
+        );
+        let c = Failure::CommandExit {
+            code: 3,
+            stderr: String::new(),
+        };
+        assert_eq!(c.to_string(), "the command exited with code 3 (no stderr)");
+        assert_eq!(
+            Failure::MissingMetric {
+                metric: "test_acc".into()
+            }
+            .to_string(),
+            "no value for metric test_acc in the trial's result"
+        );
+    }
+
+    #[test]
+    fn a_signal_ends_a_trial_interrupted_only_while_the_run_stops() {
+        let term = || {
+            TrialEnd::Failed(Failure::CommandSignal {
+                signal: libc::SIGTERM,
+                stderr: String::new(),
+            })
+        };
+        let kill = || {
+            TrialEnd::Failed(Failure::WorkerSignal {
+                signal: libc::SIGKILL,
+                stderr: String::new(),
+            })
+        };
+        let cancel = Cancel::new();
+        assert!(matches!(term().settle(&cancel), TrialEnd::Failed(_)));
+        cancel.drain();
+        assert_eq!(term().settle(&cancel), TrialEnd::Interrupted);
+        assert!(
+            matches!(kill().settle(&cancel), TrialEnd::Failed(_)),
+            "an OOM kill while draining is a failure"
+        );
+        cancel.abort();
+        assert_eq!(kill().settle(&cancel), TrialEnd::Interrupted);
+        // The trial's SIGTERM came first; the run's own comes a moment later.
+        let late = Cancel::new();
+        let drains = late.clone();
+        let t = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(50));
+            drains.drain();
+        });
+        assert_eq!(term().settle(&late), TrialEnd::Interrupted);
+        t.join().unwrap();
+        let segv = TrialEnd::Failed(Failure::WorkerSignal {
+            signal: libc::SIGSEGV,
+            stderr: String::new(),
+        });
+        assert!(matches!(segv.settle(&cancel), TrialEnd::Failed(_)));
+    }
+}
