@@ -577,4 +577,115 @@ mod tests {
         }
         assert_eq!(space.point(0, 6), pts[0]);
     }
+
+    /// Every point of a small grid, built eagerly: the product of the values, the first
+    /// parameter (in name order) changing fastest.
+    fn eager_grid(space: &Space) -> Vec<BTreeMap<String, ParamValue>> {
+        let mut points = vec![BTreeMap::new()];
+        for (name, d) in &space.dists {
+            let mut next = Vec::new();
+            for v in d.grid_values() {
+                for p in &points {
+                    let mut p: BTreeMap<String, ParamValue> = p.clone();
+                    p.insert(name.clone(), v.clone());
+                    next.push(p);
+                }
+            }
+            points = next;
+        }
+        points
+    }
+
+    fn grid_of(counts: &[usize]) -> Space {
+        let dists = counts
+            .iter()
+            .enumerate()
+            .map(|(i, &n)| {
+                let values = (0..n)
+                    .map(|v| ParamValue::Num((i * 1000 + v) as f64))
+                    .collect();
+                (
+                    format!("p{i:02}"),
+                    Dist::Categorical {
+                        values,
+                        probabilities: None,
+                    },
+                )
+            })
+            .collect();
+        Space {
+            method: Method::Grid,
+            dists,
+        }
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn the_lazy_grid_gives_the_eager_points(counts in proptest::collection::vec(1usize..5, 0..5)) {
+            let space = grid_of(&counts);
+            let eager = eager_grid(&space);
+            proptest::prop_assert_eq!(space.grid_size(), Some(eager.len() as u64));
+            let lazy: Vec<_> = space.points(7).take(eager.len()).collect();
+            proptest::prop_assert_eq!(&lazy, &eager);
+            // Past the end the grid cycles.
+            proptest::prop_assert_eq!(space.point(7, eager.len()), eager[0].clone());
+        }
+
+        #[test]
+        fn every_index_maps_to_a_valid_point(counts in proptest::collection::vec(1usize..1000, 1..12), index in proptest::num::usize::ANY) {
+            let space = grid_of(&counts);
+            let p = space.point(0, index);
+            proptest::prop_assert_eq!(p.len(), counts.len());
+            for (i, (name, v)) in p.iter().enumerate() {
+                proptest::prop_assert_eq!(name, &format!("p{i:02}"));
+                let ParamValue::Num(x) = v else { panic!("a number") };
+                let own = *x as usize - i * 1000;
+                proptest::prop_assert!(own < counts[i], "{} has value {} of {}", name, own, counts[i]);
+            }
+        }
+
+        #[test]
+        fn grid_sizes_never_overflow_silently(counts in proptest::collection::vec(1usize..100_000, 0..20)) {
+            let space = grid_of(&counts);
+            let exact = counts.iter().try_fold(1u128, |a, &n| a.checked_mul(n as u128));
+            let want = exact.and_then(|n| u64::try_from(n).ok());
+            proptest::prop_assert_eq!(space.grid_size(), want);
+        }
+
+        #[test]
+        fn int_uniform_draws_stay_in_range(min in -(1i64 << 53)..(1i64 << 53), width in 0i64..(1i64 << 53), seed in proptest::num::u64::ANY) {
+            let max = min.saturating_add(width).min(1i64 << 53);
+            let d = Dist::IntUniform { min, max };
+            let mut rng = HostRng::new(seed);
+            for _ in 0..20 {
+                let ParamValue::Num(x) = d.sample(&mut rng) else { panic!("a number") };
+                proptest::prop_assert!(x >= min as f64 && x <= max as f64, "{} not in {}..={}", x, min, max);
+            }
+        }
+    }
+
+    #[test]
+    fn a_grid_of_two_to_the_64_points_has_no_size_and_still_enumerates() {
+        let space = grid_of(&[2; 64]);
+        assert_eq!(space.grid_size(), None);
+        assert_eq!(grid_of(&[2; 63]).grid_size(), Some(1 << 63));
+        // Index 5 = binary 101: the first and third parameters take their second value.
+        let p = space.point(0, 5);
+        assert_eq!(p["p00"], ParamValue::Num(1.0));
+        assert_eq!(p["p01"], ParamValue::Num(1000.0));
+        assert_eq!(p["p02"], ParamValue::Num(2001.0));
+        assert_ne!(
+            space.point(0, 0),
+            space.point(0, 1),
+            "no wrap to a single point"
+        );
+    }
+
+    #[test]
+    fn int_uniform_bounds_past_2_to_the_53_are_refused() {
+        let e = spec("{min: -9e18, max: 9e18}").to_dist("k").unwrap_err();
+        assert_eq!(e.key, "parameters.k.min");
+        let e = spec("{min: 0, max: 1e300}").to_dist("k").unwrap_err();
+        assert_eq!(e.key, "parameters.k.max");
+    }
 }
