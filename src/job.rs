@@ -20,8 +20,8 @@ pub const MAX_REPLICAS: u32 = 64;
 pub const MAX_DEVICES: u32 = 64;
 /// The largest batch size a trial may train with.
 pub const MAX_BATCH_SIZE: u32 = 10_000_000;
-/// The largest memory cap a slice may be given, in MiB (1 PiB).
-pub const MAX_MIB: f64 = (1u64 << 30) as f64;
+/// The largest memory cap a slice may be given, in MiB (1 EiB).
+pub const MAX_MIB: f64 = (1u64 << 40) as f64;
 /// The largest weight in `ratios` and `parallel.ratios`.
 pub const MAX_RATIO: f64 = 1e6;
 /// The longest job name, in characters (it names the output folder).

@@ -56,10 +56,9 @@ pub fn locate(folder: &Path) -> Result<PathBuf, DataError> {
     if nested.is_dir() {
         return Ok(nested);
     }
+    super::not_a_folder(folder)?;
     let why = if folder.is_dir() {
         format!(" (no CIFAR-10 batches in this folder, and no subfolder {EXTRACTED})")
-    } else if file::exists(folder) {
-        " (not a folder)".to_string()
     } else {
         " (no such folder)".to_string()
     };

@@ -249,7 +249,7 @@ fn decode_stream(
     let reserve = if len.is_some() {
         expected
     } else {
-        expected.min(1 << 24)
+        expected.min(1 << 20)
     };
     bytes
         .try_reserve_exact(reserve as usize)

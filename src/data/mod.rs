@@ -506,10 +506,9 @@ impl DataSpec {
                     };
                     held_out(&name, &set, classes, test_fraction, seed)?
                 } else {
+                    not_a_folder(&dir)?;
                     let why = if dir.is_dir() {
                         " (no IDX files in this folder)"
-                    } else if file::exists(&dir) {
-                        " (not a folder)"
                     } else {
                         " (no such folder)"
                     };
@@ -589,11 +588,10 @@ fn locate(folder: &Path, stem: &str) -> Option<PathBuf> {
 
 /// Like [`locate`], but a missing file is an error that says what to do.
 fn require(folder: &Path, stem: &str, hint: &str) -> Result<PathBuf, DataError> {
+    not_a_folder(folder)?;
     locate(folder, stem).ok_or_else(|| {
         let why = if folder.is_dir() {
             format!(" (nor {stem}.gz)")
-        } else if file::exists(folder) {
-            format!(" ({} is not a folder)", folder.display())
         } else {
             format!(" (no folder {})", folder.display())
         };
@@ -602,6 +600,17 @@ fn require(folder: &Path, stem: &str, hint: &str) -> Result<PathBuf, DataError> 
             hint: format!("{why}{hint}"),
         }
     })
+}
+
+/// An error when `path` exists but is not a folder (`data.path` names a folder of files).
+pub fn not_a_folder(path: &Path) -> Result<(), DataError> {
+    if file::exists(path) && !path.is_dir() {
+        return Err(DataError::Format {
+            path: path.to_path_buf(),
+            message: "is not a folder: data.path names the folder that holds the data files".into(),
+        });
+    }
+    Ok(())
 }
 
 /// Reads `images-idx3-ubyte[.gz]` and `labels-idx1-ubyte[.gz]` from `folder`; returns the
