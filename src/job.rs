@@ -18,6 +18,8 @@ pub const MAX_N: u32 = 1024;
 pub const MAX_REPLICAS: u32 = 64;
 /// Device numbers a slice may name are below this.
 pub const MAX_DEVICES: u32 = 64;
+/// The most SMs a slice may ask for (devices have a few hundred).
+pub const MAX_SM: u32 = 1 << 16;
 /// The largest batch size a trial may train with.
 pub const MAX_BATCH_SIZE: u32 = 10_000_000;
 /// The largest memory cap a slice may be given, in MiB (1 EiB).
@@ -1168,6 +1170,12 @@ impl Job {
             for (i, d) in s.iter().enumerate() {
                 if d.sm == Some(0) {
                     return Err(self.invalid(&format!("slices.{i}.sm"), "must be at least 1"));
+                }
+                if let Some(sm) = d.sm.filter(|&sm| sm > MAX_SM) {
+                    return Err(self.invalid(
+                        &format!("slices.{i}.sm"),
+                        format!("must be at most {MAX_SM} SMs, not {sm}"),
+                    ));
                 }
                 if d.device.is_some_and(|o| o >= MAX_DEVICES) {
                     return Err(self.invalid(

@@ -54,7 +54,7 @@ pub fn read(path: &Path) -> Result<String, JobError> {
     let (file, len) = open_regular(path).map_err(|e| match e {
         OpenError::Missing => JobError::Read {
             path: path.to_path_buf(),
-            source: std::io::ErrorKind::NotFound.into(),
+            source: std::io::Error::new(std::io::ErrorKind::NotFound, "no such file or directory"),
         },
         OpenError::Io(source) => JobError::Read {
             path: path.to_path_buf(),
