@@ -163,10 +163,10 @@ pub fn trials(job: &Job, n: u32) -> Result<Vec<TrialSpec>, JobError> {
 
 /// The most trials a sweep runs (`run_cap`, or the points of a grid); each one is held in
 /// memory, with its parameter values, while the sweep runs.
-pub const MAX_TRIALS: u64 = 100_000;
+pub const MAX_TRIALS: u64 = 50_000;
 /// The most parameter values the trials of one run hold in memory in all (trials × values of
-/// each): 100,000 trials of the 7 built-in values, or fewer trials with more parameters.
-pub const MAX_VALUES: u64 = 700_000;
+/// each): 50,000 trials of the 7 built-in values, or fewer trials with more parameters.
+pub const MAX_VALUES: u64 = 350_000;
 
 /// Checks that `trials` trials of `job` fit the bounds on what a run holds in memory
 /// ([`MAX_TRIALS`], [`MAX_VALUES`]). The error names `key` and says `what` sets the count
