@@ -136,14 +136,19 @@ fn depth(text: &str) -> Result<(), Problem> {
     let mut flow = 0usize;
     // Where a node may start (a quote then opens a quoted scalar, `[` or `{` a collection).
     let mut start = true;
-    // The indentation of the line that opened a block scalar whose lines are being skipped.
-    let mut block_scalar: Option<usize> = None;
+    // A block scalar whose lines are being skipped: the indentation of the line that opened it,
+    // and that of its first line of content once seen.
+    let mut block_scalar: Option<(usize, Option<usize>)> = None;
     for (n, raw) in text.split('\n').enumerate() {
         let line = n + 1;
         let indent = raw.len() - raw.trim_start_matches(' ').len();
         let body = raw[indent..].trim_end_matches('\r');
-        if let Some(parent) = block_scalar {
-            if body.trim().is_empty() || indent > parent {
+        if let Some((parent, content)) = block_scalar {
+            if body.trim().is_empty() {
+                continue;
+            }
+            if indent > parent && content.map_or(true, |c| indent >= c) {
+                block_scalar = Some((parent, Some(content.unwrap_or(indent))));
                 continue;
             }
             block_scalar = None;
@@ -171,6 +176,14 @@ fn depth(text: &str) -> Result<(), Problem> {
         let mut i = 0;
         let mut space_before = true;
         let mut after_quote = false;
+        // A document marker, then a node on the same line.
+        if flow == 0
+            && (body.starts_with("---") || body.starts_with("..."))
+            && bytes.get(3).map_or(true, |b| b.is_ascii_whitespace())
+        {
+            i = 3;
+            start = true;
+        }
         while i < bytes.len() {
             let c = bytes[i];
             let next_blank = bytes.get(i + 1).map_or(true, |b| b.is_ascii_whitespace());
@@ -228,7 +241,7 @@ fn depth(text: &str) -> Result<(), Problem> {
                     start = c != b'*';
                 }
                 b'|' | b'>' if start && flow == 0 => {
-                    block_scalar = Some(indent);
+                    block_scalar = Some((indent, None));
                     break;
                 }
                 _ => start = false,
@@ -482,6 +495,10 @@ mod tests {
         // Flow nesting hidden behind something that only looks like a quote is still counted.
         let hidden = format!("n: [a'b, {}]\n", "[".repeat(50));
         assert!(check(&hidden).is_err());
+        // ... or behind a document marker, or after a block scalar ends.
+        assert!(check(&format!("--- {}\n", "[".repeat(50))).is_err());
+        let after = format!("a: |\n      text\n   {}\n", "[".repeat(50));
+        assert!(check(&after).is_err());
     }
 
     #[test]
