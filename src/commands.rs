@@ -395,9 +395,7 @@ pub fn train(job: &Job, trial: u32, data_dir: Option<&Path>, out: &mut dyn Write
     let data = load_data(job, data_dir)?;
     check_batch(job, &data, &[trial])?;
     let device = r.device_for(&data)?;
-    let spec = plan::trials(job, trial + 1)?
-        .pop()
-        .ok_or_else(|| Error::Internal("no trial".into()))?;
+    let spec = plan::trial(job, trial)?;
     // A signal stops the training at its next step (exit 3); the epochs printed stay printed.
     let cancel = Cancel::new();
     if let Err(e) = cancel.on_signals(std::time::Duration::ZERO) {

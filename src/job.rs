@@ -8,6 +8,8 @@ use crate::data::DataSpec;
 use crate::error::JobError;
 use crate::space::{Dist, Method, ParamSpec, ParamValue, Space};
 
+pub mod text;
+
 /// The Fibonacci N list of the experiment.
 pub const DEFAULT_N: [u32; 8] = [1, 2, 3, 5, 8, 13, 21, 34];
 /// The most trials one round may launch together.
@@ -16,6 +18,16 @@ pub const MAX_N: u32 = 1024;
 pub const MAX_REPLICAS: u32 = 64;
 /// Device numbers a slice may name are below this.
 pub const MAX_DEVICES: u32 = 64;
+/// The most SMs a slice may ask for (devices have a few hundred).
+pub const MAX_SM: u32 = 1 << 16;
+/// The largest batch size a trial may train with.
+pub const MAX_BATCH_SIZE: u32 = 10_000_000;
+/// The largest memory cap a slice may be given, in MiB (1 EiB).
+pub const MAX_MIB: f64 = (1u64 << 40) as f64;
+/// The largest weight in `ratios` and `parallel.ratios`.
+pub const MAX_RATIO: f64 = 1e6;
+/// The longest job name, in characters (it names the output folder).
+pub const MAX_NAME_LEN: usize = 100;
 
 /// The network trained by every trial of a job.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -242,8 +254,11 @@ impl Hyper {
             "dropout" => self.dropout = num()?,
             "batch_size" => {
                 let x = num()?;
-                if x.fract() != 0.0 || !(1.0..=1e7).contains(&x) {
-                    return Err((key, format!("must be a whole number from 1, not {x}")));
+                if x.fract() != 0.0 || !(1.0..=MAX_BATCH_SIZE as f64).contains(&x) {
+                    return Err((
+                        key,
+                        format!("must be a whole number from 1 to {MAX_BATCH_SIZE}, not {x}"),
+                    ));
                 }
                 self.batch_size = x as u32;
             }
@@ -275,8 +290,14 @@ impl Hyper {
         if !(self.lr.is_finite() && self.lr > 0.0) {
             return bad("lr", format!("must be a positive number, not {}", self.lr));
         }
-        if self.batch_size == 0 {
-            return bad("batch_size", "must be at least 1, not 0".into());
+        if self.batch_size == 0 || self.batch_size > MAX_BATCH_SIZE {
+            return bad(
+                "batch_size",
+                format!(
+                    "must be from 1 to {MAX_BATCH_SIZE}, not {}",
+                    self.batch_size
+                ),
+            );
         }
         if !(0.0..1.0).contains(&self.momentum) {
             return bad(
@@ -713,22 +734,56 @@ pub struct Job {
 
 impl Job {
     /// Reads and checks a job file.
+    ///
+    /// The file must be a regular file of at most 1 MiB ([`text::read`]).
     pub fn load(path: &Path) -> Result<Job, JobError> {
-        let text = std::fs::read_to_string(path).map_err(|source| JobError::Read {
-            path: path.to_path_buf(),
-            source,
-        })?;
+        let text = text::read(path)?;
         Job::parse(&text, path)
     }
 
     /// Parses and checks job text; `path` is used in messages.
+    ///
+    /// Before the YAML parser sees it, the text is checked for what would make parsing slow or
+    /// large ([`text::check`]: size, nesting depth, alias expansion) and for keys given twice.
     pub fn parse(text: &str, path: &Path) -> Result<Job, JobError> {
+        let text = text::strip_bom(text);
         if text.trim().is_empty() {
             return Err(JobError::Syntax {
                 path: path.into(),
                 message: "the job file is empty".into(),
             });
         }
+        text::check(text).map_err(|p| match p.key {
+            Some(key) => {
+                // A key given twice: the line of its second appearance, and the first named.
+                let first = locate(text, &key);
+                let second = first.and_then(|l| {
+                    let blanked: Vec<&str> = text
+                        .lines()
+                        .enumerate()
+                        .map(|(i, s)| if i + 1 == l { "" } else { s })
+                        .collect();
+                    locate(&blanked.join("\n"), &key)
+                });
+                let message = match (first, second) {
+                    (Some(a), Some(b)) if a != b => format!("{} (first on line {a})", p.message),
+                    _ => p.message,
+                };
+                JobError::Invalid {
+                    path: path.into(),
+                    line: p.line.or(second).or(first),
+                    key,
+                    message,
+                }
+            }
+            None => JobError::Syntax {
+                path: path.into(),
+                message: match p.line {
+                    Some(l) => format!("line {l}: {}", p.message),
+                    None => p.message,
+                },
+            },
+        })?;
         let file: JobFile = serde_yaml::from_str(text).map_err(|e| JobError::Syntax {
             path: path.into(),
             message: one_line(&e.to_string()),
@@ -781,19 +836,24 @@ impl Job {
 
     fn check(&mut self) -> Result<(), JobError> {
         let f = &self.file;
-        if self.name.is_empty()
-            || !self
-                .name
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
-        {
-            return Err(self.invalid(
-                "name",
-                format!(
-                    "must be letters, digits, '-', '_' or '.', not {:?}",
-                    self.name
+        if let Err(why) = check_name(&self.name) {
+            // Shown escaped (control characters included) and cut short, on one line.
+            let mut shown: String = self.name.chars().take(40).collect();
+            if shown.len() < self.name.len() {
+                shown.push_str("...");
+            }
+            if f.name.is_some() {
+                return Err(self.invalid("name", format!("{why} (got {shown:?})")));
+            }
+            // The name comes from the file's name: say so.
+            return Err(JobError::Invalid {
+                path: self.path.clone(),
+                key: "name".into(),
+                line: None,
+                message: format!(
+                    "is not set, and the job file's name {shown:?} cannot stand for it: it {why}; set `name`"
                 ),
-            ));
+            });
         }
         match (&f.model, &f.command) {
             (Some(_), Some(_)) => {
@@ -834,8 +894,16 @@ impl Job {
                 ),
             ));
         }
-        if f.run_cap == Some(0) {
-            return Err(self.invalid("run_cap", "must be at least 1"));
+        if let Some(cap) = f.run_cap {
+            if cap == 0 || u64::from(cap) > crate::plan::MAX_TRIALS {
+                return Err(self.invalid(
+                    "run_cap",
+                    format!(
+                        "must be from 1 to {}, not {cap}: each trial of a sweep is held in memory",
+                        crate::plan::MAX_TRIALS
+                    ),
+                ));
+            }
         }
         if let Concurrency::Fixed(c) = f.concurrency {
             if c == 0 || c > MAX_N {
@@ -884,16 +952,35 @@ impl Job {
         if let Some(d) = duplicate(&f.splits) {
             return Err(self.invalid("splits", format!("lists {d} twice")));
         }
+        // Every round of `fib` holds its trials: N of them under each split mode.
+        let planned = f.n.iter().map(|&n| u64::from(n)).sum::<u64>() * f.splits.len() as u64;
+        crate::plan::check_trial_count(
+            self,
+            planned,
+            "n",
+            "with the split modes, make rounds of",
+            "",
+        )?;
         self.check_memory()?;
         self.check_slices()?;
         if self.file.engine.check_every == 0 {
             return Err(self.invalid("engine.check_every", "must be at least 1"));
         }
+        if self.file.faults.len() > MAX_N as usize {
+            return Err(self.invalid("faults", format!("must list at most {MAX_N} faults")));
+        }
+        let mut faulty = std::collections::HashSet::new();
         for (i, fault) in self.file.faults.iter().enumerate() {
             if fault.trial >= MAX_N {
                 return Err(self.invalid(
                     &format!("faults.{i}.trial"),
                     format!("must be below {MAX_N}"),
+                ));
+            }
+            if !faulty.insert(fault.trial) {
+                return Err(self.invalid(
+                    &format!("faults.{i}.trial"),
+                    format!("names trial {} again: one fault per trial", fault.trial),
                 ));
             }
         }
@@ -1006,7 +1093,29 @@ impl Job {
             dists.insert(name.clone(), dist);
         }
         self.space.dists = dists;
+        if self.space.method == Method::Grid && self.space.grid_size().is_none() {
+            return Err(self.invalid(
+                "parameters",
+                format!(
+                    "make a grid of more than 2^64 points ({} parameters): its size overflows",
+                    self.space.dists.len()
+                ),
+            ));
+        }
         Ok(())
+    }
+
+    /// How many values each trial holds (its built-in hyperparameters and `epochs`, and every
+    /// other parameter of the space).
+    pub fn values_per_trial(&self) -> usize {
+        PARAMETERS.len()
+            + 1
+            + self
+                .space
+                .dists
+                .keys()
+                .filter(|k| !PARAMETERS.contains(&k.as_str()))
+                .count()
     }
 
     fn check_memory(&self) -> Result<(), JobError> {
@@ -1020,10 +1129,10 @@ impl Job {
             }
         }
         if let Some(mib) = m.mib_per_slice {
-            if !(mib.is_finite() && mib > 0.0) {
+            if !(mib.is_finite() && mib > 0.0 && mib <= MAX_MIB) {
                 return Err(self.invalid(
                     "memory.mib_per_slice",
-                    format!("must be a positive number of MiB, not {mib}"),
+                    format!("must be a positive number of MiB up to {MAX_MIB}, not {mib}"),
                 ));
             }
         }
@@ -1040,8 +1149,14 @@ impl Job {
             if w.is_empty() || w.len() > MAX_N as usize {
                 return Err(self.invalid(key, format!("must list from 1 to {MAX_N} numbers")));
             }
-            match w.iter().find(|x| !(x.is_finite() && **x > 0.0)) {
-                Some(x) => Err(self.invalid(key, format!("must hold positive numbers, not {x}"))),
+            match w
+                .iter()
+                .find(|x| !(x.is_finite() && **x > 0.0 && **x <= MAX_RATIO))
+            {
+                Some(x) => Err(self.invalid(
+                    key,
+                    format!("must hold positive numbers up to {MAX_RATIO}, not {x}"),
+                )),
                 None => Ok(()),
             }
         };
@@ -1056,6 +1171,12 @@ impl Job {
                 if d.sm == Some(0) {
                     return Err(self.invalid(&format!("slices.{i}.sm"), "must be at least 1"));
                 }
+                if let Some(sm) = d.sm.filter(|&sm| sm > MAX_SM) {
+                    return Err(self.invalid(
+                        &format!("slices.{i}.sm"),
+                        format!("must be at most {MAX_SM} SMs, not {sm}"),
+                    ));
+                }
                 if d.device.is_some_and(|o| o >= MAX_DEVICES) {
                     return Err(self.invalid(
                         &format!("slices.{i}.device"),
@@ -1063,10 +1184,10 @@ impl Job {
                     ));
                 }
                 if let Some(m) = d.mem_mib {
-                    if !(m.is_finite() && m > 0.0) {
+                    if !(m.is_finite() && m > 0.0 && m <= MAX_MIB) {
                         return Err(self.invalid(
                             &format!("slices.{i}.mem_mib"),
-                            format!("must be a positive number of MiB, not {m}"),
+                            format!("must be a positive number of MiB up to {MAX_MIB}, not {m}"),
                         ));
                     }
                 }
@@ -1228,9 +1349,33 @@ impl Job {
     }
 }
 
+/// Why `name` cannot name a job (it names the output folder, `out/<name>`), if it cannot: it
+/// must be 1 to [`MAX_NAME_LEN`] letters, digits, `-`, `_` or `.`, and not `.` or `..`.
+pub fn check_name(name: &str) -> Result<(), String> {
+    if name.is_empty() {
+        return Err("must not be empty".into());
+    }
+    if name.chars().count() > MAX_NAME_LEN {
+        return Err(format!(
+            "must be at most {MAX_NAME_LEN} characters, not {}",
+            name.chars().count()
+        ));
+    }
+    if name == "." || name == ".." {
+        return Err("must not be `.` or `..`: the name is a folder under the output folder".into());
+    }
+    if !name
+        .chars()
+        .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+    {
+        return Err("must be letters, digits, '-', '_' or '.' (it names a folder)".into());
+    }
+    Ok(())
+}
+
 /// A warning printed once on stderr (the library has no logger of its own).
 fn warn(message: &str) {
-    eprintln!("warning: {message}");
+    crate::note!("warning: {message}");
 }
 
 fn duplicate<T: PartialEq + std::fmt::Display>(items: &[T]) -> Option<&T> {

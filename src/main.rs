@@ -127,7 +127,7 @@ struct SweepArgs {
     #[arg(long)]
     dry_run: bool,
     /// Seconds running trials may go on after SIGINT/SIGTERM before they are stopped.
-    #[arg(long, default_value_t = 30.0)]
+    #[arg(long, default_value_t = 30.0, value_parser = grace_seconds)]
     grace: f64,
     /// Trials at a time (a number or auto); overrides the job's `concurrency`.
     #[arg(long)]
@@ -192,7 +192,7 @@ struct ScanArgs {
     #[arg(long, default_value_t = 0)]
     slice: u32,
     /// Seconds of timed training per batch size.
-    #[arg(long, default_value_t = gpumux::parallel::probe::TARGET_S)]
+    #[arg(long, default_value_t = gpumux::parallel::probe::TARGET_S, value_parser = scan_seconds)]
     seconds: f64,
     /// Split mode whose slice plan gives the cap; overrides the job's `split`.
     #[arg(long)]
@@ -527,7 +527,8 @@ fn sweep(a: SweepArgs, stdout: &mut QuietStdout) -> Result<(), Error> {
         resume: a.resume,
         shard: a.shard,
         dry_run: a.dry_run,
-        grace: std::time::Duration::from_secs_f64(a.grace),
+        grace: std::time::Duration::try_from_secs_f64(a.grace)
+            .map_err(|_| Error::Usage(format!("--grace wants seconds, not {}", a.grace)))?,
         concurrency,
         split: a.split,
         worker_exe: worker_exe()?,
@@ -595,6 +596,35 @@ fn batch_scan(a: ScanArgs, stdout: &mut QuietStdout) -> Result<(), Error> {
         command: std::env::args().collect::<Vec<_>>().join(" "),
     };
     gpumux::parallel::scan::run(&job, &opts, stdout).map(|_| ())
+}
+
+/// The longest `--grace`, in seconds (a week).
+const MAX_GRACE_S: f64 = 7.0 * 24.0 * 3600.0;
+/// The longest `--seconds` of batch-scan, in seconds (an hour per batch size).
+const MAX_SCAN_S: f64 = 3600.0;
+
+/// A number of seconds given as a flag: finite, in `[min, max]` (above `min` when `open`).
+fn seconds_between(s: &str, min: f64, open: bool, max: f64) -> Result<f64, String> {
+    let x: f64 = s
+        .trim()
+        .parse()
+        .map_err(|_| format!("`{s}` is not a number of seconds"))?;
+    let low_ok = if open { x > min } else { x >= min };
+    if !(x.is_finite() && low_ok && x <= max) {
+        let low = if open { "above" } else { "from" };
+        return Err(format!("wants seconds {low} {min} up to {max}, not {s}"));
+    }
+    Ok(x)
+}
+
+/// `--grace`: 0 to a week.
+fn grace_seconds(s: &str) -> Result<f64, String> {
+    seconds_between(s, 0.0, false, MAX_GRACE_S)
+}
+
+/// `--seconds` of batch-scan: more than 0, up to an hour.
+fn scan_seconds(s: &str) -> Result<f64, String> {
+    seconds_between(s, 0.0, true, MAX_SCAN_S)
 }
 
 /// The gpumux executable, which `process` mode runs as `gpumux worker`.

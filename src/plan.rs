@@ -4,6 +4,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::JobError;
 use crate::job::{CapPolicy, FaultSpec, Hyper, Job, SliceDef, SplitMode};
+use crate::space::Method;
 
 /// One logical part of the device that runs one trial at a time.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -143,20 +144,96 @@ pub fn trial_seed(job_seed: u64, index: u32) -> u64 {
     crate::engine::rng::derive(job_seed, 0x7472_6961_6c00 + index as u64)
 }
 
+/// Trial `i` of a job, computed from its index alone (no other trial is built).
+pub fn trial(job: &Job, i: u32) -> Result<TrialSpec, JobError> {
+    Ok(TrialSpec {
+        id: format!("t{i:03}"),
+        index: i,
+        hyper: job.hyper(i as usize)?,
+        params: job.params(i as usize)?,
+        seed: trial_seed(job.file.seed, i),
+        fault: job.file.faults.iter().find(|f| f.trial == i).cloned(),
+    })
+}
+
 /// The trials `0..n` of a job.
 pub fn trials(job: &Job, n: u32) -> Result<Vec<TrialSpec>, JobError> {
-    (0..n)
-        .map(|i| {
-            Ok(TrialSpec {
-                id: format!("t{i:03}"),
-                index: i,
-                hyper: job.hyper(i as usize)?,
-                params: job.params(i as usize)?,
-                seed: trial_seed(job.file.seed, i),
-                fault: job.file.faults.iter().find(|f| f.trial == i).cloned(),
-            })
+    (0..n).map(|i| trial(job, i)).collect()
+}
+
+/// The most trials a sweep runs (`run_cap`, or the points of a grid); each one is held in
+/// memory, with its parameter values, while the sweep runs.
+pub const MAX_TRIALS: u64 = 50_000;
+/// The most parameter values the trials of one run hold in memory in all (trials × values of
+/// each): 50,000 trials of the 7 built-in values, or fewer trials with more parameters.
+pub const MAX_VALUES: u64 = 350_000;
+
+/// Checks that `trials` trials of `job` fit the bounds on what a run holds in memory
+/// ([`MAX_TRIALS`], [`MAX_VALUES`]). The error names `key` and says `what` sets the count
+/// (e.g. "asks for"), then `hint`.
+pub fn check_trial_count(
+    job: &Job,
+    trials: u64,
+    key: &str,
+    what: &str,
+    hint: &str,
+) -> Result<(), JobError> {
+    if trials > MAX_TRIALS {
+        return Err(job.invalid(
+            key,
+            format!("{what} {trials} trials, more than a run holds (at most {MAX_TRIALS}){hint}"),
+        ));
+    }
+    let each = job.values_per_trial() as u64;
+    let values = trials.saturating_mul(each);
+    if values > MAX_VALUES {
+        return Err(job.invalid(
+            key,
+            format!(
+                "{what} {trials} trials of {each} parameter values each ({values} values), more \
+                 than a run holds (at most {MAX_VALUES} values: {} trials of {each} values){hint}",
+                MAX_VALUES / each.max(1)
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// How many trials a sweep of `job` runs: the grid's points (capped by `run_cap`), or `run_cap`
+/// random draws (the points of a space of only `value`/`values` when `run_cap` is unset).
+/// Counted with checked arithmetic and bounded by [`check_trial_count`]; an error names the key.
+pub fn sweep_count(job: &Job) -> Result<u32, JobError> {
+    let space = &job.space;
+    let grid = || {
+        space.grid_size().ok_or_else(|| {
+            job.invalid(
+                "parameters",
+                format!(
+                    "make a grid of more than 2^64 points ({} parameters): its size overflows",
+                    space.dists.len()
+                ),
+            )
         })
-        .collect()
+    };
+    let all_discrete = !space.dists.is_empty() && space.dists.values().all(|d| d.is_discrete());
+    let (count, key, what, hint) = match job.file.run_cap.map(u64::from) {
+        Some(cap) if space.method == Method::Grid => (grid()?.min(cap), "run_cap", "asks for", ""),
+        Some(cap) => (cap, "run_cap", "asks for", ""),
+        None if space.method == Method::Grid || all_discrete => (
+            grid()?,
+            "parameters",
+            "make a grid of",
+            "; set run_cap to run the first ones",
+        ),
+        None => {
+            return Err(job.invalid(
+                "run_cap",
+                "is missing: a random sweep needs the number of trials to draw",
+            ))
+        }
+    };
+    check_trial_count(job, count, key, what, hint)?;
+    u32::try_from(count).map_err(|_| job.invalid(key, "is too large"))
 }
 
 /// The slices of a round of `n` trials under `split`.
@@ -283,7 +360,7 @@ pub fn unequal_slices(
             for (&i, wi) in members.iter().zip(&w) {
                 let given = explicit.and_then(|s| s[i].mem_mib).map(|m| m * MIB);
                 let cap = dev.real_cap(given.unwrap_or(budget * wi / sum) as u64);
-                total += cap;
+                total = total.saturating_add(cap);
                 plan[i].mem_cap_bytes = Some(cap);
             }
             if total > dev.memory_bytes {

@@ -148,6 +148,9 @@ fn to_value(v: &Value, key: &str) -> Result<ParamValue, SpaceError> {
     }
 }
 
+/// The largest magnitude of an `int_uniform` bound: every integer up to it is exact in an `f64`.
+pub const MAX_EXACT_INT: f64 = 9_007_199_254_740_992.0;
+
 fn finite(x: f64, key: &str) -> Result<f64, SpaceError> {
     if x.is_finite() {
         Ok(x)
@@ -266,6 +269,14 @@ impl ParamSpec {
                 if !both_int {
                     return Err(err(base, "int_uniform needs integer min and max"));
                 }
+                for (k, x) in [("min", min), ("max", max)] {
+                    if x.abs() > MAX_EXACT_INT {
+                        return Err(err(
+                            key(k),
+                            format!("must lie between -2^53 and 2^53 for int_uniform, not {x}"),
+                        ));
+                    }
+                }
                 Ok(Dist::IntUniform {
                     min: min as i64,
                     max: max as i64,
@@ -320,6 +331,24 @@ impl Dist {
         }
     }
 
+    /// How many values a grid enumerates (0 for a range, which a grid cannot enumerate).
+    pub fn grid_len(&self) -> usize {
+        match self {
+            Dist::Constant(_) => 1,
+            Dist::Categorical { values, .. } => values.len(),
+            _ => 0,
+        }
+    }
+
+    /// The `i`-th value a grid enumerates, if there is one.
+    fn grid_value(&self, i: usize) -> Option<&ParamValue> {
+        match self {
+            Dist::Constant(v) if i == 0 => Some(v),
+            Dist::Categorical { values, .. } => values.get(i),
+            _ => None,
+        }
+    }
+
     /// Every value a check must accept: the constant or categorical values, or the range's ends.
     pub fn extremes(&self) -> Vec<ParamValue> {
         match self {
@@ -366,7 +395,10 @@ impl Dist {
                 values[i].clone()
             }
             Dist::IntUniform { min, max } => {
-                ParamValue::Num((*min + rng.below((*max - *min + 1) as usize) as i64) as f64)
+                // Bounds are within ±2^53 (checked when the job is read), so the width fits.
+                let width = (*max as i128 - *min as i128 + 1).clamp(1, 1 << 60) as u128;
+                let offset = (rng.next_u64() as u128 * width) >> 64;
+                ParamValue::Num((*min as i128 + offset as i128) as f64)
             }
             Dist::Uniform { min, max } => ParamValue::Num(min + (max - min) * rng.next_f64()),
             Dist::QUniform { min, max, q } => {
@@ -398,6 +430,10 @@ pub struct Space {
 
 impl Space {
     /// The values of trial `index`: deterministic in `(seed, index)` and independent of N and split mode.
+    ///
+    /// Each point is computed from its index alone (random draws from a stream seeded by
+    /// `(seed, index)`, grid points by their digits in the mixed radix of the value counts), so
+    /// no list of points is ever built, whatever the size of the space.
     pub fn point(&self, seed: u64, index: usize) -> BTreeMap<String, ParamValue> {
         match self.method {
             Method::Random => self
@@ -410,12 +446,15 @@ impl Space {
                 })
                 .collect(),
             Method::Grid => {
-                let mut rest = index % self.grid_size().max(1);
+                // Past the end the grid cycles; a grid too large to count never gets there.
+                let mut rest = match self.grid_size() {
+                    Some(size) if size > 0 => index as u64 % size,
+                    _ => index as u64,
+                };
                 let mut out = BTreeMap::new();
                 for (name, d) in &self.dists {
-                    let vals = d.grid_values();
-                    let len = vals.len().max(1);
-                    if let Some(v) = vals.get(rest % len) {
+                    let len = d.grid_len().max(1) as u64;
+                    if let Some(v) = d.grid_value((rest % len) as usize) {
                         out.insert(name.clone(), v.clone());
                     }
                     rest /= len;
@@ -425,12 +464,17 @@ impl Space {
         }
     }
 
-    /// Points in the grid (1 for an empty space).
-    pub fn grid_size(&self) -> usize {
+    /// The points of trials `0, 1, 2, ...`, each computed when asked for (see [`Space::point`]).
+    pub fn points(&self, seed: u64) -> impl Iterator<Item = BTreeMap<String, ParamValue>> + '_ {
+        (0..).map(move |i| self.point(seed, i))
+    }
+
+    /// Points in the grid (1 for an empty space), or `None` when the count does not fit in a
+    /// `u64`: the product of the value counts is computed with checked multiplication.
+    pub fn grid_size(&self) -> Option<u64> {
         self.dists
             .values()
-            .map(|d| d.grid_values().len().max(1))
-            .product()
+            .try_fold(1u64, |acc, d| acc.checked_mul(d.grid_len().max(1) as u64))
     }
 }
 
@@ -524,7 +568,7 @@ mod tests {
             method: Method::Grid,
             dists,
         };
-        assert_eq!(space.grid_size(), 6);
+        assert_eq!(space.grid_size(), Some(6));
         let pts: Vec<_> = (0..6).map(|i| space.point(0, i)).collect();
         for i in 0..6 {
             for j in 0..i {
@@ -532,5 +576,116 @@ mod tests {
             }
         }
         assert_eq!(space.point(0, 6), pts[0]);
+    }
+
+    /// Every point of a small grid, built eagerly: the product of the values, the first
+    /// parameter (in name order) changing fastest.
+    fn eager_grid(space: &Space) -> Vec<BTreeMap<String, ParamValue>> {
+        let mut points = vec![BTreeMap::new()];
+        for (name, d) in &space.dists {
+            let mut next = Vec::new();
+            for v in d.grid_values() {
+                for p in &points {
+                    let mut p: BTreeMap<String, ParamValue> = p.clone();
+                    p.insert(name.clone(), v.clone());
+                    next.push(p);
+                }
+            }
+            points = next;
+        }
+        points
+    }
+
+    fn grid_of(counts: &[usize]) -> Space {
+        let dists = counts
+            .iter()
+            .enumerate()
+            .map(|(i, &n)| {
+                let values = (0..n)
+                    .map(|v| ParamValue::Num((i * 1000 + v) as f64))
+                    .collect();
+                (
+                    format!("p{i:02}"),
+                    Dist::Categorical {
+                        values,
+                        probabilities: None,
+                    },
+                )
+            })
+            .collect();
+        Space {
+            method: Method::Grid,
+            dists,
+        }
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn the_lazy_grid_gives_the_eager_points(counts in proptest::collection::vec(1usize..5, 0..5)) {
+            let space = grid_of(&counts);
+            let eager = eager_grid(&space);
+            proptest::prop_assert_eq!(space.grid_size(), Some(eager.len() as u64));
+            let lazy: Vec<_> = space.points(7).take(eager.len()).collect();
+            proptest::prop_assert_eq!(&lazy, &eager);
+            // Past the end the grid cycles.
+            proptest::prop_assert_eq!(space.point(7, eager.len()), eager[0].clone());
+        }
+
+        #[test]
+        fn every_index_maps_to_a_valid_point(counts in proptest::collection::vec(1usize..1000, 1..12), index in proptest::num::usize::ANY) {
+            let space = grid_of(&counts);
+            let p = space.point(0, index);
+            proptest::prop_assert_eq!(p.len(), counts.len());
+            for (i, (name, v)) in p.iter().enumerate() {
+                proptest::prop_assert_eq!(name, &format!("p{i:02}"));
+                let ParamValue::Num(x) = v else { panic!("a number") };
+                let own = *x as usize - i * 1000;
+                proptest::prop_assert!(own < counts[i], "{} has value {} of {}", name, own, counts[i]);
+            }
+        }
+
+        #[test]
+        fn grid_sizes_never_overflow_silently(counts in proptest::collection::vec(1usize..100_000, 0..20)) {
+            let space = grid_of(&counts);
+            let exact = counts.iter().try_fold(1u128, |a, &n| a.checked_mul(n as u128));
+            let want = exact.and_then(|n| u64::try_from(n).ok());
+            proptest::prop_assert_eq!(space.grid_size(), want);
+        }
+
+        #[test]
+        fn int_uniform_draws_stay_in_range(min in -(1i64 << 53)..(1i64 << 53), width in 0i64..(1i64 << 53), seed in proptest::num::u64::ANY) {
+            let max = min.saturating_add(width).min(1i64 << 53);
+            let d = Dist::IntUniform { min, max };
+            let mut rng = HostRng::new(seed);
+            for _ in 0..20 {
+                let ParamValue::Num(x) = d.sample(&mut rng) else { panic!("a number") };
+                proptest::prop_assert!(x >= min as f64 && x <= max as f64, "{} not in {}..={}", x, min, max);
+            }
+        }
+    }
+
+    #[test]
+    fn a_grid_of_two_to_the_64_points_has_no_size_and_still_enumerates() {
+        let space = grid_of(&[2; 64]);
+        assert_eq!(space.grid_size(), None);
+        assert_eq!(grid_of(&[2; 63]).grid_size(), Some(1 << 63));
+        // Index 5 = binary 101: the first and third parameters take their second value.
+        let p = space.point(0, 5);
+        assert_eq!(p["p00"], ParamValue::Num(1.0));
+        assert_eq!(p["p01"], ParamValue::Num(1000.0));
+        assert_eq!(p["p02"], ParamValue::Num(2001.0));
+        assert_ne!(
+            space.point(0, 0),
+            space.point(0, 1),
+            "no wrap to a single point"
+        );
+    }
+
+    #[test]
+    fn int_uniform_bounds_past_2_to_the_53_are_refused() {
+        let e = spec("{min: -9e18, max: 9e18}").to_dist("k").unwrap_err();
+        assert_eq!(e.key, "parameters.k.min");
+        let e = spec("{min: 0, max: 1e300}").to_dist("k").unwrap_err();
+        assert_eq!(e.key, "parameters.k.max");
     }
 }

@@ -5,8 +5,10 @@
 //! layout of a [`Samples`] image, so pixels are copied in order (as `byte/255`). Every check returns
 //! a [`DataError`] naming the file; no input, however malformed, makes these functions panic.
 
+use std::io::Read;
 use std::path::{Path, PathBuf};
 
+use super::file::{self, open_regular, UTF8_BOM};
 use super::{Dataset, Samples};
 use crate::error::DataError;
 
@@ -45,7 +47,7 @@ pub fn locate(folder: &Path) -> Result<PathBuf, DataError> {
         TRAIN_FILES
             .iter()
             .chain(std::iter::once(&TEST_FILE))
-            .any(|name| dir.join(name).is_file())
+            .any(|name| file::exists(&dir.join(name)))
     };
     if holds_any(folder) {
         return Ok(folder.to_path_buf());
@@ -54,6 +56,7 @@ pub fn locate(folder: &Path) -> Result<PathBuf, DataError> {
     if nested.is_dir() {
         return Ok(nested);
     }
+    super::not_a_folder(folder)?;
     let why = if folder.is_dir() {
         format!(" (no CIFAR-10 batches in this folder, and no subfolder {EXTRACTED})")
     } else {
@@ -80,7 +83,7 @@ pub fn read(
     let test_path = dir.join(TEST_FILE);
     // Every file is looked for before any is read, so a missing one is reported at once.
     for path in train_paths.iter().chain(std::iter::once(&test_path)) {
-        if !path.is_file() {
+        if !file::exists(path) {
             return Err(DataError::Missing {
                 path: path.clone(),
                 hint: HINT.to_string(),
@@ -89,10 +92,10 @@ pub fn read(
     }
     let mut train = Samples::default();
     for path in &train_paths {
-        append(path, &read_bytes(path)?, &mut train, train_limit)?;
+        read_batch(path, &mut train, train_limit)?;
     }
     let mut test = Samples::default();
-    append(&test_path, &read_bytes(&test_path)?, &mut test, test_limit)?;
+    read_batch(&test_path, &mut test, test_limit)?;
     Ok(Dataset {
         name: "cifar10".into(),
         shape: [CHANNELS, SIDE, SIDE],
@@ -102,11 +105,35 @@ pub fn read(
     })
 }
 
-/// Checks one batch (its size, then every label) and appends its records to `out` until `out`
-/// holds `limit` samples.
+/// The largest batch file read (2 GiB, about 700,000 records); a full batch is 30.7 MB.
+pub const MAX_BATCH_BYTES: u64 = 1 << 31;
+
+/// Checks one batch held in memory (its size, then every label) and appends its records to
+/// `out` until `out` holds `limit` samples.
 pub fn append(
     path: &Path,
     bytes: &[u8],
+    out: &mut Samples,
+    limit: Option<usize>,
+) -> Result<(), DataError> {
+    append_from(path, bytes, bytes.len() as u64, out, limit)
+}
+
+/// Reads one batch file (a regular file: a directory or a FIFO is refused, never waited on)
+/// record by record into `out` (see [`append`]); its size is checked before anything is read.
+pub fn read_batch(path: &Path, out: &mut Samples, limit: Option<usize>) -> Result<(), DataError> {
+    let (file, len) = open_regular(path)
+        .map_err(|e| super::idx::open_error(path, e, HINT, "a CIFAR-10 batch file"))?;
+    append_from(path, std::io::BufReader::new(file), len, out, limit)
+}
+
+/// Checks a batch of `len` bytes read from `reader` (its size first, then each record's label
+/// as it is read) and appends its records to `out` until `out` holds `limit` samples; the
+/// records past the limit are read and checked, not kept.
+fn append_from(
+    path: &Path,
+    mut reader: impl Read,
+    len: u64,
     out: &mut Samples,
     limit: Option<usize>,
 ) -> Result<(), DataError> {
@@ -114,44 +141,56 @@ pub fn append(
         path: path.to_path_buf(),
         message,
     };
-    if bytes.is_empty() || bytes.len() % RECORD != 0 {
+    if len == 0 || len % RECORD as u64 != 0 {
         return Err(format(format!(
-            "{} bytes is not a whole number of CIFAR-10 records: each record is {RECORD} bytes \
+            "{len} bytes is not a whole number of CIFAR-10 records: each record is {RECORD} bytes \
              (1 label + {IMAGE_BYTES} pixels), and a full batch is 10000 records = {} bytes",
-            bytes.len(),
             10_000 * RECORD
         )));
     }
-    let records = bytes.chunks_exact(RECORD);
-    if let Some((i, label)) = records
-        .clone()
-        .map(|r| r[0])
-        .enumerate()
-        .find(|&(_, l)| l as usize >= CLASSES)
-    {
+    if len > MAX_BATCH_BYTES {
         return Err(format(format!(
-            "record {i} (byte offset {}) has label {label}, expected 0 to {}",
-            i * RECORD,
-            CLASSES - 1
+            "{len} bytes is more than a CIFAR-10 batch file may hold ({MAX_BATCH_BYTES} bytes, 2 GiB)"
         )));
     }
+    let records = (len / RECORD as u64) as usize;
     let room = limit.unwrap_or(usize::MAX).saturating_sub(out.len());
-    let take = room.min(bytes.len() / RECORD);
-    out.images.reserve(take * IMAGE_BYTES);
-    out.labels.reserve(take);
-    for record in records.take(take) {
-        out.labels.push(record[0] as u32);
-        out.images
-            .extend(record[1..].iter().map(|&b| b as f32 / 255.0));
+    let take = room.min(records);
+    out.images
+        .try_reserve_exact(take * IMAGE_BYTES)
+        .and_then(|()| out.labels.try_reserve_exact(take))
+        .map_err(|_| format(format!("{take} records do not fit in memory")))?;
+    let mut record = vec![0u8; RECORD];
+    for i in 0..records {
+        reader.read_exact(&mut record).map_err(|e| match e.kind() {
+            std::io::ErrorKind::UnexpectedEof => format(format!(
+                "ends in record {i} of the {records} its size of {len} bytes held when opened"
+            )),
+            _ => DataError::Io {
+                path: path.to_path_buf(),
+                source: e,
+            },
+        })?;
+        let label = record[0];
+        if label as usize >= CLASSES {
+            let bom = if i == 0 && record.starts_with(&UTF8_BOM) {
+                " (the file starts with a UTF-8 byte-order mark: it is a text file, not a CIFAR-10 batch)"
+            } else {
+                ""
+            };
+            return Err(format(format!(
+                "record {i} (byte offset {}) has label {label}, expected 0 to {}{bom}",
+                i * RECORD,
+                CLASSES - 1
+            )));
+        }
+        if i < take {
+            out.labels.push(label as u32);
+            out.images
+                .extend(record[1..].iter().map(|&b| b as f32 / 255.0));
+        }
     }
     Ok(())
-}
-
-fn read_bytes(path: &Path) -> Result<Vec<u8>, DataError> {
-    std::fs::read(path).map_err(|source| DataError::Io {
-        path: path.to_path_buf(),
-        source,
-    })
 }
 
 /// One record: `label`, then the pixel of plane `c`, row `y`, column `x` from `pixel(c, y, x)`.

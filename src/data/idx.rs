@@ -7,6 +7,7 @@
 use std::io::{Read, Write};
 use std::path::Path;
 
+use super::file::{open_regular, OpenError, UTF8_BOM};
 use crate::error::DataError;
 
 /// The first two bytes of every gzip stream.
@@ -15,23 +16,18 @@ pub const GZIP_MAGIC: [u8; 2] = [0x1f, 0x8b];
 /// The IDX element type this reader supports: unsigned byte.
 const TYPE_U8: u8 = 0x08;
 
-/// Deflate never expands data by more than this factor, so a decompressed size claimed beyond it
-/// is not trusted when reserving memory.
-const MAX_DEFLATE_RATIO: usize = 1032;
-
 /// A decoded IDX array of unsigned bytes.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct IdxArray {
     /// The sizes declared in the header, outermost first.
     pub dims: Vec<usize>,
     bytes: Vec<u8>,
-    offset: usize,
 }
 
 impl IdxArray {
     /// The elements, row-major, exactly `dims.iter().product()` of them.
     pub fn data(&self) -> &[u8] {
-        &self.bytes[self.offset..]
+        &self.bytes
     }
 }
 
@@ -62,67 +58,135 @@ impl Labelled {
     }
 }
 
-/// Reads a whole file, decompressing it when it starts with the gzip magic. A missing file is
-/// [`DataError::Missing`] with `hint` appended to the message.
-pub fn read_file(path: &Path, hint: &str) -> Result<Vec<u8>, DataError> {
-    gunzip_if_needed(path, read_file_raw(path, hint)?)
-}
+/// The most data bytes an IDX file may declare (2 GiB): a header declaring more is refused
+/// before anything more is read.
+pub const MAX_IDX_BYTES: u64 = 1 << 31;
 
-/// Returns `bytes` unchanged, or decompressed when they start with the gzip magic.
-pub fn gunzip_if_needed(path: &Path, bytes: Vec<u8>) -> Result<Vec<u8>, DataError> {
-    if !bytes.starts_with(&GZIP_MAGIC) {
-        return Ok(bytes);
-    }
-    // The gzip trailer stores the decompressed size modulo 2^32; use it only as a capacity hint.
-    let claimed = match bytes.len() {
-        n if n >= 18 => {
-            let t = &bytes[n - 4..];
-            u32::from_le_bytes([t[0], t[1], t[2], t[3]]) as usize
-        }
-        _ => 0,
-    };
-    let hint = claimed.min(bytes.len().saturating_mul(MAX_DEFLATE_RATIO));
-    let mut out = Vec::new();
-    // A failed reservation only costs reallocations later.
-    let _ = out.try_reserve_exact(hint);
-    flate2::read::MultiGzDecoder::new(bytes.as_slice())
-        .read_to_end(&mut out)
-        .map_err(|e| DataError::Format {
+/// What a [`DataError`] says when an input file cannot be opened: missing (with `hint`), a
+/// directory, a FIFO or another file that is not a regular file, or an I/O error.
+pub fn open_error(path: &Path, e: OpenError, hint: &str, expected: &str) -> DataError {
+    match e {
+        OpenError::Missing => DataError::Missing {
             path: path.to_path_buf(),
-            message: format!("starts like a gzip file but does not decompress: {e}"),
-        })?;
-    Ok(out)
+            hint: hint.to_string(),
+        },
+        OpenError::Io(source) => DataError::Io {
+            path: path.to_path_buf(),
+            source,
+        },
+        other => DataError::Format {
+            path: path.to_path_buf(),
+            message: other.describe(expected),
+        },
+    }
 }
 
-/// Decodes an (already decompressed) IDX file that must have `ndims` dimensions.
-pub fn parse(path: &Path, bytes: Vec<u8>, ndims: usize) -> Result<IdxArray, DataError> {
+/// Reads an IDX file that must have `ndims` dimensions, raw or gzip (told by its first bytes,
+/// whatever its name). The header is read and checked first, and no more is read than it
+/// declares: a raw file's length must match it before its data is read, and a gzip stream is
+/// decompressed incrementally and refused as soon as it holds more. A missing file is
+/// [`DataError::Missing`] with `hint` appended to the message.
+pub fn read(path: &Path, ndims: usize, hint: &str) -> Result<IdxArray, DataError> {
+    let (file, len) = open_regular(path).map_err(|e| open_error(path, e, hint, "an IDX file"))?;
+    decode(path, std::io::BufReader::new(file), Some(len), ndims)
+}
+
+/// Decodes an IDX file, raw or gzip, held in memory (see [`read`]).
+pub fn parse(path: &Path, bytes: &[u8], ndims: usize) -> Result<IdxArray, DataError> {
+    decode(path, bytes, Some(bytes.len() as u64), ndims)
+}
+
+/// Decodes an IDX file from `reader`, whose length in bytes is `len` when known.
+fn decode(
+    path: &Path,
+    mut reader: impl Read,
+    len: Option<u64>,
+    ndims: usize,
+) -> Result<IdxArray, DataError> {
+    let format = |message: String| DataError::Format {
+        path: path.to_path_buf(),
+        message,
+    };
+    let io = |source: std::io::Error| DataError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    let mut prefix = [0u8; 3];
+    let got = read_full(&mut reader, &mut prefix).map_err(io)?;
+    let prefix = &prefix[..got];
+    if prefix == UTF8_BOM {
+        return Err(format(
+            "starts with a UTF-8 byte-order mark (EF BB BF): it is a text file, not an IDX file"
+                .into(),
+        ));
+    }
+    let whole = prefix.chain(reader);
+    if prefix.starts_with(&GZIP_MAGIC) {
+        let gunzip = |e: std::io::Error| match e.kind() {
+            std::io::ErrorKind::InvalidInput
+            | std::io::ErrorKind::InvalidData
+            | std::io::ErrorKind::UnexpectedEof => format(format!(
+                "starts like a gzip file but does not decompress: {e}"
+            )),
+            _ => io(e),
+        };
+        let stream = flate2::read::MultiGzDecoder::new(whole);
+        decode_stream(path, stream, None, ndims, &gunzip)
+    } else {
+        decode_stream(path, whole, len, ndims, &io)
+    }
+}
+
+/// Reads into `buf` until it is full or the reader ends; returns the bytes read.
+fn read_full(reader: &mut impl Read, buf: &mut [u8]) -> std::io::Result<usize> {
+    let mut got = 0;
+    while got < buf.len() {
+        match reader.read(&mut buf[got..]) {
+            Ok(0) => break,
+            Ok(n) => got += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(got)
+}
+
+/// Decodes the (decompressed) IDX stream `r`; `len` is its length when known (a raw file).
+fn decode_stream(
+    path: &Path,
+    mut r: impl Read,
+    len: Option<u64>,
+    ndims: usize,
+    io: &dyn Fn(std::io::Error) -> DataError,
+) -> Result<IdxArray, DataError> {
     let format = |message: String| DataError::Format {
         path: path.to_path_buf(),
         message,
     };
     let expected_magic = 0x0000_0800u32 | (ndims as u32 & 0xff);
-    if bytes.len() < 4 {
+    let mut magic = [0u8; 4];
+    let got = read_full(&mut r, &mut magic).map_err(io)?;
+    if got < 4 {
         return Err(format(format!(
-            "too short for an IDX header: {} bytes, expected at least 4 starting with the magic 0x{expected_magic:08x}",
-            bytes.len()
+            "too short for an IDX header: {got} bytes, expected at least 4 starting with the magic 0x{expected_magic:08x}"
         )));
     }
-    let magic = u32::from_be_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]);
-    if bytes[0] != 0 || bytes[1] != 0 {
+    let found_magic = u32::from_be_bytes(magic);
+    if magic[0] != 0 || magic[1] != 0 {
         return Err(format(format!(
-            "not an IDX file: magic number 0x{magic:08x}, expected 0x{expected_magic:08x}"
+            "not an IDX file: magic number 0x{found_magic:08x}, expected 0x{expected_magic:08x}"
         )));
     }
-    if bytes[2] != TYPE_U8 {
+    if magic[2] != TYPE_U8 {
         return Err(format(format!(
-            "IDX element type 0x{:02x} is not supported, expected 0x08 (unsigned byte); magic 0x{magic:08x}, expected 0x{expected_magic:08x}",
-            bytes[2]
+            "IDX element type 0x{:02x} is not supported, expected 0x08 (unsigned byte); magic 0x{found_magic:08x}, expected 0x{expected_magic:08x}",
+            magic[2]
         )));
     }
-    let found_dims = bytes[3] as usize;
+    let found_dims = magic[3] as usize;
     if found_dims != ndims {
         return Err(format(format!(
-            "has {found_dims} dimensions (magic 0x{magic:08x}), expected {ndims} (magic 0x{expected_magic:08x}): {}",
+            "has {found_dims} dimensions (magic 0x{found_magic:08x}), expected {ndims} (magic 0x{expected_magic:08x}): {}",
             match ndims {
                 1 => "a labels file has one dimension, the count",
                 3 => "an images file has three dimensions: count, rows, columns",
@@ -131,13 +195,15 @@ pub fn parse(path: &Path, bytes: Vec<u8>, ndims: usize) -> Result<IdxArray, Data
         )));
     }
     let header = 4 + 4 * ndims;
-    if bytes.len() < header {
+    let mut sizes = vec![0u8; 4 * ndims];
+    let got = read_full(&mut r, &mut sizes).map_err(io)?;
+    if got < sizes.len() {
         return Err(format(format!(
             "truncated header: {} bytes, expected {header} for {ndims} dimensions",
-            bytes.len()
+            4 + got
         )));
     }
-    let dims: Vec<usize> = bytes[4..header]
+    let dims: Vec<usize> = sizes
         .chunks_exact(4)
         .map(|c| u32::from_be_bytes([c[0], c[1], c[2], c[3]]) as usize)
         .collect();
@@ -148,37 +214,63 @@ pub fn parse(path: &Path, bytes: Vec<u8>, ndims: usize) -> Result<IdxArray, Data
         .join("×");
     let expected = dims
         .iter()
-        .try_fold(1usize, |acc, &d| acc.checked_mul(d))
-        .ok_or_else(|| format(format!("declared shape {shape} is too large")))?;
-    let found = bytes.len() - header;
-    if found != expected {
+        .try_fold(1u64, |acc, &d| acc.checked_mul(d as u64))
+        .filter(|&n| n <= MAX_IDX_BYTES)
+        .ok_or_else(|| {
+            format(format!(
+                "the header declares {shape} bytes of data, more than an IDX file may hold \
+                 ({MAX_IDX_BYTES} bytes, 2 GiB)"
+            ))
+        })?;
+    let mismatch = |found: u64, more: bool| {
         let what = if found < expected {
             "truncated"
         } else {
             "trailing bytes after the data"
         };
-        return Err(format(format!(
+        let found = if more {
+            format!("more than {found}")
+        } else {
+            found.to_string()
+        };
+        format(format!(
             "{what}: the header declares {shape} = {expected} bytes of data, found {found}"
-        )));
+        ))
+    };
+    // A raw file's length is known: it must match before any data is read.
+    if let Some(len) = len {
+        let found = len.saturating_sub(header as u64);
+        if found != expected {
+            return Err(mismatch(found, false));
+        }
     }
-    Ok(IdxArray {
-        dims,
-        bytes,
-        offset: header,
-    })
+    let mut bytes = Vec::new();
+    // Known lengths are reserved at once; a gzip stream grows as it proves to hold the data.
+    let reserve = if len.is_some() {
+        expected
+    } else {
+        expected.min(1 << 20)
+    };
+    bytes
+        .try_reserve_exact(reserve as usize)
+        .map_err(|_| format(format!("{expected} bytes of data do not fit in memory")))?;
+    r.take(expected + 1).read_to_end(&mut bytes).map_err(io)?;
+    let found = bytes.len() as u64;
+    if found != expected {
+        return Err(mismatch(found.min(expected), found > expected));
+    }
+    Ok(IdxArray { dims, bytes })
 }
 
-/// Decodes the bytes of an images file (3 dimensions) and a labels file (1 dimension), raw or
-/// gzip, checking that the counts agree and that every label is below `classes`.
-pub fn decode_pair(
+/// Checks a decoded images file (3 dimensions) against its labels file (1 dimension): the
+/// counts agree, and every label is below `classes`.
+fn pair(
     images_path: &Path,
-    image_bytes: Vec<u8>,
+    images: IdxArray,
     labels_path: &Path,
-    label_bytes: Vec<u8>,
+    labels: IdxArray,
     classes: usize,
 ) -> Result<Labelled, DataError> {
-    let images = parse(images_path, gunzip_if_needed(images_path, image_bytes)?, 3)?;
-    let labels = parse(labels_path, gunzip_if_needed(labels_path, label_bytes)?, 1)?;
     let (count, rows, cols) = (images.dims[0], images.dims[1], images.dims[2]);
     if count > 0 && (rows == 0 || cols == 0) {
         return Err(DataError::Format {
@@ -205,7 +297,7 @@ pub fn decode_pair(
         return Err(DataError::Format {
             path: labels_path.to_path_buf(),
             message: format!(
-                "label {l} at index {i} is not below the number of classes ({classes})"
+                "sample {i} has label {l}, not below the number of classes ({classes})"
             ),
         });
     }
@@ -217,29 +309,31 @@ pub fn decode_pair(
     })
 }
 
-/// Reads a pair of IDX files (see [`decode_pair`]); `hint` is appended when a file is missing.
+/// Decodes the bytes of an images file (3 dimensions) and a labels file (1 dimension), raw or
+/// gzip, checking that the counts agree and that every label is below `classes`.
+pub fn decode_pair(
+    images_path: &Path,
+    image_bytes: &[u8],
+    labels_path: &Path,
+    label_bytes: &[u8],
+    classes: usize,
+) -> Result<Labelled, DataError> {
+    let images = parse(images_path, image_bytes, 3)?;
+    let labels = parse(labels_path, label_bytes, 1)?;
+    pair(images_path, images, labels_path, labels, classes)
+}
+
+/// Reads a pair of IDX files (see [`read`] and [`decode_pair`]); `hint` is appended when a
+/// file is missing. The labels are read first: they are small, and checked before the images.
 pub fn read_pair(
     images_path: &Path,
     labels_path: &Path,
     classes: usize,
     hint: &str,
 ) -> Result<Labelled, DataError> {
-    let image_bytes = read_file_raw(images_path, hint)?;
-    let label_bytes = read_file_raw(labels_path, hint)?;
-    decode_pair(images_path, image_bytes, labels_path, label_bytes, classes)
-}
-
-fn read_file_raw(path: &Path, hint: &str) -> Result<Vec<u8>, DataError> {
-    std::fs::read(path).map_err(|source| match source.kind() {
-        std::io::ErrorKind::NotFound => DataError::Missing {
-            path: path.to_path_buf(),
-            hint: hint.to_string(),
-        },
-        _ => DataError::Io {
-            path: path.to_path_buf(),
-            source,
-        },
-    })
+    let labels = read(labels_path, 1, hint)?;
+    let images = read(images_path, 3, hint)?;
+    pair(images_path, images, labels_path, labels, classes)
 }
 
 /// Encodes an IDX file of unsigned bytes. The caller keeps `data.len()` equal to the product of
@@ -327,14 +421,14 @@ mod tests {
     fn truncated_and_trailing_data_are_errors() {
         let mut img = images(2, 3, 3);
         img.pop();
-        let m = message(parse(&p("x.idx"), img.clone(), 3).unwrap_err());
+        let m = message(parse(&p("x.idx"), &img.clone(), 3).unwrap_err());
         assert!(m.contains("x.idx") && m.contains("truncated"), "{m}");
         assert!(m.contains("2×3×3 = 18") && m.contains("found 17"), "{m}");
         img.extend_from_slice(&[0, 0]);
-        let m = message(parse(&p("x.idx"), img, 3).unwrap_err());
+        let m = message(parse(&p("x.idx"), &img, 3).unwrap_err());
         assert!(m.contains("trailing") && m.contains("found 19"), "{m}");
         // A truncated header.
-        let m = message(parse(&p("x.idx"), vec![0, 0, 8, 3, 0, 0, 0, 1], 3).unwrap_err());
+        let m = message(parse(&p("x.idx"), &[0, 0, 8, 3, 0, 0, 0, 1], 3).unwrap_err());
         assert!(m.contains("truncated header"), "{m}");
     }
 
@@ -342,7 +436,7 @@ mod tests {
     fn truncated_gzip_is_an_error() {
         let gz = gzip(&images(4, 5, 5)).unwrap();
         let cut = gz[..gz.len() / 2].to_vec();
-        let m = message(gunzip_if_needed(&p("cut.gz"), cut).unwrap_err());
+        let m = message(parse(&p("cut.gz"), &cut, 3).unwrap_err());
         assert!(m.contains("cut.gz") && m.contains("gzip"), "{m}");
     }
 
@@ -350,27 +444,27 @@ mod tests {
     fn bad_magic_is_an_error() {
         let mut img = images(1, 2, 2);
         img[0] = 0x12;
-        let m = message(parse(&p("m"), img.clone(), 3).unwrap_err());
+        let m = message(parse(&p("m"), &img.clone(), 3).unwrap_err());
         assert!(
             m.contains("not an IDX file") && m.contains("0x00000803"),
             "{m}"
         );
         img[0] = 0;
         img[2] = 0x0d; // float
-        let m = message(parse(&p("m"), img, 3).unwrap_err());
+        let m = message(parse(&p("m"), &img, 3).unwrap_err());
         assert!(m.contains("0x0d is not supported"), "{m}");
-        let m = message(parse(&p("m"), vec![0, 0], 1).unwrap_err());
+        let m = message(parse(&p("m"), &[0, 0], 1).unwrap_err());
         assert!(m.contains("too short"), "{m}");
     }
 
     #[test]
     fn wrong_dimension_count_is_an_error() {
-        let m = message(parse(&p("l"), images(2, 2, 2), 1).unwrap_err());
+        let m = message(parse(&p("l"), &images(2, 2, 2), 1).unwrap_err());
         assert!(
             m.contains("has 3 dimensions") && m.contains("expected 1"),
             "{m}"
         );
-        let m = message(parse(&p("i"), labels(&[1, 2]), 3).unwrap_err());
+        let m = message(parse(&p("i"), &labels(&[1, 2]), 3).unwrap_err());
         assert!(
             m.contains("has 1 dimensions") && m.contains("expected 3"),
             "{m}"
@@ -380,7 +474,7 @@ mod tests {
     #[test]
     fn label_count_mismatch_and_range_are_errors() {
         let m = message(
-            decode_pair(&p("img"), images(3, 2, 2), &p("lab"), labels(&[0, 1]), 10).unwrap_err(),
+            decode_pair(&p("img"), &images(3, 2, 2), &p("lab"), &labels(&[0, 1]), 10).unwrap_err(),
         );
         assert!(
             m.starts_with("lab:") && m.contains("2 labels") && m.contains("3 images"),
@@ -389,19 +483,19 @@ mod tests {
         let m = message(
             decode_pair(
                 &p("img"),
-                images(3, 2, 2),
+                &images(3, 2, 2),
                 &p("lab"),
-                labels(&[0, 1, 10]),
+                &labels(&[0, 1, 10]),
                 10,
             )
             .unwrap_err(),
         );
-        assert!(m.contains("label 10 at index 2"), "{m}");
+        assert!(m.contains("sample 2 has label 10"), "{m}");
         assert!(decode_pair(
             &p("img"),
-            images(3, 2, 2),
+            &images(3, 2, 2),
             &p("lab"),
-            labels(&[0, 1, 9]),
+            &labels(&[0, 1, 9]),
             10
         )
         .is_ok());
@@ -413,15 +507,54 @@ mod tests {
         for _ in 0..3 {
             bytes.extend_from_slice(&u32::MAX.to_be_bytes());
         }
-        let m = message(parse(&p("big"), bytes, 3).unwrap_err());
-        assert!(m.contains("truncated") || m.contains("too large"), "{m}");
+        let m = message(parse(&p("big"), &bytes, 3).unwrap_err());
+        assert!(m.contains("more than an IDX file may hold"), "{m}");
+    }
+
+    #[test]
+    fn a_gzip_bomb_stops_at_the_declared_size() {
+        // A header declaring 10 bytes of labels, then 64 MiB of zeros: refused once the stream
+        // holds one byte more than declared, never decompressed in full.
+        let mut body = encode(&[10], &[0; 10]);
+        body.resize(64 << 20, 0);
+        let gz = gzip(&body).unwrap();
+        let m = message(parse(&p("bomb.gz"), &gz, 1).unwrap_err());
+        assert!(m.contains("trailing") && m.contains("more than 10"), "{m}");
+        // A header declaring more than an IDX file may hold is refused from the header alone.
+        let mut huge = vec![0, 0, 8, 3];
+        for d in [65535u32, 65535, 65535] {
+            huge.extend_from_slice(&d.to_be_bytes());
+        }
+        let m = message(parse(&p("huge"), &gzip(&huge).unwrap(), 3).unwrap_err());
+        assert!(m.contains("more than an IDX file may hold"), "{m}");
+    }
+
+    #[test]
+    fn a_header_declaring_more_than_the_file_holds_reads_nothing_more() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("claims");
+        // 60000 images of 28×28 declared, 3 bytes of data present.
+        let mut bytes = encode(&[60_000, 28, 28], &[]);
+        bytes.extend_from_slice(&[1, 2, 3]);
+        std::fs::write(&path, &bytes).unwrap();
+        let m = message(read(&path, 3, "").unwrap_err());
+        assert!(m.contains("truncated") && m.contains("found 3"), "{m}");
+    }
+
+    #[test]
+    fn a_directory_or_a_bom_says_what_it_is() {
+        let dir = tempfile::tempdir().unwrap();
+        let m = message(read(dir.path(), 1, "").unwrap_err());
+        assert!(m.contains("is a directory"), "{m}");
+        let m = message(parse(&p("t"), b"\xef\xbb\xbf0 1 2\n", 1).unwrap_err());
+        assert!(m.contains("byte-order mark"), "{m}");
     }
 
     proptest! {
         #[test]
         fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..300), gz in any::<bool>()) {
             let bytes = if gz { [GZIP_MAGIC.to_vec(), bytes].concat() } else { bytes };
-            let _ = decode_pair(&p("i"), bytes.clone(), &p("l"), bytes, 10);
+            let _ = decode_pair(&p("i"), &bytes, &p("l"), &bytes, 10);
         }
 
         #[test]
@@ -430,8 +563,8 @@ mod tests {
             let full = if gz { gzip(&full).unwrap() } else { full };
             let cut = ((full.len() as f64) * cut_frac) as usize;
             let lab = labels(&vec![0; n as usize]);
-            prop_assert!(decode_pair(&p("i"), full[..cut].to_vec(), &p("l"), lab.clone(), 10).is_err());
-            prop_assert!(decode_pair(&p("i"), full, &p("l"), lab, 10).is_ok());
+            prop_assert!(decode_pair(&p("i"), &full[..cut], &p("l"), &lab, 10).is_err());
+            prop_assert!(decode_pair(&p("i"), &full, &p("l"), &lab, 10).is_ok());
         }
 
         #[test]
@@ -442,7 +575,7 @@ mod tests {
             }
             bytes.extend_from_slice(&body);
             let expected = dims.iter().map(|&d| d as usize).product::<usize>();
-            let r = parse(&p("x"), bytes, ndims);
+            let r = parse(&p("x"), &bytes, ndims);
             prop_assert_eq!(r.is_ok(), ndims == dims.len() && body.len() == expected);
         }
     }

@@ -7,6 +7,7 @@ use crate::error::DataError;
 
 pub mod cifar;
 pub mod embedded;
+pub mod file;
 pub mod idx;
 pub mod split;
 pub mod synthetic;
@@ -22,6 +23,8 @@ pub const FASHION_MNIST_DIR: &str = "/usr/share/datasets/fashion-mnist";
 pub const MAX_SAMPLE_ELEMENTS: usize = 1 << 28;
 /// Most synthetic classes.
 pub const MAX_CLASSES: usize = 100_000;
+/// Most `f32` values synthetic data may hold, training and test samples together (16 GiB).
+pub const MAX_SYNTHETIC_VALUES: u64 = 1 << 32;
 /// Synthetic sample shape unless `shape` says otherwise.
 pub const DEFAULT_SHAPE: [usize; 3] = [1, 28, 28];
 /// Synthetic classes unless `classes` says otherwise.
@@ -96,7 +99,8 @@ pub struct DataSpec {
     /// Synthetic only: sample shape `[channels, height, width]` (default `[1, 28, 28]`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub shape: Option<[usize; 3]>,
-    /// Synthetic only: number of classes (default 10).
+    /// Synthetic: number of classes (default 10). Idx: the number of classes, when some have no
+    /// sample (by default the labels must run from 0 with none missing).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub classes: Option<usize>,
     /// Synthetic only: training samples (default 8000).
@@ -213,6 +217,25 @@ impl Dataset {
                 *x = ((*x as f64 - mean) * scale) as f32;
             }
         }
+    }
+
+    /// Checks that every label of both splits is a class of the dataset (below `classes`): the
+    /// one check every backend relies on, made when the data is loaded.
+    pub fn check_labels(&self) -> Result<(), DataError> {
+        for (what, set) in [("training", &self.train), ("test", &self.test)] {
+            if let Some((i, l)) = set
+                .labels
+                .iter()
+                .enumerate()
+                .find(|(_, &l)| l as usize >= self.classes)
+            {
+                return Err(DataError::Invalid(format!(
+                    "{}: {what} sample {i} has label {l}, not below the number of classes ({})",
+                    self.name, self.classes
+                )));
+            }
+        }
+        Ok(())
     }
 
     /// Pads every image of both splits with zeros to `height × width`, centred: the top and left
@@ -343,9 +366,24 @@ impl DataSpec {
             }
         }
         if !synthetic {
+            if let Some(c) = self.classes {
+                if self.source != Source::Idx {
+                    return fail(
+                        "classes",
+                        format!("only applies to source synthetic (and idx), not {source}"),
+                    );
+                }
+                if !(2..=256).contains(&c) {
+                    return fail(
+                        "classes",
+                        format!(
+                            "must be between 2 and 256 for source idx (labels are bytes), got {c}"
+                        ),
+                    );
+                }
+            }
             let given = [
                 ("shape", self.shape.is_some()),
-                ("classes", self.classes.is_some()),
                 ("train_samples", self.train_samples.is_some()),
                 ("test_samples", self.test_samples.is_some()),
             ];
@@ -387,6 +425,31 @@ impl DataSpec {
                 return fail(key, "must be at least 1");
             }
         }
+        let elements: u64 = self
+            .shape
+            .unwrap_or(DEFAULT_SHAPE)
+            .iter()
+            .map(|&d| d as u64)
+            .product();
+        let train = self.train_samples.unwrap_or(DEFAULT_TRAIN_SAMPLES) as u64;
+        let test = self.test_samples.unwrap_or(DEFAULT_TEST_SAMPLES) as u64;
+        let values = train
+            .checked_add(test)
+            .and_then(|n| n.checked_mul(elements));
+        if !values.is_some_and(|v| v <= MAX_SYNTHETIC_VALUES) {
+            let key = if self.train_samples.is_some() || self.test_samples.is_none() {
+                "train_samples"
+            } else {
+                "test_samples"
+            };
+            return fail(
+                key,
+                format!(
+                    "{train} training and {test} test samples of {elements} values are more than \
+                     synthetic data may hold (2^32 values, 16 GiB)"
+                ),
+            );
+        }
         Ok(())
     }
 
@@ -412,12 +475,12 @@ impl DataSpec {
                 let set = match &folder {
                     None => idx::decode_pair(
                         Path::new(EMBEDDED_IMAGES),
-                        embedded::IMAGES_GZ.to_vec(),
+                        embedded::IMAGES_GZ,
                         Path::new(EMBEDDED_LABELS),
-                        embedded::LABELS_GZ.to_vec(),
+                        embedded::LABELS_GZ,
                         10,
                     )?,
-                    Some(dir) => read_single(dir, 10, MNIST_10K_HINT)?,
+                    Some(dir) => read_single(dir, 10, MNIST_10K_HINT)?.1,
                 };
                 held_out("mnist-10k", &set, 10, test_fraction, seed)?
             }
@@ -434,12 +497,16 @@ impl DataSpec {
                     .map(|n| n.to_string_lossy().into_owned())
                     .unwrap_or_else(|| "idx".into());
                 if OFFICIAL.iter().any(|stem| locate(&dir, stem).is_some()) {
-                    read_official(&name, &dir, None, IDX_HINT)?
+                    read_official(&name, &dir, self.classes, IDX_HINT)?
                 } else if SINGLE.iter().any(|stem| locate(&dir, stem).is_some()) {
-                    let set = read_single(&dir, 256, IDX_HINT)?;
-                    let classes = classes_of(&name, [set.labels()])?;
+                    let (labels, set) = read_single(&dir, self.classes.unwrap_or(256), IDX_HINT)?;
+                    let classes = match self.classes {
+                        Some(c) => c,
+                        None => classes_of(&name, &[(&labels, set.labels())])?,
+                    };
                     held_out(&name, &set, classes, test_fraction, seed)?
                 } else {
+                    not_a_folder(&dir)?;
                     let why = if dir.is_dir() {
                         " (no IDX files in this folder)"
                     } else {
@@ -476,6 +543,8 @@ impl DataSpec {
                 }
             }
         };
+        // Every source's labels, checked once here for every backend.
+        data.check_labels()?;
         let len = data.sample_len();
         split::truncate(&mut data.train, self.train_limit, len);
         split::truncate(&mut data.test, self.test_limit, len);
@@ -506,18 +575,20 @@ impl Source {
     }
 }
 
-/// Finds `folder/stem`, else `folder/stem.gz`.
+/// Finds `folder/stem`, else `folder/stem.gz`: whatever is there (a directory or a FIFO of
+/// that name is found too, and refused when opened, saying what it is).
 fn locate(folder: &Path, stem: &str) -> Option<PathBuf> {
     let raw = folder.join(stem);
-    if raw.is_file() {
+    if file::exists(&raw) {
         return Some(raw);
     }
     let gz = folder.join(format!("{stem}.gz"));
-    gz.is_file().then_some(gz)
+    file::exists(&gz).then_some(gz)
 }
 
 /// Like [`locate`], but a missing file is an error that says what to do.
 fn require(folder: &Path, stem: &str, hint: &str) -> Result<PathBuf, DataError> {
+    not_a_folder(folder)?;
     locate(folder, stem).ok_or_else(|| {
         let why = if folder.is_dir() {
             format!(" (nor {stem}.gz)")
@@ -531,11 +602,28 @@ fn require(folder: &Path, stem: &str, hint: &str) -> Result<PathBuf, DataError> 
     })
 }
 
-/// Reads `images-idx3-ubyte[.gz]` and `labels-idx1-ubyte[.gz]` from `folder`.
-fn read_single(folder: &Path, classes: usize, hint: &str) -> Result<idx::Labelled, DataError> {
+/// An error when `path` exists but is not a folder (`data.path` names a folder of files).
+pub fn not_a_folder(path: &Path) -> Result<(), DataError> {
+    if file::exists(path) && !path.is_dir() {
+        return Err(DataError::Format {
+            path: path.to_path_buf(),
+            message: "is not a folder: data.path names the folder that holds the data files".into(),
+        });
+    }
+    Ok(())
+}
+
+/// Reads `images-idx3-ubyte[.gz]` and `labels-idx1-ubyte[.gz]` from `folder`; returns the
+/// labels file's path with the set.
+fn read_single(
+    folder: &Path,
+    classes: usize,
+    hint: &str,
+) -> Result<(PathBuf, idx::Labelled), DataError> {
     let images = require(folder, SINGLE[0], hint)?;
     let labels = require(folder, SINGLE[1], hint)?;
-    idx::read_pair(&images, &labels, classes, hint)
+    let set = idx::read_pair(&images, &labels, classes, hint)?;
+    Ok((labels, set))
 }
 
 /// Reads the four `train-*` / `t10k-*` files of `folder` and keeps their split. With `classes`
@@ -568,7 +656,10 @@ fn read_official(
     }
     let classes = match classes {
         Some(c) => c,
-        None => classes_of(name, [train.labels(), test.labels()])?,
+        None => classes_of(
+            name,
+            &[(&paths[1], train.labels()), (&paths[3], test.labels())],
+        )?,
     };
     for (set, what) in [(&train, "training"), (&test, "test")] {
         if set.is_empty() {
@@ -586,20 +677,35 @@ fn read_official(
     })
 }
 
-/// One more than the largest label; at least two classes are required.
-fn classes_of<const N: usize>(name: &str, labels: [&[u8]; N]) -> Result<usize, DataError> {
-    let max = labels
-        .iter()
-        .flat_map(|l| l.iter())
-        .copied()
-        .max()
-        .unwrap_or(0);
-    if max == 0 {
+/// The classes of labels files that do not say how many there are: `k` when the labels are
+/// `0..k` with none missing, at least two. A label past a missing one (255 among 0 to 9) would
+/// make a model of mostly unused classes: it is refused, naming its file and sample, unless the
+/// job says how many classes there are (`data.classes`).
+fn classes_of(name: &str, sets: &[(&Path, &[u8])]) -> Result<usize, DataError> {
+    let mut seen = [false; 256];
+    for (_, labels) in sets {
+        for &l in *labels {
+            seen[l as usize] = true;
+        }
+    }
+    let k = seen.iter().position(|s| !s).unwrap_or(256);
+    for (path, labels) in sets {
+        if let Some((i, &l)) = labels.iter().enumerate().find(|(_, &l)| l as usize > k) {
+            return Err(DataError::Format {
+                path: path.to_path_buf(),
+                message: format!(
+                    "sample {i} has label {l}, but no sample has label {k}: labels must run from \
+                     0 with none missing (or set data.classes to the number of classes)"
+                ),
+            });
+        }
+    }
+    if k < 2 {
         return Err(DataError::Invalid(format!(
             "{name}: every label is 0; a classifier needs at least two classes"
         )));
     }
-    Ok(max as usize + 1)
+    Ok(k)
 }
 
 /// Splits one set of samples into training and held-out test samples.

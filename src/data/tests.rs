@@ -136,7 +136,9 @@ fn mnist_10k_from_a_folder_matches_the_builtin_copy() {
     let dir = tempfile::tempdir().unwrap();
     for name in SINGLE {
         let gz = std::fs::read(repo_data().join(format!("{name}.gz"))).unwrap();
-        let raw = idx::gunzip_if_needed(Path::new(name), gz).unwrap();
+        let mut raw = Vec::new();
+        std::io::Read::read_to_end(&mut flate2::read::GzDecoder::new(gz.as_slice()), &mut raw)
+            .unwrap();
         std::fs::write(dir.path().join(name), raw).unwrap();
     }
     s.path = Some(dir.path().to_path_buf());
@@ -351,7 +353,14 @@ fn validate_accepts_defaults() {
     let mut s = spec(Source::Synthetic);
     s.shape = Some([1, 1 << 14, 1 << 14]);
     s.classes = Some(100_000);
+    // The largest samples, as many as synthetic data may hold (2^32 values).
+    s.train_samples = Some(12);
+    s.test_samples = Some(4);
     assert_eq!(s.validate(), Ok(()));
+    // The default 10,000 of them would be 2^41 values.
+    s.train_samples = None;
+    s.test_samples = None;
+    assert_eq!(invalid(&s).0, "train_samples");
 }
 
 #[test]

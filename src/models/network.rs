@@ -19,6 +19,11 @@ use crate::job::Optimizer;
 
 use super::memplan::{MemKind, MemoryPlan, ALIGN};
 
+/// The most `f32` values a memory plan may hold in its parameters, or in its activations
+/// (2^40, 4 TiB: more than any device has); every size of a plan is a product of the batch
+/// and a layer's length, checked against it before any is computed.
+pub const MAX_PLAN_ELEMENTS: usize = 1 << 40;
+
 /// One layer as a model describes it (per sample; the batch comes later).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum LayerDef {
@@ -280,7 +285,7 @@ impl Network {
     }
 
     /// Plans every tensor of training the graph `nodes` on batches of `batch` samples of shape
-    /// `input`; `ws_len` gives the backend's convolution scratch for a batch's shape.
+    /// `input` (at most [`MAX_PLAN_ELEMENTS`] values of parameters, and of activations); `ws_len` gives the backend's convolution scratch for a batch's shape.
     pub fn graph(
         nodes: &[Node],
         input: [usize; 3],
@@ -338,6 +343,38 @@ impl Network {
                 "the last layer has {} outputs for {classes} classes",
                 lens[nodes.len()]
             ));
+        }
+
+        // Every size below is a product of the batch, a layer's length or its weights: bounded
+        // here with checked arithmetic, none of them can overflow.
+        let too_big = || {
+            format!(
+                "a batch of {batch} of this model is more than a memory plan may hold \
+                 ({MAX_PLAN_ELEMENTS} values)"
+            )
+        };
+        let weights = |def: &LayerDef| match *def {
+            LayerDef::Dense { inputs, outputs } => inputs
+                .checked_mul(outputs)
+                .and_then(|w| w.checked_add(outputs)),
+            LayerDef::Conv { shape: c, .. } => c
+                .c_out
+                .checked_mul(c.c_in)
+                .and_then(|w| w.checked_mul(c.k.checked_mul(c.k)?))
+                .and_then(|w| w.checked_add(c.c_out)),
+            LayerDef::BatchNorm(p) => p.c.checked_mul(4),
+            _ => Some(0),
+        };
+        let params = nodes.iter().try_fold(0usize, |a, n| {
+            a.checked_add(weights(&n.def)?.checked_add(ALIGN)?)
+        });
+        let values = lens
+            .iter()
+            .try_fold(0usize, |a, &l| a.checked_add(l))
+            .and_then(|per_sample| per_sample.checked_mul(batch));
+        match (params, values) {
+            (Some(p), Some(v)) if p <= MAX_PLAN_ELEMENTS && v <= MAX_PLAN_ELEMENTS => {}
+            _ => return Err(too_big()),
         }
 
         // Parameters first: one block, each tensor aligned inside it, so one optimiser call covers all.

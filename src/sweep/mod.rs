@@ -22,7 +22,7 @@ use crate::report::{self, ProgressRow, TrialRow};
 use crate::sched::cancel::Cancel;
 use crate::sched::external::ExternalEnv;
 use crate::sched::{self, Device, Devices, Event, ExternalTrials, RoundContext, TrialState};
-use crate::space::{Method, ParamValue};
+use crate::space::ParamValue;
 pub use identity::{trial_key, Shard};
 
 /// Options of `gpumux sweep` beyond the job.
@@ -48,31 +48,11 @@ pub struct SweepOptions {
 /// Every trial of a job's sweep, each once: the grid's points (capped by `run_cap`), or
 /// `run_cap` random draws.
 pub fn sweep_trials(job: &Job) -> Result<Vec<TrialSpec>> {
-    let count = match job.space.method {
-        Method::Grid => {
-            let grid = job.space.grid_size();
-            job.file.run_cap.map_or(grid, |cap| grid.min(cap as usize))
-        }
-        Method::Random => match job.file.run_cap {
-            Some(cap) => cap as usize,
-            None if job.space.dists.values().all(|d| d.is_discrete())
-                && !job.space.dists.is_empty() =>
-            {
-                job.space.grid_size()
-            }
-            None => {
-                return Err(job
-                    .invalid(
-                        "run_cap",
-                        "is missing: a random sweep needs the number of trials to draw",
-                    )
-                    .into())
-            }
-        },
-    };
+    // Checked and bounded (plan::MAX_TRIALS); each trial is computed from its index alone.
+    let count = plan::sweep_count(job)?;
     let mut seen = HashSet::new();
     let mut out = Vec::new();
-    for i in 0..count as u32 {
+    for i in 0..count {
         let params = job.params(i as usize)?;
         let seed = plan::trial_seed(job.file.seed, i);
         let id = trial_key(job, &params, seed);
@@ -629,7 +609,7 @@ fn dry_run(
         ))?,
     }
     say(out, format!("results would go to {}", dir.display()))?;
-    for t in todo {
+    for t in todo.iter().take(DRY_RUN_LISTED) {
         say(
             out,
             format!(
@@ -640,8 +620,21 @@ fn dry_run(
             ),
         )?;
     }
+    if todo.len() > DRY_RUN_LISTED {
+        say(
+            out,
+            format!(
+                "  ... and {} more trials ({} to run in all)",
+                todo.len() - DRY_RUN_LISTED,
+                todo.len()
+            ),
+        )?;
+    }
     Ok(())
 }
+
+/// The most trials `--dry-run` lists one by one; it counts the others.
+pub const DRY_RUN_LISTED: usize = 50;
 
 #[cfg(test)]
 mod tests {

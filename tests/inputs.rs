@@ -1,0 +1,748 @@
+//! Inputs are bounded and validated: huge spaces, size overflows, data-file bombs, deep or
+//! aliased YAML, out-of-range numbers and durations, names that leave the output folder,
+//! duplicate keys, labels outside the classes, and files that are not regular files. Each one
+//! is exit code 2 with one line naming the problem, or a bounded run; never a panic, a hang or
+//! unbounded memory.
+//!
+//! Runs that must stay bounded run the real binary with its address space limited, so a
+//! regression fails by running out of memory instead of growing the machine's.
+
+mod common;
+use common::*;
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+
+/// The address space a bounded run may use (the bar for these cases is 500 MB resident).
+const LIMIT_BYTES: u64 = 1 << 30;
+
+fn exe() -> PathBuf {
+    std::env::var_os("CARGO_BIN_EXE_gpumux")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_gpumux")))
+}
+
+/// Runs gpumux in `cwd` with its address space limited to [`LIMIT_BYTES`], stdin closed.
+fn bounded(cwd: &Path, args: &[&str]) -> Output {
+    let mut cmd = Command::new(exe());
+    cmd.current_dir(cwd).args(args).stdin(Stdio::null());
+    #[cfg(unix)]
+    {
+        use std::os::unix::process::CommandExt;
+        // SAFETY: setrlimit is async-signal-safe and touches only the child.
+        unsafe {
+            cmd.pre_exec(|| {
+                let lim = libc::rlimit {
+                    rlim_cur: LIMIT_BYTES as libc::rlim_t,
+                    rlim_max: LIMIT_BYTES as libc::rlim_t,
+                };
+                if libc::setrlimit(libc::RLIMIT_AS, &lim) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+    }
+    cmd.output().expect("gpumux runs")
+}
+
+/// The one `error:` line of a run that must fail with exit code 2, checked to hold every piece
+/// of `needles`.
+fn refused(o: &Output, needles: &[&str]) -> String {
+    let err = stderr(o);
+    assert!(!err.contains("panicked"), "a panic: {err}");
+    assert_eq!(o.status.code(), Some(2), "exit code: {err}");
+    let lines: Vec<&str> = err.lines().filter(|l| l.starts_with("error:")).collect();
+    assert_eq!(lines.len(), 1, "one error line: {err}");
+    for n in needles {
+        assert!(lines[0].contains(n), "{n:?} not in {:?}", lines[0]);
+    }
+    lines[0].to_string()
+}
+
+const MLP: &str = "model: {kind: mlp}\ndata: {source: synthetic, shape: [1, 4, 4], classes: 3, train_samples: 64, test_samples: 16}\ntrain: {epochs: 1, batch_size: 8}\n";
+
+fn sweep_dry(dir: &Path, job: &Path) -> Output {
+    let out = dir.join("out");
+    bounded(
+        dir,
+        &[
+            "sweep",
+            job.to_str().expect("utf-8"),
+            "--dry-run",
+            "--out",
+            out.to_str().expect("utf-8"),
+        ],
+    )
+}
+
+// Case 1: huge spaces are refused or generated lazily, and a dry run prints a bounded amount.
+
+#[test]
+fn a_run_cap_past_the_maximum_is_refused_naming_the_key_and_line() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    for cap in ["1000000000", "50001"] {
+        let text = format!("{MLP}run_cap: {cap}\nparameters:\n  lr: {{min: 0.001, max: 0.1}}\n");
+        let j = job(dir.path(), "cap.yaml", &text);
+        refused(
+            &sweep_dry(dir.path(), &j),
+            &["`run_cap`", "line 4", "50000"],
+        );
+    }
+}
+
+#[test]
+fn a_dry_run_of_a_large_space_lists_a_bounded_number_of_trials() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let text = format!("{MLP}run_cap: 50000\nparameters:\n  lr: {{min: 0.001, max: 0.1}}\n");
+    let j = job(dir.path(), "big.yaml", &text);
+    let o = sweep_dry(dir.path(), &j);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let s = stdout(&o);
+    let listed = s.lines().filter(|l| l.contains("\"lr\"")).count();
+    assert!(listed > 0 && listed <= 100, "{listed} trials listed");
+    assert!(
+        s.contains("50000 trials in the space") && s.contains("49950 more"),
+        "{s}"
+    );
+}
+
+#[test]
+fn a_huge_grid_needs_a_run_cap_and_then_runs_its_first_points() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let params: String = (0..40)
+        .map(|i| format!("  p{i}: {{values: [0, 1]}}\n"))
+        .collect();
+    let text = format!("command: \"true {{p0}}\"\nmethod: grid\nparameters:\n{params}");
+    let j = job(dir.path(), "grid.yaml", &text);
+    refused(
+        &sweep_dry(dir.path(), &j),
+        &["`parameters`", "1099511627776", "run_cap"],
+    );
+    let j = job(dir.path(), "grid.yaml", &format!("{text}run_cap: 3\n"));
+    let o = sweep_dry(dir.path(), &j);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let listed = stdout(&o).lines().filter(|l| l.contains("\"p0\"")).count();
+    assert_eq!(listed, 3, "{}", stdout(&o));
+}
+
+#[test]
+fn train_builds_only_the_trial_it_is_asked_for() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let text = format!("{MLP}run_cap: 10\nparameters:\n  lr: {{min: 0.001, max: 0.1}}\n");
+    let j = job(dir.path(), "t.yaml", &text);
+    let o = bounded(
+        dir.path(),
+        &[
+            "train",
+            j.to_str().expect("utf-8"),
+            "--trial",
+            "99999999",
+            "--backend",
+            "cpu",
+        ],
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(stdout(&o).contains("trial t99999999"), "{}", stdout(&o));
+}
+
+// Case 2: sizes are multiplied with checked arithmetic.
+
+#[test]
+fn a_grid_of_2_to_the_64_points_is_refused_not_run_as_zero_trials() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let params: String = (0..64)
+        .map(|i| format!("  p{i}: {{values: [a, b]}}\n"))
+        .collect();
+    let text = format!("command: \"true {{p0}}\"\nmethod: grid\nparameters:\n{params}");
+    let j = job(dir.path(), "g64.yaml", &text);
+    refused(
+        &sweep_dry(dir.path(), &j),
+        &["`parameters`", "line 3", "overflows"],
+    );
+    // A random sweep over the same values draws run_cap points: no grid is counted.
+    let text = text.replace("method: grid", "method: random\nrun_cap: 2");
+    let j = job(dir.path(), "r64.yaml", &text);
+    let o = sweep_dry(dir.path(), &j);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+}
+
+#[test]
+fn products_of_sizes_from_the_job_are_bounded() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cases: [(&str, &[&str]); 8] = [
+        ("memory: {mib_per_slice: 1e300}\n", &["memory.mib_per_slice"]),
+        ("slices:\n  - {mem_mib: 1e300}\n  - {mem_mib: 1e300}\n", &["slices.0.mem_mib"]),
+        ("ratios: [1e308, 1e308]\n", &["`ratios`"]),
+        ("train: {batch_size: 4000000000}\n", &["train.batch_size"]),
+        (
+            "run_cap: 5\nparameters:\n  batch_size: {min: -9e18, max: 9e18}\n",
+            &["parameters.batch_size"],
+        ),
+        (
+            "data: {source: synthetic, train_samples: 100000000}\n",
+            &["data.train_samples"],
+        ),
+        (
+            "n: [1024, 1023, 1022, 1021, 1020, 1019, 1018, 1017, 1016, 1015, 1014, 1013, 1012, 1011, 1010, 1009, 1008, 1007, 1006, 1005, 1004, 1003, 1002, 1001, 1000, 999, 998, 997, 996, 995, 994, 993, 992, 991, 990]\n",
+            &["`n`", "50000"],
+        ),
+        (
+            "faults:\n  - {trial: 1, kind: nan}\n  - {trial: 1, kind: panic}\n",
+            &["faults.1.trial"],
+        ),
+    ];
+    for (extra, needles) in cases {
+        let base = if extra.starts_with("data:") {
+            "model: {kind: mlp}\n"
+        } else {
+            "model: {kind: mlp}\ndata: {source: synthetic}\n"
+        };
+        let j = job(dir.path(), "p.yaml", &format!("{base}{extra}"));
+        let o = bounded(
+            dir.path(),
+            &["fib", j.to_str().expect("utf-8"), "--backend", "cpu"],
+        );
+        refused(&o, needles);
+    }
+}
+
+#[test]
+fn a_memory_plan_past_its_bound_is_refused_before_any_allocation() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let j = job(
+        dir.path(),
+        "wide.yaml",
+        "model: {kind: cnn, channels: [65536, 65536]}\ndata: {source: synthetic, shape: [1, 512, 512], train_samples: 64, test_samples: 16}\ntrain: {batch_size: 32, epochs: 1}\nbackend: cpu\n",
+    );
+    refused(
+        &bounded(dir.path(), &["train", j.to_str().expect("utf-8")]),
+        &["batch of 32", "memory plan"],
+    );
+}
+
+// Case 3: data files are bounded by their headers.
+
+fn idx(dims: &[u32], data: &[u8]) -> Vec<u8> {
+    let mut out = vec![0, 0, 8, dims.len() as u8];
+    for d in dims {
+        out.extend_from_slice(&d.to_be_bytes());
+    }
+    out.extend_from_slice(data);
+    out
+}
+
+fn gzip(data: &[u8]) -> Vec<u8> {
+    let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
+    enc.write_all(data).expect("gzip");
+    enc.finish().expect("gzip")
+}
+
+/// An idx folder of `n` 4×4 images whose labels cycle through 0..10.
+fn idx_folder(dir: &Path, n: usize) -> PathBuf {
+    let folder = dir.join("set");
+    std::fs::create_dir_all(&folder).expect("folder");
+    let pixels: Vec<u8> = (0..n * 16).map(|i| (i % 251) as u8).collect();
+    let labels: Vec<u8> = (0..n).map(|i| (i % 10) as u8).collect();
+    std::fs::write(
+        folder.join("images-idx3-ubyte"),
+        idx(&[n as u32, 4, 4], &pixels),
+    )
+    .expect("images");
+    std::fs::write(folder.join("labels-idx1-ubyte"), idx(&[n as u32], &labels)).expect("labels");
+    folder
+}
+
+fn idx_job(dir: &Path, folder: &Path, extra: &str) -> PathBuf {
+    job(
+        dir,
+        "idx.yaml",
+        &format!(
+            "model: {{kind: mlp, hidden: [8]}}\ndata: {{source: idx, path: {}{extra}}}\ntrain: {{epochs: 1, batch_size: 4}}\nbackend: cpu\n",
+            folder.display()
+        ),
+    )
+}
+
+fn train(dir: &Path, job: &Path) -> Output {
+    bounded(dir, &["train", job.to_str().expect("utf-8")])
+}
+
+#[test]
+fn a_gzip_bomb_is_read_no_further_than_its_header_declares() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let folder = idx_folder(dir.path(), 50);
+    std::fs::remove_file(folder.join("labels-idx1-ubyte")).expect("rm");
+    // The header declares 50 labels; 2 GiB of zeros follow, as 2048 gzip members of 1 MiB each.
+    let mut labels = idx(&[50], &[0; 50]);
+    labels.resize(1 << 20, 0);
+    let mut bomb = gzip(&labels);
+    let member = gzip(&vec![0u8; 1 << 20]);
+    for _ in 0..2048 {
+        bomb.extend_from_slice(&member);
+    }
+    std::fs::write(folder.join("labels-idx1-ubyte.gz"), &bomb).expect("bomb");
+    let j = idx_job(dir.path(), &folder, "");
+    refused(
+        &train(dir.path(), &j),
+        &["labels-idx1-ubyte.gz", "trailing bytes", "declares 50"],
+    );
+}
+
+#[test]
+fn a_header_declaring_more_than_the_file_holds_is_an_error_not_an_allocation() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let folder = idx_folder(dir.path(), 50);
+    // 2^31 - 1 images of 1×1 declared: within the limit, far beyond the file.
+    std::fs::write(
+        folder.join("images-idx3-ubyte"),
+        idx(&[u32::MAX >> 1, 1, 1], &[0; 16]),
+    )
+    .expect("images");
+    let j = idx_job(dir.path(), &folder, "");
+    refused(
+        &train(dir.path(), &j),
+        &["images-idx3-ubyte", "truncated", "found 16"],
+    );
+    // Beyond the limit: refused from the header alone, raw or gzip.
+    let huge = idx(&[60_000, 60_000, 60_000], &[]);
+    std::fs::write(folder.join("images-idx3-ubyte"), gzip(&huge)).expect("images");
+    refused(
+        &train(dir.path(), &j),
+        &["images-idx3-ubyte", "more than an IDX file may hold"],
+    );
+}
+
+#[test]
+fn a_cifar_batch_is_checked_by_its_size_before_it_is_read() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let folder = dir.path().join("cifar");
+    std::fs::create_dir(&folder).expect("folder");
+    let record = |label: u8| {
+        let mut r = vec![label];
+        r.resize(3073, 7);
+        r
+    };
+    for name in [
+        "data_batch_1.bin",
+        "data_batch_2.bin",
+        "data_batch_3.bin",
+        "data_batch_4.bin",
+        "data_batch_5.bin",
+        "test_batch.bin",
+    ] {
+        let bytes: Vec<u8> = (0..4).flat_map(|i| record(i as u8)).collect();
+        std::fs::write(folder.join(name), bytes).expect("batch");
+    }
+    // A sparse batch of 3 GiB: refused from its size, never read.
+    let big = std::fs::File::create(folder.join("data_batch_3.bin")).expect("big");
+    big.set_len(3073 * 1_100_000).expect("sparse");
+    let j = job(
+        dir.path(),
+        "c.yaml",
+        &format!(
+            "model: {{kind: mlp, hidden: [8]}}\ndata: {{source: cifar10, path: {}}}\ntrain: {{epochs: 1, batch_size: 4}}\nbackend: cpu\n",
+            folder.display()
+        ),
+    );
+    refused(
+        &train(dir.path(), &j),
+        &[
+            "data_batch_3.bin",
+            "more than a CIFAR-10 batch file may hold",
+        ],
+    );
+}
+
+// Case 4: job files are bounded before the YAML parser sees them.
+
+fn fib_check(dir: &Path, name: &str, text: &str) -> Output {
+    let j = job(dir, name, text);
+    bounded(
+        dir,
+        &["fib", j.to_str().expect("utf-8"), "--backend", "cpu"],
+    )
+}
+
+#[test]
+fn deep_nesting_is_refused_before_parsing() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    for (open, close) in [("[", "]"), ("{a: ", "}")] {
+        let text = format!(
+            "model: {{kind: mlp}}\ndata: {{source: synthetic}}\nn: {}1{}\n",
+            open.repeat(2000),
+            close.repeat(2000)
+        );
+        refused(
+            &fib_check(dir.path(), "deep.yaml", &text),
+            &["line 3", "more than 32"],
+        );
+    }
+    let block: String = (0..100)
+        .map(|i| format!("{}k{i}:\n", " ".repeat(i + 1)))
+        .collect();
+    let text = format!("model: {{kind: mlp}}\ndata: {{source: synthetic}}\nparameters:\n{block}");
+    refused(
+        &fib_check(dir.path(), "block.yaml", &text),
+        &["more than 32"],
+    );
+}
+
+#[test]
+fn a_job_file_over_1_mib_is_refused() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let text = format!(
+        "model: {{kind: mlp}}\ndata: {{source: synthetic}}\n# {}\n",
+        "x".repeat(2 << 20)
+    );
+    refused(&fib_check(dir.path(), "big.yaml", &text), &["1 MiB"]);
+}
+
+#[test]
+fn alias_bombs_are_refused() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    // The billion laughs: ten levels of ten aliases each.
+    let mut text = String::from(
+        "model: {kind: mlp}\ndata: {source: synthetic}\nlol0: &a0 [x, x, x, x, x, x, x, x, x, x]\n",
+    );
+    for i in 1..10 {
+        let refs = vec![format!("*a{}", i - 1); 10].join(", ");
+        text.push_str(&format!("lol{i}: &a{i} [{refs}]\n"));
+    }
+    refused(&fib_check(dir.path(), "lol.yaml", &text), &["aliases"]);
+    // One long list under an anchor, referred to many times where values are kept.
+    let text = format!(
+        "command: \"true {{p}}\"\nrun_cap: 2\nparameters:\n  q: {{values: &a [{}]}}\n  p: {{values: [{}]}}\n",
+        vec!["1"; 20_000].join(","),
+        vec!["*a"; 5_000].join(",")
+    );
+    let j = job(dir.path(), "wide.yaml", &text);
+    refused(&sweep_dry(dir.path(), &j), &["aliases"]);
+}
+
+// Case 5: durations and floats from flags and job keys are checked when parsed.
+
+#[test]
+fn out_of_range_durations_and_numbers_in_flags_exit_2() {
+    let root = root();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out = dir.path().join("out");
+    let out = out.to_str().expect("utf-8");
+    for grace in ["1e30", "-1", "NaN", "inf", "1e400", "seconds"] {
+        let flag = format!("--grace={grace}");
+        let o = bounded(
+            &root,
+            &[
+                "sweep",
+                "jobs/sweep-random.yaml",
+                "--dry-run",
+                "--out",
+                out,
+                &flag,
+            ],
+        );
+        refused(&o, &["--grace"]);
+    }
+    for seconds in ["1e30", "0", "-5", "NaN"] {
+        let flag = format!("--seconds={seconds}");
+        let o = bounded(&root, &["batch-scan", "jobs/mnist-fib.yaml", &flag]);
+        refused(&o, &["--seconds"]);
+    }
+    let flags: [(&str, &str, &str); 7] = [
+        ("--lr", "NaN", "train.lr"),
+        ("--lr", "inf", "train.lr"),
+        ("--momentum", "1e300", "train.momentum"),
+        ("--dropout", "NaN", "train.dropout"),
+        ("--weight-decay", "-inf", "train.weight_decay"),
+        ("--width", "NaN", "model.width"),
+        ("--batch-size", "4000000000", "train.batch_size"),
+    ];
+    for (flag, value, key) in flags {
+        let arg = format!("{flag}={value}");
+        let model = if flag == "--width" { "resnet50" } else { "mlp" };
+        let o = bounded(
+            &root,
+            &["train", "--model", model, "--data", "synthetic", &arg],
+        );
+        refused(&o, &[key]);
+    }
+}
+
+#[test]
+fn out_of_range_numbers_in_job_keys_exit_2() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cases: [(&str, &str); 8] = [
+        ("memory: {fraction: .nan}\n", "memory.fraction"),
+        ("train: {lr: .inf}\n", "train.lr"),
+        ("train: {momentum: .nan}\n", "train.momentum"),
+        (
+            "run_cap: 3\nparameters:\n  lr: {min: -1e300, max: 1e300, distribution: log_uniform}\n",
+            "parameters.lr",
+        ),
+        (
+            "run_cap: 3\nparameters:\n  lr: {mu: 0, sigma: .inf}\n",
+            "parameters.lr.sigma",
+        ),
+        (
+            "run_cap: 3\nparameters:\n  dropout: {values: [0.1, .nan]}\n",
+            "parameters.dropout",
+        ),
+        (
+            "data: {source: mnist-10k, test_fraction: .nan}\n",
+            "data.test_fraction",
+        ),
+        ("model: {kind: resnet50, width: 1e300}\n", "model.width"),
+    ];
+    for (extra, key) in cases {
+        let mut text = String::new();
+        if !extra.starts_with("model:") {
+            text.push_str("model: {kind: mlp}\n");
+        }
+        if !extra.starts_with("data:") {
+            text.push_str("data: {source: synthetic}\n");
+        }
+        text.push_str(extra);
+        refused(&fib_check(dir.path(), "num.yaml", &text), &[key]);
+    }
+}
+
+// Case 6: a name never leads outside the output folder.
+
+#[test]
+fn names_that_would_leave_the_output_folder_are_refused() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let work = dir.path().join("work");
+    std::fs::create_dir(&work).expect("work");
+    let long = "n".repeat(300);
+    for name in [
+        "..",
+        ".",
+        "\"\"",
+        "a/b",
+        "'..\\\\x'",
+        "\"a\\0b\"",
+        "\"a\\tb\"",
+        "\"a\\nb\"",
+        long.as_str(),
+    ] {
+        let text = format!("name: {name}\n{MLP}n: [1]\nsplits: [shared]\n");
+        let j = job(dir.path(), "named.yaml", &text);
+        let o = bounded(&work, &["fib", j.to_str().expect("utf-8")]);
+        let line = refused(&o, &["`name`", "line 1"]);
+        assert!(!line.contains('\t') && !line.contains('\0'), "{line:?}");
+    }
+    // A file whose name cannot stand for the job's name.
+    let j = job(
+        dir.path(),
+        "..yaml",
+        &format!("{MLP}n: [1]\nsplits: [shared]\n"),
+    );
+    refused(
+        &bounded(&work, &["fib", j.to_str().expect("utf-8")]),
+        &["`name`", "set `name`"],
+    );
+    let left: Vec<_> = std::fs::read_dir(dir.path())
+        .expect("dir")
+        .map(|e| e.expect("entry").file_name())
+        .collect();
+    assert!(
+        !dir.path().join("out").exists() && !work.join("out").exists(),
+        "nothing written: {left:?}"
+    );
+}
+
+// Case 7: a key given twice is an error, wherever it is.
+
+#[test]
+fn duplicate_keys_are_refused_anywhere() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cases: [(&str, &str, &str); 4] = [
+        (
+            "model: {kind: mlp}\ndata: {source: synthetic}\nparameters:\n  lr: {value: 0.1}\n  lr: {value: 0.2}\n",
+            "parameters.lr",
+            "line 5",
+        ),
+        (
+            "model: {kind: mlp}\ndata: {source: synthetic}\nseed: 1\nseed: 2\n",
+            "`seed`",
+            "line 4",
+        ),
+        (
+            "model: {kind: mlp}\ndata: {source: synthetic}\nmemory:\n  fraction: 0.5\n  fraction: 0.6\n",
+            "memory.fraction",
+            "line 5",
+        ),
+        (
+            "model: {kind: mlp}\ndata: {source: synthetic}\nparameters:\n  lr: {values: [0.1], values: [0.2]}\n",
+            "parameters.lr.values",
+            "line 4",
+        ),
+    ];
+    for (text, key, line) in cases {
+        refused(
+            &fib_check(dir.path(), "dup.yaml", text),
+            &[key, line, "twice"],
+        );
+    }
+}
+
+// Case 8: labels outside the classes are refused at load, whatever the backend.
+
+#[test]
+fn a_label_outside_the_classes_is_refused_at_load() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let folder = idx_folder(dir.path(), 50);
+    let mut labels: Vec<u8> = (0..50).map(|i| (i % 10) as u8).collect();
+    labels[17] = 255;
+    std::fs::write(folder.join("labels-idx1-ubyte"), idx(&[50], &labels)).expect("labels");
+    let j = idx_job(dir.path(), &folder, "");
+    refused(
+        &train(dir.path(), &j),
+        &["labels-idx1-ubyte", "sample 17", "label 255"],
+    );
+    // Saying how many classes there are: a label beyond them is still refused.
+    let j = idx_job(dir.path(), &folder, ", classes: 10");
+    refused(
+        &train(dir.path(), &j),
+        &["labels-idx1-ubyte", "sample 17", "label 255", "10"],
+    );
+    // Saying there are 256 classes makes the label valid.
+    let j = idx_job(dir.path(), &folder, ", classes: 256");
+    let o = train(dir.path(), &j);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    // A 10-class source that names its classes refuses the label the same way.
+    std::fs::create_dir(dir.path().join("fm")).expect("fm");
+    for (prefix, n) in [("train-", 50usize), ("t10k-", 10)] {
+        let mut l: Vec<u8> = (0..n).map(|i| (i % 10) as u8).collect();
+        l[3] = 255;
+        std::fs::write(
+            dir.path().join(format!("fm/{prefix}images-idx3-ubyte")),
+            idx(&[n as u32, 4, 4], &vec![1; n * 16]),
+        )
+        .expect("images");
+        std::fs::write(
+            dir.path().join(format!("fm/{prefix}labels-idx1-ubyte")),
+            idx(&[n as u32], &l),
+        )
+        .expect("labels");
+    }
+    let j = job(
+        dir.path(),
+        "fm.yaml",
+        &format!(
+            "model: {{kind: mlp, hidden: [8]}}\ndata: {{source: fashion-mnist, path: {}}}\ntrain: {{epochs: 1, batch_size: 4}}\n",
+            dir.path().join("fm").display()
+        ),
+    );
+    refused(
+        &train(dir.path(), &j),
+        &["train-labels-idx1-ubyte", "sample 3", "label 255"],
+    );
+}
+
+// Case 9: a directory, a FIFO or a byte-order mark is named for what it is.
+
+#[test]
+fn a_directory_given_as_a_data_file_is_named_as_one() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let folder = idx_folder(dir.path(), 50);
+    std::fs::remove_file(folder.join("images-idx3-ubyte")).expect("rm");
+    std::fs::create_dir(folder.join("images-idx3-ubyte")).expect("dir");
+    let j = idx_job(dir.path(), &folder, "");
+    refused(
+        &train(dir.path(), &j),
+        &["images-idx3-ubyte", "is a directory"],
+    );
+    // A data path that is a file, not a folder.
+    let j = idx_job(dir.path(), &folder.join("labels-idx1-ubyte"), "");
+    refused(&train(dir.path(), &j), &["not a folder"]);
+    // A job file that is a directory.
+    refused(
+        &bounded(dir.path(), &["fib", folder.to_str().expect("utf-8")]),
+        &["is a directory"],
+    );
+}
+
+#[cfg(unix)]
+fn mkfifo(path: &Path) {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes()).expect("path");
+    // SAFETY: a valid NUL-terminated path; mkfifo only creates a file.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0, "mkfifo");
+}
+
+/// Runs a command that must not wait on a FIFO; a run that does is killed after a minute (it
+/// is still our unreaped child then), and the test fails on its exit status.
+#[cfg(unix)]
+fn never_waits(dir: &Path, args: &[&str]) -> Output {
+    let mut child = Command::new(exe())
+        .current_dir(dir)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let started = std::time::Instant::now();
+    while child.try_wait().expect("try_wait").is_none() {
+        if started.elapsed() > std::time::Duration::from_secs(60) {
+            child.kill().expect("kill");
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    child.wait_with_output().expect("wait")
+}
+
+#[cfg(unix)]
+#[test]
+fn a_fifo_given_as_a_file_is_refused_without_waiting() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let folder = idx_folder(dir.path(), 50);
+    std::fs::remove_file(folder.join("labels-idx1-ubyte")).expect("rm");
+    mkfifo(&folder.join("labels-idx1-ubyte"));
+    let j = idx_job(dir.path(), &folder, "");
+    refused(
+        &never_waits(dir.path(), &["train", j.to_str().expect("utf-8")]),
+        &["labels-idx1-ubyte", "FIFO"],
+    );
+    let fifo_job = dir.path().join("job.yaml");
+    mkfifo(&fifo_job);
+    refused(
+        &never_waits(dir.path(), &["fib", fifo_job.to_str().expect("utf-8")]),
+        &["job.yaml", "FIFO"],
+    );
+}
+
+#[test]
+fn a_byte_order_mark_is_accepted_in_a_job_and_named_in_a_data_file() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let j = dir.path().join("bom.yaml");
+    std::fs::write(
+        &j,
+        [
+            b"\xef\xbb\xbf".as_slice(),
+            format!("{MLP}run_cap: 2\n").as_bytes(),
+        ]
+        .concat(),
+    )
+    .expect("job");
+    let o = sweep_dry(dir.path(), &j);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    // UTF-16 is not read as YAML: it says how to save the file.
+    let utf16: Vec<u8> = [0xff, 0xfe]
+        .into_iter()
+        .chain(MLP.encode_utf16().flat_map(|u| u.to_le_bytes()))
+        .collect();
+    std::fs::write(&j, utf16).expect("job");
+    refused(&sweep_dry(dir.path(), &j), &["UTF-16", "UTF-8"]);
+    // An IDX file that is text with a byte-order mark.
+    let folder = idx_folder(dir.path(), 50);
+    std::fs::write(folder.join("labels-idx1-ubyte"), b"\xef\xbb\xbf1,2,3\n").expect("labels");
+    let j = idx_job(dir.path(), &folder, "");
+    refused(
+        &train(dir.path(), &j),
+        &["labels-idx1-ubyte", "byte-order mark"],
+    );
+}
