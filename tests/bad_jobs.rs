@@ -1,14 +1,14 @@
 //! Every malformed job in tests/fixtures/bad-jobs gives exit code 2 and one line naming the problem; none panics.
 
-mod common;
-use common::*;
+mod support;
+use support::*;
 
 #[test]
 fn every_bad_job_is_a_one_line_error_with_exit_code_2() {
     let root = root();
     let expect = std::fs::read_to_string(root.join("tests/fixtures/bad-jobs/EXPECT.tsv"))
         .expect("EXPECT.tsv");
-    let out = tempfile::tempdir().expect("tempdir");
+    let out = sandbox();
     let mut checked = 0;
     let mut failures = Vec::new();
     for line in expect
@@ -18,15 +18,7 @@ fn every_bad_job_is_a_one_line_error_with_exit_code_2() {
         let (file, needle) = line.split_once('\t').expect("fixture<TAB>text");
         let path = root.join("tests/fixtures/bad-jobs").join(file);
         assert!(path.exists(), "fixture {file} is listed but missing");
-        let o = gpumux(
-            &root,
-            &[
-                "fib",
-                path.to_str().expect("utf-8 path"),
-                "--out",
-                out.path().to_str().expect("utf-8"),
-            ],
-        );
+        let o = gpumux(&root, &["fib", s(&path), "--out", s(out.path())]);
         let err = stderr(&o);
         let lines: Vec<&str> = err.lines().filter(|l| l.starts_with("error:")).collect();
         let ok = o.status.code() == Some(2)
@@ -80,8 +72,7 @@ fn bad_flags_exit_2() {
 
 #[test]
 fn an_unusable_backend_is_exit_4() {
-    let probe = gpumux(&root(), &["devices"]);
-    if stdout(&probe).contains("backend: cuda") {
+    if gpu_usable() {
         eprintln!("skipped: a GPU is usable here, so backend cuda is not an error");
         return;
     }

@@ -1,21 +1,16 @@
 //! `gpumux devices` where no GPU can be used: the quick exit 4 of `--backend cuda`, and a toolkit's stub libcuda refused by name.
 
-mod common;
+mod support;
 
 use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{gpumux, root, stderr, stdout};
-
-/// Whether this machine has a usable GPU (then the no-GPU cases do not apply).
-fn gpu_here() -> bool {
-    stdout(&gpumux(&root(), &["devices"])).contains("backend: cuda")
-}
+use support::{gpu_usable, gpumux, root, run, sandbox, stderr, stdout};
 
 #[test]
 fn backend_cuda_without_a_gpu_exits_4_at_once() {
-    if gpu_here() {
+    if gpu_usable() {
         println!("skipped: a GPU is usable here");
         return;
     }
@@ -55,11 +50,11 @@ fn shared_library(dir: &Path, name: &str, source: &str) -> Option<()> {
 /// with its path and the folder to remove, never run on the CPU as if there were no GPU.
 #[test]
 fn a_stub_libcuda_is_refused_by_name() {
-    if gpu_here() {
+    if gpu_usable() {
         println!("skipped: a GPU is usable here; the stub would not be reached the same way");
         return;
     }
-    let t = tempfile::tempdir().expect("tempdir");
+    let t = sandbox();
     // CUDA_ERROR_STUB_LIBRARY is 34, CUDA_ERROR_NO_DEVICE 100.
     let stub = "int cuInit(unsigned f) { (void)f; return 34; }\n\
                 int cuGetErrorName(int e, const char **s) { (void)e; *s = \"STUB\"; return 0; }\n";
@@ -73,14 +68,11 @@ fn a_stub_libcuda_is_refused_by_name() {
         return;
     }
     let ld = format!("{}:{}", stubs.display(), drv.display());
-    let o = Command::new(env!("CARGO_BIN_EXE_gpumux"))
-        .current_dir(root())
-        .args(["devices", "--backend", "cuda"])
+    let o = run(&root(), &["devices", "--backend", "cuda"])
         .env("LD_LIBRARY_PATH", &ld)
         .env_remove("CUDA_HOME")
         .env_remove("CUDA_PATH")
-        .output()
-        .expect("gpumux runs");
+        .output();
     let err = stderr(&o);
     assert_eq!(o.status.code(), Some(4), "{err}");
     let stub_file = std::fs::canonicalize(stubs.join("libcuda.so")).expect("stub");
@@ -94,12 +86,9 @@ fn a_stub_libcuda_is_refused_by_name() {
         "{err}"
     );
     // With the stub's folder gone, the stand-in driver is bound and its own answer is given.
-    let o = Command::new(env!("CARGO_BIN_EXE_gpumux"))
-        .current_dir(root())
-        .args(["devices", "--backend", "cuda"])
+    let o = run(&root(), &["devices", "--backend", "cuda"])
         .env("LD_LIBRARY_PATH", &drv)
-        .output()
-        .expect("gpumux runs");
+        .output();
     let err = stderr(&o);
     assert_eq!(o.status.code(), Some(4), "{err}");
     assert!(!err.contains("stub"), "{err}");

@@ -1,51 +1,40 @@
 //! External-command sweeps on the real binary: templates checked at load, a result without the metric, output in bounded memory, and daemons that try to outlive their trial.
 
-mod common;
-use common::*;
+mod support;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Stdio;
+use std::time::Duration;
+use support::*;
 
-fn bin() -> PathBuf {
-    assert_cmd::cargo::cargo_bin("gpumux")
-}
-
-/// A job running `command` (YAML-quoted here) for `trials` trials of parameter `lr`.
-fn command_job(dir: &Path, name: &str, command: &str, trials: usize) -> PathBuf {
-    let values: Vec<String> = (1..=trials).map(|i| format!("0.{i}")).collect();
-    job(
-        dir,
+/// A job running `command` (YAML-quoted here) for `trials` trials of parameter `lr`, all at once.
+fn command_job(dir: &Sandbox, name: &str, command: &str, trials: usize) -> PathBuf {
+    let lrs: Vec<String> = (1..=trials).map(|i| format!("0.{i}")).collect();
+    let lrs: Vec<&str> = lrs.iter().map(String::as_str).collect();
+    dir.job(
         &format!("{name}.yaml"),
-        &format!(
-            "name: {name}\ncommand: {command:?}\nmethod: grid\nparameters:\n  lr: {{values: [{}]}}\nconcurrency: {trials}\n",
-            values.join(", ")
-        ),
+        JobYaml::new()
+            .name(name)
+            .command(command)
+            .method("grid")
+            .param("lr", values(&lrs))
+            .concurrency(trials),
     )
 }
 
 /// Writes an executable shell script.
-fn script(dir: &Path, name: &str, body: &str) -> PathBuf {
+fn script(dir: &Sandbox, name: &str, body: &str) -> PathBuf {
     let p = dir.join(name);
-    std::fs::write(&p, format!("#!/bin/sh\n{body}")).unwrap();
-    let ok = Command::new("chmod").arg("+x").arg(&p).status().unwrap();
-    assert!(ok.success());
+    write_executable(&p, &format!("#!/bin/sh\n{body}"));
     p
 }
 
 #[test]
 fn an_unknown_placeholder_is_bad_input_at_load_even_in_a_dry_run() {
-    let dir = tempfile::tempdir().unwrap();
-    let typo = command_job(dir.path(), "typo", "echo --lr {lr} --m {momentm}", 2);
+    let dir = sandbox();
+    let typo = command_job(&dir, "typo", "echo --lr {lr} --m {momentm}", 2);
     for extra in [&["--dry-run"][..], &[]] {
-        let out = dir.path().join("out");
-        let mut args = vec![
-            "sweep",
-            typo.to_str().unwrap(),
-            "--out",
-            out.to_str().unwrap(),
-        ];
-        args.extend(extra);
-        let o = gpumux(dir.path(), &args);
+        let out = dir.join("out");
+        let o = dir.run_into("sweep", &typo, &out, extra);
         let err = stderr(&o);
         assert_eq!(o.status.code(), Some(2), "{extra:?}: {err}");
         assert!(err.contains("{momentm}"), "{err}");
@@ -61,43 +50,40 @@ fn an_unknown_placeholder_is_bad_input_at_load_even_in_a_dry_run() {
         assert!(!out.exists(), "nothing is written");
     }
     // A brace that is not closed is found as early.
-    let brace = command_job(dir.path(), "brace", "echo {lr", 1);
-    let o = gpumux(dir.path(), &["sweep", brace.to_str().unwrap(), "--dry-run"]);
+    let brace = command_job(&dir, "brace", "echo {lr", 1);
+    let o = dir.gpumux(&["sweep", s(&brace), "--dry-run"]);
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
     assert!(stderr(&o).contains("unclosed"), "{}", stderr(&o));
     // Known names, escaped braces and parameters of the space pass.
-    let fine = job(
-        dir.path(),
+    let fine = dir.job(
         "ok.yaml",
-        "name: ok\ncommand: \"echo {{x}} {lr} {width}\"\nmethod: grid\nparameters:\n  lr: {values: [0.1]}\n  width: {values: [8]}\nconcurrency: 1\n",
+        JobYaml::new()
+            .name("ok")
+            .command("echo {{x}} {lr} {width}")
+            .method("grid")
+            .param("lr", values(&["0.1"]))
+            .param("width", values(&["8"]))
+            .concurrency(1),
     );
-    let o = gpumux(dir.path(), &["sweep", fine.to_str().unwrap(), "--dry-run"]);
+    let o = dir.gpumux(&["sweep", s(&fine), "--dry-run"]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
 }
 
 #[test]
 fn a_result_without_the_sweeps_metric_is_a_failed_trial() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = sandbox();
     // The metric is test_acc (the default); the command reports loss only, or test_acc: null.
     let cases = [
         ("loss", r#"echo "{\"loss\": $1}""#),
         ("null", r#"echo "{\"test_acc\": null, \"loss\": $1}""#),
     ];
     for (name, body) in cases {
-        script(dir.path(), &format!("{name}.sh"), &format!("{body}\n"));
-        let job = command_job(dir.path(), name, &format!("./{name}.sh {{lr}}"), 2);
-        let out = dir.path().join(name);
-        let o = gpumux(
-            dir.path(),
-            &[
-                "sweep",
-                job.to_str().unwrap(),
-                "--out",
-                out.to_str().unwrap(),
-            ],
-        );
+        script(&dir, &format!("{name}.sh"), &format!("{body}\n"));
+        let job = command_job(&dir, name, &format!("./{name}.sh {{lr}}"), 2);
+        let out = dir.join(name);
+        let o = dir.run_into("sweep", &job, &out, &[]);
         assert_eq!(o.status.code(), Some(1), "{name}: {}", stderr(&o));
-        let rows = read_csv(&out.join("trials.csv"));
+        let rows = trials_csv(&out);
         assert_eq!(rows.len(), 2);
         for r in &rows {
             assert_eq!(r["state"], "FAIL", "{r:?}");
@@ -108,17 +94,7 @@ fn a_result_without_the_sweeps_metric_is_a_failed_trial() {
         }
         assert!(!out.join("best.yaml").exists(), "no trial to rank");
         // A resumed sweep runs them again: they are not COMPLETE.
-        let o = gpumux(
-            dir.path(),
-            &[
-                "sweep",
-                job.to_str().unwrap(),
-                "--out",
-                out.to_str().unwrap(),
-                "--resume",
-                "--dry-run",
-            ],
-        );
+        let o = dir.run_into("sweep", &job, &out, &["--resume", "--dry-run"]);
         assert!(
             stdout(&o).contains("0 already COMPLETE, 2 to run"),
             "{}",
@@ -132,18 +108,8 @@ fn a_result_without_the_sweeps_metric_is_a_failed_trial() {
 // The child is waited for with wait4(2), which gives its resource usage, not with `Child::wait`.
 #[allow(clippy::zombie_processes)]
 fn peak_rss(dir: &Path, job: &Path, out: &Path) -> (Option<i32>, f64) {
-    let child = Command::new(bin())
-        .current_dir(dir)
-        .args([
-            "sweep",
-            job.to_str().unwrap(),
-            "--out",
-            out.to_str().unwrap(),
-        ])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    let child =
+        run(dir, &["sweep", s(job), "--out", s(out)]).spawn_with(Stdio::null(), Stdio::null());
     let mut status = 0;
     // SAFETY: rusage is plain data, filled by wait4 for our own child.
     let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
@@ -156,7 +122,7 @@ fn peak_rss(dir: &Path, job: &Path, out: &Path) -> (Option<i32>, f64) {
 
 #[test]
 fn a_flood_of_output_or_one_endless_line_keeps_gpumux_small() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = sandbox();
     // Made by tools that hold none of it: 100 MB of 2-byte lines (50 million lines) and 300 MB
     // of 1,000-byte lines on stdout; one 300 MB line on stdout; one on stderr. The last stdout
     // line is the result.
@@ -168,28 +134,18 @@ fn a_flood_of_output_or_one_endless_line_keeps_gpumux_small() {
     ];
     for (name, flood) in floods {
         script(
-            dir.path(),
+            &dir,
             &format!("{name}.sh"),
             &format!("{flood}\necho '{{\"test_acc\": 0.5}}'\n"),
         );
-        let job = command_job(dir.path(), name, &format!("./{name}.sh {{lr}}"), 1);
-        let out = dir.path().join(name);
+        let job = command_job(&dir, name, &format!("./{name}.sh {{lr}}"), 1);
+        let out = dir.join(name);
         let (code, mib) = peak_rss(dir.path(), &job, &out);
         assert_eq!(code, Some(0), "{name}");
-        let rows = read_csv(&out.join("trials.csv"));
+        let rows = trials_csv(&out);
         assert_eq!(rows[0]["state"], "COMPLETE", "{name}: {rows:?}");
         assert!(mib < 500.0, "{name}: peak RSS {mib:.0} MiB");
     }
-}
-
-/// Whether process `pid` is alive (a zombie counts as gone).
-fn alive(pid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .map(|s| {
-            s.rsplit_once(')')
-                .is_some_and(|(_, r)| !r.trim_start().starts_with('Z'))
-        })
-        .unwrap_or(false)
 }
 
 /// The pids written in `dir/*.pid`.
@@ -221,25 +177,18 @@ impl Drop for Cleanup {
 
 /// Waits a little for `pid` to be gone (a killed process is reaped by its new parent).
 fn gone_soon(pid: u32) -> bool {
-    let start = Instant::now();
-    while start.elapsed() < Duration::from_secs(10) {
-        if !alive(pid) {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    false
+    gone_within(pid, Duration::from_secs(10))
 }
 
 #[test]
 fn a_setsid_daemon_does_not_outlive_its_trial() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = sandbox();
     let _cleanup = Cleanup(dir.path().to_path_buf());
     // Each trial starts daemons that leave its process group and session: `setsid sleep 1000 &`
     // and one more that hold the trial's stdout, one double-forked with its output closed, one
     // that ignores SIGTERM; then it reports and exits.
     script(
-        dir.path(),
+        &dir,
         "daemon.sh",
         r#"setsid sleep 1000 &
 echo $! > "d0-$GPUMUX_TRIAL.pid"
@@ -250,17 +199,9 @@ while [ $(ls *-"$GPUMUX_TRIAL".pid 2>/dev/null | wc -l) -lt 4 ]; do sleep 0.05; 
 echo '{"test_acc": 0.5}'
 "#,
     );
-    let job = command_job(dir.path(), "dm", "./daemon.sh {lr}", 2);
-    let out = dir.path().join("out");
-    let o = gpumux(
-        dir.path(),
-        &[
-            "sweep",
-            job.to_str().unwrap(),
-            "--out",
-            out.to_str().unwrap(),
-        ],
-    );
+    let job = command_job(&dir, "dm", "./daemon.sh {lr}", 2);
+    let out = dir.join("out");
+    let o = dir.run_into("sweep", &job, &out, &[]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     let started = pids(dir.path());
     assert_eq!(started.len(), 8, "four daemons per trial: {started:?}");
@@ -271,69 +212,46 @@ echo '{"test_acc": 0.5}'
 
 #[test]
 fn an_interrupted_trials_setsid_daemons_are_ended_with_it() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = sandbox();
     let _cleanup = Cleanup(dir.path().to_path_buf());
     script(
-        dir.path(),
+        &dir,
         "long.sh",
         r#"setsid sh -c 'echo $$ > "d-$GPUMUX_TRIAL.pid"; exec sleep 1000' > /dev/null 2>&1 &
 echo '{"epoch": 1}'
 sleep 1000
 "#,
     );
-    let job = command_job(dir.path(), "lg", "./long.sh {lr}", 2);
-    let out = dir.path().join("out");
-    let child = Command::new(bin())
-        .current_dir(dir.path())
-        .args([
-            "sweep",
-            job.to_str().unwrap(),
-            "--out",
-            out.to_str().unwrap(),
-            "--grace",
-            "0",
-        ])
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let start = Instant::now();
-    while pids(dir.path()).len() < 2 || read_csv_rows(&out.join("progress.csv")) < 2 {
-        assert!(
-            start.elapsed() < Duration::from_secs(60),
-            "the trials did not start"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    // SAFETY: kill(2) on our own child.
-    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
-    let o = child.wait_with_output().unwrap();
+    let job = command_job(&dir, "lg", "./long.sh {lr}", 2);
+    let out = dir.join("out");
+    let mut child = dir
+        .run(&["sweep", s(&job), "--out", s(&out), "--grace", "0"])
+        .spawn_with(Stdio::null(), Stdio::piped());
+    let started = wait_for(&mut child, Duration::from_secs(60), || {
+        pids(dir.path()).len() >= 2 && rows_in(&out.join("progress.csv")) >= 2
+    });
+    assert!(started, "the trials did not start");
+    let o = terminate(child);
     assert_eq!(
         o.status.code(),
         Some(3),
         "{}",
         String::from_utf8_lossy(&o.stderr)
     );
-    let rows = read_csv(&out.join("trials.csv"));
+    let rows = trials_csv(&out);
     assert!(rows.iter().all(|r| r["state"] == "INTERRUPTED"), "{rows:?}");
     for pid in pids(dir.path()) {
         assert!(gone_soon(pid), "daemon {pid} outlived its trial");
     }
 }
 
-fn read_csv_rows(path: &Path) -> usize {
-    std::fs::read_to_string(path)
-        .map(|t| t.matches('\n').count().saturating_sub(1))
-        .unwrap_or(0)
-}
-
 #[test]
 fn a_third_signal_exits_at_once_and_takes_the_trials_processes_along() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = sandbox();
     let _cleanup = Cleanup(dir.path().to_path_buf());
     // A trial that ignores SIGTERM, with a setsid daemon that ignores it too.
     script(
-        dir.path(),
+        &dir,
         "stubborn.sh",
         r#"trap '' TERM
 setsid sh -c 'trap "" TERM; echo $$ > "d-$GPUMUX_TRIAL.pid"; while :; do sleep 1; done' > /dev/null 2>&1 &
@@ -342,48 +260,28 @@ echo '{"epoch": 1}'
 while :; do sleep 1; done
 "#,
     );
-    let job = command_job(dir.path(), "st", "./stubborn.sh {lr}", 1);
-    let out = dir.path().join("out");
-    let mut child = Command::new(bin())
-        .current_dir(dir.path())
-        .args([
-            "sweep",
-            job.to_str().unwrap(),
-            "--out",
-            out.to_str().unwrap(),
-            "--grace",
-            "600",
-        ])
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let start = Instant::now();
-    while pids(dir.path()).len() < 2 || read_csv_rows(&out.join("progress.csv")) < 1 {
-        assert!(
-            start.elapsed() < Duration::from_secs(60),
-            "the trial did not start"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let job = command_job(&dir, "st", "./stubborn.sh {lr}", 1);
+    let out = dir.join("out");
+    let mut child = dir
+        .run(&["sweep", s(&job), "--out", s(&out), "--grace", "600"])
+        .spawn_with(Stdio::null(), Stdio::piped());
+    let started = wait_for(&mut child, Duration::from_secs(60), || {
+        pids(dir.path()).len() >= 2 && rows_in(&out.join("progress.csv")) >= 1
+    });
+    assert!(started, "the trial did not start");
     let mut err = std::io::BufReader::new(child.stderr.take().unwrap());
     let mut log = String::new();
     // Each signal once the one before it was taken: drain, abort, exit.
     for taken in ["launching no more trials", "stopping running trials now"] {
-        // SAFETY: kill(2) on our own child.
-        unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
-        loop {
-            let mut line = String::new();
-            let n = std::io::BufRead::read_line(&mut err, &mut line).unwrap();
-            assert!(n > 0, "gpumux ended early: {log}");
-            log.push_str(&line);
-            if line.contains(taken) {
-                break;
-            }
-        }
+        signal(&child, libc::SIGTERM);
+        let seen = read_until(&mut err, |line| line.contains(taken));
+        log.push_str(&seen);
+        assert!(
+            seen.lines().last().is_some_and(|l| l.contains(taken)),
+            "gpumux ended early: {log}"
+        );
     }
-    // SAFETY: kill(2) on our own child.
-    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    signal(&child, libc::SIGTERM);
     let mut rest = String::new();
     std::io::Read::read_to_string(&mut err, &mut rest).unwrap();
     let status = child.wait().unwrap();

@@ -1,29 +1,44 @@
 //! The experiment end to end on the CPU backend: CSVs row by row, plots, split-mode parity, caps and isolation.
 
-mod common;
-use common::*;
+mod support;
+use std::time::Duration;
+use support::*;
 
-const SMALL: &str = "name: small
-model: {kind: mlp, hidden: [32]}
-data: {source: mnist-10k, train_limit: 1024, test_limit: 500}
-train: {epochs: 2, batch_size: 64}
-seed: 5
-parameters:
-  lr: {min: 0.0005, max: 0.005, distribution: log_uniform_values}
-n: [1, 2, 3]
-splits: [shared, logical, process]
-backend: auto
-";
+/// Three trials of a small MLP on digits, in rounds of N = 1, 2 and 3 in every CPU split mode.
+fn small() -> JobYaml {
+    JobYaml::new()
+        .name("small")
+        .model(mlp(&[32]))
+        .data("{source: mnist-10k, train_limit: 1024, test_limit: 500}")
+        .train(epochs(2, 64))
+        .seed(5)
+        .param(
+            "lr",
+            "{min: 0.0005, max: 0.005, distribution: log_uniform_values}",
+        )
+        .n("[1, 2, 3]")
+        .splits("[shared, logical, process]")
+        .backend("auto")
+}
+
+/// A fib of one epoch on 256 synthetic samples, in rounds of `n` logical slices capped at `mib`.
+fn capped(model: String, n: &str, mib: &str) -> JobYaml {
+    JobYaml::new()
+        .model(model)
+        .data(synthetic(256, 64))
+        .train("{epochs: 1}")
+        .n(n)
+        .splits("[logical]")
+        .memory(&format!("{{mib_per_slice: {mib}}}"))
+        .backend("cpu")
+}
 
 #[test]
 fn fib_writes_every_file_and_a_trial_does_not_depend_on_its_split_mode() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let job = job(dir.path(), "small.yaml", SMALL);
-    let out = dir.path().join("out");
-    let o = gpumux(
-        dir.path(),
-        &["fib", job.to_str().unwrap(), "--out", out.to_str().unwrap()],
-    );
+    let dir = sandbox();
+    let job = dir.job("small.yaml", small());
+    let out = dir.join("out");
+    let o = dir.run_into("fib", &job, &out, &[]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     // With no GPU it runs on the CPU and says so; on a GPU machine `auto` picks the GPU.
     let on_gpu = stderr(&o).contains("backend: cuda");
@@ -42,7 +57,7 @@ fn fib_writes_every_file_and_a_trial_does_not_depend_on_its_split_mode() {
     ] {
         assert!(out.join(f).exists(), "{f} missing");
     }
-    let runs = read_csv(&out.join("runs.csv"));
+    let runs = runs_csv(&out);
     assert_eq!(runs.len(), 9, "3 N × 3 split modes");
     for r in &runs {
         assert_eq!(r["failed"], "0", "{r:?}");
@@ -57,13 +72,9 @@ fn fib_writes_every_file_and_a_trial_does_not_depend_on_its_split_mode() {
             "only logical is capped: {r:?}"
         );
     }
-    let trials = read_csv(&out.join("trials.csv"));
+    let trials = trials_csv(&out);
     assert_eq!(trials.len(), 18);
-    assert_eq!(
-        read_csv(&out.join("progress.csv")).len(),
-        36,
-        "one row per trial and epoch"
-    );
+    assert_eq!(progress_csv(&out).len(), 36, "one row per trial and epoch");
     // The same trial id has the same hyperparameters and seed in every round, and the same result.
     for id in ["t000", "t001", "t002"] {
         let accs: Vec<f64> = trials
@@ -97,37 +108,26 @@ fn fib_writes_every_file_and_a_trial_does_not_depend_on_its_split_mode() {
 
 #[test]
 fn a_trial_over_its_cap_fails_alone_and_at_once() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let job = job(
-        dir.path(),
+    let dir = sandbox();
+    let job = dir.job(
         "cap.yaml",
-        "model: {kind: mlp}\ndata: {source: synthetic, train_samples: 256, test_samples: 64}\ntrain: {epochs: 1}\n\
-         parameters:\n  batch_size: {values: [8, 4096]}\nmethod: grid\nn: [2]\nsplits: [logical]\nmemory: {mib_per_slice: 1.5}\nbackend: cpu\n",
+        capped(mlp(&[]), "[2]", "1.5")
+            .param("batch_size", values(&["8", "4096"]))
+            .method("grid"),
     );
-    let out = dir.path().join("out");
-    let o = gpumux(
-        dir.path(),
-        &["fib", job.to_str().unwrap(), "--out", out.to_str().unwrap()],
-    );
+    let out = dir.join("out");
+    let o = dir.run_into("fib", &job, &out, &[]);
     // batch 4096 is larger than 256 training samples: a job error before anything runs.
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
-    let job2 = common::job(
-        dir.path(),
+    let job2 = dir.job(
         "cap2.yaml",
-        "model: {kind: mlp, hidden: [512]}\ndata: {source: synthetic, train_samples: 256, test_samples: 64}\ntrain: {epochs: 1}\n\
-         parameters:\n  optimizer: {values: [sgd, adam]}\nmethod: grid\nn: [2]\nsplits: [logical]\nmemory: {mib_per_slice: 5.5}\nbackend: cpu\n",
+        capped(mlp(&[512]), "[2]", "5.5")
+            .param("optimizer", values(&["sgd", "adam"]))
+            .method("grid"),
     );
-    let o = gpumux(
-        dir.path(),
-        &[
-            "fib",
-            job2.to_str().unwrap(),
-            "--out",
-            out.to_str().unwrap(),
-        ],
-    );
+    let o = dir.run_into("fib", &job2, &out, &[]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
-    let trials = read_csv(&out.join("trials.csv"));
+    let trials = trials_csv(&out);
     let sgd = trials
         .iter()
         .find(|t| t["params_optimizer"] == "sgd")
@@ -149,18 +149,10 @@ fn a_trial_over_its_cap_fails_alone_and_at_once() {
 
 #[test]
 fn a_fib_whose_every_trial_fails_says_so_and_exits_1() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let job = job(
-        dir.path(),
-        "none.yaml",
-        "model: {kind: mlp, hidden: [512]}\ndata: {source: synthetic, train_samples: 256, test_samples: 64}\n\
-         train: {epochs: 1}\nn: [1, 2]\nsplits: [logical]\nmemory: {mib_per_slice: 0.5}\nbackend: cpu\n",
-    );
-    let out = dir.path().join("out");
-    let o = gpumux(
-        dir.path(),
-        &["fib", job.to_str().unwrap(), "--out", out.to_str().unwrap()],
-    );
+    let dir = sandbox();
+    let job = dir.job("none.yaml", capped(mlp(&[512]), "[1, 2]", "0.5"));
+    let out = dir.join("out");
+    let o = dir.run_into("fib", &job, &out, &[]);
     assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
     assert!(
         stderr(&o).contains("every trial failed (3 of 3)") && !stderr(&o).contains("to plot"),
@@ -168,31 +160,29 @@ fn a_fib_whose_every_trial_fails_says_so_and_exits_1() {
         stderr(&o)
     );
     assert!(stdout(&o).contains("no charts: no round completed a trial"));
-    assert_eq!(read_csv(&out.join("trials.csv")).len(), 3);
+    assert_eq!(trials_csv(&out).len(), 3);
     assert!(out.join("summary.txt").exists() && !out.join("time_per_training.svg").exists());
 }
 
-fn fault_job(dir: &std::path::Path, kind: &str, split: &str) -> std::path::PathBuf {
-    job(
-        dir,
-        &format!("{kind}-{split}.yaml"),
-        &format!(
-            "model: {{kind: mlp, hidden: [16]}}\ndata: {{source: synthetic, train_samples: 512, test_samples: 128}}\n\
-             train: {{epochs: 1, batch_size: 32}}\nn: [3]\nsplits: [{split}]\nfaults:\n  - {{trial: 1, kind: {kind}, step: 2}}\n"
-        ),
-    )
+/// Three trials of a small MLP in one round, the second of which meets fault `kind` at step 2.
+fn fault_job(kind: &str, split: &str) -> JobYaml {
+    JobYaml::new()
+        .model(mlp(&[16]))
+        .data(synthetic(512, 128))
+        .train(epochs(1, 32))
+        .n("[3]")
+        .splits(&format!("[{split}]"))
+        .fault(&format!("{{trial: 1, kind: {kind}, step: 2}}"))
 }
 
-fn run_fault(kind: &str, split: &str) -> Vec<std::collections::HashMap<String, String>> {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let job = fault_job(dir.path(), kind, split);
-    let out = dir.path().join("out");
-    let o = gpumux(
-        dir.path(),
-        &["fib", job.to_str().unwrap(), "--out", out.to_str().unwrap()],
-    );
+/// Runs [`fault_job`]: only trial t001 fails. Its rows.
+fn run_fault(kind: &str, split: &str) -> Vec<Row> {
+    let dir = sandbox();
+    let job = dir.job(&format!("{kind}-{split}.yaml"), fault_job(kind, split));
+    let out = dir.join("out");
+    let o = dir.run_into("fib", &job, &out, &[]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
-    let trials = read_csv(&out.join("trials.csv"));
+    let trials = trials_csv(&out);
     assert_eq!(trials.len(), 3);
     for t in &trials {
         let want = if t["trial_id"] == "t001" {
@@ -202,7 +192,7 @@ fn run_fault(kind: &str, split: &str) -> Vec<std::collections::HashMap<String, S
         };
         assert_eq!(t["state"], want, "{t:?}");
     }
-    let runs = read_csv(&out.join("runs.csv"));
+    let runs = runs_csv(&out);
     assert_eq!(runs[0]["ok"], "2");
     assert_eq!(runs[0]["failed"], "1");
     trials
@@ -239,52 +229,34 @@ fn a_killed_worker_process_fails_only_its_trial() {
 
 #[test]
 fn report_redraws_and_merges() {
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = sandbox();
     let mut outs = Vec::new();
     for (i, split) in ["shared", "logical"].iter().enumerate() {
-        let job = job(
-            dir.path(),
+        let job = dir.job(
             &format!("j{i}.yaml"),
-            &format!("model: {{kind: mlp, hidden: [8]}}\ndata: {{source: synthetic, train_samples: 256, test_samples: 64}}\ntrain: {{epochs: 1}}\nn: [1, 2]\nsplits: [{split}]\n"),
+            JobYaml::new()
+                .model(mlp(&[8]))
+                .data(synthetic(256, 64))
+                .train("{epochs: 1}")
+                .n("[1, 2]")
+                .splits(&format!("[{split}]")),
         );
-        let out = dir.path().join(format!("out{i}"));
-        let o = gpumux(
-            dir.path(),
-            &["fib", job.to_str().unwrap(), "--out", out.to_str().unwrap()],
-        );
+        let out = dir.join(format!("out{i}"));
+        let o = dir.run_into("fib", &job, &out, &[]);
         assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
         outs.push(out);
     }
     std::fs::remove_file(outs[0].join("time_per_training.svg")).unwrap();
-    let o = gpumux(dir.path(), &["report", outs[0].to_str().unwrap()]);
+    let o = dir.gpumux(&["report", s(&outs[0])]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     assert!(outs[0].join("time_per_training.svg").exists());
-    let merged = dir.path().join("merged");
-    let o = gpumux(
-        dir.path(),
-        &[
-            "report",
-            outs[0].to_str().unwrap(),
-            outs[1].to_str().unwrap(),
-            "--out",
-            merged.to_str().unwrap(),
-        ],
-    );
+    let merged = dir.join("merged");
+    let o = dir.gpumux(&["report", s(&outs[0]), s(&outs[1]), "--out", s(&merged)]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
-    assert_eq!(read_csv(&merged.join("runs.csv")).len(), 4);
-    let o = gpumux(
-        dir.path(),
-        &[
-            "report",
-            outs[0].to_str().unwrap(),
-            outs[1].to_str().unwrap(),
-        ],
-    );
+    assert_eq!(runs_csv(&merged).len(), 4);
+    let o = dir.gpumux(&["report", s(&outs[0]), s(&outs[1])]);
     assert_eq!(o.status.code(), Some(2), "merging needs --out");
-    let o = gpumux(
-        dir.path(),
-        &["report", dir.path().join("nothing").to_str().unwrap()],
-    );
+    let o = dir.gpumux(&["report", s(&dir.join("nothing"))]);
     assert_ne!(o.status.code(), Some(0));
 }
 
@@ -319,29 +291,25 @@ fn devices_without_a_gpu_shows_the_cpu_and_a_slice_plan() {
 
 #[test]
 fn sigterm_stops_fib_with_exit_code_3_and_keeps_the_rounds_done() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let job = job(
-        dir.path(),
+    let dir = sandbox();
+    let job = dir.job(
         "long.yaml",
-        "model: {kind: mlp, hidden: [64]}\ndata: {source: synthetic, train_samples: 2048, test_samples: 256}\n\
-         train: {epochs: 4, batch_size: 32}\nn: [1, 2, 3, 5, 8, 13]\nsplits: [shared]\nbackend: cpu\n",
+        JobYaml::new()
+            .model(mlp(&[64]))
+            .data(synthetic(2048, 256))
+            .train(epochs(4, 32))
+            .n("[1, 2, 3, 5, 8, 13]")
+            .splits("[shared]")
+            .backend("cpu"),
     );
-    let out = dir.path().join("out");
-    let child = std::process::Command::new(assert_cmd::cargo::cargo_bin("gpumux"))
-        .args(["fib", job.to_str().unwrap(), "--out", out.to_str().unwrap()])
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("starts");
-    let start = std::time::Instant::now();
+    let out = dir.join("out");
+    let mut child = dir.spawn(&["fib", s(&job), "--out", s(&out)]);
     let runs = out.join("runs.csv");
-    while std::fs::read_to_string(&runs).map_or(0, |t| t.lines().count()) < 3 {
-        assert!(start.elapsed().as_secs() < 60, "two rounds never finished");
-        std::thread::sleep(std::time::Duration::from_millis(5));
-    }
-    // SAFETY: kill(2) on our own child.
-    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
-    let o = child.wait_with_output().expect("waits");
+    assert!(
+        wait_for(&mut child, Duration::from_secs(60), || rows_in(&runs) >= 2),
+        "two rounds never finished"
+    );
+    let o = terminate(child);
     assert_eq!(
         o.status.code(),
         Some(3),
@@ -360,13 +328,13 @@ fn sigterm_stops_fib_with_exit_code_3_and_keeps_the_rounds_done() {
 /// it holds; without it, nothing of that.
 #[test]
 fn verbose_process_workers_say_their_start_up_time_and_memory() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let job = job(dir.path(), "small.yaml", SMALL);
+    let dir = sandbox();
+    let job = dir.job("small.yaml", small());
     for verbose in [true, false] {
-        let out = dir.path().join(format!("out-{verbose}"));
+        let out = dir.join(format!("out-{verbose}"));
         let mut args = vec![
             "fib",
-            job.to_str().unwrap(),
+            s(&job),
             "--n",
             "2",
             "--splits",
@@ -376,12 +344,12 @@ fn verbose_process_workers_say_their_start_up_time_and_memory() {
             "--backend",
             "cpu",
             "--out",
-            out.to_str().unwrap(),
+            s(&out),
         ];
         if verbose {
             args.insert(0, "--verbose");
         }
-        let o = gpumux(dir.path(), &args);
+        let o = dir.gpumux(&args);
         assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
         let err = stderr(&o);
         let ready: Vec<&str> = err

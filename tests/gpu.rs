@@ -8,10 +8,12 @@
 //! cuDNN, unless `GPUMUX_REQUIRE_CUDNN=1`. Sizes are small: every test takes seconds and a few
 //! MiB of GPU memory.
 
+mod support;
+
 use std::collections::BTreeSet;
 use std::sync::{Arc, OnceLock};
 
-use gpumux::data::{synthetic, DataSpec, Dataset, Samples, Source};
+use gpumux::data::{synthetic, DataSpec, Dataset, Source};
 use gpumux::engine::cpu::CpuBackend;
 use gpumux::engine::cuda::{self, CudaEngine, DeviceData};
 use gpumux::engine::rng::HostRng;
@@ -25,6 +27,7 @@ use gpumux::models::network::{LayerDef, Network, Node};
 use gpumux::parallel::{train as train_mirrored, ParallelConfig};
 use gpumux::train::{run_trial, TrialConfig};
 use libtest_mimic::{Arguments, Trial};
+use support::{dataset, samples};
 
 /// The engine shared by every test of this file, or why there is none.
 fn engine() -> Option<Arc<CudaEngine>> {
@@ -118,17 +121,9 @@ macro_rules! gpu_or_skip {
 /// 20 training and 7 test samples of 1×4×4, 3 classes.
 fn tiny_data() -> Arc<Dataset> {
     let mut rng = HostRng::new(11);
-    let mut samples = |n: usize| Samples {
-        images: (0..n * 16).map(|_| rng.uniform_f32(-1.0, 1.0)).collect(),
-        labels: (0..n as u32).map(|i| i % 3).collect(),
-    };
-    Arc::new(Dataset {
-        name: "tiny".into(),
-        shape: [1, 4, 4],
-        classes: 3,
-        train: samples(20),
-        test: samples(7),
-    })
+    let train = samples(20, 16, 3, || rng.uniform_f32(-1.0, 1.0));
+    let test = samples(7, 16, 3, || rng.uniform_f32(-1.0, 1.0));
+    Arc::new(dataset("tiny", [1, 4, 4], 3, train, test))
 }
 
 /// The same arena on the CPU and on the GPU, with the same contents.
@@ -974,19 +969,9 @@ fn reduced_resnet_training_matches_the_cpu(conv: ConvEngine) {
     let mut rng = HostRng::new(21);
     let (batch, steps_per_epoch, classes) = (4, 2, 4);
     let n_train = batch * steps_per_epoch;
-    let mut samples = |n: usize| Samples {
-        images: (0..n * 3 * 64)
-            .map(|_| rng.uniform_f32(-1.0, 1.0))
-            .collect(),
-        labels: (0..n as u32).map(|i| i % classes as u32).collect(),
-    };
-    let data = Arc::new(Dataset {
-        name: "resnet-parity".into(),
-        shape: [3, 8, 8],
-        classes,
-        train: samples(n_train),
-        test: samples(4),
-    });
+    let train = samples(n_train, 3 * 64, classes, || rng.uniform_f32(-1.0, 1.0));
+    let test = samples(4, 3 * 64, classes, || rng.uniform_f32(-1.0, 1.0));
+    let data = Arc::new(dataset("resnet-parity", [3, 8, 8], classes, train, test));
     let order = HostRng::new(22).permutation(n_train);
     let h = Hyper {
         lr: 0.05,
@@ -1074,13 +1059,7 @@ fn reduced_resnet_training_matches_the_cpu(conv: ConvEngine) {
 fn mirrored_training_matches_one_slice() {
     let engine = gpu_or_skip!();
     let (train_s, test_s) = synthetic::generate([1, 12, 12], 10, 600, 50, 3).expect("data");
-    let data = Arc::new(Dataset {
-        name: "synthetic".into(),
-        shape: [1, 12, 12],
-        classes: 10,
-        train: train_s,
-        test: test_s,
-    });
+    let data = Arc::new(dataset("synthetic", [1, 12, 12], 10, train_s, test_s));
     let dev = engine.upload(&data).expect("upload");
     for kind in [ModelKind::Mlp, ModelKind::Cnn] {
         for optimizer in [Optimizer::Sgd, Optimizer::Adam] {

@@ -4,6 +4,8 @@
 //! The allocator of this test binary counts the bytes live at any time, so the peak of each
 //! call is measured. The file holds one test, so nothing else allocates meanwhile.
 
+mod support;
+
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -182,11 +184,7 @@ fn arbitrary_input_never_panics_and_stays_bounded() {
             ),
             |(dims, body, gz)| {
                 // A well-formed header declaring any shape, then a short body.
-                let mut bytes = vec![0, 0, 8, dims.len() as u8];
-                for d in &dims {
-                    bytes.extend_from_slice(&d.to_be_bytes());
-                }
-                bytes.extend_from_slice(&body);
+                let mut bytes = support::idx(&dims, &body);
                 if gz {
                     bytes = gzip(&bytes);
                 }

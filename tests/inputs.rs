@@ -7,44 +7,19 @@
 //! Runs that must stay bounded run the real binary with its address space limited, so a
 //! regression fails by running out of memory instead of growing the machine's.
 
-mod common;
-use common::*;
+mod support;
+use support::*;
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::Output;
+use std::time::Duration;
 
 /// The address space a bounded run may use (the bar for these cases is 500 MB resident).
 const LIMIT_BYTES: u64 = 1 << 30;
 
-fn exe() -> PathBuf {
-    std::env::var_os("CARGO_BIN_EXE_gpumux")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_gpumux")))
-}
-
 /// Runs gpumux in `cwd` with its address space limited to [`LIMIT_BYTES`], stdin closed.
 fn bounded(cwd: &Path, args: &[&str]) -> Output {
-    let mut cmd = Command::new(exe());
-    cmd.current_dir(cwd).args(args).stdin(Stdio::null());
-    #[cfg(unix)]
-    {
-        use std::os::unix::process::CommandExt;
-        // SAFETY: setrlimit is async-signal-safe and touches only the child.
-        unsafe {
-            cmd.pre_exec(|| {
-                let lim = libc::rlimit {
-                    rlim_cur: LIMIT_BYTES as libc::rlim_t,
-                    rlim_max: LIMIT_BYTES as libc::rlim_t,
-                };
-                if libc::setrlimit(libc::RLIMIT_AS, &lim) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
-    }
-    cmd.output().expect("gpumux runs")
+    run(cwd, args).address_space(LIMIT_BYTES).output()
 }
 
 /// The one `error:` line of a run that must fail with exit code 2, checked to hold every piece
@@ -61,7 +36,27 @@ fn refused(o: &Output, needles: &[&str]) -> String {
     lines[0].to_string()
 }
 
-const MLP: &str = "model: {kind: mlp}\ndata: {source: synthetic, shape: [1, 4, 4], classes: 3, train_samples: 64, test_samples: 16}\ntrain: {epochs: 1, batch_size: 8}\n";
+/// `job` with an MLP of one epoch on 64 synthetic 1×4×4 samples of 3 classes.
+fn tiny(job: JobYaml) -> JobYaml {
+    job.model(mlp(&[]))
+        .data("{source: synthetic, shape: [1, 4, 4], classes: 3, train_samples: 64, test_samples: 16}")
+        .train(epochs(1, 8))
+}
+
+/// [`tiny`] sweeping `lr` over a range, at most `run_cap` trials.
+fn tiny_sweep(run_cap: u64) -> JobYaml {
+    tiny(JobYaml::new())
+        .run_cap(run_cap)
+        .param("lr", "{min: 0.001, max: 0.1}")
+}
+
+/// `job` with an MLP of one epoch in batches of 4 on the data `data`.
+fn small_mlp(data: String) -> JobYaml {
+    JobYaml::new()
+        .model(mlp(&[8]))
+        .data(data)
+        .train(epochs(1, 4))
+}
 
 fn sweep_dry(dir: &Path, job: &Path) -> Output {
     let out = dir.join("out");
@@ -81,10 +76,9 @@ fn sweep_dry(dir: &Path, job: &Path) -> Output {
 
 #[test]
 fn a_run_cap_past_the_maximum_is_refused_naming_the_key_and_line() {
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = sandbox();
     for cap in ["1000000000", "50001"] {
-        let text = format!("{MLP}run_cap: {cap}\nparameters:\n  lr: {{min: 0.001, max: 0.1}}\n");
-        let j = job(dir.path(), "cap.yaml", &text);
+        let j = dir.job("cap.yaml", tiny_sweep(cap.parse().expect("a number")));
         refused(
             &sweep_dry(dir.path(), &j),
             &["`run_cap`", "line 4", "50000"],
@@ -94,9 +88,8 @@ fn a_run_cap_past_the_maximum_is_refused_naming_the_key_and_line() {
 
 #[test]
 fn a_dry_run_of_a_large_space_lists_a_bounded_number_of_trials() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let text = format!("{MLP}run_cap: 50000\nparameters:\n  lr: {{min: 0.001, max: 0.1}}\n");
-    let j = job(dir.path(), "big.yaml", &text);
+    let dir = sandbox();
+    let j = dir.job("big.yaml", tiny_sweep(50000));
     let o = sweep_dry(dir.path(), &j);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     let s = stdout(&o);
@@ -110,17 +103,17 @@ fn a_dry_run_of_a_large_space_lists_a_bounded_number_of_trials() {
 
 #[test]
 fn a_huge_grid_needs_a_run_cap_and_then_runs_its_first_points() {
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = sandbox();
     let params: String = (0..40)
         .map(|i| format!("  p{i}: {{values: [0, 1]}}\n"))
         .collect();
     let text = format!("command: \"true {{p0}}\"\nmethod: grid\nparameters:\n{params}");
-    let j = job(dir.path(), "grid.yaml", &text);
+    let j = dir.job("grid.yaml", &text);
     refused(
         &sweep_dry(dir.path(), &j),
         &["`parameters`", "1099511627776", "run_cap"],
     );
-    let j = job(dir.path(), "grid.yaml", &format!("{text}run_cap: 3\n"));
+    let j = dir.job("grid.yaml", format!("{text}run_cap: 3\n"));
     let o = sweep_dry(dir.path(), &j);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     let listed = stdout(&o).lines().filter(|l| l.contains("\"p0\"")).count();
@@ -129,9 +122,8 @@ fn a_huge_grid_needs_a_run_cap_and_then_runs_its_first_points() {
 
 #[test]
 fn train_builds_only_the_trial_it_is_asked_for() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let text = format!("{MLP}run_cap: 10\nparameters:\n  lr: {{min: 0.001, max: 0.1}}\n");
-    let j = job(dir.path(), "t.yaml", &text);
+    let dir = sandbox();
+    let j = dir.job("t.yaml", tiny_sweep(10));
     let o = bounded(
         dir.path(),
         &[
@@ -151,26 +143,26 @@ fn train_builds_only_the_trial_it_is_asked_for() {
 
 #[test]
 fn a_grid_of_2_to_the_64_points_is_refused_not_run_as_zero_trials() {
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = sandbox();
     let params: String = (0..64)
         .map(|i| format!("  p{i}: {{values: [a, b]}}\n"))
         .collect();
     let text = format!("command: \"true {{p0}}\"\nmethod: grid\nparameters:\n{params}");
-    let j = job(dir.path(), "g64.yaml", &text);
+    let j = dir.job("g64.yaml", &text);
     refused(
         &sweep_dry(dir.path(), &j),
         &["`parameters`", "line 3", "overflows"],
     );
     // A random sweep over the same values draws run_cap points: no grid is counted.
     let text = text.replace("method: grid", "method: random\nrun_cap: 2");
-    let j = job(dir.path(), "r64.yaml", &text);
+    let j = dir.job("r64.yaml", &text);
     let o = sweep_dry(dir.path(), &j);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
 }
 
 #[test]
 fn products_of_sizes_from_the_job_are_bounded() {
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = sandbox();
     let cases: [(&str, &[&str]); 8] = [
         ("memory: {mib_per_slice: 1e300}\n", &["memory.mib_per_slice"]),
         ("slices:\n  - {mem_mib: 1e300}\n  - {mem_mib: 1e300}\n", &["slices.0.mem_mib"]),
@@ -199,7 +191,7 @@ fn products_of_sizes_from_the_job_are_bounded() {
         } else {
             "model: {kind: mlp}\ndata: {source: synthetic}\n"
         };
-        let j = job(dir.path(), "p.yaml", &format!("{base}{extra}"));
+        let j = dir.job("p.yaml", format!("{base}{extra}"));
         let o = bounded(
             dir.path(),
             &["fib", j.to_str().expect("utf-8"), "--backend", "cpu"],
@@ -210,11 +202,14 @@ fn products_of_sizes_from_the_job_are_bounded() {
 
 #[test]
 fn a_memory_plan_past_its_bound_is_refused_before_any_allocation() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let j = job(
-        dir.path(),
+    let dir = sandbox();
+    let j = dir.job(
         "wide.yaml",
-        "model: {kind: cnn, channels: [65536, 65536]}\ndata: {source: synthetic, shape: [1, 512, 512], train_samples: 64, test_samples: 16}\ntrain: {batch_size: 32, epochs: 1}\nbackend: cpu\n",
+        JobYaml::new()
+            .model("{kind: cnn, channels: [65536, 65536]}")
+            .data("{source: synthetic, shape: [1, 512, 512], train_samples: 64, test_samples: 16}")
+            .train("{batch_size: 32, epochs: 1}")
+            .backend("cpu"),
     );
     refused(
         &bounded(dir.path(), &["train", j.to_str().expect("utf-8")]),
@@ -224,45 +219,14 @@ fn a_memory_plan_past_its_bound_is_refused_before_any_allocation() {
 
 // Case 3: data files are bounded by their headers.
 
-fn idx(dims: &[u32], data: &[u8]) -> Vec<u8> {
-    let mut out = vec![0, 0, 8, dims.len() as u8];
-    for d in dims {
-        out.extend_from_slice(&d.to_be_bytes());
-    }
-    out.extend_from_slice(data);
-    out
-}
-
-fn gzip(data: &[u8]) -> Vec<u8> {
-    let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
-    enc.write_all(data).expect("gzip");
-    enc.finish().expect("gzip")
-}
-
-/// An idx folder of `n` 4×4 images whose labels cycle through 0..10.
-fn idx_folder(dir: &Path, n: usize) -> PathBuf {
-    let folder = dir.join("set");
-    std::fs::create_dir_all(&folder).expect("folder");
-    let pixels: Vec<u8> = (0..n * 16).map(|i| (i % 251) as u8).collect();
-    let labels: Vec<u8> = (0..n).map(|i| (i % 10) as u8).collect();
-    std::fs::write(
-        folder.join("images-idx3-ubyte"),
-        idx(&[n as u32, 4, 4], &pixels),
-    )
-    .expect("images");
-    std::fs::write(folder.join("labels-idx1-ubyte"), idx(&[n as u32], &labels)).expect("labels");
-    folder
-}
-
+/// A training of [`small_mlp`] on the IDX folder `folder`, with `extra` keys of the data.
 fn idx_job(dir: &Path, folder: &Path, extra: &str) -> PathBuf {
-    job(
-        dir,
-        "idx.yaml",
-        &format!(
-            "model: {{kind: mlp, hidden: [8]}}\ndata: {{source: idx, path: {}{extra}}}\ntrain: {{epochs: 1, batch_size: 4}}\nbackend: cpu\n",
-            folder.display()
-        ),
-    )
+    small_mlp(format!(
+        "{{source: idx, path: {}{extra}}}",
+        folder.display()
+    ))
+    .backend("cpu")
+    .write(dir, "idx.yaml")
 }
 
 fn train(dir: &Path, job: &Path) -> Output {
@@ -271,7 +235,7 @@ fn train(dir: &Path, job: &Path) -> Output {
 
 #[test]
 fn a_gzip_bomb_is_read_no_further_than_its_header_declares() {
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = sandbox();
     let folder = idx_folder(dir.path(), 50);
     std::fs::remove_file(folder.join("labels-idx1-ubyte")).expect("rm");
     // The header declares 50 labels; 2 GiB of zeros follow, as 2048 gzip members of 1 MiB each.
@@ -292,7 +256,7 @@ fn a_gzip_bomb_is_read_no_further_than_its_header_declares() {
 
 #[test]
 fn a_header_declaring_more_than_the_file_holds_is_an_error_not_an_allocation() {
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = sandbox();
     let folder = idx_folder(dir.path(), 50);
     // 2^31 - 1 images of 1×1 declared: within the limit, far beyond the file.
     std::fs::write(
@@ -316,7 +280,7 @@ fn a_header_declaring_more_than_the_file_holds_is_an_error_not_an_allocation() {
 
 #[test]
 fn a_cifar_batch_is_checked_by_its_size_before_it_is_read() {
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = sandbox();
     let folder = dir.path().join("cifar");
     std::fs::create_dir(&folder).expect("folder");
     let record = |label: u8| {
@@ -338,13 +302,9 @@ fn a_cifar_batch_is_checked_by_its_size_before_it_is_read() {
     // A sparse batch of 3 GiB: refused from its size, never read.
     let big = std::fs::File::create(folder.join("data_batch_3.bin")).expect("big");
     big.set_len(3073 * 1_100_000).expect("sparse");
-    let j = job(
-        dir.path(),
+    let j = dir.job(
         "c.yaml",
-        &format!(
-            "model: {{kind: mlp, hidden: [8]}}\ndata: {{source: cifar10, path: {}}}\ntrain: {{epochs: 1, batch_size: 4}}\nbackend: cpu\n",
-            folder.display()
-        ),
+        small_mlp(format!("{{source: cifar10, path: {}}}", folder.display())).backend("cpu"),
     );
     refused(
         &train(dir.path(), &j),
@@ -358,7 +318,7 @@ fn a_cifar_batch_is_checked_by_its_size_before_it_is_read() {
 // Case 4: job files are bounded before the YAML parser sees them.
 
 fn fib_check(dir: &Path, name: &str, text: &str) -> Output {
-    let j = job(dir, name, text);
+    let j = write_job(dir, name, text);
     bounded(
         dir,
         &["fib", j.to_str().expect("utf-8"), "--backend", "cpu"],
@@ -367,7 +327,7 @@ fn fib_check(dir: &Path, name: &str, text: &str) -> Output {
 
 #[test]
 fn deep_nesting_is_refused_before_parsing() {
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = sandbox();
     for (open, close) in [("[", "]"), ("{a: ", "}")] {
         let text = format!(
             "model: {{kind: mlp}}\ndata: {{source: synthetic}}\nn: {}1{}\n",
@@ -391,7 +351,7 @@ fn deep_nesting_is_refused_before_parsing() {
 
 #[test]
 fn a_job_file_over_1_mib_is_refused() {
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = sandbox();
     let text = format!(
         "model: {{kind: mlp}}\ndata: {{source: synthetic}}\n# {}\n",
         "x".repeat(2 << 20)
@@ -401,7 +361,7 @@ fn a_job_file_over_1_mib_is_refused() {
 
 #[test]
 fn alias_bombs_are_refused() {
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = sandbox();
     // The billion laughs: ten levels of ten aliases each.
     let mut text = String::from(
         "model: {kind: mlp}\ndata: {source: synthetic}\nlol0: &a0 [x, x, x, x, x, x, x, x, x, x]\n",
@@ -417,7 +377,7 @@ fn alias_bombs_are_refused() {
         vec!["1"; 20_000].join(","),
         vec!["*a"; 5_000].join(",")
     );
-    let j = job(dir.path(), "wide.yaml", &text);
+    let j = dir.job("wide.yaml", &text);
     refused(&sweep_dry(dir.path(), &j), &["aliases"]);
 }
 
@@ -426,7 +386,7 @@ fn alias_bombs_are_refused() {
 #[test]
 fn out_of_range_durations_and_numbers_in_flags_exit_2() {
     let root = root();
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = sandbox();
     let out = dir.path().join("out");
     let out = out.to_str().expect("utf-8");
     for grace in ["1e30", "-1", "NaN", "inf", "1e400", "seconds"] {
@@ -471,7 +431,7 @@ fn out_of_range_durations_and_numbers_in_flags_exit_2() {
 
 #[test]
 fn out_of_range_numbers_in_job_keys_exit_2() {
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = sandbox();
     let cases: [(&str, &str); 8] = [
         ("memory: {fraction: .nan}\n", "memory.fraction"),
         ("train: {lr: .inf}\n", "train.lr"),
@@ -511,7 +471,7 @@ fn out_of_range_numbers_in_job_keys_exit_2() {
 
 #[test]
 fn names_that_would_leave_the_output_folder_are_refused() {
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = sandbox();
     let work = dir.path().join("work");
     std::fs::create_dir(&work).expect("work");
     let long = "n".repeat(300);
@@ -526,18 +486,16 @@ fn names_that_would_leave_the_output_folder_are_refused() {
         "\"a\\nb\"",
         long.as_str(),
     ] {
-        let text = format!("name: {name}\n{MLP}n: [1]\nsplits: [shared]\n");
-        let j = job(dir.path(), "named.yaml", &text);
+        let j = dir.job(
+            "named.yaml",
+            tiny(JobYaml::new().name(name)).n("[1]").splits("[shared]"),
+        );
         let o = bounded(&work, &["fib", j.to_str().expect("utf-8")]);
         let line = refused(&o, &["`name`", "line 1"]);
         assert!(!line.contains('\t') && !line.contains('\0'), "{line:?}");
     }
     // A file whose name cannot stand for the job's name.
-    let j = job(
-        dir.path(),
-        "..yaml",
-        &format!("{MLP}n: [1]\nsplits: [shared]\n"),
-    );
+    let j = dir.job("..yaml", tiny(JobYaml::new()).n("[1]").splits("[shared]"));
     refused(
         &bounded(&work, &["fib", j.to_str().expect("utf-8")]),
         &["`name`", "set `name`"],
@@ -556,7 +514,7 @@ fn names_that_would_leave_the_output_folder_are_refused() {
 
 #[test]
 fn duplicate_keys_are_refused_anywhere() {
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = sandbox();
     let cases: [(&str, &str, &str); 4] = [
         (
             "model: {kind: mlp}\ndata: {source: synthetic}\nparameters:\n  lr: {value: 0.1}\n  lr: {value: 0.2}\n",
@@ -591,7 +549,7 @@ fn duplicate_keys_are_refused_anywhere() {
 
 #[test]
 fn a_label_outside_the_classes_is_refused_at_load() {
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = sandbox();
     let folder = idx_folder(dir.path(), 50);
     let mut labels: Vec<u8> = (0..50).map(|i| (i % 10) as u8).collect();
     labels[17] = 255;
@@ -627,13 +585,12 @@ fn a_label_outside_the_classes_is_refused_at_load() {
         )
         .expect("labels");
     }
-    let j = job(
-        dir.path(),
+    let j = dir.job(
         "fm.yaml",
-        &format!(
-            "model: {{kind: mlp, hidden: [8]}}\ndata: {{source: fashion-mnist, path: {}}}\ntrain: {{epochs: 1, batch_size: 4}}\n",
-            dir.path().join("fm").display()
-        ),
+        small_mlp(format!(
+            "{{source: fashion-mnist, path: {}}}",
+            dir.join("fm").display()
+        )),
     );
     refused(
         &train(dir.path(), &j),
@@ -645,7 +602,7 @@ fn a_label_outside_the_classes_is_refused_at_load() {
 
 #[test]
 fn a_directory_given_as_a_data_file_is_named_as_one() {
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = sandbox();
     let folder = idx_folder(dir.path(), 50);
     std::fs::remove_file(folder.join("images-idx3-ubyte")).expect("rm");
     std::fs::create_dir(folder.join("images-idx3-ubyte")).expect("dir");
@@ -672,33 +629,17 @@ fn mkfifo(path: &Path) {
     assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0, "mkfifo");
 }
 
-/// Runs a command that must not wait on a FIFO; a run that does is killed after a minute (it
-/// is still our unreaped child then), and the test fails on its exit status.
+/// Runs a command that must not wait on a FIFO; a run that does is killed after a minute, and
+/// the test fails.
 #[cfg(unix)]
 fn never_waits(dir: &Path, args: &[&str]) -> Output {
-    let mut child = Command::new(exe())
-        .current_dir(dir)
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn");
-    let started = std::time::Instant::now();
-    while child.try_wait().expect("try_wait").is_none() {
-        if started.elapsed() > std::time::Duration::from_secs(60) {
-            child.kill().expect("kill");
-            break;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
-    child.wait_with_output().expect("wait")
+    run(dir, args).timeout(Duration::from_secs(60)).output()
 }
 
 #[cfg(unix)]
 #[test]
 fn a_fifo_given_as_a_file_is_refused_without_waiting() {
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = sandbox();
     let folder = idx_folder(dir.path(), 50);
     std::fs::remove_file(folder.join("labels-idx1-ubyte")).expect("rm");
     mkfifo(&folder.join("labels-idx1-ubyte"));
@@ -717,13 +658,13 @@ fn a_fifo_given_as_a_file_is_refused_without_waiting() {
 
 #[test]
 fn a_byte_order_mark_is_accepted_in_a_job_and_named_in_a_data_file() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let j = dir.path().join("bom.yaml");
+    let dir = sandbox();
+    let j = dir.join("bom.yaml");
     std::fs::write(
         &j,
         [
             b"\xef\xbb\xbf".as_slice(),
-            format!("{MLP}run_cap: 2\n").as_bytes(),
+            tiny(JobYaml::new()).run_cap(2).text().as_bytes(),
         ]
         .concat(),
     )
@@ -733,7 +674,13 @@ fn a_byte_order_mark_is_accepted_in_a_job_and_named_in_a_data_file() {
     // UTF-16 is not read as YAML: it says how to save the file.
     let utf16: Vec<u8> = [0xff, 0xfe]
         .into_iter()
-        .chain(MLP.encode_utf16().flat_map(|u| u.to_le_bytes()))
+        .chain(
+            tiny(JobYaml::new())
+                .text()
+                .encode_utf16()
+                .flat_map(|u| u.to_le_bytes())
+                .collect::<Vec<u8>>(),
+        )
         .collect();
     std::fs::write(&j, utf16).expect("job");
     refused(&sweep_dry(dir.path(), &j), &["UTF-16", "UTF-8"]);

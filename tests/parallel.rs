@@ -1,13 +1,17 @@
 //! `gpumux parallel`, `gpumux batch-scan` and unequal slice plans through the real binary (the data-parallel equality on a GPU is in tests/gpu.rs).
 
-mod common;
-use common::*;
+mod support;
+use support::*;
 
-const JOB: &str = "model: {kind: mlp, hidden: [64]}\n\
-data: {source: mnist-10k, train_limit: 1200, test_limit: 300}\n\
-train: {epochs: 2, batch_size: 100, lr: 0.002}\n\
-backend: cpu\n\
-split: logical\n";
+/// Two epochs of a small MLP on 1200 digits, in logical slices on the CPU.
+fn base() -> JobYaml {
+    JobYaml::new()
+        .model(mlp(&[64]))
+        .data("{source: mnist-10k, train_limit: 1200, test_limit: 300}")
+        .train("{epochs: 2, batch_size: 100, lr: 0.002}")
+        .backend("cpu")
+        .split("logical")
+}
 
 /// `slice 0 [60] 123 sps · slice 1 [40] 82 sps · total [100] 205 sps`: the shards and the figures.
 fn speed_line(out: &str) -> Vec<(String, usize, f64)> {
@@ -31,16 +35,14 @@ fn speed_line(out: &str) -> Vec<(String, usize, f64)> {
 
 #[test]
 fn a_ratio_split_trains_and_reports_each_slice() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let job = job(
-        dir.path(),
+    let dir = sandbox();
+    let job = dir.job(
         "p.yaml",
-        &format!("{JOB}ratios: [3, 2]\nparallel: {{ratios: [3, 2]}}\n"),
+        base()
+            .set("ratios", "[3, 2]")
+            .set("parallel", "{ratios: [3, 2]}"),
     );
-    let o = gpumux(
-        dir.path(),
-        &["parallel", job.to_str().unwrap(), "--out", "o"],
-    );
+    let o = dir.gpumux(&["parallel", s(&job), "--out", "o"]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     let out = stdout(&o);
     let parts = speed_line(&out);
@@ -62,7 +64,7 @@ fn a_ratio_split_trains_and_reports_each_slice() {
         .collect();
     assert_eq!(caps.len(), 2, "{out}");
     assert!((caps[0] / caps[1] - 1.5).abs() < 1e-3, "{caps:?}");
-    let progress = read_csv(&dir.path().join("o/progress.csv"));
+    let progress = progress_csv(&dir.join("o"));
     assert_eq!(
         progress.len(),
         2 * 3,
@@ -83,7 +85,7 @@ fn a_ratio_split_trains_and_reports_each_slice() {
     ] {
         assert!(progress[0].contains_key(col), "progress.csv lacks {col}");
     }
-    let summary = read_csv(&dir.path().join("o/parallel.csv"));
+    let summary = read_csv(&dir.join("o/parallel.csv"));
     assert_eq!(summary.len(), 1);
     assert_eq!(summary[0]["shards"], "60;40");
     assert_eq!(summary[0]["ratios"], "3:2");
@@ -97,23 +99,20 @@ fn a_ratio_split_trains_and_reports_each_slice() {
 
 #[test]
 fn auto_ratios_say_what_they_measured_and_chose() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let job = job(dir.path(), "p.yaml", JOB);
-    let o = gpumux(
-        dir.path(),
-        &[
-            "parallel",
-            job.to_str().unwrap(),
-            "--slices",
-            "2",
-            "--ratios",
-            "auto",
-            "--epochs",
-            "1",
-            "--out",
-            "o",
-        ],
-    );
+    let dir = sandbox();
+    let job = dir.job("p.yaml", base());
+    let o = dir.gpumux(&[
+        "parallel",
+        s(&job),
+        "--slices",
+        "2",
+        "--ratios",
+        "auto",
+        "--epochs",
+        "1",
+        "--out",
+        "o",
+    ]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     let out = stdout(&o);
     assert!(
@@ -121,7 +120,7 @@ fn auto_ratios_say_what_they_measured_and_chose() {
         "{out}"
     );
     assert!(out.contains("ratios auto: chose "), "{out}");
-    let rows = read_csv(&dir.path().join("o/ratios.csv"));
+    let rows = read_csv(&dir.join("o/ratios.csv"));
     assert_eq!(rows.len(), 2);
     let shards: usize = rows
         .iter()
@@ -138,24 +137,14 @@ fn auto_ratios_say_what_they_measured_and_chose() {
 #[test]
 fn one_slice_and_four_slices_reach_the_same_accuracy() {
     // Without dropout, mirrored training is single-slice training on the same global batch.
-    let dir = tempfile::tempdir().expect("tempdir");
-    let job = job(dir.path(), "p.yaml", JOB);
+    let dir = sandbox();
+    let job = dir.job("p.yaml", base());
     let mut acc = Vec::new();
     for k in ["1", "4"] {
         let out = format!("o{k}");
-        let o = gpumux(
-            dir.path(),
-            &[
-                "parallel",
-                job.to_str().unwrap(),
-                "--slices",
-                k,
-                "--out",
-                &out,
-            ],
-        );
+        let o = dir.gpumux(&["parallel", s(&job), "--slices", k, "--out", &out]);
         assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
-        let row = &read_csv(&dir.path().join(out).join("parallel.csv"))[0];
+        let row = &read_csv(&dir.join(out).join("parallel.csv"))[0];
         acc.push(row["test_acc"].parse::<f64>().expect("test_acc"));
     }
     // The weights agree to floating-point order (about 1e-7 relative), which could at most tip
@@ -166,16 +155,14 @@ fn one_slice_and_four_slices_reach_the_same_accuracy() {
 
 #[test]
 fn explicit_slices_on_the_cpu_say_that_sms_do_not_apply() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let job = job(
-        dir.path(),
+    let dir = sandbox();
+    let job = dir.job(
         "p.yaml",
-        &format!("{JOB}slices:\n  - {{sm: 80, mem_mib: 300}}\n  - {{sm: 48, mem_mib: 200}}\n"),
+        base()
+            .slice("{sm: 80, mem_mib: 300}")
+            .slice("{sm: 48, mem_mib: 200}"),
     );
-    let o = gpumux(
-        dir.path(),
-        &["parallel", job.to_str().unwrap(), "--dry-run"],
-    );
+    let o = dir.gpumux(&["parallel", s(&job), "--dry-run"]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     let out = stdout(&o);
     assert!(out.contains("the CPU backend has no SMs"), "{out}");
@@ -184,23 +171,13 @@ fn explicit_slices_on_the_cpu_say_that_sms_do_not_apply() {
         out.contains("shards 50;50") && out.contains("dry run"),
         "{out}"
     );
-    assert!(!dir.path().join("out").exists(), "a dry run writes nothing");
+    assert!(!dir.join("out").exists(), "a dry run writes nothing");
     // `splits` is fib's list: a GPU-only mode there does not stop a CPU parallel run.
-    let fib_job = common::job(
-        dir.path(),
-        "with-green.yaml",
-        &format!("{JOB}splits: [logical, green]\n"),
-    );
-    let o = gpumux(
-        dir.path(),
-        &["parallel", fib_job.to_str().unwrap(), "--dry-run"],
-    );
+    let fib_job = dir.job("with-green.yaml", base().splits("[logical, green]"));
+    let o = dir.gpumux(&["parallel", s(&fib_job), "--dry-run"]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     // Green slices need a GPU: a clear error, not a crash.
-    let o = gpumux(
-        dir.path(),
-        &["parallel", job.to_str().unwrap(), "--split", "green"],
-    );
+    let o = dir.gpumux(&["parallel", s(&job), "--split", "green"]);
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
     assert!(
         stderr(&o).contains("split green needs a GPU"),
@@ -211,16 +188,12 @@ fn explicit_slices_on_the_cpu_say_that_sms_do_not_apply() {
 
 #[test]
 fn a_shard_too_small_for_a_slice_cap_names_the_slice() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let job = job(
-        dir.path(),
+    let dir = sandbox();
+    let job = dir.job(
         "p.yaml",
-        &format!("{JOB}slices:\n  - {{mem_mib: 300}}\n  - {{mem_mib: 0.5}}\n"),
+        base().slice("{mem_mib: 300}").slice("{mem_mib: 0.5}"),
     );
-    let o = gpumux(
-        dir.path(),
-        &["parallel", job.to_str().unwrap(), "--out", "o"],
-    );
+    let o = dir.gpumux(&["parallel", s(&job), "--out", "o"]);
     assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
     let err = stderr(&o);
     assert!(
@@ -231,21 +204,18 @@ fn a_shard_too_small_for_a_slice_cap_names_the_slice() {
 
 #[test]
 fn batch_scan_stops_at_the_cap_with_exit_0() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let job = job(dir.path(), "s.yaml", JOB);
-    let o = gpumux(
-        dir.path(),
-        &[
-            "batch-scan",
-            job.to_str().unwrap(),
-            "--mib-per-slice",
-            "1.5",
-            "--seconds",
-            "0.02",
-            "--out",
-            "s",
-        ],
-    );
+    let dir = sandbox();
+    let job = dir.job("s.yaml", base());
+    let o = dir.gpumux(&[
+        "batch-scan",
+        s(&job),
+        "--mib-per-slice",
+        "1.5",
+        "--seconds",
+        "0.02",
+        "--out",
+        "s",
+    ]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     let out = stdout(&o);
     let verdict = out
@@ -256,7 +226,7 @@ fn batch_scan_stops_at_the_cap_with_exit_0() {
         verdict.contains("slice cap 1.5 MiB; largest batch that fits: "),
         "{verdict}"
     );
-    let rows = read_csv(&dir.path().join("s/batch_scan.csv"));
+    let rows = read_csv(&dir.join("s/batch_scan.csv"));
     let last = rows.last().expect("rows");
     assert_eq!(last["fits"], "false");
     assert!(last["arena_mib"].parse::<f64>().expect("mib") > 1.5);
@@ -270,17 +240,14 @@ fn batch_scan_stops_at_the_cap_with_exit_0() {
         "{largest} not timed"
     );
     // A first batch that already does not fit is the same clean stop.
-    let o = gpumux(
-        dir.path(),
-        &[
-            "batch-scan",
-            job.to_str().unwrap(),
-            "--mib-per-slice",
-            "0.01",
-            "--out",
-            "s2",
-        ],
-    );
+    let o = dir.gpumux(&[
+        "batch-scan",
+        s(&job),
+        "--mib-per-slice",
+        "0.01",
+        "--out",
+        "s2",
+    ]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     assert!(
         stdout(&o).contains("batch 1 does not fit") && stdout(&o).contains("no batch fits"),

@@ -1,96 +1,46 @@
 //! Results files on the real binary: damaged files refused and left as they were, one writer per output folder, merges killed midway, cut rows, progress after a resume, fib merges, one exit-code table, non-finite metrics and a full disk.
 
-mod common;
-use common::*;
+mod support;
 use std::collections::{BTreeMap, HashSet};
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+use support::*;
 
 use gpumux::report::{self, ProgressRow, TrialRow};
 
 /// A sweep of `run_cap` trials of a small MLP on synthetic data, on the CPU.
-fn sweep_job(run_cap: u32, epochs: u32, samples: u32) -> String {
-    format!(
-        "name: rf
-model: {{kind: mlp, hidden: [32]}}
-data: {{source: synthetic, train_samples: {samples}, test_samples: 128}}
-train: {{epochs: {epochs}, batch_size: 32}}
-run_cap: {run_cap}
-parameters:
-  lr: {{min: 0.0003, max: 0.01, distribution: log_uniform_values}}
-concurrency: 2
-split: logical
-backend: cpu
-"
-    )
+fn sweep_job(run_cap: u64, epochs_: u32, samples: u32) -> JobYaml {
+    JobYaml::new()
+        .name("rf")
+        .model(mlp(&[32]))
+        .data(synthetic(samples, 128))
+        .train(epochs(epochs_, 32))
+        .run_cap(run_cap)
+        .param(
+            "lr",
+            "{min: 0.0003, max: 0.01, distribution: log_uniform_values}",
+        )
+        .concurrency(2)
+        .split("logical")
+        .backend("cpu")
 }
 
-const FIB_JOB: &str = "name: fibsmall
-model: {kind: mlp, hidden: [16]}
-data: {source: synthetic, train_samples: 256, test_samples: 64}
-train: {epochs: 1, batch_size: 32}
-n: [1, 2]
-splits: [shared]
-backend: cpu
-";
-
-fn bin() -> PathBuf {
-    assert_cmd::cargo::cargo_bin("gpumux")
+/// A fib of two rounds (N = 1 and 2) of one epoch each.
+fn fib_job() -> JobYaml {
+    JobYaml::new()
+        .name("fibsmall")
+        .model(mlp(&[16]))
+        .data(synthetic(256, 64))
+        .train(epochs(1, 32))
+        .n("[1, 2]")
+        .splits("[shared]")
+        .backend("cpu")
 }
 
-fn spawn(dir: &Path, args: &[&str]) -> Child {
-    Command::new(bin())
-        .current_dir(dir)
-        .args(args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("gpumux starts")
-}
-
-fn s(p: &Path) -> &str {
-    p.to_str().expect("a UTF-8 path")
-}
-
-fn code(o: &Output) -> Option<i32> {
-    o.status.code()
-}
-
-/// Runs a sweep of `job` into `out` with more arguments, and returns its output.
-fn sweep(dir: &Path, job: &Path, out: &Path, more: &[&str]) -> Output {
-    let mut args = vec!["sweep", s(job), "--out", s(out)];
-    args.extend(more);
-    gpumux(dir, &args)
-}
-
-/// Whole lines of a file, header excluded.
-fn rows_in(path: &Path) -> usize {
-    fs::read(path)
-        .map(|b| b.iter().filter(|&&c| c == b'\n').count().saturating_sub(1))
-        .unwrap_or(0)
-}
-
-/// Waits until `cond` holds; false when `child` ends first or after a minute.
-fn wait_for(child: &mut Child, mut cond: impl FnMut() -> bool) -> bool {
-    let start = Instant::now();
-    while start.elapsed() < Duration::from_secs(60) {
-        if cond() {
-            return true;
-        }
-        if let Ok(Some(_)) = child.try_wait() {
-            return cond();
-        }
-        std::thread::sleep(Duration::from_millis(2));
-    }
-    false
-}
-
-fn signal(child: &Child, sig: i32) {
-    // SAFETY: kill(2) on our own child.
-    unsafe { libc::kill(child.id() as i32, sig) };
-}
+/// A minute: how long a test waits for what a child should do.
+const MINUTE: Duration = Duration::from_secs(60);
 
 /// The trials.csv of `out`, read with the strict reader (a damaged file fails the test).
 fn trials(out: &Path) -> Vec<TrialRow> {
@@ -138,10 +88,10 @@ fn one_progress_row_per_epoch(out: &Path, epochs: u32) {
 
 #[test]
 fn a_damaged_trials_csv_is_refused_and_left_byte_for_byte() {
-    let dir = tempfile::tempdir().unwrap();
-    let job = job(dir.path(), "j.yaml", &sweep_job(3, 1, 256));
-    let out = dir.path().join("out");
-    assert_eq!(code(&sweep(dir.path(), &job, &out, &[])), Some(0));
+    let dir = sandbox();
+    let job = dir.job("j.yaml", sweep_job(3, 1, 256));
+    let out = dir.join("out");
+    assert_eq!(code(&dir.run_into("sweep", &job, &out, &[])), Some(0));
     let csv = out.join("trials.csv");
     let good = fs::read_to_string(&csv).unwrap();
     let lines: Vec<&str> = good.lines().collect();
@@ -161,7 +111,7 @@ fn a_damaged_trials_csv_is_refused_and_left_byte_for_byte() {
             let bad = format!("{}\n", l.join("\n"));
             fs::write(&csv, &bad).unwrap();
             for more in [&[][..], &["--resume"], &["--resume", "--dry-run"]] {
-                let o = sweep(dir.path(), &job, &out, more);
+                let o = dir.run_into("sweep", &job, &out, more);
                 let said = stderr(&o);
                 assert_eq!(code(&o), Some(2), "{what} {more:?}: {said}");
                 assert!(
@@ -178,8 +128,8 @@ fn a_damaged_trials_csv_is_refused_and_left_byte_for_byte() {
         }
     }
     // fib replaces earlier results, but never results it cannot read.
-    let fib = common::job(dir.path(), "f.yaml", FIB_JOB);
-    let o = gpumux(dir.path(), &["fib", s(&fib), "--out", s(&out)]);
+    let fib = dir.job("f.yaml", fib_job());
+    let o = dir.gpumux(&["fib", s(&fib), "--out", s(&out)]);
     assert_eq!(code(&o), Some(2), "{}", stderr(&o));
     assert!(stderr(&o).contains("trials.csv"), "{}", stderr(&o));
     assert_eq!(
@@ -190,10 +140,10 @@ fn a_damaged_trials_csv_is_refused_and_left_byte_for_byte() {
 
 #[test]
 fn a_cut_last_row_is_dropped_by_resume_dry_run_merge_and_report() {
-    let dir = tempfile::tempdir().unwrap();
-    let job = job(dir.path(), "j.yaml", &sweep_job(4, 1, 256));
-    let out = dir.path().join("out");
-    assert_eq!(code(&sweep(dir.path(), &job, &out, &[])), Some(0));
+    let dir = sandbox();
+    let job = dir.job("j.yaml", sweep_job(4, 1, 256));
+    let out = dir.join("out");
+    assert_eq!(code(&dir.run_into("sweep", &job, &out, &[])), Some(0));
     let csv = out.join("trials.csv");
     let whole = fs::read(&csv).unwrap();
     // A kill in the middle of the last row's write: its state (COMPLETE) is there, not its end.
@@ -202,7 +152,7 @@ fn a_cut_last_row_is_dropped_by_resume_dry_run_merge_and_report() {
         .into_owned();
     assert!(last.contains("COMPLETE"), "{last}");
     fs::write(&csv, cut).unwrap();
-    let o = sweep(dir.path(), &job, &out, &["--resume", "--dry-run"]);
+    let o = dir.run_into("sweep", &job, &out, &["--resume", "--dry-run"]);
     assert_eq!(code(&o), Some(0), "{}", stderr(&o));
     assert!(
         stdout(&o).contains("3 already COMPLETE, 1 to run"),
@@ -211,8 +161,8 @@ fn a_cut_last_row_is_dropped_by_resume_dry_run_merge_and_report() {
     );
     assert!(stderr(&o).contains("cut short"), "{}", stderr(&o));
     assert_eq!(fs::read(&csv).unwrap(), cut, "a dry run writes nothing");
-    let merged = dir.path().join("merged");
-    let o = gpumux(dir.path(), &["merge", s(&out), "--out", s(&merged)]);
+    let merged = dir.join("merged");
+    let o = dir.gpumux(&["merge", s(&out), "--out", s(&merged)]);
     assert_eq!(code(&o), Some(0), "{}", stderr(&o));
     assert!(
         stdout(&o).contains("merged 3 trials: 3 COMPLETE"),
@@ -220,24 +170,24 @@ fn a_cut_last_row_is_dropped_by_resume_dry_run_merge_and_report() {
         stdout(&o)
     );
     assert_eq!(trials(&merged).len(), 3);
-    let reported = dir.path().join("reported");
-    let o = gpumux(dir.path(), &["report", s(&out), "--out", s(&reported)]);
+    let reported = dir.join("reported");
+    let o = dir.gpumux(&["report", s(&out), "--out", s(&reported)]);
     assert_eq!(code(&o), Some(0), "{}", stderr(&o));
     assert_eq!(trials(&reported).len(), 3, "report drops it too");
-    let o = sweep(dir.path(), &job, &out, &["--resume"]);
+    let o = dir.run_into("sweep", &job, &out, &["--resume"]);
     assert_eq!(code(&o), Some(0), "{}", stderr(&o));
     complete_once(&out, 4);
 }
 
 #[test]
 fn two_sweeps_started_together_in_one_folder_one_refuses_naming_the_lock() {
-    let dir = tempfile::tempdir().unwrap();
-    let job = job(dir.path(), "j.yaml", &sweep_job(6, 6, 2048));
+    let dir = sandbox();
+    let job = dir.job("j.yaml", sweep_job(6, 6, 2048));
     for more in [&[][..], &["--resume"]] {
-        let out = dir.path().join(format!("out{}", more.len()));
+        let out = dir.join(format!("out{}", more.len()));
         let mut args = vec!["sweep", s(&job), "--out", s(&out)];
         args.extend(more);
-        let (a, b) = (spawn(dir.path(), &args), spawn(dir.path(), &args));
+        let (a, b) = (dir.spawn(&args), dir.spawn(&args));
         let (a, b) = (a.wait_with_output().unwrap(), b.wait_with_output().unwrap());
         let mut codes = vec![code(&a), code(&b)];
         codes.sort();
@@ -262,15 +212,16 @@ fn two_sweeps_started_together_in_one_folder_one_refuses_naming_the_lock() {
 
 #[test]
 fn a_sweep_killed_outright_leaves_no_stale_lock() {
-    let dir = tempfile::tempdir().unwrap();
-    let job = job(dir.path(), "j.yaml", &sweep_job(4, 400, 2048));
-    let out = dir.path().join("out");
-    let mut child = spawn(dir.path(), &["sweep", s(&job), "--out", s(&out)]);
+    let dir = sandbox();
+    let job = dir.job("j.yaml", sweep_job(4, 400, 2048));
+    let out = dir.join("out");
+    let mut child = dir.spawn(&["sweep", s(&job), "--out", s(&out)]);
     assert!(
-        wait_for(&mut child, || rows_in(&out.join("progress.csv")) >= 1),
+        wait_for(&mut child, MINUTE, || rows_in(&out.join("progress.csv"))
+            >= 1),
         "the sweep trains"
     );
-    let o = sweep(dir.path(), &job, &out, &["--resume"]);
+    let o = dir.run_into("sweep", &job, &out, &["--resume"]);
     assert_eq!(code(&o), Some(2), "{}", stderr(&o));
     assert!(
         stderr(&o).contains(&format!("pid {}", child.id())),
@@ -281,19 +232,19 @@ fn a_sweep_killed_outright_leaves_no_stale_lock() {
     let _ = child.wait();
     // The lock file is still there; its lock went with the process.
     assert!(out.join(".gpumux.lock").exists());
-    let o = gpumux(dir.path(), &["report", s(&out)]);
+    let o = dir.gpumux(&["report", s(&out)]);
     assert_eq!(code(&o), Some(0), "{}", stderr(&o));
 }
 
 #[test]
 fn every_command_that_writes_a_folder_refuses_one_in_use() {
-    let dir = tempfile::tempdir().unwrap();
-    let job = job(dir.path(), "j.yaml", &sweep_job(2, 1, 256));
-    let fib = common::job(dir.path(), "f.yaml", FIB_JOB);
-    let src = dir.path().join("src");
-    assert_eq!(code(&sweep(dir.path(), &job, &src, &[])), Some(0));
-    let busy = dir.path().join("busy");
-    let o = sweep(dir.path(), &job, &busy, &[]);
+    let dir = sandbox();
+    let job = dir.job("j.yaml", sweep_job(2, 1, 256));
+    let fib = dir.job("f.yaml", fib_job());
+    let src = dir.join("src");
+    assert_eq!(code(&dir.run_into("sweep", &job, &src, &[])), Some(0));
+    let busy = dir.join("busy");
+    let o = dir.run_into("sweep", &job, &busy, &[]);
     assert_eq!(code(&o), Some(0), "{}", stderr(&o));
     let before: BTreeMap<String, Vec<u8>> = fs::read_dir(&busy)
         .unwrap()
@@ -331,7 +282,7 @@ fn every_command_that_writes_a_folder_refuses_one_in_use() {
         ],
     ];
     for args in &commands {
-        let o = gpumux(dir.path(), args);
+        let o = dir.gpumux(args);
         assert_eq!(code(&o), Some(2), "{args:?}: {}", stderr(&o));
         assert!(
             stderr(&o).contains(".gpumux.lock")
@@ -358,7 +309,7 @@ fn every_command_that_writes_a_folder_refuses_one_in_use() {
         "nothing in the folder changed"
     );
     drop(held);
-    let o = gpumux(dir.path(), &["report", b]);
+    let o = dir.gpumux(&["report", b]);
     assert_eq!(code(&o), Some(0), "free again: {}", stderr(&o));
 }
 
@@ -395,19 +346,15 @@ fn big_folder(dir: &Path, prefix: &str, n: usize, epochs: u32) {
 
 #[test]
 fn a_merge_killed_midway_leaves_its_output_old_or_whole() {
-    let dir = tempfile::tempdir().unwrap();
-    let (a, b, out) = (
-        dir.path().join("a"),
-        dir.path().join("b"),
-        dir.path().join("merged"),
-    );
+    let dir = sandbox();
+    let (a, b, out) = (dir.join("a"), dir.join("b"), dir.join("merged"));
     big_folder(&a, "a", 60_000, 3);
     big_folder(&b, "b", 60_000, 3);
-    let o = gpumux(dir.path(), &["merge", s(&a), "--out", s(&out)]);
+    let o = dir.gpumux(&["merge", s(&a), "--out", s(&out)]);
     assert_eq!(code(&o), Some(0), "{}", stderr(&o));
     let old_trials = fs::read(out.join("trials.csv")).unwrap();
     let old_progress = fs::read(out.join("progress.csv")).unwrap();
-    let mut child = spawn(dir.path(), &["merge", s(&a), s(&b), "--out", s(&out)]);
+    let mut child = dir.spawn(&["merge", s(&a), s(&b), "--out", s(&out)]);
     // Kill it at its first write into the output folder: a temporary file, or a changed file.
     let writing = || {
         let tmp = fs::read_dir(&out)
@@ -421,7 +368,7 @@ fn a_merge_killed_midway_leaves_its_output_old_or_whole() {
         };
         tmp || changed("trials.csv", &old_trials) || changed("progress.csv", &old_progress)
     };
-    let caught = wait_for(&mut child, writing);
+    let caught = wait_for(&mut child, MINUTE, writing);
     child.kill().expect("SIGKILL");
     let _ = child.wait();
     assert!(caught, "the merge was seen writing");
@@ -430,7 +377,7 @@ fn a_merge_killed_midway_leaves_its_output_old_or_whole() {
     let epochs = progress(&out).len();
     assert!(epochs == 180_000 || epochs == 360_000, "{epochs}");
     // Run to its end, the merge gives the whole new output.
-    let o = gpumux(dir.path(), &["merge", s(&a), s(&b), "--out", s(&out)]);
+    let o = dir.gpumux(&["merge", s(&a), s(&b), "--out", s(&out)]);
     assert_eq!(code(&o), Some(0), "{}", stderr(&o));
     assert_eq!(trials(&out).len(), 120_000);
     let left: Vec<String> = fs::read_dir(&out)
@@ -447,17 +394,14 @@ fn a_merge_killed_midway_leaves_its_output_old_or_whole() {
 
 #[test]
 fn a_resumed_sweep_has_one_progress_row_per_trial_and_epoch() {
-    let dir = tempfile::tempdir().unwrap();
-    let job = job(dir.path(), "j.yaml", &sweep_job(6, 8, 4096));
+    let dir = sandbox();
+    let job = dir.job("j.yaml", sweep_job(6, 8, 4096));
     for sig in [libc::SIGKILL, libc::SIGTERM] {
-        let out = dir.path().join(format!("out{sig}"));
-        let mut child = spawn(
-            dir.path(),
-            &["sweep", s(&job), "--out", s(&out), "--grace", "0"],
-        );
+        let out = dir.join(format!("out{sig}"));
+        let mut child = dir.spawn(&["sweep", s(&job), "--out", s(&out), "--grace", "0"]);
         // Killed in the middle of a trial: some of its epochs are written, not its row.
         assert!(
-            wait_for(&mut child, || {
+            wait_for(&mut child, MINUTE, || {
                 rows_in(&out.join("progress.csv")) >= 3 + 8 * rows_in(&out.join("trials.csv"))
             }),
             "the sweep trains"
@@ -467,7 +411,7 @@ fn a_resumed_sweep_has_one_progress_row_per_trial_and_epoch() {
         if sig == libc::SIGTERM {
             assert_eq!(code(&o), Some(3), "{}", stderr(&o));
         }
-        let o = sweep(dir.path(), &job, &out, &["--resume"]);
+        let o = dir.run_into("sweep", &job, &out, &["--resume"]);
         assert_eq!(code(&o), Some(0), "{}", stderr(&o));
         complete_once(&out, 6);
         one_progress_row_per_epoch(&out, 8);
@@ -476,17 +420,17 @@ fn a_resumed_sweep_has_one_progress_row_per_trial_and_epoch() {
 
 #[test]
 fn merging_fib_runs_is_refused_and_report_keeps_every_row() {
-    let dir = tempfile::tempdir().unwrap();
-    let fib = job(dir.path(), "f.yaml", FIB_JOB);
-    let (a, b) = (dir.path().join("a"), dir.path().join("b"));
+    let dir = sandbox();
+    let fib = dir.job("f.yaml", fib_job());
+    let (a, b) = (dir.join("a"), dir.join("b"));
     for out in [&a, &b] {
-        let o = gpumux(dir.path(), &["fib", s(&fib), "--out", s(out)]);
+        let o = dir.gpumux(&["fib", s(&fib), "--out", s(out)]);
         assert_eq!(code(&o), Some(0), "{}", stderr(&o));
     }
     let each = trials(&a).len();
     assert_eq!(each, 3, "N = 1 and N = 2: t000 twice, t001 once");
-    let merged = dir.path().join("merged");
-    let o = gpumux(dir.path(), &["merge", s(&a), s(&b), "--out", s(&merged)]);
+    let merged = dir.join("merged");
+    let o = dir.gpumux(&["merge", s(&a), s(&b), "--out", s(&merged)]);
     assert_eq!(code(&o), Some(2), "{}", stderr(&o));
     assert!(
         stderr(&o).contains("fib run") && stderr(&o).contains("gpumux report"),
@@ -494,8 +438,8 @@ fn merging_fib_runs_is_refused_and_report_keeps_every_row() {
         stderr(&o)
     );
     assert!(!merged.join("trials.csv").exists());
-    let reported = dir.path().join("reported");
-    let o = gpumux(dir.path(), &["report", s(&a), s(&b), "--out", s(&reported)]);
+    let reported = dir.join("reported");
+    let o = dir.gpumux(&["report", s(&a), s(&b), "--out", s(&reported)]);
     assert_eq!(code(&o), Some(0), "{}", stderr(&o));
     assert_eq!(
         trials(&reported).len(),
@@ -507,13 +451,13 @@ fn merging_fib_runs_is_refused_and_report_keeps_every_row() {
 
 #[test]
 fn report_and_merge_give_the_same_exit_code_for_the_same_folder() {
-    let dir = tempfile::tempdir().unwrap();
-    let job = job(dir.path(), "j.yaml", &sweep_job(2, 1, 256));
-    let good = dir.path().join("good");
-    assert_eq!(code(&sweep(dir.path(), &job, &good, &[])), Some(0));
+    let dir = sandbox();
+    let job = dir.job("j.yaml", sweep_job(2, 1, 256));
+    let good = dir.join("good");
+    assert_eq!(code(&dir.run_into("sweep", &job, &good, &[])), Some(0));
     let text = fs::read(good.join("trials.csv")).unwrap();
     let folder = |name: &str, trials: Option<&[u8]>| {
-        let d = dir.path().join(name);
+        let d = dir.join(name);
         fs::create_dir_all(&d).unwrap();
         if let Some(t) = trials {
             fs::write(d.join("trials.csv"), t).unwrap();
@@ -526,7 +470,7 @@ fn report_and_merge_give_the_same_exit_code_for_the_same_folder() {
     let endless = folder("endless", None);
     std::os::unix::fs::symlink("/dev/zero", endless.join("trials.csv")).unwrap();
     let cases = [
-        (dir.path().join("missing"), 2),
+        (dir.join("missing"), 2),
         (endless, 2),
         (folder("empty", None), 2),
         (folder("garbage", Some(&garbage)), 2),
@@ -551,7 +495,7 @@ fn report_and_merge_give_the_same_exit_code_for_the_same_folder() {
         ];
         for args in &runs {
             let args: Vec<&str> = args.iter().map(String::as_str).collect();
-            let o = gpumux(dir.path(), &args);
+            let o = dir.gpumux(&args);
             assert_eq!(code(&o), Some(*want), "{args:?}: {}", stderr(&o));
             if *want == 2 {
                 assert!(
@@ -563,15 +507,15 @@ fn report_and_merge_give_the_same_exit_code_for_the_same_folder() {
         }
     }
     assert!(
-        !dir.path().join("missing").exists(),
+        !dir.join("missing").exists(),
         "a missing folder is not made"
     );
 }
 
 #[test]
 fn non_finite_metrics_never_make_the_best_trial() {
-    let dir = tempfile::tempdir().unwrap();
-    let out = dir.path().join("out");
+    let dir = sandbox();
+    let out = dir.join("out");
     let row = |id: &str, acc: f64, loss: f64, metric: f64| TrialRow {
         trial_id: id.into(),
         split: "logical".into(),
@@ -590,15 +534,12 @@ fn non_finite_metrics_never_make_the_best_trial() {
         row("t-finite", 0.5, 0.7, 0.5),
     ];
     report::write_all(&out, &[], &rows, &[]).unwrap();
-    let o = gpumux(dir.path(), &["report", s(&out)]);
+    let o = dir.gpumux(&["report", s(&out)]);
     assert_eq!(code(&o), Some(0), "{}", stderr(&o));
     assert!(stdout(&o).contains("best trial t-finite"), "{}", stdout(&o));
-    let merged = dir.path().join("merged");
+    let merged = dir.join("merged");
     for goal in ["maximize", "minimize"] {
-        let o = gpumux(
-            dir.path(),
-            &["merge", s(&out), "--out", s(&merged), "--goal", goal],
-        );
+        let o = dir.gpumux(&["merge", s(&out), "--out", s(&merged), "--goal", goal]);
         assert_eq!(code(&o), Some(0), "{}", stderr(&o));
         assert!(
             stdout(&o).contains("best trial t-finite"),
@@ -632,13 +573,13 @@ impl Drop for Tmpfs {
 
 #[test]
 fn a_full_disk_stops_the_sweep_with_exit_1_and_keeps_every_row_before() {
-    let dir = tempfile::tempdir().unwrap();
-    let disk = dir.path().join("disk");
+    let dir = sandbox();
+    let disk = dir.join("disk");
     let Some(_mounted) = Tmpfs::mount(&disk, "64k") else {
         eprintln!("skipped: cannot mount a tmpfs here (needs root)");
         return;
     };
-    let job = job(dir.path(), "j.yaml", &sweep_job(40, 1, 256));
+    let job = dir.job("j.yaml", sweep_job(40, 1, 256));
     let out = disk.join("out");
     // Fill the disk, then free five pages: the lock file, the three headers, and a few rows.
     let filler = disk.join("filler");
@@ -658,7 +599,7 @@ fn a_full_disk_stops_the_sweep_with_exit_1_and_keeps_every_row_before() {
         .unwrap()
         .set_len(len.saturating_sub(5 * 4096))
         .unwrap();
-    let o = sweep(dir.path(), &job, &out, &[]);
+    let o = dir.run_into("sweep", &job, &out, &[]);
     let said = stderr(&o);
     for name in ["trials.csv", "progress.csv"] {
         let bytes = fs::read(out.join(name)).unwrap();
@@ -678,7 +619,7 @@ fn a_full_disk_stops_the_sweep_with_exit_1_and_keeps_every_row_before() {
     eprintln!("{} rows before the disk was full", kept.len());
     assert!(kept.len() < 40, "it stopped: {} rows", kept.len());
     fs::remove_file(&filler).unwrap();
-    let o = sweep(dir.path(), &job, &out, &["--resume"]);
+    let o = dir.run_into("sweep", &job, &out, &["--resume"]);
     assert_eq!(code(&o), Some(0), "{}", stderr(&o));
     complete_once(&out, 40);
     for r in kept.iter().filter(|r| r.state == "COMPLETE") {

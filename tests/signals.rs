@@ -1,137 +1,42 @@
 //! Signals, exit codes and a closed stdout, on the real binary: every long-running command keeps what it measured and exits 3 on SIGTERM, a second signal stops at once, and each command maps its errors to the README's table.
 
-mod common;
-use common::*;
-use std::io::{BufRead, BufReader, Read};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+mod support;
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::Stdio;
+use support::*;
 
-fn bin() -> PathBuf {
-    assert_cmd::cargo::cargo_bin("gpumux")
+/// A small MLP on 2048 synthetic samples, on the CPU; each test adds what its command needs.
+fn mlp_job(name: &str) -> JobYaml {
+    JobYaml::new()
+        .name(name)
+        .model(mlp(&[64]))
+        .data(synthetic(2048, 256))
+        .backend("cpu")
 }
 
-/// A running gpumux whose stdout and stderr are collected as they come.
-struct Running {
-    child: Child,
-    out: Arc<Mutex<String>>,
-    err: Arc<Mutex<String>>,
+/// 30,000 synthetic 3×64×64 samples, which take seconds to make.
+fn big_data_job() -> JobYaml {
+    JobYaml::new()
+        .name("big")
+        .model(mlp(&[16]))
+        .data("{source: synthetic, shape: [3, 64, 64], train_samples: 30000, test_samples: 100}")
+        .train(epochs(50, 64))
 }
-
-fn collect(src: impl Read + Send + 'static) -> Arc<Mutex<String>> {
-    let text = Arc::new(Mutex::new(String::new()));
-    let keep = Arc::clone(&text);
-    std::thread::spawn(move || {
-        for line in BufReader::new(src).lines() {
-            let Ok(line) = line else { break };
-            let mut t = keep.lock().unwrap();
-            t.push_str(&line);
-            t.push('\n');
-        }
-    });
-    text
-}
-
-fn start(dir: &Path, args: &[&str]) -> Running {
-    let mut child = Command::new(bin())
-        .current_dir(dir)
-        .args(args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("gpumux starts");
-    let out = collect(child.stdout.take().unwrap());
-    let err = collect(child.stderr.take().unwrap());
-    Running { child, out, err }
-}
-
-impl Running {
-    /// Waits until `ready` holds (checked every few ms); false when the process ended first or
-    /// after two minutes.
-    fn wait_for(&mut self, ready: &dyn Fn(&Running) -> bool) -> bool {
-        let start = Instant::now();
-        while start.elapsed() < Duration::from_secs(120) {
-            if ready(self) {
-                return true;
-            }
-            if let Ok(Some(_)) = self.child.try_wait() {
-                return ready(self);
-            }
-            std::thread::sleep(Duration::from_millis(5));
-        }
-        false
-    }
-
-    fn said(&self, text: &str) -> bool {
-        self.out.lock().unwrap().contains(text) || self.err.lock().unwrap().contains(text)
-    }
-
-    fn signal(&self, sig: i32) {
-        // SAFETY: kill(2) on our own child.
-        unsafe { libc::kill(self.child.id() as i32, sig) };
-    }
-
-    /// Waits for the end (two minutes at most, then kills it and fails): the exit code, stdout
-    /// and stderr.
-    fn finish(mut self) -> (Option<i32>, String, String) {
-        let start = Instant::now();
-        let status = loop {
-            if let Ok(Some(s)) = self.child.try_wait() {
-                break s;
-            }
-            if start.elapsed() > Duration::from_secs(120) {
-                let _ = self.child.kill();
-                let _ = self.child.wait();
-                panic!("gpumux did not end: {}", self.err.lock().unwrap());
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        };
-        // The readers end with the pipes.
-        std::thread::sleep(Duration::from_millis(50));
-        let out = self.out.lock().unwrap().clone();
-        let err = self.err.lock().unwrap().clone();
-        (status.code(), out, err)
-    }
-}
-
-/// Data rows of a CSV file (its header and a cut last line excluded).
-fn rows_in(path: &Path) -> usize {
-    std::fs::read_to_string(path)
-        .map(|t| t.matches('\n').count().saturating_sub(1))
-        .unwrap_or(0)
-}
-
-const MLP: &str = "model: {kind: mlp, hidden: [64]}
-data: {source: synthetic, train_samples: 2048, test_samples: 256}
-backend: cpu
-";
 
 #[test]
 fn batch_scan_keeps_each_row_it_measured_and_exits_3_on_sigterm() {
-    let dir = tempfile::tempdir().unwrap();
-    let job = job(
-        dir.path(),
-        "scan.yaml",
-        &format!("name: scan\n{MLP}split: logical\nmemory: {{mib_per_slice: 64}}\n"),
-    );
-    let out = dir.path().join("out");
-    let mut run = start(
-        dir.path(),
-        &[
-            "batch-scan",
-            job.to_str().unwrap(),
-            "--out",
-            out.to_str().unwrap(),
-            "--seconds",
-            "2",
-        ],
-    );
+    let dir = sandbox();
+    let job = job_file_scan(&dir);
+    let out = dir.join("out");
+    let mut run = dir
+        .run(&["batch-scan", s(&job), "--out", s(&out), "--seconds", "2"])
+        .watch();
     let csv = out.join("batch_scan.csv");
     assert!(
         run.wait_for(&|_| rows_in(&csv) >= 2),
         "no rows measured: {}",
-        run.err.lock().unwrap()
+        run.err()
     );
     run.signal(libc::SIGTERM);
     let (code, said, err) = run.finish();
@@ -153,18 +58,20 @@ fn batch_scan_keeps_each_row_it_measured_and_exits_3_on_sigterm() {
 
 #[test]
 fn fib_train_and_parallel_stop_with_exit_3_and_keep_what_they_measured() {
-    let dir = tempfile::tempdir().unwrap();
-    let job = job(
-        dir.path(),
+    let dir = sandbox();
+    let job = dir.job(
         "j.yaml",
-        &format!(
-            "name: j\n{MLP}train: {{epochs: 400, batch_size: 32}}\nn: [1, 2]\nsplits: [logical]\nsplit: logical\nparallel: {{slices: 2}}\n"
-        ),
+        mlp_job("j")
+            .train(epochs(400, 32))
+            .n("[1, 2]")
+            .splits("[logical]")
+            .split("logical")
+            .set("parallel", "{slices: 2}"),
     );
-    let job = job.to_str().unwrap();
+    let job = s(&job);
     // fib: the progress rows of the running trials are kept.
-    let out = dir.path().join("fib");
-    let mut run = start(dir.path(), &["fib", job, "--out", out.to_str().unwrap()]);
+    let out = dir.join("fib");
+    let mut run = dir.run(&["fib", job, "--out", s(&out)]).watch();
     let progress = out.join("progress.csv");
     assert!(run.wait_for(&|_| rows_in(&progress) >= 1), "no epoch ran");
     run.signal(libc::SIGTERM);
@@ -177,7 +84,7 @@ fn fib_train_and_parallel_stop_with_exit_3_and_keep_what_they_measured() {
         "{trials:?}"
     );
     // train: the epochs printed stay printed.
-    let mut run = start(dir.path(), &["train", job]);
+    let mut run = dir.run(&["train", job]).watch();
     assert!(run.wait_for(&|r| r.said("epoch   1")), "no epoch ran");
     run.signal(libc::SIGINT);
     let (code, said, err) = run.finish();
@@ -185,11 +92,8 @@ fn fib_train_and_parallel_stop_with_exit_3_and_keep_what_they_measured() {
     assert!(said.contains("epoch   1"), "{said}");
     assert!(err.contains("stopped by a signal"), "{err}");
     // parallel: the progress rows of the epochs done are kept.
-    let out = dir.path().join("par");
-    let mut run = start(
-        dir.path(),
-        &["parallel", job, "--out", out.to_str().unwrap()],
-    );
+    let out = dir.join("par");
+    let mut run = dir.run(&["parallel", job, "--out", s(&out)]).watch();
     let progress = out.join("progress.csv");
     assert!(run.wait_for(&|_| rows_in(&progress) >= 3), "no epoch ran");
     run.signal(libc::SIGTERM);
@@ -201,13 +105,9 @@ fn fib_train_and_parallel_stop_with_exit_3_and_keep_what_they_measured() {
 #[test]
 fn a_signal_while_the_data_loads_is_not_lost_and_gives_exit_3() {
     // 30,000 synthetic 3×64×64 samples take seconds to make: the signal comes meanwhile.
-    let dir = tempfile::tempdir().unwrap();
-    let job = job(
-        dir.path(),
-        "big.yaml",
-        "name: big\nmodel: {kind: mlp, hidden: [16]}\ndata: {source: synthetic, shape: [3, 64, 64], train_samples: 30000, test_samples: 100}\ntrain: {epochs: 50, batch_size: 64}\nbackend: cpu\n",
-    );
-    let mut run = start(dir.path(), &["train", job.to_str().unwrap()]);
+    let dir = sandbox();
+    let job = dir.job("big.yaml", big_data_job().backend("cpu"));
+    let mut run = dir.run(&["train", s(&job)]).watch();
     assert!(run.wait_for(&|r| r.said("backend:")), "it did not start");
     run.signal(libc::SIGTERM);
     let (code, said, err) = run.finish();
@@ -219,17 +119,13 @@ fn a_signal_while_the_data_loads_is_not_lost_and_gives_exit_3() {
 fn a_second_signal_ends_a_command_at_once_even_before_it_can_stop() {
     // The data takes seconds to make; nothing checks for a stop meanwhile. The first signal is
     // kept for later, the second ends gpumux before the data is made.
-    let dir = tempfile::tempdir().unwrap();
-    let job = job(
-        dir.path(),
+    let dir = sandbox();
+    let job = dir.job(
         "big.yaml",
-        "name: big\nmodel: {kind: mlp, hidden: [16]}\ndata: {source: synthetic, shape: [3, 64, 64], train_samples: 30000, test_samples: 100}\ntrain: {epochs: 50, batch_size: 64}\nn: [1]\nsplits: [shared]\nbackend: cpu\n",
+        big_data_job().n("[1]").splits("[shared]").backend("cpu"),
     );
-    let out = dir.path().join("out");
-    let mut run = start(
-        dir.path(),
-        &["fib", job.to_str().unwrap(), "--out", out.to_str().unwrap()],
-    );
+    let out = dir.join("out");
+    let mut run = dir.run(&["fib", s(&job), "--out", s(&out)]).watch();
     assert!(run.wait_for(&|r| r.said("backend:")), "it did not start");
     run.signal(libc::SIGTERM);
     assert!(
@@ -248,26 +144,20 @@ fn a_second_signal_ends_a_command_at_once_even_before_it_can_stop() {
 
 #[test]
 fn a_second_signal_stops_running_trials_at_once_despite_the_grace() {
-    let dir = tempfile::tempdir().unwrap();
-    let job = job(
-        dir.path(),
+    let dir = sandbox();
+    let job = dir.job(
         "long.yaml",
-        &format!(
-            "name: long\n{MLP}train: {{epochs: 5000, batch_size: 32}}\nrun_cap: 4\nparameters:\n  lr: {{values: [0.001, 0.002, 0.003, 0.004]}}\nconcurrency: 2\nsplit: logical\n"
-        ),
+        mlp_job("long")
+            .train(epochs(5000, 32))
+            .run_cap(4)
+            .param("lr", values(&["0.001", "0.002", "0.003", "0.004"]))
+            .concurrency(2)
+            .split("logical"),
     );
-    let out = dir.path().join("out");
-    let mut run = start(
-        dir.path(),
-        &[
-            "sweep",
-            job.to_str().unwrap(),
-            "--out",
-            out.to_str().unwrap(),
-            "--grace",
-            "600",
-        ],
-    );
+    let out = dir.join("out");
+    let mut run = dir
+        .run(&["sweep", s(&job), "--out", s(&out), "--grace", "600"])
+        .watch();
     let progress = out.join("progress.csv");
     assert!(run.wait_for(&|_| rows_in(&progress) >= 2), "no epoch ran");
     run.signal(libc::SIGTERM);
@@ -278,7 +168,7 @@ fn a_second_signal_stops_running_trials_at_once_despite_the_grace() {
     run.signal(libc::SIGTERM);
     let (code, said, err) = run.finish();
     assert_eq!(code, Some(3), "{err}");
-    let trials = read_csv(&out.join("trials.csv"));
+    let trials = trials_csv(&out);
     assert_eq!(trials.len(), 2, "the two running trials: {trials:?}");
     assert!(
         trials.iter().all(|t| t["state"] == "INTERRUPTED"),
@@ -292,28 +182,20 @@ fn a_second_signal_stops_running_trials_at_once_despite_the_grace() {
 
 #[test]
 fn a_closed_stdout_stops_the_output_but_not_the_work_or_its_exit_code() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = sandbox();
     // One of three trials fails: the real result is exit code 1.
-    let job = job(
-        dir.path(),
+    let job = dir.job(
         "f.yaml",
-        &format!(
-            "name: f\n{MLP}train: {{epochs: 2, batch_size: 32}}\nrun_cap: 3\nparameters:\n  lr: {{values: [0.001, 0.002, 0.003]}}\nconcurrency: 1\nsplit: logical\nfaults:\n  - {{trial: 1, kind: nan}}\n"
-        ),
+        mlp_job("f")
+            .train(epochs(2, 32))
+            .run_cap(3)
+            .param("lr", values(&["0.001", "0.002", "0.003"]))
+            .concurrency(1)
+            .split("logical")
+            .fault("{trial: 1, kind: nan}"),
     );
-    let out = dir.path().join("out");
-    let mut child = Command::new(bin())
-        .current_dir(dir.path())
-        .args([
-            "sweep",
-            job.to_str().unwrap(),
-            "--out",
-            out.to_str().unwrap(),
-        ])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let out = dir.join("out");
+    let mut child = dir.spawn(&["sweep", s(&job), "--out", s(&out)]);
     // `| head -1`: read one line, then close the pipe.
     let mut first = String::new();
     let mut reader = BufReader::new(child.stdout.take().unwrap());
@@ -325,52 +207,37 @@ fn a_closed_stdout_stops_the_output_but_not_the_work_or_its_exit_code() {
     assert_eq!(o.status.code(), Some(1), "{err}");
     assert!(!err.contains("panick"), "{err}");
     assert!(!err.to_lowercase().contains("broken pipe"), "{err}");
-    let trials = read_csv(&out.join("trials.csv"));
+    let trials = trials_csv(&out);
     assert_eq!(trials.len(), 3, "every trial ran: {trials:?}");
     assert!(out.join("best.yaml").exists(), "the sweep finished");
 
     // `2>&1 | head -1`: the log's lines go to the closed pipe too.
-    let both = dir.path().join("both");
+    let both = dir.join("both");
     let (read, write) = pipe();
-    let mut child = Command::new(bin())
-        .current_dir(dir.path())
-        .args([
-            "sweep",
-            job.to_str().unwrap(),
-            "--out",
-            both.to_str().unwrap(),
-        ])
-        .stdout(Stdio::from(write.try_clone().unwrap()))
-        .stderr(Stdio::from(write))
-        .spawn()
-        .unwrap();
+    let mut child = dir
+        .run(&["sweep", s(&job), "--out", s(&both)])
+        .spawn_with(Stdio::from(write.try_clone().unwrap()), Stdio::from(write));
     let mut reader = BufReader::new(std::fs::File::from(read));
     let mut first = String::new();
     reader.read_line(&mut first).unwrap();
     drop(reader);
     let status = child.wait().unwrap();
     assert_eq!(status.code(), Some(1), "first line: {first}");
-    assert_eq!(read_csv(&both.join("trials.csv")).len(), 3);
+    assert_eq!(trials_csv(&both).len(), 3);
 
     // batch-scan under `| head -1` writes its whole CSV and exits 0.
-    let scan = job_file_scan(dir.path());
-    let out = dir.path().join("scan");
-    let mut child = Command::new(bin())
-        .current_dir(dir.path())
-        .args([
-            "batch-scan",
-            scan.to_str().unwrap(),
-            "--out",
-            out.to_str().unwrap(),
-            "--seconds",
-            "0.05",
-            "--max-batch",
-            "64",
-        ])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let scan = job_file_scan(&dir);
+    let out = dir.join("scan");
+    let mut child = dir.spawn(&[
+        "batch-scan",
+        s(&scan),
+        "--out",
+        s(&out),
+        "--seconds",
+        "0.05",
+        "--max-batch",
+        "64",
+    ]);
     let mut reader = BufReader::new(child.stdout.take().unwrap());
     let mut first = String::new();
     reader.read_line(&mut first).unwrap();
@@ -402,22 +269,19 @@ fn pipe() -> (std::os::fd::OwnedFd, std::os::fd::OwnedFd) {
     }
 }
 
-fn job_file_scan(dir: &Path) -> PathBuf {
-    job(
-        dir,
+/// A batch scan in logical slices capped at 64 MiB.
+fn job_file_scan(dir: &Sandbox) -> PathBuf {
+    dir.job(
         "scan.yaml",
-        &format!("name: scan\n{MLP}split: logical\nmemory: {{mib_per_slice: 64}}\n"),
+        mlp_job("scan")
+            .split("logical")
+            .memory("{mib_per_slice: 64}"),
     )
-}
-
-/// Whether this machine has a GPU that the CUDA backend can use.
-fn has_gpu(dir: &Path) -> bool {
-    gpumux(dir, &["devices", "--backend", "cuda"]).status.code() == Some(0)
 }
 
 #[test]
 fn every_command_maps_its_errors_to_the_exit_code_table() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = sandbox();
     let d = dir.path();
     let code = |args: &[&str]| {
         let o = gpumux(d, args);
@@ -433,14 +297,14 @@ fn every_command_maps_its_errors_to_the_exit_code_table() {
     let (c, err) = code(&["merge", "missing-dir", "--out", "m"]);
     assert_eq!(c, Some(2), "merge: {err}");
     // A bad flag is bad input (2), for every command.
-    let job = job(
-        d,
+    let job = dir.job(
         "any.yaml",
-        &format!(
-            "name: any\n{MLP}split: logical\nrun_cap: 1\nparameters:\n  lr: {{values: [0.1]}}\n"
-        ),
+        mlp_job("any")
+            .split("logical")
+            .run_cap(1)
+            .param("lr", values(&["0.1"])),
     );
-    let job = job.to_str().unwrap();
+    let job = s(&job);
     for cmd in with_job {
         let (c, err) = code(&[cmd, job, "--no-such-flag"]);
         assert_eq!(c, Some(2), "{cmd}: {err}");
@@ -459,7 +323,7 @@ fn every_command_maps_its_errors_to_the_exit_code_table() {
         assert_eq!(code(args).0, Some(0), "{args:?}");
     }
     // `--backend cuda` without a usable GPU is exit 4.
-    if !has_gpu(d) {
+    if !gpu_usable() {
         for cmd in with_job {
             let (c, err) = code(&[cmd, job, "--backend", "cuda"]);
             assert_eq!(c, Some(4), "{cmd}: {err}");
@@ -471,27 +335,33 @@ fn every_command_maps_its_errors_to_the_exit_code_table() {
 
 #[test]
 fn sigterm_mid_run_gives_exit_3_for_every_long_running_command() {
-    let dir = tempfile::tempdir().unwrap();
-    let job = job(
-        dir.path(),
+    let dir = sandbox();
+    let job = dir.job(
         "j.yaml",
-        &format!(
-            "name: j\n{MLP}train: {{epochs: 400, batch_size: 32}}\nn: [1]\nsplits: [logical]\nsplit: logical\nmemory: {{mib_per_slice: 64}}\nrun_cap: 2\nparameters:\n  lr: {{values: [0.001, 0.002]}}\nconcurrency: 2\nparallel: {{slices: 2}}\n"
-        ),
+        mlp_job("j")
+            .train(epochs(400, 32))
+            .n("[1]")
+            .splits("[logical]")
+            .split("logical")
+            .memory("{mib_per_slice: 64}")
+            .run_cap(2)
+            .param("lr", values(&["0.001", "0.002"]))
+            .concurrency(2)
+            .set("parallel", "{slices: 2}"),
     );
-    let job = job.to_str().unwrap();
+    let job = s(&job);
     for cmd in ["train", "fib", "sweep", "parallel", "batch-scan"] {
-        let out = dir.path().join(format!("out-{cmd}"));
+        let out = dir.join(format!("out-{cmd}"));
         let mut args = vec![cmd, job];
         if cmd != "train" {
-            args.extend(["--out", out.to_str().unwrap()]);
+            args.extend(["--out", s(&out)]);
         }
         if cmd == "sweep" {
             args.extend(["--grace", "0"]);
         }
-        let mut run = start(dir.path(), &args);
+        let mut run = dir.run(&args).watch();
         // Mid-run: after its first measurement.
-        let started = |r: &Running| {
+        let started = |r: &Watched| {
             r.said("epoch   1")
                 || r.said("batch       1")
                 || rows_in(&out.join("progress.csv")) >= 1

@@ -1,7 +1,7 @@
 //! Single trainings reach the accuracies the models are known for (fewer epochs than the acceptance run, lower bars).
 
-mod common;
-use common::*;
+mod support;
+use support::*;
 
 fn final_acc(out: &str) -> f64 {
     let line = out
@@ -34,13 +34,15 @@ fn mlp_learns_mnist_10k() {
 
 #[test]
 fn cnn_learns_mnist_10k() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let job = job(
-        dir.path(),
+    let dir = sandbox();
+    let job = dir.job(
         "cnn.yaml",
-        "model: {kind: cnn, channels: [16, 32], fc: 64}\ndata: {source: mnist-10k, train_limit: 3000}\ntrain: {epochs: 1, batch_size: 32, lr: 0.001}\n",
+        JobYaml::new()
+            .model("{kind: cnn, channels: [16, 32], fc: 64}")
+            .data("{source: mnist-10k, train_limit: 3000}")
+            .train("{epochs: 1, batch_size: 32, lr: 0.001}"),
     );
-    let o = gpumux(dir.path(), &["train", job.to_str().unwrap()]);
+    let o = dir.gpumux(&["train", s(&job)]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     let acc = final_acc(&stdout(&o));
     assert!(
@@ -55,20 +57,17 @@ fn a_reduced_resnet50_learns_mnist_10k() {
     // after 2 epochs on 3000 samples (0.93-0.956 on all 8000 over 3 epochs). The test accuracy of
     // so narrow a batch-norm network moves from seed to seed (0.83-0.92 seen), so the bar holds
     // for this seed with room for other floating-point orders.
-    let dir = tempfile::tempdir().expect("tempdir");
-    let job = job(
-        dir.path(),
+    let dir = sandbox();
+    let job = dir.job(
         "resnet.yaml",
-        "model: {kind: resnet50, width: 0.0625, stem: cifar}
-\
-         data: {source: mnist-10k, train_limit: 3000, test_limit: 1000}
-\
-         train: {epochs: 2, batch_size: 32, optimizer: sgd, lr: 0.1, momentum: 0.9}
-seed: 1
-backend: cpu
-",
+        JobYaml::new()
+            .model("{kind: resnet50, width: 0.0625, stem: cifar}")
+            .data("{source: mnist-10k, train_limit: 3000, test_limit: 1000}")
+            .train("{epochs: 2, batch_size: 32, optimizer: sgd, lr: 0.1, momentum: 0.9}")
+            .seed(1)
+            .backend("cpu"),
     );
-    let o = gpumux(dir.path(), &["train", job.to_str().unwrap()]);
+    let o = dir.gpumux(&["train", s(&job)]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     let out = stdout(&o);
     assert!(out.contains("96230 parameters"), "{out}");
