@@ -232,12 +232,7 @@ sleep 1000
     });
     assert!(started, "the trials did not start");
     let o = terminate(child);
-    assert_eq!(
-        o.status.code(),
-        Some(3),
-        "{}",
-        String::from_utf8_lossy(&o.stderr)
-    );
+    assert_eq!(o.status.code(), Some(3), "{}", stderr(&o));
     let rows = trials_csv(&out);
     assert!(rows.iter().all(|r| r["state"] == "INTERRUPTED"), "{rows:?}");
     for pid in pids(dir.path()) {

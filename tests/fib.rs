@@ -310,13 +310,8 @@ fn sigterm_stops_fib_with_exit_code_3_and_keeps_the_rounds_done() {
         "two rounds never finished"
     );
     let o = terminate(child);
-    assert_eq!(
-        o.status.code(),
-        Some(3),
-        "{}",
-        String::from_utf8_lossy(&o.stderr)
-    );
-    assert!(String::from_utf8_lossy(&o.stderr).contains("interrupted"));
+    assert_eq!(o.status.code(), Some(3), "{}", stderr(&o));
+    assert!(stderr(&o).contains("interrupted"));
     let rounds = read_csv(&runs).len();
     assert!(
         (2..6).contains(&rounds),

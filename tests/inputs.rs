@@ -60,16 +60,7 @@ fn small_mlp(data: String) -> JobYaml {
 
 fn sweep_dry(dir: &Path, job: &Path) -> Output {
     let out = dir.join("out");
-    bounded(
-        dir,
-        &[
-            "sweep",
-            job.to_str().expect("utf-8"),
-            "--dry-run",
-            "--out",
-            out.to_str().expect("utf-8"),
-        ],
-    )
+    bounded(dir, &["sweep", s(job), "--dry-run", "--out", s(&out)])
 }
 
 // Case 1: huge spaces are refused or generated lazily, and a dry run prints a bounded amount.
@@ -126,14 +117,7 @@ fn train_builds_only_the_trial_it_is_asked_for() {
     let j = dir.job("t.yaml", tiny_sweep(10));
     let o = bounded(
         dir.path(),
-        &[
-            "train",
-            j.to_str().expect("utf-8"),
-            "--trial",
-            "99999999",
-            "--backend",
-            "cpu",
-        ],
+        &["train", s(&j), "--trial", "99999999", "--backend", "cpu"],
     );
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     assert!(stdout(&o).contains("trial t99999999"), "{}", stdout(&o));
@@ -192,10 +176,7 @@ fn products_of_sizes_from_the_job_are_bounded() {
             "model: {kind: mlp}\ndata: {source: synthetic}\n"
         };
         let j = dir.job("p.yaml", format!("{base}{extra}"));
-        let o = bounded(
-            dir.path(),
-            &["fib", j.to_str().expect("utf-8"), "--backend", "cpu"],
-        );
+        let o = bounded(dir.path(), &["fib", s(&j), "--backend", "cpu"]);
         refused(&o, needles);
     }
 }
@@ -212,7 +193,7 @@ fn a_memory_plan_past_its_bound_is_refused_before_any_allocation() {
             .backend("cpu"),
     );
     refused(
-        &bounded(dir.path(), &["train", j.to_str().expect("utf-8")]),
+        &bounded(dir.path(), &["train", s(&j)]),
         &["batch of 32", "memory plan"],
     );
 }
@@ -230,7 +211,7 @@ fn idx_job(dir: &Path, folder: &Path, extra: &str) -> PathBuf {
 }
 
 fn train(dir: &Path, job: &Path) -> Output {
-    bounded(dir, &["train", job.to_str().expect("utf-8")])
+    bounded(dir, &["train", s(job)])
 }
 
 #[test]
@@ -319,10 +300,7 @@ fn a_cifar_batch_is_checked_by_its_size_before_it_is_read() {
 
 fn fib_check(dir: &Path, name: &str, text: &str) -> Output {
     let j = write_job(dir, name, text);
-    bounded(
-        dir,
-        &["fib", j.to_str().expect("utf-8"), "--backend", "cpu"],
-    )
+    bounded(dir, &["fib", s(&j), "--backend", "cpu"])
 }
 
 #[test]
@@ -388,7 +366,7 @@ fn out_of_range_durations_and_numbers_in_flags_exit_2() {
     let root = root();
     let dir = sandbox();
     let out = dir.path().join("out");
-    let out = out.to_str().expect("utf-8");
+    let out = s(&out);
     for grace in ["1e30", "-1", "NaN", "inf", "1e400", "seconds"] {
         let flag = format!("--grace={grace}");
         let o = bounded(
@@ -490,16 +468,13 @@ fn names_that_would_leave_the_output_folder_are_refused() {
             "named.yaml",
             tiny(JobYaml::new().name(name)).n("[1]").splits("[shared]"),
         );
-        let o = bounded(&work, &["fib", j.to_str().expect("utf-8")]);
+        let o = bounded(&work, &["fib", s(&j)]);
         let line = refused(&o, &["`name`", "line 1"]);
         assert!(!line.contains('\t') && !line.contains('\0'), "{line:?}");
     }
     // A file whose name cannot stand for the job's name.
     let j = dir.job("..yaml", tiny(JobYaml::new()).n("[1]").splits("[shared]"));
-    refused(
-        &bounded(&work, &["fib", j.to_str().expect("utf-8")]),
-        &["`name`", "set `name`"],
-    );
+    refused(&bounded(&work, &["fib", s(&j)]), &["`name`", "set `name`"]);
     let left: Vec<_> = std::fs::read_dir(dir.path())
         .expect("dir")
         .map(|e| e.expect("entry").file_name())
@@ -616,7 +591,7 @@ fn a_directory_given_as_a_data_file_is_named_as_one() {
     refused(&train(dir.path(), &j), &["not a folder"]);
     // A job file that is a directory.
     refused(
-        &bounded(dir.path(), &["fib", folder.to_str().expect("utf-8")]),
+        &bounded(dir.path(), &["fib", s(&folder)]),
         &["is a directory"],
     );
 }
@@ -645,13 +620,13 @@ fn a_fifo_given_as_a_file_is_refused_without_waiting() {
     mkfifo(&folder.join("labels-idx1-ubyte"));
     let j = idx_job(dir.path(), &folder, "");
     refused(
-        &never_waits(dir.path(), &["train", j.to_str().expect("utf-8")]),
+        &never_waits(dir.path(), &["train", s(&j)]),
         &["labels-idx1-ubyte", "FIFO"],
     );
     let fifo_job = dir.path().join("job.yaml");
     mkfifo(&fifo_job);
     refused(
-        &never_waits(dir.path(), &["fib", fifo_job.to_str().expect("utf-8")]),
+        &never_waits(dir.path(), &["fib", s(&fifo_job)]),
         &["job.yaml", "FIFO"],
     );
 }

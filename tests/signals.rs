@@ -203,7 +203,7 @@ fn a_closed_stdout_stops_the_output_but_not_the_work_or_its_exit_code() {
     drop(reader);
     assert!(first.starts_with("sweep f:"), "{first}");
     let o = child.wait_with_output().unwrap();
-    let err = String::from_utf8_lossy(&o.stderr);
+    let err = stderr(&o);
     assert_eq!(o.status.code(), Some(1), "{err}");
     assert!(!err.contains("panick"), "{err}");
     assert!(!err.to_lowercase().contains("broken pipe"), "{err}");
@@ -243,12 +243,7 @@ fn a_closed_stdout_stops_the_output_but_not_the_work_or_its_exit_code() {
     reader.read_line(&mut first).unwrap();
     drop(reader);
     let o = child.wait_with_output().unwrap();
-    assert_eq!(
-        o.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&o.stderr)
-    );
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     // Batch 1, 2, 4, ..., 64.
     assert_eq!(read_csv(&out.join("batch_scan.csv")).len(), 7);
 }

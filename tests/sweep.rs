@@ -35,10 +35,10 @@ fn wait_rows(child: &mut Child, csv: &Path, n: usize) -> bool {
 fn a_sweep_killed_with_sigkill_and_resumed_completes_each_trial_exactly_once() {
     let dir = sandbox();
     let job = dir.job("sw40.yaml", sw40());
-    let job = job.to_str().unwrap();
+    let job = s(&job);
     for kill_after in [1, 13, 31] {
         let out = dir.join(format!("out-{kill_after}"));
-        let out_s = out.to_str().unwrap();
+        let out_s = s(&out);
         let mut child = dir.spawn(&["sweep", job, "--out", out_s]);
         let reached = wait_rows(&mut child, &out.join("trials.csv"), kill_after);
         child.kill().expect("SIGKILL");
@@ -73,25 +73,18 @@ fn a_sweep_killed_with_sigkill_and_resumed_completes_each_trial_exactly_once() {
 fn four_shards_merged_give_the_same_trials_as_one_run() {
     let dir = sandbox();
     let job = dir.job("sw40.yaml", sw40().train(epochs(1, 32)));
-    let job = job.to_str().unwrap();
+    let job = s(&job);
     let whole = dir.join("whole");
-    let o = dir.gpumux(&["sweep", job, "--out", whole.to_str().unwrap()]);
+    let o = dir.gpumux(&["sweep", job, "--out", s(&whole)]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     let mut shard_dirs = Vec::new();
     let mut sizes = Vec::new();
     for i in 1..=4 {
         let out = dir.join(format!("shard{i}"));
-        let o = dir.gpumux(&[
-            "sweep",
-            job,
-            "--shard",
-            &format!("{i}/4"),
-            "--out",
-            out.to_str().unwrap(),
-        ]);
+        let o = dir.gpumux(&["sweep", job, "--shard", &format!("{i}/4"), "--out", s(&out)]);
         assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
         sizes.push(states(&out).len());
-        shard_dirs.push(out.to_str().unwrap().to_string());
+        shard_dirs.push(s(&out).to_string());
     }
     assert_eq!(
         sizes.iter().sum::<usize>(),
@@ -102,7 +95,7 @@ fn four_shards_merged_give_the_same_trials_as_one_run() {
     let merged = dir.join("merged");
     let mut args = vec!["merge"];
     args.extend(shard_dirs.iter().map(String::as_str));
-    args.extend(["--out", merged.to_str().unwrap()]);
+    args.extend(["--out", s(&merged)]);
     let o = dir.gpumux(&args);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     let acc = |out: &Path| -> BTreeMap<String, String> {
@@ -125,28 +118,16 @@ fn sigterm_stops_the_sweep_with_exit_code_3_and_keeps_every_completed_trial() {
     let job = dir.job("sw40.yaml", sw40());
     for grace in ["30", "0"] {
         let out = dir.join(format!("out-{grace}"));
-        let mut child = dir.spawn(&[
-            "sweep",
-            job.to_str().unwrap(),
-            "--out",
-            out.to_str().unwrap(),
-            "--grace",
-            grace,
-        ]);
+        let mut child = dir.spawn(&["sweep", s(&job), "--out", s(&out), "--grace", grace]);
         assert!(
             wait_rows(&mut child, &out.join("trials.csv"), 5),
             "it ran some trials"
         );
         let o = terminate(child);
-        assert_eq!(
-            o.status.code(),
-            Some(3),
-            "{}",
-            String::from_utf8_lossy(&o.stderr)
-        );
+        assert_eq!(o.status.code(), Some(3), "{}", stderr(&o));
         let rows = states(&out);
         let complete = rows.iter().filter(|(_, s)| s == "COMPLETE").count();
-        let said = String::from_utf8_lossy(&o.stdout);
+        let said = stdout(&o);
         assert!(
             said.contains(&format!("{complete} COMPLETE")),
             "grace {grace}: {said}"
@@ -158,13 +139,7 @@ fn sigterm_stops_the_sweep_with_exit_code_3_and_keeps_every_completed_trial() {
                 "running trials finished: {rows:?}"
             );
         }
-        let o = dir.gpumux(&[
-            "sweep",
-            job.to_str().unwrap(),
-            "--out",
-            out.to_str().unwrap(),
-            "--resume",
-        ]);
+        let o = dir.gpumux(&["sweep", s(&job), "--out", s(&out), "--resume"]);
         assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
         let done: HashSet<String> = states(&out)
             .into_iter()
@@ -180,12 +155,7 @@ fn a_second_run_without_resume_refuses_to_mix_results() {
     let dir = sandbox();
     let job = dir.job("small.yaml", sw40().run_cap(2).train(epochs(1, 32)));
     let out = dir.join("out");
-    let args = [
-        "sweep",
-        job.to_str().unwrap(),
-        "--out",
-        out.to_str().unwrap(),
-    ];
+    let args = ["sweep", s(&job), "--out", s(&out)];
     assert_eq!(dir.gpumux(&args).status.code(), Some(0));
     let o = dir.gpumux(&args);
     assert_eq!(o.status.code(), Some(2));
@@ -200,12 +170,12 @@ fn dry_run_prints_the_plan_and_writes_nothing() {
     let out = dir.join("out");
     let o = dir.gpumux(&[
         "sweep",
-        job.to_str().unwrap(),
+        s(&job),
         "--dry-run",
         "--shard",
         "1/2",
         "--out",
-        out.to_str().unwrap(),
+        s(&out),
     ]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     let s = stdout(&o);
@@ -232,12 +202,7 @@ fn a_failed_trial_makes_exit_code_1() {
         .train(epochs(1, 32))
         .fault("{trial: 1, kind: nan}");
     let job = dir.job("f.yaml", text);
-    let o = dir.gpumux(&[
-        "sweep",
-        job.to_str().unwrap(),
-        "--out",
-        dir.join("o").to_str().unwrap(),
-    ]);
+    let o = dir.gpumux(&["sweep", s(&job), "--out", s(&dir.join("o"))]);
     assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
     assert!(stdout(&o).contains("2 COMPLETE, 1 FAIL"), "{}", stdout(&o));
 }
@@ -251,11 +216,7 @@ fn the_slurm_script_runs_every_shard_and_merges_them() {
         .arg(&script)
         .output()
         .expect("bash");
-    assert!(
-        o.status.success(),
-        "bash -n: {}",
-        String::from_utf8_lossy(&o.stderr)
-    );
+    assert!(o.status.success(), "bash -n: {}", stderr(&o));
     let dir = sandbox();
     let job = dir.job("sw40.yaml", sw40().train(epochs(1, 32)));
     // A fake srun: drops its own options and runs the command.
@@ -290,8 +251,8 @@ fn the_slurm_script_runs_every_shard_and_merges_them() {
         assert!(
             o.status.success(),
             "task {task}: {}\n{}",
-            String::from_utf8_lossy(&o.stdout),
-            String::from_utf8_lossy(&o.stderr)
+            stdout(&o),
+            stderr(&o)
         );
         let merged = results.join("merged");
         assert_eq!(
@@ -315,12 +276,7 @@ fn external_command_trials_report_their_json_metrics() {
     let out = dir.join("ext");
     let o = gpumux(
         &root,
-        &[
-            "sweep",
-            "jobs/sweep-external.yaml",
-            "--out",
-            out.to_str().unwrap(),
-        ],
+        &["sweep", "jobs/sweep-external.yaml", "--out", s(&out)],
     );
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     let rows = read_csv(&out.join("trials.csv"));
@@ -347,12 +303,7 @@ fn external_command_trials_report_their_json_metrics() {
             .param("lr", values(&["0.1", "0.2"]))
             .concurrency(2),
     );
-    let o = dir.gpumux(&[
-        "sweep",
-        bad.to_str().unwrap(),
-        "--out",
-        dir.join("bad").to_str().unwrap(),
-    ]);
+    let o = dir.gpumux(&["sweep", s(&bad), "--out", s(&dir.join("bad"))]);
     assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
     let rows = read_csv(&dir.join("bad/trials.csv"));
     assert!(
@@ -367,26 +318,14 @@ fn aborting_a_process_mode_sweep_stops_the_workers_and_records_them_interrupted(
     let dir = sandbox();
     let job = dir.job("p.yaml", sw40().split("process").train(epochs(40, 32)));
     let out = dir.join("out");
-    let mut child = dir.spawn(&[
-        "sweep",
-        job.to_str().unwrap(),
-        "--out",
-        out.to_str().unwrap(),
-        "--grace",
-        "0",
-    ]);
+    let mut child = dir.spawn(&["sweep", s(&job), "--out", s(&out), "--grace", "0"]);
     // Wait until the workers have begun training (their epochs reach progress.csv).
     assert!(
         wait_rows(&mut child, &out.join("progress.csv"), 2),
         "no progress, or it ended early"
     );
     let o = terminate(child);
-    assert_eq!(
-        o.status.code(),
-        Some(3),
-        "{}",
-        String::from_utf8_lossy(&o.stderr)
-    );
+    assert_eq!(o.status.code(), Some(3), "{}", stderr(&o));
     let rows = states(&out);
     let interrupted = rows.iter().filter(|(_, s)| s == "INTERRUPTED").count();
     assert!(
@@ -405,12 +344,7 @@ fn workers_die_with_a_supervisor_killed_outright() {
     let dir = sandbox();
     let job = dir.job("p.yaml", sw40().split("process").train(epochs(5000, 32)));
     let out = dir.join("out");
-    let mut child = dir.spawn(&[
-        "sweep",
-        job.to_str().unwrap(),
-        "--out",
-        out.to_str().unwrap(),
-    ]);
+    let mut child = dir.spawn(&["sweep", s(&job), "--out", s(&out)]);
     assert!(
         wait_rows(&mut child, &out.join("progress.csv"), 2),
         "no progress, or it ended early"
@@ -450,7 +384,7 @@ fn a_dry_run_with_resume_leaves_the_results_untouched() {
     let dir = sandbox();
     let job = dir.job("small.yaml", sw40().run_cap(3).train(epochs(1, 32)));
     let out = dir.join("out");
-    let (job, out_s) = (job.to_str().unwrap(), out.to_str().unwrap());
+    let (job, out_s) = (s(&job), s(&out));
     assert_eq!(
         dir.gpumux(&["sweep", job, "--out", out_s]).status.code(),
         Some(0)
