@@ -21,13 +21,17 @@ fn small() -> JobYaml {
         .backend("auto")
 }
 
-/// A fib of one epoch on 256 synthetic samples, in rounds of `n` logical slices capped at `mib`.
-fn capped(model: String, n: &str, mib: &str) -> JobYaml {
-    JobYaml::new()
+/// A fib of one epoch on 256 synthetic samples, over a grid of one parameter's `values` when
+/// given, in rounds of `n` logical slices capped at `mib`.
+fn capped(model: String, grid: Option<(&str, &[&str])>, n: &str, mib: &str) -> JobYaml {
+    let mut job = JobYaml::new()
         .model(model)
         .data(synthetic(256, 64))
-        .train("{epochs: 1}")
-        .n(n)
+        .train("{epochs: 1}");
+    if let Some((name, vals)) = grid {
+        job = job.param(name, values(vals)).method("grid");
+    }
+    job.n(n)
         .splits("[logical]")
         .memory(&format!("{{mib_per_slice: {mib}}}"))
         .backend("cpu")
@@ -111,9 +115,7 @@ fn a_trial_over_its_cap_fails_alone_and_at_once() {
     let dir = sandbox();
     let job = dir.job(
         "cap.yaml",
-        capped(mlp(&[]), "[2]", "1.5")
-            .param("batch_size", values(&["8", "4096"]))
-            .method("grid"),
+        capped(mlp(&[]), Some(("batch_size", &["8", "4096"])), "[2]", "1.5"),
     );
     let out = dir.join("out");
     let o = dir.run_into("fib", &job, &out, &[]);
@@ -121,9 +123,12 @@ fn a_trial_over_its_cap_fails_alone_and_at_once() {
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
     let job2 = dir.job(
         "cap2.yaml",
-        capped(mlp(&[512]), "[2]", "5.5")
-            .param("optimizer", values(&["sgd", "adam"]))
-            .method("grid"),
+        capped(
+            mlp(&[512]),
+            Some(("optimizer", &["sgd", "adam"])),
+            "[2]",
+            "5.5",
+        ),
     );
     let o = dir.run_into("fib", &job2, &out, &[]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
@@ -150,7 +155,7 @@ fn a_trial_over_its_cap_fails_alone_and_at_once() {
 #[test]
 fn a_fib_whose_every_trial_fails_says_so_and_exits_1() {
     let dir = sandbox();
-    let job = dir.job("none.yaml", capped(mlp(&[512]), "[1, 2]", "0.5"));
+    let job = dir.job("none.yaml", capped(mlp(&[512]), None, "[1, 2]", "0.5"));
     let out = dir.join("out");
     let o = dir.run_into("fib", &job, &out, &[]);
     assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
