@@ -67,6 +67,19 @@ impl Serialize for ParamValue {
     }
 }
 
+impl ParamValue {
+    /// About how many bytes a trial spends holding this value: its text, or a number's cell.
+    pub fn held_bytes(&self) -> usize {
+        match self {
+            ParamValue::Num(_) => NUMBER_BYTES,
+            ParamValue::Word(w) => w.len(),
+        }
+    }
+}
+
+/// What a number is counted as in [`ParamValue::held_bytes`]: the longest text of an `f64`.
+pub const NUMBER_BYTES: usize = 24;
+
 impl std::fmt::Display for ParamValue {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
@@ -318,6 +331,17 @@ impl ParamSpec {
 
 impl Dist {
     /// Whether `grid` search can enumerate it.
+    /// The most bytes one of this distribution's values takes ([`ParamValue::held_bytes`]).
+    pub fn max_bytes(&self) -> usize {
+        match self {
+            Dist::Constant(v) => v.held_bytes(),
+            Dist::Categorical { values, .. } => {
+                values.iter().map(ParamValue::held_bytes).max().unwrap_or(0)
+            }
+            _ => NUMBER_BYTES,
+        }
+    }
+
     pub fn is_discrete(&self) -> bool {
         matches!(self, Dist::Constant(_) | Dist::Categorical { .. })
     }
@@ -471,6 +495,15 @@ impl Space {
 
     /// Points in the grid (1 for an empty space), or `None` when the count does not fit in a
     /// `u64`: the product of the value counts is computed with checked multiplication.
+    /// The most bytes one point of this space can hold: each parameter's name and its longest
+    /// value. It bounds a trial's `params` cell in the results files.
+    pub fn bytes_per_point(&self) -> u64 {
+        self.dists
+            .iter()
+            .map(|(name, dist)| (name.len() + dist.max_bytes()) as u64)
+            .sum()
+    }
+
     pub fn grid_size(&self) -> Option<u64> {
         self.dists
             .values()

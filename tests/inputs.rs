@@ -359,6 +359,37 @@ fn alias_bombs_are_refused() {
     refused(&sweep_dry(dir.path(), &j), &["aliases"]);
 }
 
+#[test]
+fn long_parameter_values_are_bounded_per_trial_and_per_run() {
+    let dir = sandbox();
+    // One value repeated through an alias: each trial would hold 1.2 MB, a row longer than
+    // the results files' longest line, which no reader could take back.
+    let long = "y".repeat(400_000);
+    let text = format!(
+        "command: \"true\"\nmethod: grid\nconcurrency: 1\nparameters:\n  a: {{value: &s \"{long}\"}}\n  b: {{value: *s}}\n  c: {{value: *s}}\n"
+    );
+    let j = dir.job("alias.yaml", &text);
+    refused(
+        &sweep_dry(dir.path(), &j),
+        &["`parameters`", "per trial", "65536"],
+    );
+    // Two 20 kB words drawn 40,000 times: 800 MB held by the run, from a 40 kB job.
+    let word = "z".repeat(20_000);
+    let text = format!(
+        "command: \"true {{s}}\"\nmethod: random\nrun_cap: 40000\nconcurrency: 4\nparameters:\n  s: {{values: [\"{word}a\", \"{word}b\"]}}\n"
+    );
+    let j = dir.job("words.yaml", &text);
+    refused(
+        &sweep_dry(dir.path(), &j),
+        &["`run_cap`", "40000 trials", "bytes"],
+    );
+    // The same words, for as many trials as the bound allows, still run.
+    let text = text.replace("run_cap: 40000", "run_cap: 1000");
+    let j = dir.job("fewer.yaml", &text);
+    let o = sweep_dry(dir.path(), &j);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+}
+
 // Case 5: durations and floats from flags and job keys are checked when parsed.
 
 #[test]
