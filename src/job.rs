@@ -8,6 +8,7 @@ use crate::data::DataSpec;
 use crate::error::JobError;
 use crate::space::{Dist, Method, ParamSpec, ParamValue, Space};
 
+mod defaults;
 pub mod text;
 
 /// The Fibonacci N list of the experiment.

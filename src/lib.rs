@@ -1,11 +1,14 @@
 //! gpumux: multiplex one GPU among many concurrent trainings, split into slices, and measure the time per training.
 //!
-//! Data flow: [`job`] → [`plan`] → [`sched`] → slice → [`engine`] (with [`models`] and [`data`]) → [`report`].
+//! Data flow: the command line (the binary's `cli`) → [`run`] (a run's setup) → the runners
+//! ([`trial`], [`fib`], [`sweep`], [`parallel`]'s `run` and `scan`, sharing [`rounds`]) →
+//! [`sched`] → [`train`] → [`models`] → [`engine`], with [`job`] and [`plan`] read near the
+//! top and [`report`] writing the results.
 
-pub mod commands;
 pub mod data;
 pub mod engine;
 pub mod error;
+pub mod fib;
 pub mod gpu;
 pub mod hash;
 pub mod job;
@@ -14,11 +17,14 @@ pub mod outdir;
 pub mod parallel;
 pub mod plan;
 pub mod report;
+pub mod rounds;
+pub mod run;
 pub mod sched;
 pub mod space;
 pub mod sweep;
 pub mod telemetry;
 pub mod train;
+pub mod trial;
 
 pub use error::{Error, Result};
 

@@ -7,15 +7,15 @@ use std::sync::Arc;
 use serde::Serialize;
 
 use super::{probe, train, ParallelConfig, ParallelEpoch};
-use crate::commands::{load_data, resolve_backend, say, Resolved};
 use crate::data::Dataset;
 use crate::engine::cuda::GreenPartition;
 use crate::engine::{Backend, BackendKind};
 use crate::error::{Error, Result, TrialError};
-use crate::gpu;
 use crate::job::{BatchRatios, Job, SplitMode};
 use crate::plan::{self, SliceSpec};
-use crate::sched::{self, cancel::Cancel, Devices};
+use crate::rounds::{model_name, say};
+use crate::run::{self, OutFolder, Resolved, Unavailable};
+use crate::sched::{self, Devices};
 
 /// The file with one row per slice and epoch, and one for their total.
 pub const PROGRESS_CSV: &str = "progress.csv";
@@ -238,15 +238,12 @@ pub(crate) fn check_split(split: SplitMode, r: &Resolved) -> Result<()> {
             "parallel runs its replicas as threads of one process: split {split} does not apply (use shared, logical or green)"
         )));
     }
-    match (split, &r.engine) {
-        (SplitMode::Green, None) => Err(Error::Usage(
-            "split green needs a GPU; on the CPU backend use logical (capped) or shared".into(),
-        )),
-        (SplitMode::Green, Some(_)) => match r.without_green() {
-            Some(why) => Err(Error::NoDevice(format!("split green: {why}"))),
-            None => Ok(()),
-        },
-        _ => Ok(()),
+    match run::unavailable(split, r) {
+        None => Ok(()),
+        Some(Unavailable::NeedsGpu) => Err(Error::Usage(format!(
+            "split {split} needs a GPU; on the CPU backend use logical (capped) or shared"
+        ))),
+        Some(why) => Err(Error::NoDevice(format!("split {split}: {why}"))),
     }
 }
 
@@ -284,10 +281,7 @@ fn joined<T: std::fmt::Display>(items: impl IntoIterator<Item = T>) -> String {
 pub fn run(job: &Job, opts: &ParallelOptions, out: &mut dyn Write) -> Result<PathBuf> {
     let model = job.model()?.clone();
     let k = job.replicas()?;
-    let found = gpu::discover();
-    let mut r = resolve_backend(job.file.backend, &found, &job.engine_options())?;
-    crate::note!("{}", r.note);
-    r.open_devices(job)?;
+    let r = run::backend(job)?;
     let split = opts.split.unwrap_or(job.file.split);
     check_split(split, &r)?;
     let slices = plan::slices(job, k, split, &r.budgets)?;
@@ -313,7 +307,7 @@ pub fn run(job: &Job, opts: &ParallelOptions, out: &mut dyn Write) -> Result<Pat
     }
     let h = job.hyper(0)?;
     let global = h.batch_size as usize;
-    let data = load_data(job, opts.data_dir.as_deref())?;
+    let data = run::load_data(job, opts.data_dir.as_deref())?;
     if global > data.train.len() {
         return Err(job
             .invalid(
@@ -368,28 +362,12 @@ pub fn run(job: &Job, opts: &ParallelOptions, out: &mut dyn Write) -> Result<Pat
         )?;
         return Ok(PathBuf::new());
     }
-    let dir = opts
-        .out
-        .clone()
-        .unwrap_or_else(|| PathBuf::from("out").join(format!("{}-parallel", job.name)));
-    let _lock = crate::outdir::lock(&dir)?;
-    std::fs::create_dir_all(&dir).map_err(Error::io(dir.display().to_string()))?;
-    std::fs::write(
-        dir.join("command.txt"),
-        format!(
-            "{}\n# gpumux {}, device: {}\n",
-            opts.command,
-            env!("CARGO_PKG_VERSION"),
-            r.device
-        ),
-    )
-    .map_err(Error::io(dir.join("command.txt").display().to_string()))?;
+    let dir = run::out_dir(opts.out.as_deref(), &format!("{}-parallel", job.name));
+    let folder = OutFolder::lock(&dir)?;
+    folder.record_command(&opts.command, &r.device)?;
     let devices = r.device_for(&data)?;
     let parts = sched::partitions(split, &slices, &devices).map_err(Error::NoDevice)?;
-    let cancel = Cancel::new();
-    if let Err(e) = cancel.on_signals(std::time::Duration::ZERO) {
-        crate::note!("note: cannot watch for signals: {e}");
-    }
+    let cancel = run::cancel_on_signals(std::time::Duration::ZERO);
     let mut cfg = ParallelConfig {
         model: model.clone(),
         hyper: h.clone(),
@@ -610,7 +588,7 @@ fn summary_row(
         format!("{:.2}", b / train_s)
     });
     ParallelRow {
-        model: crate::commands::model_name(job),
+        model: model_name(job),
         dataset: data.name.clone(),
         split: split.to_string(),
         slices: cfg.shards.len() as u32,

@@ -8,15 +8,15 @@ use serde::Serialize;
 
 use super::run::{check_split, CsvFile};
 use super::{plan_on, probe, ParallelConfig};
-use crate::commands::{load_data, resolve_backend, say};
 use crate::engine::Backend;
 use crate::error::{EngineError, Error, Result, TrialError};
-use crate::gpu;
 use crate::job::{Job, SplitMode};
 use crate::models;
 use crate::plan::largest_fitting;
 use crate::plan::{self, MIB};
-use crate::sched::{self, cancel::Cancel};
+use crate::rounds::say;
+use crate::run::{self, OutFolder};
+use crate::sched;
 
 /// The file with one row per batch size tried.
 pub const SCAN_CSV: &str = "batch_scan.csv";
@@ -100,14 +100,8 @@ pub fn run(job: &Job, opts: &ScanOptions, out: &mut dyn Write) -> Result<PathBuf
     }
     // A signal stops the scan (exit 3): at once, inside a measurement, or before the next
     // batch size; the rows measured until then are in the CSV.
-    let cancel = Cancel::new();
-    if let Err(e) = cancel.on_signals(std::time::Duration::ZERO) {
-        crate::note!("note: cannot watch for signals: {e}");
-    }
-    let found = gpu::discover();
-    let mut r = resolve_backend(job.file.backend, &found, &job.engine_options())?;
-    crate::note!("{}", r.note);
-    r.open_devices(job)?;
+    let cancel = run::cancel_on_signals(std::time::Duration::ZERO);
+    let r = run::backend(job)?;
     let split = opts.split.unwrap_or(job.file.split);
     check_split(split, &r)?;
     let slices = plan::slices(job, 1, split, &r.budgets)?;
@@ -118,7 +112,7 @@ pub fn run(job: &Job, opts: &ScanOptions, out: &mut dyn Write) -> Result<PathBuf
             slices.len()
         ))
     })?;
-    let data = load_data(job, opts.data_dir.as_deref())?;
+    let data = run::load_data(job, opts.data_dir.as_deref())?;
     let n_train = data.train.len();
     let h = job.hyper(0)?;
     let devices = r.device_for(&data)?;
@@ -191,22 +185,9 @@ pub fn run(job: &Job, opts: &ScanOptions, out: &mut dyn Write) -> Result<PathBuf
             Err(e) => Err(Error::Internal(format!("batch {b}: {e}"))),
         }
     };
-    let dir = opts
-        .out
-        .clone()
-        .unwrap_or_else(|| PathBuf::from("out").join(format!("{}-batch-scan", job.name)));
-    let _lock = crate::outdir::lock(&dir)?;
-    std::fs::create_dir_all(&dir).map_err(Error::io(dir.display().to_string()))?;
-    std::fs::write(
-        dir.join("command.txt"),
-        format!(
-            "{}\n# gpumux {}, device: {}\n",
-            opts.command,
-            env!("CARGO_PKG_VERSION"),
-            r.device
-        ),
-    )
-    .map_err(Error::io(dir.join("command.txt").display().to_string()))?;
+    let dir = run::out_dir(opts.out.as_deref(), &format!("{}-batch-scan", job.name));
+    let folder = OutFolder::lock(&dir)?;
+    folder.record_command(&opts.command, &r.device)?;
     let path = dir.join(SCAN_CSV);
     // Each row is written and fsynced as it is measured, in increasing batch order.
     let mut csv = CsvFile::create(path.clone())?;

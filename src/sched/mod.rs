@@ -532,8 +532,9 @@ pub(crate) fn outcome(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::commands::{builtin_context, load_data, resolve_backend};
     use crate::job::{BackendChoice, Job};
+    use crate::rounds::builtin_context;
+    use crate::run::{load_data, resolve_backend};
 
     fn slice(index: u32, device: u32, partition: Option<u32>, sms: u32) -> SliceSpec {
         SliceSpec {

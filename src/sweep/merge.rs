@@ -9,7 +9,7 @@ use crate::job::Goal;
 use crate::report::{self, ProgressRow, TrialRow};
 
 use super::{best, one_per_epoch};
-use crate::commands::say;
+use crate::rounds::say;
 
 /// What a merge found.
 #[derive(Clone, Debug, PartialEq)]

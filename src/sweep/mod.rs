@@ -13,12 +13,13 @@ use std::time::{Duration, Instant};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 
-use crate::commands::{self, say, Resolved};
 use crate::engine::cuda::CudaEngine;
 use crate::error::{Error, Result};
 use crate::job::{Concurrency, Goal, Job, SplitMode};
 use crate::plan::{self, Round, TrialSpec};
 use crate::report::{self, ProgressRow, TrialRow};
+use crate::rounds::{builtin_context, progress_row, say, trial_row};
+use crate::run::{self, OutFolder, Resolved, Unavailable};
 use crate::sched::cancel::Cancel;
 use crate::sched::external::ExternalEnv;
 use crate::sched::{self, Device, Devices, Event, ExternalTrials, RoundContext, TrialState};
@@ -154,18 +155,17 @@ pub fn run(job: &Job, opts: &SweepOptions, out: &mut dyn Write) -> Result<PathBu
         Some(s) => all.iter().filter(|t| s.contains(&t.id)).cloned().collect(),
         None => all.clone(),
     };
-    let dir = opts.out.clone().unwrap_or_else(|| {
-        let base = PathBuf::from("out").join(format!("{}-sweep", job.name));
-        match opts.shard {
-            Some(s) => base.join(format!("shard-{}-of-{}", s.index, s.count)),
-            None => base,
-        }
-    });
+    let dir = match (&opts.out, opts.shard) {
+        (Some(out), _) => out.clone(),
+        (None, Some(s)) => run::out_dir(None, &format!("{}-sweep", job.name))
+            .join(format!("shard-{}-of-{}", s.index, s.count)),
+        (None, None) => run::out_dir(None, &format!("{}-sweep", job.name)),
+    };
     // A writing run holds the folder's lock from before it reads what is there to its end.
     let _lock = if opts.dry_run {
         None
     } else {
-        Some(crate::outdir::lock(&dir)?)
+        Some(OutFolder::lock(&dir)?)
     };
     // Every results file there is read whole first: one that cannot be read is refused (exit
     // 2) and left as it is, with or without --resume; a cut last line is dropped.
@@ -213,20 +213,18 @@ pub fn run(job: &Job, opts: &SweepOptions, out: &mut dyn Write) -> Result<PathBu
     if opts.dry_run {
         return dry_run(job, &todo, split, concurrency, &dir, out).map(|_| dir);
     }
-    let found = crate::gpu::discover();
-    let mut resolved = commands::resolve_backend(job.file.backend, &found, &job.engine_options())?;
-    tracing::info!("{}", resolved.note);
-    resolved.open_devices(job)?;
-    if split.gpu_only() && resolved.engine.is_none() {
-        return Err(Error::Usage(format!(
-            "split mode {split} needs a GPU; {}",
-            resolved.note
-        )));
+    let resolved = run::backend(job)?;
+    match run::unavailable(split, &resolved) {
+        None => {}
+        Some(Unavailable::NeedsGpu) => {
+            return Err(Error::Usage(format!(
+                "split mode {split} needs a GPU; {}",
+                resolved.note
+            )))
+        }
+        Some(why) => return Err(Error::NoDevice(format!("split {split}: {why}"))),
     }
-    let cancel = Cancel::new();
-    cancel
-        .on_signals(opts.grace)
-        .map_err(Error::io("cannot watch for SIGINT/SIGTERM"))?;
+    let cancel = run::cancel_on_signals(opts.grace);
     let mut writer = match resumed {
         Some(w) => w,
         None => report::ReportWriter::create(&dir)?,
@@ -355,8 +353,8 @@ pub fn one_per_epoch(rows: impl IntoIterator<Item = ProgressRow>) -> Vec<Progres
 fn context(job: &Job, opts: &SweepOptions, r: &Resolved, cancel: &Cancel) -> Result<RoundContext> {
     match (&job.file.model, &job.file.command) {
         (Some(_), _) => {
-            let data = commands::load_data(job, opts.data_dir.as_deref())?;
-            commands::builtin_context(
+            let data = run::load_data(job, opts.data_dir.as_deref())?;
+            builtin_context(
                 job,
                 &data,
                 r,
@@ -452,7 +450,7 @@ fn execute(
                 Ok(())
             }
             Event::Epoch { trial, stats, .. } => {
-                writer.progress(&commands::progress_row(round, &trial.id, stats))
+                writer.progress(&progress_row(round, &trial.id, stats))
             }
             Event::Finished(o) => {
                 running = running.saturating_sub(1);
@@ -460,7 +458,7 @@ fn execute(
                 if o.state() != TrialState::Complete {
                     failed += 1;
                 }
-                let row = commands::trial_row(job, round.index, round.split, round.n, o);
+                let row = trial_row(job, round.index, round.split, round.n, o);
                 let metric = row
                     .metric
                     .map(|m| format!("{} {m:.4}", job.file.metric.name))

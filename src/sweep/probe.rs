@@ -2,10 +2,11 @@
 
 use std::io::Write;
 
-use crate::commands::{say, Resolved};
 use crate::error::{Error, Result};
 use crate::job::{Job, SplitMode, DEFAULT_N};
 use crate::plan::{self, Round, TrialSpec};
+use crate::rounds::say;
+use crate::run::Resolved;
 use crate::sched::{self, RoundContext, TrialEnd};
 
 /// Steps each probe trial starts with (no evaluation).

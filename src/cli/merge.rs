@@ -1,0 +1,25 @@
+//! `gpumux merge`: the results of sweep shards (or several runs) combined into one folder.
+
+use std::io::Write;
+use std::path::PathBuf;
+
+use gpumux::error::Error;
+
+use super::args::GoalArg;
+
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// Sweep result folders holding trials.csv.
+    #[arg(required = true)]
+    dirs: Vec<PathBuf>,
+    /// Where the merged trials.csv and progress.csv go.
+    #[arg(long)]
+    out: PathBuf,
+    /// Whether a larger or smaller metric is better, to name the best trial.
+    #[arg(long, value_enum, default_value = "maximize")]
+    goal: GoalArg,
+}
+
+pub fn run(a: Args, out: &mut dyn Write) -> Result<(), Error> {
+    gpumux::sweep::merge::run(&a.dirs, &a.out, a.goal.into(), out)
+}

@@ -1,0 +1,54 @@
+//! `gpumux report`: the plots and summary redrawn from result folders, several merged with `--out`.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use gpumux::error::{Error, ReportError};
+use gpumux::report;
+use gpumux::rounds::print_paths;
+
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// Result folders holding runs.csv and trials.csv.
+    #[arg(required = true)]
+    dirs: Vec<PathBuf>,
+    /// Write the merged CSVs and plots here.
+    #[arg(long)]
+    out: Option<PathBuf>,
+}
+
+pub fn run(a: Args, out: &mut dyn Write) -> Result<(), Error> {
+    redraw(&a.dirs, a.out.as_deref(), out)
+}
+
+/// `gpumux report`: redraws plots and the summary from result folders, merging several into `out`.
+fn redraw(dirs: &[PathBuf], out_dir: Option<&Path>, out: &mut dyn Write) -> Result<(), Error> {
+    if dirs.is_empty() {
+        return Err(Error::Usage("give at least one result folder".into()));
+    }
+    let target = match (out_dir, dirs) {
+        (Some(o), _) => o.to_path_buf(),
+        (None, [one]) => one.clone(),
+        (None, _) => {
+            return Err(Error::Usage(
+                "merging several folders needs --out DIR".into(),
+            ))
+        }
+    };
+    // A missing folder is said as such (exit 2) before any folder is made or locked.
+    for d in dirs {
+        std::fs::metadata(d).map_err(|source| ReportError::Read {
+            path: d.clone(),
+            source,
+        })?;
+    }
+    // The folder written is held from before the reading, as every writing command does.
+    let _lock = gpumux::outdir::lock(&target)?;
+    let (runs, trials, progress) = report::merge_dirs(dirs)?;
+    if out_dir.is_some() {
+        report::write_merged(&target, &runs, &trials, &progress)?;
+    }
+    let paths = report::write_report(&target, &runs, &trials)?;
+    write!(out, "{}", report::summary_text(&runs, &trials)).map_err(Error::io("stdout"))?;
+    print_paths(&paths, out)
+}

@@ -1,0 +1,222 @@
+//! The `fib` runner: for each N and split mode, a round of N trials at once; the CSVs written row by row, then the plots and the summary.
+
+mod rows;
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use indicatif::{ProgressBar, ProgressStyle};
+
+use crate::error::{Error, Result};
+use crate::job::{BackendChoice, Job};
+use crate::plan::{self, Round};
+use crate::report::{self, RunRow, TrialRow};
+use crate::rounds::{builtin_context, check_batch, print_paths, progress_row, say, trial_row};
+use crate::run::{self, OutFolder};
+use crate::sched::{self, Event, TrialState};
+use crate::telemetry::Sampler;
+
+/// Options of `gpumux fib` beyond the job.
+#[derive(Clone, Debug, Default)]
+pub struct FibOptions {
+    pub out: Option<PathBuf>,
+    pub data_dir: Option<PathBuf>,
+    /// The gpumux executable, for `process` mode.
+    pub worker_exe: PathBuf,
+    /// The command line, recorded next to the results.
+    pub command: String,
+    /// Show a progress bar (stderr is a terminal).
+    pub progress: bool,
+}
+
+/// `gpumux fib`: every round of the job; writes the CSVs row by row, the plots and the summary.
+pub fn run(job: &Job, opts: &FibOptions, out: &mut dyn Write) -> Result<PathBuf> {
+    job.model()?;
+    // `splits` is read by fib only (parallel and batch-scan take `split`), so it is checked here.
+    if job.file.backend == BackendChoice::Cpu {
+        if let Some(m) = job.file.splits.iter().find(|m| m.gpu_only()) {
+            return Err(Error::Usage(format!(
+                "{}: `splits` lists {m}, which needs a GPU, but the job says backend: cpu \
+                 (remove {m}, or use backend: auto)",
+                job.path.display()
+            )));
+        }
+    }
+    let r = run::backend(job)?;
+    let mut splits = job.file.splits.clone();
+    splits.retain(|m| match run::unavailable(*m, &r) {
+        Some(why) => {
+            crate::note!("note: skipping split mode {m}: {why}");
+            false
+        }
+        None => true,
+    });
+    if splits.is_empty() {
+        return Err(Error::Usage(
+            "no split mode of the job can run on the CPU backend".into(),
+        ));
+    }
+    let data = run::load_data(job, opts.data_dir.as_deref())?;
+    let max_n = job.file.n.iter().copied().max().unwrap_or(1);
+    check_batch(job, &data, &(0..max_n).collect::<Vec<_>>())?;
+    let rounds = plan::rounds(job, &r.budgets, &splits)?;
+    let dir = run::out_dir(opts.out.as_deref(), &job.name);
+    let folder = OutFolder::lock(&dir)?;
+    // Earlier results are replaced, but only results that read: anything else is refused
+    // (exit 2) and left as it is.
+    if dir.join(report::TRIALS_CSV).exists() {
+        report::read_dir(&dir)?;
+        crate::note!("note: replacing the earlier results in {}", dir.display());
+    }
+    let mut writer = report::ReportWriter::create(&dir)?;
+    folder.record_command(&opts.command, &r.device)?;
+    // A signal stops the experiment: running trials end as INTERRUPTED, the round is not
+    // recorded (its makespan would be wrong), and gpumux exits with code 3.
+    let cancel = run::cancel_on_signals(std::time::Duration::ZERO);
+    let ctx = builtin_context(
+        job,
+        &data,
+        &r,
+        opts.data_dir.as_deref(),
+        &opts.worker_exe,
+        &cancel,
+    )?;
+    let total: u64 = rounds.iter().map(|r| r.n as u64).sum();
+    crate::note!(
+        "{}: {} rounds ({} trials) of {} on {}, N = {:?}, splits {}; writing {}",
+        job.name,
+        rounds.len(),
+        total,
+        job.model()?.kind,
+        data.name,
+        job.file.n,
+        splits
+            .iter()
+            .map(|s| s.name())
+            .collect::<Vec<_>>()
+            .join(", "),
+        dir.display()
+    );
+    let bar = if opts.progress {
+        ProgressBar::new(total)
+    } else {
+        ProgressBar::hidden()
+    };
+    bar.set_style(
+        ProgressStyle::with_template("{elapsed_precise} [{bar:30}] {pos}/{len} trials  {msg}")
+            .unwrap_or_else(|_| ProgressStyle::default_bar())
+            .progress_chars("=> "),
+    );
+    let mut runs = Vec::new();
+    let mut trials = Vec::new();
+    for round in &rounds {
+        let mut states = StateCounts {
+            queued: round.n,
+            ..Default::default()
+        };
+        bar.set_message(states.line(round));
+        let mut write_err = None;
+        // NVML samples the device at 20 Hz while the round runs (GPU only).
+        let sampler = run::telemetry(&r, 20.0);
+        let outcome = sched::run_round(round, &ctx, &mut |ev| {
+            let res = match ev {
+                Event::Started { .. } => {
+                    states.queued -= 1;
+                    states.running += 1;
+                    bar.set_message(states.line(round));
+                    Ok(())
+                }
+                Event::Epoch { trial, stats, .. } => {
+                    writer.progress(&progress_row(round, &trial.id, stats))
+                }
+                Event::Finished(o) => {
+                    bar.inc(1);
+                    states.running -= 1;
+                    match o.state() {
+                        TrialState::Complete => states.complete += 1,
+                        _ => states.failed += 1,
+                    }
+                    bar.set_message(states.line(round));
+                    let row = trial_row(job, round.index, round.split, round.n, o);
+                    let res = writer.trial(&row);
+                    trials.push(row);
+                    res
+                }
+            };
+            if let Err(e) = res {
+                write_err.get_or_insert(e);
+            }
+        });
+        if let Some(e) = write_err {
+            return Err(e.into());
+        }
+        let telemetry = sampler.map(Sampler::stop).unwrap_or_default();
+        if cancel.draining() {
+            bar.finish_and_clear();
+            return Err(Error::Interrupted(format!(
+                "stopped during round {} (N={} {}); {} rounds recorded in {}",
+                round.index,
+                round.n,
+                round.split,
+                runs.len(),
+                dir.display()
+            )));
+        }
+        let row = rows::run_row(job, round, &outcome, &data, &r, &telemetry);
+        writer.run(&row)?;
+        bar.println(format!(
+            "round {:>3}: N={:<3} {:<8} makespan {:>8.2} s  time/training {:>7.3} s  ok {}  failed {}",
+            round.index, round.n, round.split.name(), row.makespan_s, row.time_per_training_s, row.ok, row.failed
+        ));
+        if !opts.progress {
+            crate::note!(
+                "round {}/{}: N={} {} makespan {:.2} s, time per training {:.3} s, ok {}, failed {}",
+                round.index + 1,
+                rounds.len(),
+                round.n,
+                round.split,
+                row.makespan_s,
+                row.time_per_training_s,
+                row.ok,
+                row.failed
+            );
+        }
+        runs.push(row);
+    }
+    bar.finish_and_clear();
+    finish(&dir, &runs, &trials, out)?;
+    let ok: u32 = runs.iter().map(|r| r.ok).sum();
+    if ok == 0 && !runs.is_empty() {
+        return Err(Error::TrialsFailed(format!(
+            "every trial failed ({total} of {total}); trials.csv in {} gives each one's reason",
+            dir.display()
+        )));
+    }
+    Ok(dir)
+}
+
+/// How many trials of a round are in each state, for the progress line.
+#[derive(Default)]
+struct StateCounts {
+    queued: u32,
+    running: u32,
+    complete: u32,
+    failed: u32,
+}
+
+impl StateCounts {
+    fn line(&self, round: &Round) -> String {
+        format!(
+            "N={} {}: {} QUEUED, {} RUNNING, {} COMPLETE, {} FAIL",
+            round.n, round.split, self.queued, self.running, self.complete, self.failed
+        )
+    }
+}
+
+fn finish(dir: &Path, runs: &[RunRow], trials: &[TrialRow], out: &mut dyn Write) -> Result<()> {
+    let paths = report::write_report(dir, runs, trials)?;
+    let text = report::summary_text(runs, trials);
+    write!(out, "{text}").map_err(Error::io("stdout"))?;
+    say(out, format!("results: {}", dir.display()))?;
+    print_paths(&paths, out)
+}

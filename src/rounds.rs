@@ -1,0 +1,149 @@
+//! What the runners share: the round context of a built-in model, the rows of results files they write, and their output lines.
+
+use std::io::Write;
+use std::path::Path;
+use std::sync::Arc;
+
+use crate::data::Dataset;
+use crate::error::{Error, Result};
+use crate::job::{Job, SplitMode};
+use crate::plan::{Round, MIB};
+use crate::report::{self, ProgressRow, TrialRow};
+use crate::run::Resolved;
+use crate::sched::cancel::Cancel;
+use crate::sched::{RoundContext, TrialOutcome};
+
+/// Writes one line of a command's output.
+pub fn say(out: &mut dyn Write, line: impl std::fmt::Display) -> Result<()> {
+    writeln!(out, "{line}").map_err(Error::io("stdout"))
+}
+
+/// A batch larger than the training split is a job error, found before anything starts.
+pub fn check_batch(job: &Job, data: &Dataset, trials: &[u32]) -> Result<()> {
+    for &i in trials {
+        let h = job.hyper(i as usize)?;
+        if h.batch_size as usize > data.train.len() {
+            let key = if job.file.parameters.contains_key("batch_size") {
+                "parameters.batch_size"
+            } else {
+                "train.batch_size"
+            };
+            return Err(job
+                .invalid(
+                    key,
+                    format!(
+                        "{} is larger than the {} training samples of {}",
+                        h.batch_size,
+                        data.train.len(),
+                        data.name
+                    ),
+                )
+                .into());
+        }
+    }
+    Ok(())
+}
+
+pub fn print_paths(paths: &report::ReportPaths, out: &mut dyn Write) -> Result<()> {
+    for p in [&paths.time_per_training, &paths.samples_per_s]
+        .into_iter()
+        .flatten()
+        .chain([&paths.summary])
+    {
+        say(out, format!("wrote {}", p.display()))?;
+    }
+    if paths.time_per_training.is_none() {
+        say(out, "no charts: no round completed a trial")?;
+    }
+    Ok(())
+}
+
+/// The model column of a job's rows: the built-in kind, or `external`.
+pub fn model_name(job: &Job) -> String {
+    job.file
+        .model
+        .as_ref()
+        .map_or_else(|| "external".to_string(), |m| m.kind.to_string())
+}
+
+/// What the workers of a built-in model's rounds share: the dataset (on the device too, on a
+/// GPU), how a child process finds it again, the model and the engine options.
+pub fn builtin_context(
+    job: &Job,
+    data: &Arc<Dataset>,
+    r: &Resolved,
+    data_dir: Option<&Path>,
+    worker_exe: &Path,
+    cancel: &Cancel,
+) -> Result<RoundContext> {
+    Ok(RoundContext {
+        data: Arc::clone(data),
+        data_spec: job.data()?.clone(),
+        data_base: data_dir.map(Path::to_path_buf),
+        data_seed: job.file.seed,
+        model: job.model()?.clone(),
+        epochs: job.file.train.epochs,
+        engine: job.file.engine.clone(),
+        devices: r.device_for(data)?,
+        worker_exe: worker_exe.to_path_buf(),
+        cancel: cancel.clone(),
+        max_steps: None,
+        external: None,
+        metric: None,
+    })
+}
+
+/// The `progress.csv` row of one trial's epoch in a round.
+pub fn progress_row(
+    round: &Round,
+    trial_id: &str,
+    stats: &crate::train::EpochStats,
+) -> ProgressRow {
+    ProgressRow {
+        round: round.index,
+        trial_id: trial_id.to_string(),
+        split: round.split.to_string(),
+        n: round.n,
+        epoch: stats.epoch,
+        train_loss: stats.train_loss,
+        train_acc: stats.train_acc,
+        test_loss: stats.test_loss,
+        test_acc: stats.test_acc,
+        wall_s: stats.wall_s,
+    }
+}
+
+/// The `trials.csv` row of a trial that ended in round `round` (N trials under `split`).
+pub fn trial_row(job: &Job, round: u32, split: SplitMode, n: u32, o: &TrialOutcome) -> TrialRow {
+    let h = &o.trial.hyper;
+    let r = o.result();
+    let metric = |name: &str| r.and_then(|r| r.metrics.get(name).copied());
+    TrialRow {
+        trial_id: o.trial.id.clone(),
+        round,
+        split: split.to_string(),
+        n,
+        slice: o.slice.index,
+        model: model_name(job),
+        params_lr: h.lr,
+        params_batch_size: h.batch_size,
+        params_optimizer: h.optimizer.to_string(),
+        params_momentum: h.momentum,
+        params_weight_decay: h.weight_decay,
+        params_dropout: h.dropout,
+        seed: o.trial.seed,
+        state: o.state().name().to_string(),
+        test_acc: metric("test_acc"),
+        final_loss: metric("final_loss"),
+        epochs: r.map(|r| r.epochs).unwrap_or(0),
+        wall_s: o.wall_s,
+        samples_per_s: r.map(|r| r.samples_per_s).filter(|x| *x > 0.0),
+        peak_mem_mib: r
+            .map(|r| r.peak_mem_bytes as f64 / MIB)
+            .filter(|x| *x > 0.0),
+        mem_cap_mib: o.slice.cap_mib(),
+        error: o.error().unwrap_or_default(),
+        metric: metric(&job.file.metric.name),
+        params: serde_json::to_string(&o.trial.params).unwrap_or_default(),
+    }
+}
