@@ -14,11 +14,13 @@ pub mod outdir;
 pub mod parallel;
 pub mod plan;
 pub mod report;
+pub mod rng;
 pub mod sched;
 pub mod space;
 pub mod sweep;
 pub mod telemetry;
 pub mod train;
+pub mod units;
 
 pub use error::{Error, Result};
 

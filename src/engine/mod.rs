@@ -6,11 +6,14 @@
 
 pub mod cpu;
 pub mod cuda;
-pub mod rng;
+pub mod options;
 pub mod shapes;
 
 use crate::error::EngineError;
+/// The deterministic random numbers (now [`crate::rng`]), at the path callers above still use.
+pub use crate::rng;
 pub use cuda::CaptureHold;
+pub use options::{ConvEngine, EngineOptions};
 pub use shapes::{BnParams, Conv2dShape, GemmShape, PlaneShape, PoolShape};
 
 /// A span of `f32` elements inside a trial's arena.

@@ -9,13 +9,13 @@
 //! laid out by liveness; a gradient reaching a value by a second path (a residual's shortcut) is
 //! added into it.
 
-use crate::engine::rng::{derive, HostRng};
+use super::Optimizer;
 use crate::engine::{
     AdamParams, Backend, BnParams, Conv2dShape, DropoutMask, GemmShape, PlaneShape, PoolShape,
     Region, SgdParams, COUNTER_LEN, STATS_LEN,
 };
 use crate::error::EngineError;
-use crate::job::Optimizer;
+use crate::rng::{derive, HostRng};
 
 use super::memplan::{MemKind, MemoryPlan, ALIGN};
 
@@ -766,7 +766,7 @@ impl Network {
         be: &mut dyn Backend,
         steps_per_epoch: usize,
         seed: u64,
-        h: &crate::job::Hyper,
+        h: &super::Hyper,
     ) -> Result<(), EngineError> {
         be.gather_train(
             self.counter,
@@ -783,7 +783,7 @@ impl Network {
     }
 
     /// One optimiser step over the whole parameter block (Adam's `t` comes from the step counter).
-    pub fn update(&self, be: &mut dyn Backend, h: &crate::job::Hyper) -> Result<(), EngineError> {
+    pub fn update(&self, be: &mut dyn Backend, h: &super::Hyper) -> Result<(), EngineError> {
         match self.opt {
             OptState::Sgd { v } => be.sgd_step(
                 self.params,
@@ -816,8 +816,8 @@ impl Network {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::job::{ModelKind, ModelSpec};
     use crate::models::build;
+    use crate::models::{ModelKind, ModelSpec};
 
     const CPU_WS: fn(&Conv2dShape) -> usize = |s| s.ws_len();
 
@@ -872,8 +872,8 @@ mod graph_tests {
     use super::*;
     use crate::data::{Dataset, Samples};
     use crate::engine::cpu::CpuBackend;
-    use crate::job::Stem;
     use crate::models::resnet;
+    use crate::models::Stem;
     use std::sync::Arc;
 
     fn backend() -> CpuBackend {

@@ -11,7 +11,7 @@ use crate::engine::{
     GemmShape, PlaneShape, PoolShape, Region, SgdParams, Split, COUNTER_LEN, STATS_LEN,
 };
 use crate::error::EngineError;
-use crate::plan::MIB;
+use crate::units::MIB;
 
 /// Regions borrowed at once: `R` to read and `W` to write.
 type Views<'a, const R: usize, const W: usize> = ([&'a [f32]; R], [&'a mut [f32]; W]);

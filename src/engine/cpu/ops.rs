@@ -4,8 +4,8 @@
 //! (slice too short), which the [`super::CpuBackend`] rules out by checking regions first.
 
 use super::im2col::{col2im, im2col};
-use crate::engine::rng;
 use crate::engine::shapes::{BnParams, Conv2dShape, GemmShape, PlaneShape, PoolShape};
+use crate::rng;
 
 /// Row-major `C = alpha·op(A)·op(B) + beta·C` (with `beta == 0`, `C` is overwritten, NaNs included).
 pub fn gemm(g: &GemmShape, a: &[f32], b: &[f32], c: &mut [f32]) {
@@ -533,7 +533,7 @@ pub fn adam_step(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::rng::HostRng;
+    use crate::rng::HostRng;
     use proptest::prelude::*;
 
     fn random(rng: &mut HostRng, len: usize, lo: f32, hi: f32) -> Vec<f32> {

@@ -13,9 +13,9 @@ use super::graph::{self, GraphExec};
 use super::launch::{grid_for, launch, Arg, BLOCK};
 use super::pool::{blas_workspace_bytes, layout, Allocation, Layout, Pool};
 use super::stream::Stream;
+use crate::engine::EngineOptions;
 use crate::engine::Region;
 use crate::error::EngineError;
-use crate::job::EngineOptions;
 
 /// The trial's one allocation and where its parts lie.
 pub(crate) struct Arena {
