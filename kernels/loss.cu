@@ -10,7 +10,9 @@ typedef unsigned long long u64;
 #define MAX_THREADS 1024
 
 // One row: its max logit, Σ exp(logit − max), loss, label, and whether the first argmax is the
-// label. A label that is not a class gives a NaN loss, so the trial's loss check catches it.
+// label. A label that is not a class (not a whole number below `classes`) gives a NaN loss, so the
+// trial's loss check catches it; outside a captured step the backend refuses it first, as the
+// CPU backend does (`engine::contract::labels`).
 struct XentRow {
     float max, sum, loss;
     unsigned int label;
@@ -20,7 +22,7 @@ struct XentRow {
 __device__ XentRow xent_row(const float* row, float label, unsigned int classes)
 {
     XentRow x;
-    x.valid = label >= 0.0f && label < (float)classes;
+    x.valid = label >= 0.0f && label < (float)classes && (float)(unsigned int)label == label;
     x.label = x.valid ? (unsigned int)label : 0u;
     unsigned int arg = 0;
     x.max = row[0];

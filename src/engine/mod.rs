@@ -4,6 +4,7 @@
 //! pool before step 0 (the static memory plan of [`crate::models`]). Ops name their operands by
 //! [`Region`]s of that arena, so the same model code drives the CPU reference backend and the CUDA one.
 
+pub mod contract;
 pub mod cpu;
 pub mod cuda;
 pub mod options;
