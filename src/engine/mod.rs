@@ -15,7 +15,7 @@ use crate::error::EngineError;
 pub use crate::rng;
 pub use cuda::CaptureHold;
 pub use options::{ConvEngine, EngineOptions};
-pub use shapes::{BnParams, Conv2dShape, GemmShape, PlaneShape, PoolShape};
+pub use shapes::{BnParams, Conv2dShape, GemmShape, PlaneShape, PoolShape, Window};
 
 /// A span of `f32` elements inside a trial's arena.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default, serde::Serialize)]
