@@ -1,18 +1,7 @@
 // Batch gathers from the resident dataset into a trial's arena. CPU twins: CpuBackend::gather and
 // CpuBackend::gather_train (src/engine/cpu/mod.rs).
 
-typedef unsigned long long u64;
-
-// Grid-stride loop over 0..n with index type I, so any launch shape covers every element.
-#define FOR_EACH(I, i, n) \
-    for (I i = blockIdx.x * (I)blockDim.x + threadIdx.x; i < (I)(n); i += (I)blockDim.x * gridDim.x)
-
-// Whether a loop over 0..total (and its last stride past the end) fits 32-bit indices, whose
-// divisions are much cheaper than 64-bit ones.
-__device__ __forceinline__ bool fits32(u64 total)
-{
-    return total + (u64)blockDim.x * gridDim.x <= 0xffffffffULL;
-}
+#include "common.cuh"
 
 // x[r] = images[order[start + r]] (rows of row_len), y[r] = labels[order[start + r]]; one thread
 // per x element, the first `rows` of them also copying a label.

@@ -1,19 +1,8 @@
 // Elementwise kernels: fill, ReLU, adds, bias, dropout and the step counter.
-// CPU twins: src/engine/cpu/ops.rs (relu_*, add, add_assign, bias_*, dropout_*),
-// src/engine/rng.rs (mix64, uniform), src/engine/cpu/mod.rs (fill, advance).
+// CPU twins: src/engine/cpu/ops/elementwise.rs (relu_*, add, add_assign, bias_*, dropout_*),
+// src/rng.rs (mix64, uniform), src/engine/cpu/mod.rs (fill, advance).
 
-typedef unsigned long long u64;
-
-// Grid-stride loop over 0..n with index type I, so any launch shape covers every element.
-#define FOR_EACH(I, i, n) \
-    for (I i = blockIdx.x * (I)blockDim.x + threadIdx.x; i < (I)(n); i += (I)blockDim.x * gridDim.x)
-
-// Whether a loop over 0..total (and its last stride past the end) fits 32-bit indices, whose
-// divisions are much cheaper than 64-bit ones.
-__device__ __forceinline__ bool fits32(u64 total)
-{
-    return total + (u64)blockDim.x * gridDim.x <= 0xffffffffULL;
-}
+#include "common.cuh"
 
 // SplitMix64's finaliser (rng::mix64).
 __device__ __forceinline__ u64 mix64(u64 z)

@@ -5,12 +5,12 @@
 // thread takes rows tid, tid + blockDim.x, ... and a fixed-order shared-memory tree adds the
 // per-thread sums, so the result is the same on every run with the same blockDim.
 
-typedef unsigned long long u64;
-
-#define MAX_THREADS 1024
+#include "common.cuh"
 
 // One row: its max logit, Σ exp(logit − max), loss, label, and whether the first argmax is the
-// label. A label that is not a class gives a NaN loss, so the trial's loss check catches it.
+// label. A label that is not a class (not a whole number below `classes`) gives a NaN loss, so the
+// trial's loss check catches it; outside a captured step the backend refuses it first, as the
+// CPU backend does (`engine::contract::labels`).
 struct XentRow {
     float max, sum, loss;
     unsigned int label;
@@ -20,7 +20,7 @@ struct XentRow {
 __device__ XentRow xent_row(const float* row, float label, unsigned int classes)
 {
     XentRow x;
-    x.valid = label >= 0.0f && label < (float)classes;
+    x.valid = label >= 0.0f && label < (float)classes && (float)(unsigned int)label == label;
     x.label = x.valid ? (unsigned int)label : 0u;
     unsigned int arg = 0;
     x.max = row[0];
@@ -45,22 +45,10 @@ __device__ void block_add_stats(float* stats, double loss, unsigned int correct)
 {
     __shared__ double s_loss[MAX_THREADS];
     __shared__ unsigned int s_correct[MAX_THREADS];
-    const unsigned int tid = threadIdx.x, n = blockDim.x;
-    s_loss[tid] = loss;
-    s_correct[tid] = correct;
-    __syncthreads();
-    unsigned int half = 1;
-    while (half < n) {
-        half <<= 1;
-    }
-    for (half >>= 1; half > 0; half >>= 1) {
-        if (tid < half && tid + half < n) {
-            s_loss[tid] += s_loss[tid + half];
-            s_correct[tid] += s_correct[tid + half];
-        }
-        __syncthreads();
-    }
-    if (tid == 0) {
+    s_loss[threadIdx.x] = loss;
+    s_correct[threadIdx.x] = correct;
+    block_tree2(s_loss, s_correct);
+    if (threadIdx.x == 0) {
         stats[0] += (float)s_loss[0];
         stats[1] += (float)s_correct[0];
     }

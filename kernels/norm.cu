@@ -6,34 +6,16 @@
 // then a fixed-order shared-memory tree adds the per-thread sums, so results are the same on every
 // run with the same blockDim (at most MAX_THREADS).
 
-typedef unsigned long long u64;
-
-#define MAX_THREADS 1024
-
-// Grid-stride loop over 0..n with index type I, so any launch shape covers every element.
-#define FOR_EACH(I, i, n) \
-    for (I i = blockIdx.x * (I)blockDim.x + threadIdx.x; i < (I)(n); i += (I)blockDim.x * gridDim.x)
+#include "common.cuh"
 
 // Sums a and b over the block's threads with a fixed-order tree; every thread gets the totals.
 // Ends with a barrier, so the shared arrays can be reused by the next call.
 __device__ void block_sum2(double& a, double& b)
 {
     __shared__ double s_a[MAX_THREADS], s_b[MAX_THREADS];
-    const unsigned int tid = threadIdx.x, n = blockDim.x;
-    s_a[tid] = a;
-    s_b[tid] = b;
-    __syncthreads();
-    unsigned int half = 1;
-    while (half < n) {
-        half <<= 1;
-    }
-    for (half >>= 1; half > 0; half >>= 1) {
-        if (tid < half && tid + half < n) {
-            s_a[tid] += s_a[tid + half];
-            s_b[tid] += s_b[tid + half];
-        }
-        __syncthreads();
-    }
+    s_a[threadIdx.x] = a;
+    s_b[threadIdx.x] = b;
+    block_tree2(s_a, s_b);
     a = s_a[0];
     b = s_b[0];
     __syncthreads();

@@ -2,11 +2,7 @@
 // The module is compiled with --fmad=false, so each product and sum rounds separately in the
 // twin's order of operations.
 
-typedef unsigned long long u64;
-
-// Grid-stride loop over 0..n with index type I, so any launch shape covers every element.
-#define FOR_EACH(I, i, n) \
-    for (I i = blockIdx.x * (I)blockDim.x + threadIdx.x; i < (I)(n); i += (I)blockDim.x * gridDim.x)
+#include "common.cuh"
 
 // PyTorch SGD: g' = g + wd·w; v = μ·v + g' (v = g' when μ == 0, v not read); w −= lr·v.
 extern "C" __global__ void sgd_step(float* w, const float* g, float* v, unsigned int n, float lr,

@@ -3,18 +3,7 @@
 // CPU twins: ops::maxpool_fwd, ops::maxpool_bwd (the launchers check pad < k and that every
 // window holds a real position).
 
-typedef unsigned long long u64;
-
-// Grid-stride loop over 0..n with index type I, so any launch shape covers every element.
-#define FOR_EACH(I, i, n) \
-    for (I i = blockIdx.x * (I)blockDim.x + threadIdx.x; i < (I)(n); i += (I)blockDim.x * gridDim.x)
-
-// Whether a loop over 0..total (and its last stride past the end) fits 32-bit indices, whose
-// divisions are much cheaper than 64-bit ones.
-__device__ __forceinline__ bool fits32(u64 total)
-{
-    return total + (u64)blockDim.x * gridDim.x <= 0xffffffffULL;
-}
+#include "common.cuh"
 
 struct PoolSizes {
     unsigned int h, w, k, stride, pad, h_out, w_out;

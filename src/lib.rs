@@ -17,6 +17,7 @@ pub mod outdir;
 pub mod parallel;
 pub mod plan;
 pub mod report;
+pub mod rng;
 pub mod rounds;
 pub mod run;
 pub mod sched;
@@ -25,6 +26,7 @@ pub mod sweep;
 pub mod telemetry;
 pub mod train;
 pub mod trial;
+pub mod units;
 
 pub use error::{Error, Result};
 

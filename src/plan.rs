@@ -27,7 +27,7 @@ impl SliceSpec {
     }
 }
 
-pub const MIB: f64 = (1u64 << 20) as f64;
+pub use crate::units::MIB;
 
 /// One training run with one set of hyperparameters.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -141,7 +141,7 @@ pub type Budgets = PerDevice<DeviceBudget>;
 
 /// The seed of trial `index` of a job.
 pub fn trial_seed(job_seed: u64, index: u32) -> u64 {
-    crate::engine::rng::derive(job_seed, 0x7472_6961_6c00 + index as u64)
+    crate::rng::derive(job_seed, 0x7472_6961_6c00 + index as u64)
 }
 
 /// Trial `i` of a job, computed from its index alone (no other trial is built).

@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 use serde_yaml::Value;
 use std::collections::BTreeMap;
 
-use crate::engine::rng::{derive, HostRng};
+use crate::rng::{derive, HostRng};
 
 /// How trials are drawn from the space.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]

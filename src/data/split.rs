@@ -1,7 +1,7 @@
 //! The seeded, class-stratified held-out split, and turning byte images into `f32` samples.
 
 use super::Samples;
-use crate::engine::rng::{derive, HostRng};
+use crate::rng::{derive, HostRng};
 
 /// Label of the random stream the split draws from (see [`derive`]).
 const SPLIT_STREAM: u64 = u64::from_le_bytes(*b"split\0\0\0");

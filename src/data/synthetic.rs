@@ -19,8 +19,8 @@ use std::ops::Range;
 use std::sync::Mutex;
 
 use super::Samples;
-use crate::engine::rng::{derive, HostRng};
 use crate::error::DataError;
+use crate::rng::{derive, HostRng};
 
 /// Gaussian blobs per channel of a template.
 const BLOBS: usize = 6;

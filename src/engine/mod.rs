@@ -4,14 +4,18 @@
 //! pool before step 0 (the static memory plan of [`crate::models`]). Ops name their operands by
 //! [`Region`]s of that arena, so the same model code drives the CPU reference backend and the CUDA one.
 
+pub mod contract;
 pub mod cpu;
 pub mod cuda;
-pub mod rng;
+pub mod options;
 pub mod shapes;
 
 use crate::error::EngineError;
+/// The deterministic random numbers (now [`crate::rng`]), at the path callers above still use.
+pub use crate::rng;
 pub use cuda::CaptureHold;
-pub use shapes::{BnParams, Conv2dShape, GemmShape, PlaneShape, PoolShape};
+pub use options::{ConvEngine, EngineOptions};
+pub use shapes::{BnParams, Conv2dShape, GemmShape, PlaneShape, PoolShape, Window};
 
 /// A span of `f32` elements inside a trial's arena.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default, serde::Serialize)]

@@ -36,6 +36,32 @@ impl GemmShape {
     }
 }
 
+/// A square window slid over a zero-padded plane: `k×k`, moved `stride` positions at a time, with
+/// `pad` positions each side. Convolutions and pooling share its arithmetic.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Window {
+    pub k: usize,
+    pub stride: usize,
+    pub pad: usize,
+}
+
+impl Window {
+    /// Windows along an input of `len` positions: `(len + 2·pad − k)/stride + 1` (trailing
+    /// positions that fill no window are dropped). Assumes [`Window::fits`].
+    pub fn out(&self, len: usize) -> usize {
+        (len + 2 * self.pad - self.k) / self.stride.max(1) + 1
+    }
+    /// Whether the window has a size and a stride and fits an `h × w` input once padded.
+    pub fn fits(&self, h: usize, w: usize) -> bool {
+        self.k >= 1 && self.stride >= 1 && h + 2 * self.pad >= self.k && w + 2 * self.pad >= self.k
+    }
+    /// The input position under offset `at` (`0..k`) of window `o`, or `None` in the leading
+    /// padding (a position past the input's end is the caller's to drop).
+    pub fn input(&self, o: usize, at: usize) -> Option<usize> {
+        (o * self.stride.max(1) + at).checked_sub(self.pad)
+    }
+}
+
 /// A 2-D convolution over NCHW input with square `k×k` kernels, `pad` zeros each side and the
 /// same `stride` both ways. Callers check `h + 2·pad ≥ k` (and the same for `w`) first.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -51,18 +77,23 @@ pub struct Conv2dShape {
 }
 
 impl Conv2dShape {
+    /// The kernel's window.
+    pub fn window(&self) -> Window {
+        Window {
+            k: self.k,
+            stride: self.stride,
+            pad: self.pad,
+        }
+    }
     pub fn h_out(&self) -> usize {
-        (self.h + 2 * self.pad - self.k) / self.stride.max(1) + 1
+        self.window().out(self.h)
     }
     pub fn w_out(&self) -> usize {
-        (self.w + 2 * self.pad - self.k) / self.stride.max(1) + 1
+        self.window().out(self.w)
     }
     /// Whether the input is large enough for one window each way (the other methods assume it).
     pub fn fits(&self) -> bool {
-        self.k >= 1
-            && self.stride >= 1
-            && self.h + 2 * self.pad >= self.k
-            && self.w + 2 * self.pad >= self.k
+        self.window().fits(self.h, self.w)
     }
     /// A 1×1, stride-1, unpadded convolution: a plain GEMM per sample, with no lowering.
     pub fn is_pointwise(&self) -> bool {
@@ -120,19 +151,23 @@ impl PoolShape {
             pad: 0,
         }
     }
+    /// The pooling window.
+    pub fn window(&self) -> Window {
+        Window {
+            k: self.k,
+            stride: self.stride,
+            pad: self.pad,
+        }
+    }
     pub fn h_out(&self) -> usize {
-        (self.h + 2 * self.pad - self.k) / self.stride.max(1) + 1
+        self.window().out(self.h)
     }
     pub fn w_out(&self) -> usize {
-        (self.w + 2 * self.pad - self.k) / self.stride.max(1) + 1
+        self.window().out(self.w)
     }
     /// Whether every window holds at least one real position (the other methods assume it).
     pub fn fits(&self) -> bool {
-        self.k >= 1
-            && self.stride >= 1
-            && self.pad < self.k
-            && self.h + 2 * self.pad >= self.k
-            && self.w + 2 * self.pad >= self.k
+        self.pad < self.k && self.window().fits(self.h, self.w)
     }
     pub fn x_len(&self) -> usize {
         self.n * self.c * self.h * self.w
@@ -186,5 +221,49 @@ impl Default for BnParams {
             momentum: 0.1,
             eps: 1e-5,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn convolutions_and_pooling_share_the_window_arithmetic() {
+        let w = Window {
+            k: 3,
+            stride: 2,
+            pad: 1,
+        };
+        assert_eq!((w.out(224), w.out(7), w.out(1)), (112, 4, 1));
+        assert!(w.fits(1, 1) && !Window { pad: 0, ..w }.fits(2, 5));
+        assert_eq!(
+            (w.input(0, 0), w.input(0, 1), w.input(3, 2)),
+            (None, Some(0), Some(7))
+        );
+        let conv = Conv2dShape {
+            n: 1,
+            c_in: 3,
+            h: 224,
+            w: 7,
+            c_out: 8,
+            k: 3,
+            pad: 1,
+            stride: 2,
+        };
+        let pool = PoolShape {
+            n: 1,
+            c: 3,
+            h: 224,
+            w: 7,
+            k: 3,
+            stride: 2,
+            pad: 1,
+        };
+        assert_eq!(conv.window(), pool.window());
+        assert_eq!((conv.h_out(), conv.w_out()), (pool.h_out(), pool.w_out()));
+        // Pooling also needs a real position in every window; a convolution does not.
+        let (conv, pool) = (Conv2dShape { pad: 3, ..conv }, PoolShape { pad: 3, ..pool });
+        assert!(conv.fits() && !pool.fits());
     }
 }

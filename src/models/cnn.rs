@@ -1,8 +1,8 @@
 //! The CNN of the Keras MNIST example: conv32-conv64-maxpool-(dropout)-fc128-(dropout)-fc10.
 
 use super::LayerDef;
+use super::{ModelSpec, Padding};
 use crate::engine::{Conv2dShape, PoolShape};
-use crate::job::{ModelSpec, Padding};
 
 /// The layer list for inputs `[c, h, w]`; an error when the input is too small for the kernels.
 pub fn layers(

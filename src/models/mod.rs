@@ -5,12 +5,13 @@ pub mod memplan;
 pub mod mlp;
 pub mod network;
 pub mod resnet;
+pub mod spec;
 
 pub use memplan::{MemKind, MemoryPlan};
 pub use network::{LayerDef, Network, Node};
+pub use spec::{Hyper, ModelKind, ModelSpec, Optimizer, Padding, Stem};
 
 use crate::engine::Conv2dShape;
-use crate::job::{ModelKind, ModelSpec, Optimizer};
 
 /// The layer graph of a model for inputs of shape `[c, h, w]` and `classes` outputs.
 /// (ResNet has no dropout: `dropout` applies to the MLP and the CNN.)

@@ -10,8 +10,8 @@
 //! inputs; `cifar` is a 3×3/1 conv (pad 1) → BN → ReLU with no pooling, for 32×32 inputs.
 
 use super::network::{LayerDef, Node};
+use super::Stem;
 use crate::engine::{Conv2dShape, PlaneShape, PoolShape};
-use crate::job::Stem;
 
 /// Blocks per stage in ResNet-50.
 pub const BLOCKS: [usize; 4] = [3, 4, 6, 3];
@@ -184,8 +184,8 @@ pub fn nodes_with_blocks(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::job::Optimizer;
     use crate::models::network::Network;
+    use crate::models::Optimizer;
 
     fn count(input: [usize; 3], classes: usize, width: f64, stem: Stem) -> usize {
         let nodes = nodes(input, classes, width, stem).unwrap();

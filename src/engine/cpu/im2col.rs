@@ -85,7 +85,7 @@ pub fn col2im(s: &Conv2dShape, col: &[f32], dx: &mut [f32]) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::rng::HostRng;
+    use crate::rng::HostRng;
 
     fn shapes() -> Vec<Conv2dShape> {
         let mut v = Vec::new();

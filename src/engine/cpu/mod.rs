@@ -6,12 +6,13 @@ pub mod ops;
 use std::sync::Arc;
 
 use crate::data::Dataset;
+use crate::engine::contract::{self, need};
 use crate::engine::{
     dropout_stream, AdamParams, Backend, BackendKind, BnParams, Conv2dShape, DropoutMask,
-    GemmShape, PlaneShape, PoolShape, Region, SgdParams, Split, COUNTER_LEN, STATS_LEN,
+    GemmShape, PlaneShape, PoolShape, Region, SgdParams, Split, COUNTER_LEN,
 };
 use crate::error::EngineError;
-use crate::plan::MIB;
+use crate::units::MIB;
 
 /// Regions borrowed at once: `R` to read and `W` to write.
 type Views<'a, const R: usize, const W: usize> = ([&'a [f32]; R], [&'a mut [f32]; W]);
@@ -38,23 +39,9 @@ impl CpuBackend {
 
     /// The step counter's value (a `u32` stored as bits).
     fn count(&mut self, counter: Region) -> Result<u32, EngineError> {
-        let counter = need("counter", "counter", counter, COUNTER_LEN)?;
+        let counter = contract::counter(counter)?;
         let ([c], []) = self.views("counter", [counter], [])?;
         Ok(c[0].to_bits())
-    }
-
-    fn check(&self, r: Region) -> Result<(), EngineError> {
-        if self.arena.is_empty() {
-            return Err(EngineError::NoArena);
-        }
-        if r.end() > self.arena.len() {
-            return Err(EngineError::OutOfArena {
-                offset: r.offset,
-                len: r.len,
-                arena: self.arena.len(),
-            });
-        }
-        Ok(())
     }
 
     /// Borrows `R` regions to read and `W` regions to write at once. Written regions must not
@@ -65,21 +52,7 @@ impl CpuBackend {
         reads: [Region; R],
         writes: [Region; W],
     ) -> Result<Views<'_, R, W>, EngineError> {
-        for r in reads.iter().chain(writes.iter()) {
-            self.check(*r)?;
-        }
-        for (i, w) in writes.iter().enumerate() {
-            let clash = reads
-                .iter()
-                .chain(writes[..i].iter())
-                .find(|o| o.overlaps(w));
-            if let Some(o) = clash {
-                return Err(EngineError::Shape {
-                    op,
-                    message: format!("written region {w:?} overlaps {o:?}"),
-                });
-            }
-        }
+        contract::regions(op, self.arena.len(), &reads, &writes)?;
         let base = self.arena.as_mut_ptr();
         // SAFETY: every region lies inside the arena (checked above), written regions are disjoint
         // from each other and from the read regions, and all borrows end with `&mut self`'s.
@@ -89,54 +62,6 @@ impl CpuBackend {
             writes.map(|g| unsafe { std::slice::from_raw_parts_mut(base.add(g.offset), g.len) });
         Ok((r, w))
     }
-}
-
-fn need(op: &'static str, what: &str, region: Region, len: usize) -> Result<Region, EngineError> {
-    if region.len < len {
-        return Err(EngineError::Shape {
-            op,
-            message: format!("{what} holds {} elements, needs {len}", region.len),
-        });
-    }
-    Ok(region.prefix(len))
-}
-
-/// `region` checked as [`need`] does when given; an empty region (which overlaps nothing) when not.
-fn optional(
-    op: &'static str,
-    what: &str,
-    region: Option<Region>,
-    len: usize,
-) -> Result<Region, EngineError> {
-    region.map_or(Ok(Region::default()), |r| need(op, what, r, len))
-}
-
-/// A convolution whose window does not fit its padded input has no output size.
-pub(crate) fn check_conv(op: &'static str, s: &Conv2dShape) -> Result<(), EngineError> {
-    if s.fits() {
-        return Ok(());
-    }
-    Err(EngineError::Shape {
-        op,
-        message: format!(
-            "a {}×{} kernel with stride {} and padding {} does not fit a {}×{} input",
-            s.k, s.k, s.stride, s.pad, s.h, s.w
-        ),
-    })
-}
-
-/// A pooling window must fit its padded input and hold a real position.
-pub(crate) fn check_pool(op: &'static str, s: &PoolShape) -> Result<(), EngineError> {
-    if s.fits() {
-        return Ok(());
-    }
-    Err(EngineError::Shape {
-        op,
-        message: format!(
-            "a {}×{} window with stride {} and padding {} does not fit a {}×{} input",
-            s.k, s.k, s.stride, s.pad, s.h, s.w
-        ),
-    })
 }
 
 impl Backend for CpuBackend {
@@ -171,14 +96,14 @@ impl Backend for CpuBackend {
     }
 
     fn write(&mut self, dst: Region, src: &[f32]) -> Result<(), EngineError> {
-        let dst = need("write", "destination", dst, src.len())?;
+        let dst = contract::write(dst, src.len())?;
         let ([], [d]) = self.views("write", [], [dst])?;
         d.copy_from_slice(src);
         Ok(())
     }
 
     fn read(&mut self, src: Region, dst: &mut [f32]) -> Result<(), EngineError> {
-        let src = need("read", "source", src, dst.len())?;
+        let src = contract::read(src, dst.len())?;
         let ([s], []) = self.views("read", [src], [])?;
         dst.copy_from_slice(s);
         Ok(())
@@ -198,13 +123,7 @@ impl Backend for CpuBackend {
     }
 
     fn set_train_order(&mut self, order: &[u32]) -> Result<(), EngineError> {
-        let n = self.data.train.len();
-        if order.len() != n || order.iter().any(|&i| i as usize >= n) {
-            return Err(EngineError::Shape {
-                op: "set_train_order",
-                message: format!("order must be a permutation of {n} samples"),
-            });
-        }
+        contract::train_order(order, self.data.train.len())?;
         self.order.clear();
         self.order.extend_from_slice(order);
         Ok(())
@@ -224,18 +143,7 @@ impl Backend for CpuBackend {
             Split::Train => &data.train,
             Split::Test => &data.test,
         };
-        if start + rows > samples.len() {
-            return Err(EngineError::Shape {
-                op: "gather",
-                message: format!(
-                    "rows {start}..{} beyond {} samples",
-                    start + rows,
-                    samples.len()
-                ),
-            });
-        }
-        let x = need("gather", "x", x, rows * len)?;
-        let y = need("gather", "y", y, rows)?;
+        let (x, y) = contract::gather(start, rows, samples.len(), len, x, y)?;
         let order = std::mem::take(&mut self.order);
         let result = (|| {
             let ([], [xs, ys]) = self.views("gather", [], [x, y])?;
@@ -261,12 +169,14 @@ impl Backend for CpuBackend {
         x: Region,
         y: Region,
     ) -> Result<(), EngineError> {
-        if steps_per_epoch == 0 {
-            return Err(EngineError::Shape {
-                op: "gather_train",
-                message: "an epoch needs at least one step".into(),
-            });
-        }
+        let (x, y) = contract::gather_train(
+            steps_per_epoch,
+            batch,
+            self.data.train.len(),
+            self.data.sample_len(),
+            x,
+            y,
+        )?;
         let count = self.count(counter)? as usize;
         self.gather(Split::Train, (count % steps_per_epoch) * batch, batch, x, y)
     }
@@ -279,9 +189,7 @@ impl Backend for CpuBackend {
     }
 
     fn gemm(&mut self, g: GemmShape, a: Region, b: Region, c: Region) -> Result<(), EngineError> {
-        let a = need("gemm", "A", a, g.a_len())?;
-        let b = need("gemm", "B", b, g.b_len())?;
-        let c = need("gemm", "C", c, g.c_len())?;
+        let [a, b, c] = contract::gemm(&g, a, b, c)?;
         let ([a, b], [c]) = self.views("gemm", [a, b], [c])?;
         ops::gemm(&g, a, b, c);
         Ok(())
@@ -294,8 +202,7 @@ impl Backend for CpuBackend {
         rows: usize,
         cols: usize,
     ) -> Result<(), EngineError> {
-        let y = need("bias_add", "y", y, rows * cols)?;
-        let bias = need("bias_add", "bias", bias, cols)?;
+        let [y, bias] = contract::bias_add(y, bias, rows, cols)?;
         let ([b], [y]) = self.views("bias_add", [bias], [y])?;
         ops::bias_add(y, b, rows, cols);
         Ok(())
@@ -308,16 +215,14 @@ impl Backend for CpuBackend {
         rows: usize,
         cols: usize,
     ) -> Result<(), EngineError> {
-        let dy = need("bias_grad", "dy", dy, rows * cols)?;
-        let db = need("bias_grad", "db", db, cols)?;
+        let [dy, db] = contract::bias_grad(dy, db, rows, cols)?;
         let ([dy], [db]) = self.views("bias_grad", [dy], [db])?;
         ops::bias_grad(dy, db, rows, cols);
         Ok(())
     }
 
     fn relu_fwd(&mut self, x: Region, y: Region, len: usize) -> Result<(), EngineError> {
-        let x = need("relu_fwd", "x", x, len)?;
-        let y = need("relu_fwd", "y", y, len)?;
+        let [x, y] = contract::elementwise("relu_fwd", [("x", x), ("y", y)], len)?;
         let ([x], [y]) = self.views("relu_fwd", [x], [y])?;
         ops::relu_fwd(x, y);
         Ok(())
@@ -330,9 +235,8 @@ impl Backend for CpuBackend {
         dx: Region,
         len: usize,
     ) -> Result<(), EngineError> {
-        let y = need("relu_bwd", "y", y, len)?;
-        let dy = need("relu_bwd", "dy", dy, len)?;
-        let dx = need("relu_bwd", "dx", dx, len)?;
+        let [y, dy, dx] =
+            contract::elementwise("relu_bwd", [("y", y), ("dy", dy), ("dx", dx)], len)?;
         let ([y, dy], [dx]) = self.views("relu_bwd", [y, dy], [dx])?;
         ops::relu_bwd(y, dy, dx);
         Ok(())
@@ -348,14 +252,11 @@ impl Backend for CpuBackend {
         ws: Region,
     ) -> Result<(), EngineError> {
         let op = "conv2d_fwd";
-        check_conv(op, s)?;
-        let x = need(op, "x", x, s.x_len())?;
-        let w = need(op, "w", w, s.w_len())?;
-        let has_b = b.is_some();
-        let b = optional(op, "b", b, s.c_out)?;
-        let y = need(op, "y", y, s.y_len())?;
+        let r = contract::conv2d_fwd(s, x, w, b, y)?;
         let ws = need(op, "workspace", ws, s.ws_len())?;
-        let ([x, w, b], [y, ws]) = self.views(op, [x, w, b], [y, ws])?;
+        let has_b = r.b.is_some();
+        let b = r.b.unwrap_or_default();
+        let ([x, w, b], [y, ws]) = self.views(op, [r.x, r.w, b], [r.y, ws])?;
         ops::conv2d_fwd(s, x, w, has_b.then_some(b), y, ws);
         Ok(())
     }
@@ -372,16 +273,12 @@ impl Backend for CpuBackend {
         ws: Region,
     ) -> Result<(), EngineError> {
         let op = "conv2d_bwd";
-        check_conv(op, s)?;
-        let x = need(op, "x", x, s.x_len())?;
-        let w = need(op, "w", w, s.w_len())?;
-        let dy = need(op, "dy", dy, s.y_len())?;
-        let dw = need(op, "dw", dw, s.w_len())?;
-        let (has_dx, has_db) = (dx.is_some(), db.is_some());
-        let db = optional(op, "db", db, s.c_out)?;
-        let dx = optional(op, "dx", dx, s.x_len())?;
+        let r = contract::conv2d_bwd(s, x, w, dy, dx, dw, db)?;
         let ws = need(op, "workspace", ws, s.ws_len())?;
-        let ([x, w, dy], [dx, dw, db, ws]) = self.views(op, [x, w, dy], [dx, dw, db, ws])?;
+        let (has_dx, has_db) = (r.dx.is_some(), r.db.is_some());
+        let (dx, db) = (r.dx.unwrap_or_default(), r.db.unwrap_or_default());
+        let ([x, w, dy], [dx, dw, db, ws]) =
+            self.views(op, [r.x, r.w, r.dy], [dx, r.dw, db, ws])?;
         ops::conv2d_bwd(
             s,
             x,
@@ -407,12 +304,8 @@ impl Backend for CpuBackend {
         p: BnParams,
     ) -> Result<(), EngineError> {
         let op = "batchnorm_fwd";
-        let x = need(op, "x", x, s.len())?;
-        let gamma = need(op, "gamma", gamma, s.c)?;
-        let beta = need(op, "beta", beta, s.c)?;
-        let running = need(op, "running statistics", running, 2 * s.c)?;
-        let saved = need(op, "saved statistics", saved, 2 * s.c)?;
-        let y = need(op, "y", y, s.len())?;
+        let [x, gamma, beta, running, saved, y] =
+            contract::batchnorm_fwd(s, x, gamma, beta, running, saved, y)?;
         let ([x, gamma, beta], [running, saved, y]) =
             self.views(op, [x, gamma, beta], [running, saved, y])?;
         ops::batchnorm_fwd(s, x, gamma, beta, running, saved, y, p);
@@ -431,13 +324,8 @@ impl Backend for CpuBackend {
         dbeta: Region,
     ) -> Result<(), EngineError> {
         let op = "batchnorm_bwd";
-        let x = need(op, "x", x, s.len())?;
-        let gamma = need(op, "gamma", gamma, s.c)?;
-        let saved = need(op, "saved statistics", saved, 2 * s.c)?;
-        let dy = need(op, "dy", dy, s.len())?;
-        let dx = need(op, "dx", dx, s.len())?;
-        let dgamma = need(op, "dgamma", dgamma, s.c)?;
-        let dbeta = need(op, "dbeta", dbeta, s.c)?;
+        let [x, gamma, saved, dy, dx, dgamma, dbeta] =
+            contract::batchnorm_bwd(s, x, gamma, saved, dy, dx, dgamma, dbeta)?;
         let ([x, gamma, saved, dy], [dx, dgamma, dbeta]) =
             self.views(op, [x, gamma, saved, dy], [dx, dgamma, dbeta])?;
         ops::batchnorm_bwd(s, x, gamma, saved, dy, dx, dgamma, dbeta);
@@ -446,8 +334,7 @@ impl Backend for CpuBackend {
 
     fn avgpool_fwd(&mut self, s: &PlaneShape, x: Region, y: Region) -> Result<(), EngineError> {
         let op = "avgpool_fwd";
-        let x = need(op, "x", x, s.len())?;
-        let y = need(op, "y", y, s.n * s.c)?;
+        let [x, y] = contract::avgpool_fwd(s, x, y)?;
         let ([x], [y]) = self.views(op, [x], [y])?;
         ops::avgpool_fwd(s, x, y);
         Ok(())
@@ -455,42 +342,35 @@ impl Backend for CpuBackend {
 
     fn avgpool_bwd(&mut self, s: &PlaneShape, dy: Region, dx: Region) -> Result<(), EngineError> {
         let op = "avgpool_bwd";
-        let dy = need(op, "dy", dy, s.n * s.c)?;
-        let dx = need(op, "dx", dx, s.len())?;
+        let [dy, dx] = contract::avgpool_bwd(s, dy, dx)?;
         let ([dy], [dx]) = self.views(op, [dy], [dx])?;
         ops::avgpool_bwd(s, dy, dx);
         Ok(())
     }
 
     fn add(&mut self, a: Region, b: Region, y: Region, len: usize) -> Result<(), EngineError> {
-        let a = need("add", "a", a, len)?;
-        let b = need("add", "b", b, len)?;
-        let y = need("add", "y", y, len)?;
+        let [a, b, y] = contract::elementwise("add", [("a", a), ("b", b), ("y", y)], len)?;
         let ([a, b], [y]) = self.views("add", [a, b], [y])?;
         ops::add(a, b, y);
         Ok(())
     }
 
     fn add_assign(&mut self, y: Region, x: Region, len: usize) -> Result<(), EngineError> {
-        let x = need("add_assign", "x", x, len)?;
-        let y = need("add_assign", "y", y, len)?;
+        let [x, y] = contract::elementwise("add_assign", [("x", x), ("y", y)], len)?;
         let ([x], [y]) = self.views("add_assign", [x], [y])?;
         ops::add_assign(y, x);
         Ok(())
     }
 
     fn copy(&mut self, x: Region, y: Region, len: usize) -> Result<(), EngineError> {
-        let x = need("copy", "x", x, len)?;
-        let y = need("copy", "y", y, len)?;
+        let [x, y] = contract::elementwise("copy", [("x", x), ("y", y)], len)?;
         let ([x], [y]) = self.views("copy", [x], [y])?;
         y.copy_from_slice(x);
         Ok(())
     }
 
     fn maxpool_fwd(&mut self, s: &PoolShape, x: Region, y: Region) -> Result<(), EngineError> {
-        check_pool("maxpool_fwd", s)?;
-        let x = need("maxpool_fwd", "x", x, s.x_len())?;
-        let y = need("maxpool_fwd", "y", y, s.y_len())?;
+        let [x, y] = contract::maxpool_fwd(s, x, y)?;
         let ([x], [y]) = self.views("maxpool_fwd", [x], [y])?;
         ops::maxpool_fwd(s, x, y);
         Ok(())
@@ -505,11 +385,7 @@ impl Backend for CpuBackend {
         dx: Region,
     ) -> Result<(), EngineError> {
         let op = "maxpool_bwd";
-        check_pool(op, s)?;
-        let x = need(op, "x", x, s.x_len())?;
-        let y = need(op, "y", y, s.y_len())?;
-        let dy = need(op, "dy", dy, s.y_len())?;
-        let dx = need(op, "dx", dx, s.x_len())?;
+        let [x, y, dy, dx] = contract::maxpool_bwd(s, x, y, dy, dx)?;
         let ([x, y, dy], [dx]) = self.views(op, [x, y, dy], [dx])?;
         ops::maxpool_bwd(s, x, y, dy, dx);
         Ok(())
@@ -523,8 +399,7 @@ impl Backend for CpuBackend {
         m: DropoutMask,
     ) -> Result<(), EngineError> {
         let stream = dropout_stream(self.count(m.counter)?, m.layer);
-        let x = need("dropout_fwd", "x", x, len)?;
-        let y = need("dropout_fwd", "y", y, len)?;
+        let [x, y] = contract::elementwise("dropout_fwd", [("x", x), ("y", y)], len)?;
         let ([x], [y]) = self.views("dropout_fwd", [x], [y])?;
         ops::dropout_fwd(x, y, m.p, m.seed, stream, m.first);
         Ok(())
@@ -538,8 +413,7 @@ impl Backend for CpuBackend {
         m: DropoutMask,
     ) -> Result<(), EngineError> {
         let stream = dropout_stream(self.count(m.counter)?, m.layer);
-        let dy = need("dropout_bwd", "dy", dy, len)?;
-        let dx = need("dropout_bwd", "dx", dx, len)?;
+        let [dy, dx] = contract::elementwise("dropout_bwd", [("dy", dy), ("dx", dx)], len)?;
         let ([dy], [dx]) = self.views("dropout_bwd", [dy], [dx])?;
         ops::dropout_bwd(dy, dx, m.p, m.seed, stream, m.first);
         Ok(())
@@ -555,12 +429,10 @@ impl Backend for CpuBackend {
         classes: usize,
     ) -> Result<(), EngineError> {
         let op = "softmax_xent";
-        let logits = need(op, "logits", logits, rows * classes)?;
-        let labels = need(op, "labels", labels, rows)?;
-        let dlogits = need(op, "dlogits", dlogits, rows * classes)?;
-        let stats = need(op, "stats", stats, STATS_LEN)?;
-        check_labels(self, labels, classes)?;
+        let [logits, labels, dlogits, stats] =
+            contract::softmax_xent(logits, labels, dlogits, stats, rows, classes)?;
         let ([l, y], [d, s]) = self.views(op, [logits, labels], [dlogits, stats])?;
+        contract::labels(y, classes)?;
         let (loss, correct) = ops::softmax_xent(l, y, d, rows, classes);
         s[0] += loss;
         s[1] += correct;
@@ -576,11 +448,9 @@ impl Backend for CpuBackend {
         classes: usize,
     ) -> Result<(), EngineError> {
         let op = "eval_xent";
-        let logits = need(op, "logits", logits, rows * classes)?;
-        let labels = need(op, "labels", labels, rows)?;
-        let stats = need(op, "stats", stats, STATS_LEN)?;
-        check_labels(self, labels, classes)?;
+        let [logits, labels, stats] = contract::eval_xent(logits, labels, stats, rows, classes)?;
         let ([l, y], [s]) = self.views(op, [logits, labels], [stats])?;
+        contract::labels(y, classes)?;
         let (loss, correct) = ops::eval_xent(l, y, rows, classes);
         s[0] += loss;
         s[1] += correct;
@@ -594,8 +464,7 @@ impl Backend for CpuBackend {
         v: Region,
         p: SgdParams,
     ) -> Result<(), EngineError> {
-        let g = need("sgd_step", "g", g, w.len)?;
-        let v = need("sgd_step", "v", v, w.len)?;
+        let [g, v] = contract::elementwise("sgd_step", [("g", g), ("v", v)], w.len)?;
         let ([g], [w, v]) = self.views("sgd_step", [g], [w, v])?;
         ops::sgd_step(w, g, v, p.lr, p.momentum, p.weight_decay);
         Ok(())
@@ -611,9 +480,7 @@ impl Backend for CpuBackend {
         counter: Region,
     ) -> Result<(), EngineError> {
         let t = self.count(counter)?.wrapping_add(1);
-        let g = need("adam_step", "g", g, w.len)?;
-        let m = need("adam_step", "m", m, w.len)?;
-        let v = need("adam_step", "v", v, w.len)?;
+        let [g, m, v] = contract::elementwise("adam_step", [("g", g), ("m", m), ("v", v)], w.len)?;
         let ([g], [w, m, v]) = self.views("adam_step", [g], [w, m, v])?;
         ops::adam_step(w, g, m, v, p.lr, p.beta1, p.beta2, p.eps, p.weight_decay, t);
         Ok(())
@@ -621,21 +488,6 @@ impl Backend for CpuBackend {
 
     fn synchronize(&mut self) -> Result<(), EngineError> {
         Ok(())
-    }
-}
-
-/// Labels must be whole numbers below `classes`; the ops index with them.
-fn check_labels(b: &mut CpuBackend, labels: Region, classes: usize) -> Result<(), EngineError> {
-    let ([y], []) = b.views("labels", [labels], [])?;
-    match y
-        .iter()
-        .find(|&&l| !(l >= 0.0 && (l as usize) < classes && l.fract() == 0.0))
-    {
-        Some(bad) => Err(EngineError::Shape {
-            op: "softmax_xent",
-            message: format!("label {bad} is not a class below {classes}"),
-        }),
-        None => Ok(()),
     }
 }
 

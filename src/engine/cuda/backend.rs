@@ -1,4 +1,4 @@
-//! A trial's CUDA backend: its stream, pool, cuBLAS and cuDNN handles and arena, region checks, and the host-facing ops.
+//! A trial's CUDA backend: its stream, pool, cuBLAS and cuDNN handles and arena, region checks through the contract, and the host-facing ops.
 
 use std::sync::Arc;
 
@@ -13,9 +13,8 @@ use super::graph::{self, GraphExec};
 use super::launch::{grid_for, launch, Arg, BLOCK};
 use super::pool::{blas_workspace_bytes, layout, Allocation, Layout, Pool};
 use super::stream::Stream;
-use crate::engine::Region;
+use crate::engine::{contract, EngineOptions, Region};
 use crate::error::EngineError;
-use crate::job::EngineOptions;
 
 /// The trial's one allocation and where its parts lie.
 pub(crate) struct Arena {
@@ -41,22 +40,6 @@ pub struct CudaBackend {
     pub(crate) data: Arc<DeviceData>,
     pub(crate) graphs: bool,
     pub(crate) capturing: bool,
-}
-
-/// `region`'s first `len` elements, or a shape error when it is shorter (as the CPU backend says).
-pub(crate) fn need(
-    op: &'static str,
-    what: &str,
-    region: Region,
-    len: usize,
-) -> Result<Region, EngineError> {
-    if region.len < len {
-        return Err(EngineError::Shape {
-            op,
-            message: format!("{what} holds {} elements, needs {len}", region.len),
-        });
-    }
-    Ok(region.prefix(len))
 }
 
 /// Device address of `r` in an arena starting at `base`.
@@ -102,24 +85,6 @@ impl CudaBackend {
         self.pool.cap()
     }
 
-    fn check_region(&self, r: Region) -> Result<(), EngineError> {
-        let arena = match &self.arena {
-            Some(a) if a.elems > 0 => a,
-            _ => return Err(EngineError::NoArena),
-        };
-        if r.offset
-            .checked_add(r.len)
-            .map_or(true, |end| end > arena.elems)
-        {
-            return Err(EngineError::OutOfArena {
-                offset: r.offset,
-                len: r.len,
-                arena: arena.elems,
-            });
-        }
-        Ok(())
-    }
-
     /// Checks that every region lies inside the arena and that written regions overlap neither
     /// each other nor a read region; returns the arena's device address.
     pub(crate) fn regions(
@@ -128,18 +93,8 @@ impl CudaBackend {
         reads: &[Region],
         writes: &[Region],
     ) -> Result<sys::CUdeviceptr, EngineError> {
-        for r in reads.iter().chain(writes) {
-            self.check_region(*r)?;
-        }
-        for (i, w) in writes.iter().enumerate() {
-            let clash = reads.iter().chain(&writes[..i]).find(|o| o.overlaps(w));
-            if let Some(o) = clash {
-                return Err(EngineError::Shape {
-                    op,
-                    message: format!("written region {w:?} overlaps {o:?}"),
-                });
-            }
-        }
+        let elems = self.arena.as_ref().map_or(0, |a| a.elems);
+        contract::regions(op, elems, reads, writes)?;
         let arena = self.arena.as_ref().ok_or(EngineError::NoArena)?;
         Ok(arena.alloc.ptr() + arena.layout.arena_offset as u64)
     }
@@ -328,19 +283,6 @@ impl Drop for CudaBackend {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn short_regions_are_shape_errors_like_on_the_cpu() {
-        let e = need("gemm", "A", Region::new(0, 3), 4).unwrap_err();
-        assert_eq!(
-            e.to_string(),
-            "shape mismatch in gemm: A holds 3 elements, needs 4"
-        );
-        assert_eq!(
-            need("gemm", "A", Region::new(8, 10), 4).unwrap(),
-            Region::new(8, 4)
-        );
-    }
 
     #[test]
     fn region_addresses_are_float_offsets() {

@@ -237,7 +237,7 @@ impl Drop for Blas {
 mod tests {
     use super::*;
     use crate::engine::cpu::ops;
-    use crate::engine::rng::HostRng;
+    use crate::rng::HostRng;
 
     /// A plain column-major sgemm, as cuBLAS defines it.
     fn sgemm_col(

@@ -159,7 +159,7 @@ fn probe_with(handle: dnn::cudnnHandle_t) -> Result<(), EngineError> {
         },
         "cudnnGetConvolutionForwardWorkspaceSize",
     )?;
-    let mut rng = crate::engine::rng::HostRng::new(0x70_726f_6265);
+    let mut rng = crate::rng::HostRng::new(0x70_726f_6265);
     let input: Vec<f32> = (0..s.n * s.c_in * s.h * s.w)
         .map(|_| rng.uniform_f32(-1.0, 1.0))
         .collect();

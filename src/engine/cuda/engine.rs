@@ -17,9 +17,9 @@ use super::launch::{launch, Arg};
 use super::stream::Stream;
 use crate::data::Dataset;
 use crate::engine::Backend;
+use crate::engine::{ConvEngine, EngineOptions};
 use crate::error::EngineError;
 use crate::gpu::libs::{self, CudaLib};
-use crate::job::{ConvEngine, EngineOptions};
 
 /// Threads per block of the SM probe.
 const PROBE_BLOCK: u32 = 128;

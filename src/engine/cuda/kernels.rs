@@ -19,6 +19,37 @@ pub struct KernelModule {
     pub functions: &'static [&'static str],
 }
 
+/// The device helpers every module shares (`kernels/common.cuh`).
+pub const COMMON: &str = include_str!("../../../kernels/common.cuh");
+
+/// The line by which a module includes [`COMMON`].
+const INCLUDE_COMMON: &str = "#include \"common.cuh\"";
+
+impl KernelModule {
+    /// The text NVRTC compiles: the source with its `#include "common.cuh"` line replaced by
+    /// [`COMMON`] (NVRTC is given no header files), and `#line` marks so that the compiler's
+    /// messages name the file and line written.
+    pub fn text(&self) -> String {
+        expand(self.name, self.source)
+    }
+}
+
+/// `source` (of `kernels/<name>.cu`) with its include of `common.cuh` put in place.
+fn expand(name: &str, source: &str) -> String {
+    let mut out = String::with_capacity(source.len() + COMMON.len() + 64);
+    for (i, line) in source.lines().enumerate() {
+        if line.trim() == INCLUDE_COMMON {
+            out.push_str("#line 1 \"common.cuh\"\n");
+            out.push_str(COMMON);
+            out.push_str(&format!("\n#line {} \"{name}.cu\"\n", i + 2));
+        } else {
+            out.push_str(line);
+            out.push('\n');
+        }
+    }
+    out
+}
+
 /// Every kernel module, as the table of `kernels/README.md` lists them.
 pub const MODULES: &[KernelModule] = &[
     KernelModule {
@@ -156,7 +187,7 @@ impl CompiledModule {
                 self.source,
                 target,
                 &compiler_id(&nvrtc),
-                || compile_source(self.name, self.source.source, target),
+                || compile_source(self.name, &self.source.text(), target),
             )
             .map_err(|f| f.to_error().to_string())?;
             Ok(String::from_utf8_lossy(&bytes).into_owned())
@@ -214,7 +245,7 @@ pub fn compile_for(target: Target) -> Result<Vec<CompiledModule>, EngineError> {
         .iter()
         .map(|m| {
             let bytes = cached(dir.as_deref(), m, target, &compiler, || {
-                compile_source(m.name, m.source, target)
+                compile_source(m.name, &m.text(), target)
             })
             .map_err(|f| f.to_error())?;
             Ok(compiled(m, target, bytes))
@@ -274,7 +305,7 @@ fn compile_modules(arch: Option<(u32, u32)>) -> Compiled {
             let target = Target { arch, output };
             let compile = |t: Target| {
                 cached(dir.as_deref(), m, t, &compiler, || {
-                    compile_source(m.name, m.source, t)
+                    compile_source(m.name, &m.text(), t)
                 })
             };
             match compile(target) {
@@ -376,7 +407,7 @@ fn cached(
     let Some(dir) = dir else { return compile() };
     let arch = target.arch_flag();
     let key =
-        crate::hash::fnv1a(format!("{}\0{arch}\0fmad=false\0{compiler}", m.source).as_bytes());
+        crate::hash::fnv1a(format!("{}\0{arch}\0fmad=false\0{compiler}", m.text()).as_bytes());
     let path = dir.join(format!(
         "{}-{arch}-{key:016x}.{}",
         m.name,
@@ -559,9 +590,23 @@ mod tests {
     }
 
     #[test]
-    fn every_source_is_header_free_and_names_its_cpu_twin() {
+    fn every_source_includes_only_the_common_helpers_and_names_its_cpu_twin() {
         for m in MODULES {
-            assert!(!m.source.contains("#include"), "{}", m.name);
+            let includes: Vec<&str> = m
+                .source
+                .lines()
+                .filter(|l| l.contains("#include"))
+                .collect();
+            assert!(
+                includes.iter().all(|l| l.trim() == INCLUDE_COMMON),
+                "{}",
+                m.name
+            );
+            assert!(!m.text().contains("#include"), "{}", m.name);
+            assert!(
+                !COMMON.contains("__global__"),
+                "kernels are read from the .cu files"
+            );
             let head: String = m.source.lines().take(3).collect();
             assert!(
                 head.contains("twin"),
@@ -569,6 +614,17 @@ mod tests {
                 m.name
             );
         }
+    }
+
+    #[test]
+    fn the_common_helpers_are_put_in_place_with_line_marks() {
+        let text = expand("x", "// x\n#include \"common.cuh\"\nint k;\n");
+        assert!(text.starts_with("// x\n#line 1 \"common.cuh\"\n"), "{text}");
+        assert!(text.contains(COMMON));
+        assert!(text.ends_with("\n#line 3 \"x.cu\"\nint k;\n"), "{text}");
+        // Every module but the probe uses them.
+        let users = MODULES.iter().filter(|m| m.source.contains(INCLUDE_COMMON));
+        assert_eq!(users.count(), MODULES.len() - 1);
     }
 
     #[test]

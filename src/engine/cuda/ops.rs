@@ -1,27 +1,22 @@
-//! The `Backend` ops of the CUDA backend: the CPU backend's region checks, then kernel launches on the trial's stream.
+//! The `Backend` ops of the CUDA backend: the contract's checks, then kernel launches on the trial's stream.
 
 use cudarc::driver::sys;
 
-use super::backend::{at, need, CudaBackend};
+use super::backend::{at, CudaBackend};
 use super::check::{check, to_u32};
 use super::conv::{workspace_len, BwdPtrs, FwdPtrs};
 use super::graph::{self, CaptureHold};
 use super::launch::{Arg, BLOCK, MAX_BLOCKS};
-use crate::engine::cpu::{check_conv, check_pool};
+use crate::engine::contract::{self, need};
 use crate::engine::{
     AdamParams, Backend, BackendKind, BnParams, Conv2dShape, DropoutMask, GemmShape, PlaneShape,
-    PoolShape, Region, SgdParams, Split, COUNTER_LEN, STATS_LEN,
+    PoolShape, Region, SgdParams, Split,
 };
 use crate::error::EngineError;
 
 /// Threads per block of the batch-norm reductions (one block per channel): the most a block may
 /// have, for the most loads in flight on the few blocks a layer of 64 channels gives.
 const NORM_BLOCK: u32 = 1024;
-
-/// Checks the step counter region: one element.
-fn counter_region(counter: Region) -> Result<Region, EngineError> {
-    need("counter", "counter", counter, COUNTER_LEN)
-}
 
 impl Backend for CudaBackend {
     fn batchnorm_fwd(
@@ -36,12 +31,8 @@ impl Backend for CudaBackend {
         p: BnParams,
     ) -> Result<(), EngineError> {
         let op = "batchnorm_fwd";
-        let x = need(op, "x", x, s.len())?;
-        let gamma = need(op, "gamma", gamma, s.c)?;
-        let beta = need(op, "beta", beta, s.c)?;
-        let running = need(op, "running statistics", running, 2 * s.c)?;
-        let saved = need(op, "saved statistics", saved, 2 * s.c)?;
-        let y = need(op, "y", y, s.len())?;
+        let [x, gamma, beta, running, saved, y] =
+            contract::batchnorm_fwd(s, x, gamma, beta, running, saved, y)?;
         let dims = plane_dims(op, s)?;
         let e = self.ctx.enter()?;
         if p.train {
@@ -86,13 +77,8 @@ impl Backend for CudaBackend {
         dbeta: Region,
     ) -> Result<(), EngineError> {
         let op = "batchnorm_bwd";
-        let x = need(op, "x", x, s.len())?;
-        let gamma = need(op, "gamma", gamma, s.c)?;
-        let saved = need(op, "saved statistics", saved, 2 * s.c)?;
-        let dy = need(op, "dy", dy, s.len())?;
-        let dx = need(op, "dx", dx, s.len())?;
-        let dgamma = need(op, "dgamma", dgamma, s.c)?;
-        let dbeta = need(op, "dbeta", dbeta, s.c)?;
+        let [x, gamma, saved, dy, dx, dgamma, dbeta] =
+            contract::batchnorm_bwd(s, x, gamma, saved, dy, dx, dgamma, dbeta)?;
         let base = self.regions(op, &[x, gamma, saved, dy], &[dx, dgamma, dbeta])?;
         let mut args = vec![
             Arg::Ptr(at(base, x)),
@@ -111,8 +97,7 @@ impl Backend for CudaBackend {
 
     fn avgpool_fwd(&mut self, s: &PlaneShape, x: Region, y: Region) -> Result<(), EngineError> {
         let op = "avgpool_fwd";
-        let x = need(op, "x", x, s.len())?;
-        let y = need(op, "y", y, s.n * s.c)?;
+        let [x, y] = contract::avgpool_fwd(s, x, y)?;
         let base = self.regions(op, &[x], &[y])?;
         to_u32(op, "elements", s.len())?;
         let args = [
@@ -128,8 +113,7 @@ impl Backend for CudaBackend {
 
     fn avgpool_bwd(&mut self, s: &PlaneShape, dy: Region, dx: Region) -> Result<(), EngineError> {
         let op = "avgpool_bwd";
-        let dy = need(op, "dy", dy, s.n * s.c)?;
-        let dx = need(op, "dx", dx, s.len())?;
+        let [dy, dx] = contract::avgpool_bwd(s, dy, dx)?;
         let base = self.regions(op, &[dy], &[dx])?;
         to_u32(op, "elements", s.len())?;
         let args = [
@@ -143,9 +127,7 @@ impl Backend for CudaBackend {
     }
 
     fn add(&mut self, a: Region, b: Region, y: Region, len: usize) -> Result<(), EngineError> {
-        let a = need("add", "a", a, len)?;
-        let b = need("add", "b", b, len)?;
-        let y = need("add", "y", y, len)?;
+        let [a, b, y] = contract::elementwise("add", [("a", a), ("b", b), ("y", y)], len)?;
         let base = self.regions("add", &[a, b], &[y])?;
         let args = [
             Arg::Ptr(at(base, a)),
@@ -158,8 +140,7 @@ impl Backend for CudaBackend {
     }
 
     fn add_assign(&mut self, y: Region, x: Region, len: usize) -> Result<(), EngineError> {
-        let x = need("add_assign", "x", x, len)?;
-        let y = need("add_assign", "y", y, len)?;
+        let [x, y] = contract::elementwise("add_assign", [("x", x), ("y", y)], len)?;
         let base = self.regions("add_assign", &[x], &[y])?;
         let args = [
             Arg::Ptr(at(base, y)),
@@ -171,8 +152,7 @@ impl Backend for CudaBackend {
     }
 
     fn copy(&mut self, x: Region, y: Region, len: usize) -> Result<(), EngineError> {
-        let x = need("copy", "x", x, len)?;
-        let y = need("copy", "y", y, len)?;
+        let [x, y] = contract::elementwise("copy", [("x", x), ("y", y)], len)?;
         let base = self.regions("copy", &[x], &[y])?;
         if len == 0 {
             return Ok(());
@@ -200,14 +180,14 @@ impl Backend for CudaBackend {
 
     fn write(&mut self, dst: Region, src: &[f32]) -> Result<(), EngineError> {
         self.not_capturing("write")?;
-        let dst = need("write", "destination", dst, src.len())?;
+        let dst = contract::write(dst, src.len())?;
         let base = self.regions("write", &[], &[dst])?;
         self.copy_in(at(base, dst), src)
     }
 
     fn read(&mut self, src: Region, dst: &mut [f32]) -> Result<(), EngineError> {
         self.not_capturing("read")?;
-        let src = need("read", "source", src, dst.len())?;
+        let src = contract::read(src, dst.len())?;
         let base = self.regions("read", &[src], &[])?;
         self.copy_out(at(base, src), dst)
     }
@@ -229,13 +209,7 @@ impl Backend for CudaBackend {
 
     fn set_train_order(&mut self, order: &[u32]) -> Result<(), EngineError> {
         self.not_capturing("set_train_order")?;
-        let n = self.data.train.len;
-        if order.len() != n || order.iter().any(|&i| i as usize >= n) {
-            return Err(EngineError::Shape {
-                op: "set_train_order",
-                message: format!("order must be a permutation of {n} samples"),
-            });
-        }
+        contract::train_order(order, self.data.train.len)?;
         self.copy_in(self.order_ptr()?, order)
     }
 
@@ -252,18 +226,7 @@ impl Backend for CudaBackend {
             Split::Train => (&self.data.train, self.order_ptr()?),
             Split::Test => (&self.data.test, self.data.test_order.ptr()),
         };
-        if start + rows > samples.len {
-            return Err(EngineError::Shape {
-                op: "gather",
-                message: format!(
-                    "rows {start}..{} beyond {} samples",
-                    start + rows,
-                    samples.len
-                ),
-            });
-        }
-        let x = need("gather", "x", x, rows * len)?;
-        let y = need("gather", "y", y, rows)?;
+        let (x, y) = contract::gather(start, rows, samples.len, len, x, y)?;
         let base = self.regions("gather", &[], &[x, y])?;
         let args = [
             Arg::Ptr(samples.images.ptr()),
@@ -287,24 +250,10 @@ impl Backend for CudaBackend {
         x: Region,
         y: Region,
     ) -> Result<(), EngineError> {
-        if steps_per_epoch == 0 {
-            return Err(EngineError::Shape {
-                op: "gather_train",
-                message: "an epoch needs at least one step".into(),
-            });
-        }
-        // The batch index is read on the device, so every batch of the epoch must fit.
-        let n = self.data.train.len;
-        if steps_per_epoch * batch > n {
-            return Err(EngineError::Shape {
-                op: "gather_train",
-                message: format!("{steps_per_epoch} batches of {batch} are beyond {n} samples"),
-            });
-        }
         let len = self.data.sample_len;
-        let counter = counter_region(counter)?;
-        let x = need("gather_train", "x", x, batch * len)?;
-        let y = need("gather_train", "y", y, batch)?;
+        let (x, y) =
+            contract::gather_train(steps_per_epoch, batch, self.data.train.len, len, x, y)?;
+        let counter = contract::counter(counter)?;
         let base = self.regions("gather_train", &[counter], &[x, y])?;
         let args = [
             Arg::Ptr(self.data.train.images.ptr()),
@@ -322,7 +271,7 @@ impl Backend for CudaBackend {
     }
 
     fn advance(&mut self, counter: Region) -> Result<(), EngineError> {
-        let counter = counter_region(counter)?;
+        let counter = contract::counter(counter)?;
         let base = self.regions("advance", &[], &[counter])?;
         let e = self.ctx.enter()?;
         self.kernel(&e, "advance", (1, 1), &[Arg::Ptr(at(base, counter))])
@@ -333,9 +282,7 @@ impl Backend for CudaBackend {
     }
 
     fn gemm(&mut self, g: GemmShape, a: Region, b: Region, c: Region) -> Result<(), EngineError> {
-        let a = need("gemm", "A", a, g.a_len())?;
-        let b = need("gemm", "B", b, g.b_len())?;
-        let c = need("gemm", "C", c, g.c_len())?;
+        let [a, b, c] = contract::gemm(&g, a, b, c)?;
         let base = self.regions("gemm", &[a, b], &[c])?;
         let e = self.ctx.enter()?;
         self.blas
@@ -349,8 +296,7 @@ impl Backend for CudaBackend {
         rows: usize,
         cols: usize,
     ) -> Result<(), EngineError> {
-        let y = need("bias_add", "y", y, rows * cols)?;
-        let bias = need("bias_add", "bias", bias, cols)?;
+        let [y, bias] = contract::bias_add(y, bias, rows, cols)?;
         let base = self.regions("bias_add", &[bias], &[y])?;
         let args = [
             Arg::Ptr(at(base, y)),
@@ -370,8 +316,7 @@ impl Backend for CudaBackend {
         rows: usize,
         cols: usize,
     ) -> Result<(), EngineError> {
-        let dy = need("bias_grad", "dy", dy, rows * cols)?;
-        let db = need("bias_grad", "db", db, cols)?;
+        let [dy, db] = contract::bias_grad(dy, db, rows, cols)?;
         let base = self.regions("bias_grad", &[dy], &[db])?;
         let args = [
             Arg::Ptr(at(base, dy)),
@@ -386,8 +331,7 @@ impl Backend for CudaBackend {
     }
 
     fn relu_fwd(&mut self, x: Region, y: Region, len: usize) -> Result<(), EngineError> {
-        let x = need("relu_fwd", "x", x, len)?;
-        let y = need("relu_fwd", "y", y, len)?;
+        let [x, y] = contract::elementwise("relu_fwd", [("x", x), ("y", y)], len)?;
         let base = self.regions("relu_fwd", &[x], &[y])?;
         let n = to_u32("relu_fwd", "len", len)?;
         let e = self.ctx.enter()?;
@@ -402,9 +346,8 @@ impl Backend for CudaBackend {
         dx: Region,
         len: usize,
     ) -> Result<(), EngineError> {
-        let y = need("relu_bwd", "y", y, len)?;
-        let dy = need("relu_bwd", "dy", dy, len)?;
-        let dx = need("relu_bwd", "dx", dx, len)?;
+        let [y, dy, dx] =
+            contract::elementwise("relu_bwd", [("y", y), ("dy", dy), ("dx", dx)], len)?;
         let base = self.regions("relu_bwd", &[y, dy], &[dx])?;
         let n = to_u32("relu_bwd", "len", len)?;
         let e = self.ctx.enter()?;
@@ -427,11 +370,7 @@ impl Backend for CudaBackend {
         ws: Region,
     ) -> Result<(), EngineError> {
         let op = "conv2d_fwd";
-        check_conv(op, s)?;
-        let x = need(op, "x", x, s.x_len())?;
-        let w = need(op, "w", w, s.w_len())?;
-        let b = b.map(|b| need(op, "b", b, s.c_out)).transpose()?;
-        let y = need(op, "y", y, s.y_len())?;
+        let contract::ConvFwd { x, w, b, y } = contract::conv2d_fwd(s, x, w, b, y)?;
         let ws = self.conv_ws(op, s, ws)?;
         let reads: Vec<Region> = [x, w].into_iter().chain(b).collect();
         let base = self.regions(op, &reads, &[y, ws])?;
@@ -459,14 +398,15 @@ impl Backend for CudaBackend {
         ws: Region,
     ) -> Result<(), EngineError> {
         let op = "conv2d_bwd";
-        check_conv(op, s)?;
-        let x = need(op, "x", x, s.x_len())?;
-        let w = need(op, "w", w, s.w_len())?;
-        let dy = need(op, "dy", dy, s.y_len())?;
-        let dw = need(op, "dw", dw, s.w_len())?;
-        let db = db.map(|db| need(op, "db", db, s.c_out)).transpose()?;
+        let contract::ConvBwd {
+            x,
+            w,
+            dy,
+            dx,
+            dw,
+            db,
+        } = contract::conv2d_bwd(s, x, w, dy, dx, dw, db)?;
         let ws = self.conv_ws(op, s, ws)?;
-        let dx = dx.map(|dx| need(op, "dx", dx, s.x_len())).transpose()?;
         let writes: Vec<Region> = dx.into_iter().chain([dw]).chain(db).chain([ws]).collect();
         let base = self.regions(op, &[x, w, dy], &writes)?;
         let p = BwdPtrs {
@@ -484,9 +424,7 @@ impl Backend for CudaBackend {
     }
 
     fn maxpool_fwd(&mut self, s: &PoolShape, x: Region, y: Region) -> Result<(), EngineError> {
-        check_pool("maxpool_fwd", s)?;
-        let x = need("maxpool_fwd", "x", x, s.x_len())?;
-        let y = need("maxpool_fwd", "y", y, s.y_len())?;
+        let [x, y] = contract::maxpool_fwd(s, x, y)?;
         let base = self.regions("maxpool_fwd", &[x], &[y])?;
         let mut args = vec![Arg::Ptr(at(base, x)), Arg::Ptr(at(base, y))];
         args.extend(pool_dims("maxpool_fwd", s)?);
@@ -503,11 +441,7 @@ impl Backend for CudaBackend {
         dx: Region,
     ) -> Result<(), EngineError> {
         let op = "maxpool_bwd";
-        check_pool(op, s)?;
-        let x = need(op, "x", x, s.x_len())?;
-        let y = need(op, "y", y, s.y_len())?;
-        let dy = need(op, "dy", dy, s.y_len())?;
-        let dx = need(op, "dx", dx, s.x_len())?;
+        let [x, y, dy, dx] = contract::maxpool_bwd(s, x, y, dy, dx)?;
         let base = self.regions(op, &[x, y, dy], &[dx])?;
         let mut args = vec![
             Arg::Ptr(at(base, x)),
@@ -551,11 +485,10 @@ impl Backend for CudaBackend {
         classes: usize,
     ) -> Result<(), EngineError> {
         let op = "softmax_xent";
-        let logits = need(op, "logits", logits, rows * classes)?;
-        let labels = need(op, "labels", labels, rows)?;
-        let dlogits = need(op, "dlogits", dlogits, rows * classes)?;
-        let stats = need(op, "stats", stats, STATS_LEN)?;
+        let [logits, labels, dlogits, stats] =
+            contract::softmax_xent(logits, labels, dlogits, stats, rows, classes)?;
         let base = self.regions(op, &[logits, labels], &[dlogits, stats])?;
+        self.check_labels(base, labels, classes)?;
         let args = [
             Arg::Ptr(at(base, logits)),
             Arg::Ptr(at(base, labels)),
@@ -579,10 +512,9 @@ impl Backend for CudaBackend {
         classes: usize,
     ) -> Result<(), EngineError> {
         let op = "eval_xent";
-        let logits = need(op, "logits", logits, rows * classes)?;
-        let labels = need(op, "labels", labels, rows)?;
-        let stats = need(op, "stats", stats, STATS_LEN)?;
+        let [logits, labels, stats] = contract::eval_xent(logits, labels, stats, rows, classes)?;
         let base = self.regions(op, &[logits, labels], &[stats])?;
+        self.check_labels(base, labels, classes)?;
         let args = [
             Arg::Ptr(at(base, logits)),
             Arg::Ptr(at(base, labels)),
@@ -602,8 +534,7 @@ impl Backend for CudaBackend {
         v: Region,
         p: SgdParams,
     ) -> Result<(), EngineError> {
-        let g = need("sgd_step", "g", g, w.len)?;
-        let v = need("sgd_step", "v", v, w.len)?;
+        let [g, v] = contract::elementwise("sgd_step", [("g", g), ("v", v)], w.len)?;
         let base = self.regions("sgd_step", &[g], &[w, v])?;
         let args = [
             Arg::Ptr(at(base, w)),
@@ -627,10 +558,8 @@ impl Backend for CudaBackend {
         p: AdamParams,
         counter: Region,
     ) -> Result<(), EngineError> {
-        let counter = counter_region(counter)?;
-        let g = need("adam_step", "g", g, w.len)?;
-        let m = need("adam_step", "m", m, w.len)?;
-        let v = need("adam_step", "v", v, w.len)?;
+        let counter = contract::counter(counter)?;
+        let [g, m, v] = contract::elementwise("adam_step", [("g", g), ("m", m), ("v", v)], w.len)?;
         // The counter is read by the kernel, so it is checked as a read region too.
         let base = self.regions("adam_step", &[g, counter], &[w, m, v])?;
         let args = [
@@ -704,8 +633,26 @@ fn plane_dims(op: &'static str, s: &PlaneShape) -> Result<[Arg; 3], EngineError>
     ])
 }
 
-/// The arguments shared by both dropout directions.
 impl CudaBackend {
+    /// The labels in `labels` checked by the contract, read back from the device, so that a bad
+    /// label is refused as the CPU backend refuses it. A step being captured cannot read them: its
+    /// labels come from `gather_train` over the device's data set, whose labels were checked
+    /// against its classes when it was loaded (and a label that is not a class still gives a NaN
+    /// loss in the kernel, which the trial's loss check catches).
+    fn check_labels(
+        &self,
+        base: sys::CUdeviceptr,
+        labels: Region,
+        classes: usize,
+    ) -> Result<(), EngineError> {
+        if self.capturing {
+            return Ok(());
+        }
+        let mut host = vec![0.0f32; labels.len];
+        self.copy_out(at(base, labels), &mut host)?;
+        contract::labels(&host, classes)
+    }
+
     /// The workspace region of a convolution: cuDNN takes the whole region it is given (its
     /// algorithms are chosen to fit it; see `cudnn.rs`), the GEMM lowering needs its fixed size.
     fn conv_ws(
@@ -730,14 +677,13 @@ impl CudaBackend {
         src: Region,
         dst: Region,
     ) -> Result<(), EngineError> {
-        let counter = counter_region(d.counter)?;
+        let counter = contract::counter(d.counter)?;
         let (src_name, dst_name) = if op == "dropout_fwd" {
             ("x", "y")
         } else {
             ("dy", "dx")
         };
-        let src = need(op, src_name, src, len)?;
-        let dst = need(op, dst_name, dst, len)?;
+        let [src, dst] = contract::elementwise(op, [(src_name, src), (dst_name, dst)], len)?;
         // The counter is read by the kernel, so it is checked as a read region too.
         let base = self.regions(op, &[src, counter], &[dst])?;
         let args = [

@@ -7,7 +7,7 @@ use cudarc::driver::sys;
 use super::check::check;
 use super::stream::Stream;
 use crate::error::EngineError;
-use crate::plan::MIB;
+use crate::units::MIB;
 
 /// Bytes of cuBLAS workspace in a trial's allocation below Hopper (cuBLAS's own default there).
 pub(crate) const BLAS_WORKSPACE_BYTES: usize = 4 << 20;

@@ -1,0 +1,580 @@
+//! The backend contract: every shape, region and label check of the [`Backend`](super::Backend) ops, written once and called by both backends, so that they refuse the same inputs with the same errors.
+
+use super::{Conv2dShape, GemmShape, PlaneShape, PoolShape, Region, COUNTER_LEN, STATS_LEN};
+use crate::error::EngineError;
+
+fn shape_error(op: &'static str, message: String) -> EngineError {
+    EngineError::Shape { op, message }
+}
+
+/// `region`'s first `len` elements, or a shape error when it is shorter.
+pub fn need(
+    op: &'static str,
+    what: &str,
+    region: Region,
+    len: usize,
+) -> Result<Region, EngineError> {
+    if region.len < len {
+        return Err(shape_error(
+            op,
+            format!("{what} holds {} elements, needs {len}", region.len),
+        ));
+    }
+    Ok(region.prefix(len))
+}
+
+/// An optional region checked as [`need`] does when given.
+pub fn optional(
+    op: &'static str,
+    what: &str,
+    region: Option<Region>,
+    len: usize,
+) -> Result<Option<Region>, EngineError> {
+    region.map(|r| need(op, what, r, len)).transpose()
+}
+
+/// The step counter region: its first [`COUNTER_LEN`] elements.
+pub fn counter(counter: Region) -> Result<Region, EngineError> {
+    need("counter", "counter", counter, COUNTER_LEN)
+}
+
+/// Every region lies inside an arena of `arena` elements (0: none allocated yet), and written
+/// regions overlap neither each other nor a read region.
+pub fn regions(
+    op: &'static str,
+    arena: usize,
+    reads: &[Region],
+    writes: &[Region],
+) -> Result<(), EngineError> {
+    for r in reads.iter().chain(writes) {
+        inside(*r, arena)?;
+    }
+    for (i, w) in writes.iter().enumerate() {
+        let clash = reads.iter().chain(&writes[..i]).find(|o| o.overlaps(w));
+        if let Some(o) = clash {
+            return Err(shape_error(
+                op,
+                format!("written region {w:?} overlaps {o:?}"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// `r` lies inside an arena of `arena` elements.
+fn inside(r: Region, arena: usize) -> Result<(), EngineError> {
+    if arena == 0 {
+        return Err(EngineError::NoArena);
+    }
+    if r.offset.checked_add(r.len).map_or(true, |end| end > arena) {
+        return Err(EngineError::OutOfArena {
+            offset: r.offset,
+            len: r.len,
+            arena,
+        });
+    }
+    Ok(())
+}
+
+/// A convolution whose window does not fit its padded input has no output size.
+pub fn conv(op: &'static str, s: &Conv2dShape) -> Result<(), EngineError> {
+    if s.fits() {
+        return Ok(());
+    }
+    Err(shape_error(
+        op,
+        format!(
+            "a {}×{} kernel with stride {} and padding {} does not fit a {}×{} input",
+            s.k, s.k, s.stride, s.pad, s.h, s.w
+        ),
+    ))
+}
+
+/// A pooling window must fit its padded input and hold a real position.
+pub fn pool(op: &'static str, s: &PoolShape) -> Result<(), EngineError> {
+    if s.fits() {
+        return Ok(());
+    }
+    Err(shape_error(
+        op,
+        format!(
+            "a {}×{} window with stride {} and padding {} does not fit a {}×{} input",
+            s.k, s.k, s.stride, s.pad, s.h, s.w
+        ),
+    ))
+}
+
+/// Labels must be whole numbers below `classes`: the ops index with them.
+pub fn labels(labels: &[f32], classes: usize) -> Result<(), EngineError> {
+    match labels
+        .iter()
+        .find(|&&l| !(l >= 0.0 && (l as usize) < classes && l.fract() == 0.0))
+    {
+        Some(bad) => Err(shape_error(
+            "softmax_xent",
+            format!("label {bad} is not a class below {classes}"),
+        )),
+        None => Ok(()),
+    }
+}
+
+/// A training order must be a permutation of the `n` training samples' indices.
+pub fn train_order(order: &[u32], n: usize) -> Result<(), EngineError> {
+    if order.len() != n || order.iter().any(|&i| i as usize >= n) {
+        return Err(shape_error(
+            "set_train_order",
+            format!("order must be a permutation of {n} samples"),
+        ));
+    }
+    Ok(())
+}
+
+/// `gather`: rows `start..start + rows` of a split of `samples` samples into `x` (`rows ×
+/// sample_len`) and `y` (`rows`).
+pub fn gather(
+    start: usize,
+    rows: usize,
+    samples: usize,
+    sample_len: usize,
+    x: Region,
+    y: Region,
+) -> Result<(Region, Region), EngineError> {
+    if start + rows > samples {
+        return Err(shape_error(
+            "gather",
+            format!("rows {start}..{} beyond {samples} samples", start + rows),
+        ));
+    }
+    Ok((
+        need("gather", "x", x, rows * sample_len)?,
+        need("gather", "y", y, rows)?,
+    ))
+}
+
+/// `gather_train`: an epoch has at least one step, every batch of it lies within the `n`
+/// training samples (the batch index is the step counter's, read where the op runs), and `x`
+/// (`batch × sample_len`) and `y` (`batch`) hold a batch.
+pub fn gather_train(
+    steps_per_epoch: usize,
+    batch: usize,
+    n: usize,
+    sample_len: usize,
+    x: Region,
+    y: Region,
+) -> Result<(Region, Region), EngineError> {
+    if steps_per_epoch == 0 {
+        return Err(shape_error(
+            "gather_train",
+            "an epoch needs at least one step".into(),
+        ));
+    }
+    if steps_per_epoch * batch > n {
+        return Err(shape_error(
+            "gather_train",
+            format!("{steps_per_epoch} batches of {batch} are beyond {n} samples"),
+        ));
+    }
+    Ok((
+        need("gather_train", "x", x, batch * sample_len)?,
+        need("gather_train", "y", y, batch)?,
+    ))
+}
+
+/// `write`: the destination holds the `len` values written.
+pub fn write(dst: Region, len: usize) -> Result<Region, EngineError> {
+    need("write", "destination", dst, len)
+}
+
+/// `read`: the source holds the `len` values read.
+pub fn read(src: Region, len: usize) -> Result<Region, EngineError> {
+    need("read", "source", src, len)
+}
+
+/// `gemm`: `A`, `B` and `C` as the shape sizes them.
+pub fn gemm(g: &GemmShape, a: Region, b: Region, c: Region) -> Result<[Region; 3], EngineError> {
+    Ok([
+        need("gemm", "A", a, g.a_len())?,
+        need("gemm", "B", b, g.b_len())?,
+        need("gemm", "C", c, g.c_len())?,
+    ])
+}
+
+/// `bias_add`: `y` (`rows × cols`) and `bias` (`cols`).
+pub fn bias_add(
+    y: Region,
+    bias: Region,
+    rows: usize,
+    cols: usize,
+) -> Result<[Region; 2], EngineError> {
+    Ok([
+        need("bias_add", "y", y, rows * cols)?,
+        need("bias_add", "bias", bias, cols)?,
+    ])
+}
+
+/// `bias_grad`: `dy` (`rows × cols`) and `db` (`cols`).
+pub fn bias_grad(
+    dy: Region,
+    db: Region,
+    rows: usize,
+    cols: usize,
+) -> Result<[Region; 2], EngineError> {
+    Ok([
+        need("bias_grad", "dy", dy, rows * cols)?,
+        need("bias_grad", "db", db, cols)?,
+    ])
+}
+
+/// An element-wise op over `len` elements of each named region, in order.
+pub fn elementwise<const N: usize>(
+    op: &'static str,
+    named: [(&str, Region); N],
+    len: usize,
+) -> Result<[Region; N], EngineError> {
+    let mut out = [Region::default(); N];
+    for (o, (what, r)) in out.iter_mut().zip(named) {
+        *o = need(op, what, r, len)?;
+    }
+    Ok(out)
+}
+
+/// The regions of `conv2d_fwd` (the workspace is the backend's to size).
+pub struct ConvFwd {
+    pub x: Region,
+    pub w: Region,
+    pub b: Option<Region>,
+    pub y: Region,
+}
+
+/// `conv2d_fwd`: the shape fits, and `x`, `w`, `b` and `y` are as large as it says.
+pub fn conv2d_fwd(
+    s: &Conv2dShape,
+    x: Region,
+    w: Region,
+    b: Option<Region>,
+    y: Region,
+) -> Result<ConvFwd, EngineError> {
+    let op = "conv2d_fwd";
+    conv(op, s)?;
+    Ok(ConvFwd {
+        x: need(op, "x", x, s.x_len())?,
+        w: need(op, "w", w, s.w_len())?,
+        b: optional(op, "b", b, s.c_out)?,
+        y: need(op, "y", y, s.y_len())?,
+    })
+}
+
+/// The regions of `conv2d_bwd` (the workspace is the backend's to size).
+pub struct ConvBwd {
+    pub x: Region,
+    pub w: Region,
+    pub dy: Region,
+    pub dx: Option<Region>,
+    pub dw: Region,
+    pub db: Option<Region>,
+}
+
+/// `conv2d_bwd`: the shape fits, and every region is as large as it says.
+#[allow(clippy::too_many_arguments)]
+pub fn conv2d_bwd(
+    s: &Conv2dShape,
+    x: Region,
+    w: Region,
+    dy: Region,
+    dx: Option<Region>,
+    dw: Region,
+    db: Option<Region>,
+) -> Result<ConvBwd, EngineError> {
+    let op = "conv2d_bwd";
+    conv(op, s)?;
+    let x = need(op, "x", x, s.x_len())?;
+    let w = need(op, "w", w, s.w_len())?;
+    let dy = need(op, "dy", dy, s.y_len())?;
+    let dw = need(op, "dw", dw, s.w_len())?;
+    let db = optional(op, "db", db, s.c_out)?;
+    let dx = optional(op, "dx", dx, s.x_len())?;
+    Ok(ConvBwd {
+        x,
+        w,
+        dy,
+        dx,
+        dw,
+        db,
+    })
+}
+
+/// `batchnorm_fwd`: `[x, gamma, beta, running, saved, y]`.
+pub fn batchnorm_fwd(
+    s: &PlaneShape,
+    x: Region,
+    gamma: Region,
+    beta: Region,
+    running: Region,
+    saved: Region,
+    y: Region,
+) -> Result<[Region; 6], EngineError> {
+    let op = "batchnorm_fwd";
+    Ok([
+        need(op, "x", x, s.len())?,
+        need(op, "gamma", gamma, s.c)?,
+        need(op, "beta", beta, s.c)?,
+        need(op, "running statistics", running, 2 * s.c)?,
+        need(op, "saved statistics", saved, 2 * s.c)?,
+        need(op, "y", y, s.len())?,
+    ])
+}
+
+/// `batchnorm_bwd`: `[x, gamma, saved, dy, dx, dgamma, dbeta]`.
+#[allow(clippy::too_many_arguments)]
+pub fn batchnorm_bwd(
+    s: &PlaneShape,
+    x: Region,
+    gamma: Region,
+    saved: Region,
+    dy: Region,
+    dx: Region,
+    dgamma: Region,
+    dbeta: Region,
+) -> Result<[Region; 7], EngineError> {
+    let op = "batchnorm_bwd";
+    Ok([
+        need(op, "x", x, s.len())?,
+        need(op, "gamma", gamma, s.c)?,
+        need(op, "saved statistics", saved, 2 * s.c)?,
+        need(op, "dy", dy, s.len())?,
+        need(op, "dx", dx, s.len())?,
+        need(op, "dgamma", dgamma, s.c)?,
+        need(op, "dbeta", dbeta, s.c)?,
+    ])
+}
+
+/// `avgpool_fwd`: `x` (the planes) and `y` (one value a plane).
+pub fn avgpool_fwd(s: &PlaneShape, x: Region, y: Region) -> Result<[Region; 2], EngineError> {
+    let op = "avgpool_fwd";
+    Ok([need(op, "x", x, s.len())?, need(op, "y", y, s.n * s.c)?])
+}
+
+/// `avgpool_bwd`: `dy` (one value a plane) and `dx` (the planes).
+pub fn avgpool_bwd(s: &PlaneShape, dy: Region, dx: Region) -> Result<[Region; 2], EngineError> {
+    let op = "avgpool_bwd";
+    Ok([need(op, "dy", dy, s.n * s.c)?, need(op, "dx", dx, s.len())?])
+}
+
+/// `maxpool_fwd`: the window fits, `x` and `y`.
+pub fn maxpool_fwd(s: &PoolShape, x: Region, y: Region) -> Result<[Region; 2], EngineError> {
+    let op = "maxpool_fwd";
+    pool(op, s)?;
+    Ok([need(op, "x", x, s.x_len())?, need(op, "y", y, s.y_len())?])
+}
+
+/// `maxpool_bwd`: the window fits, `[x, y, dy, dx]`.
+pub fn maxpool_bwd(
+    s: &PoolShape,
+    x: Region,
+    y: Region,
+    dy: Region,
+    dx: Region,
+) -> Result<[Region; 4], EngineError> {
+    let op = "maxpool_bwd";
+    pool(op, s)?;
+    Ok([
+        need(op, "x", x, s.x_len())?,
+        need(op, "y", y, s.y_len())?,
+        need(op, "dy", dy, s.y_len())?,
+        need(op, "dx", dx, s.x_len())?,
+    ])
+}
+
+/// `softmax_xent`: `[logits, labels, dlogits, stats]`.
+pub fn softmax_xent(
+    logits: Region,
+    labels: Region,
+    dlogits: Region,
+    stats: Region,
+    rows: usize,
+    classes: usize,
+) -> Result<[Region; 4], EngineError> {
+    let op = "softmax_xent";
+    Ok([
+        need(op, "logits", logits, rows * classes)?,
+        need(op, "labels", labels, rows)?,
+        need(op, "dlogits", dlogits, rows * classes)?,
+        need(op, "stats", stats, STATS_LEN)?,
+    ])
+}
+
+/// `eval_xent`: `[logits, labels, stats]`.
+pub fn eval_xent(
+    logits: Region,
+    labels: Region,
+    stats: Region,
+    rows: usize,
+    classes: usize,
+) -> Result<[Region; 3], EngineError> {
+    let op = "eval_xent";
+    Ok([
+        need(op, "logits", logits, rows * classes)?,
+        need(op, "labels", labels, rows)?,
+        need(op, "stats", stats, STATS_LEN)?,
+    ])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn message(e: EngineError) -> String {
+        e.to_string()
+    }
+
+    #[test]
+    fn short_regions_are_shape_errors() {
+        let e = need("gemm", "A", Region::new(0, 3), 4).unwrap_err();
+        assert_eq!(
+            message(e),
+            "shape mismatch in gemm: A holds 3 elements, needs 4"
+        );
+        assert_eq!(
+            need("gemm", "A", Region::new(8, 10), 4).unwrap(),
+            Region::new(8, 4)
+        );
+        assert_eq!(optional("conv2d_fwd", "b", None, 4).unwrap(), None);
+    }
+
+    #[test]
+    fn regions_lie_in_the_arena_and_writes_overlap_nothing() {
+        assert!(matches!(
+            regions("fill", 0, &[], &[Region::new(0, 1)]),
+            Err(EngineError::NoArena)
+        ));
+        assert!(matches!(
+            regions("fill", 10, &[], &[Region::new(5, 6)]),
+            Err(EngineError::OutOfArena {
+                offset: 5,
+                len: 6,
+                arena: 10
+            })
+        ));
+        assert!(matches!(
+            regions("fill", 10, &[], &[Region::new(usize::MAX, 2)]),
+            Err(EngineError::OutOfArena { .. })
+        ));
+        let e = regions("relu_fwd", 10, &[Region::new(0, 4)], &[Region::new(2, 4)]).unwrap_err();
+        assert!(message(e).contains("overlaps"));
+        let e = regions("add", 10, &[], &[Region::new(0, 4), Region::new(3, 4)]).unwrap_err();
+        assert!(message(e).contains("overlaps"));
+        // Reads may overlap each other.
+        regions(
+            "add",
+            10,
+            &[Region::new(0, 4), Region::new(0, 4)],
+            &[Region::new(4, 4)],
+        )
+        .unwrap();
+    }
+
+    #[test]
+    fn labels_are_whole_classes() {
+        labels(&[0.0, 1.0, 2.0], 3).unwrap();
+        for bad in [3.0, -1.0, 0.5, f32::NAN, f32::INFINITY] {
+            let e = labels(&[0.0, bad], 3).unwrap_err();
+            assert_eq!(
+                message(e),
+                format!("shape mismatch in softmax_xent: label {bad} is not a class below 3")
+            );
+        }
+    }
+
+    #[test]
+    fn windows_must_fit() {
+        let c = Conv2dShape {
+            n: 1,
+            c_in: 1,
+            h: 2,
+            w: 2,
+            c_out: 1,
+            k: 3,
+            pad: 0,
+            stride: 1,
+        };
+        assert!(conv2d_fwd(
+            &c,
+            Region::new(0, 4),
+            Region::new(4, 9),
+            None,
+            Region::new(13, 1)
+        )
+        .is_err());
+        assert!(conv("conv2d_fwd", &Conv2dShape { pad: 1, ..c }).is_ok());
+        let p = PoolShape::square(1, 1, 2, 2, 2);
+        assert!(pool("maxpool_fwd", &p).is_ok());
+        // Padding as wide as the window leaves a window of padding only.
+        let e = pool("maxpool_fwd", &PoolShape { pad: 2, ..p }).unwrap_err();
+        assert!(message(e).contains("does not fit"));
+    }
+
+    #[test]
+    fn orders_batches_and_rows_are_checked() {
+        train_order(&[2, 0, 1], 3).unwrap();
+        assert!(train_order(&[0, 1], 3).is_err());
+        assert!(train_order(&[0, 1, 3], 3).is_err());
+        let (x, y) = (Region::new(0, 10), Region::new(10, 5));
+        assert!(gather_train(0, 1, 10, 2, x, y).is_err());
+        assert!(gather_train(3, 4, 10, 2, x, y).is_err());
+        assert!(gather_train(2, 5, 10, 3, x, y).is_err());
+        assert_eq!(gather_train(2, 5, 10, 2, x, y).unwrap(), (x, y));
+        let e = gather(2, 2, 3, 1, Region::new(0, 2), Region::new(2, 2)).unwrap_err();
+        assert_eq!(
+            message(e),
+            "shape mismatch in gather: rows 2..4 beyond 3 samples"
+        );
+        let (x, y) = gather(0, 2, 3, 2, Region::new(0, 8), Region::new(8, 8)).unwrap();
+        assert_eq!((x, y), (Region::new(0, 4), Region::new(8, 2)));
+    }
+
+    #[test]
+    fn per_op_sizes() {
+        let g = GemmShape::nn(2, 3, 4);
+        let [a, b, c] = gemm(
+            &g,
+            Region::new(0, 8),
+            Region::new(8, 12),
+            Region::new(20, 9),
+        )
+        .unwrap();
+        assert_eq!((a.len, b.len, c.len), (8, 12, 6));
+        assert!(gemm(
+            &g,
+            Region::new(0, 7),
+            Region::new(8, 12),
+            Region::new(20, 6)
+        )
+        .is_err());
+        let s = PlaneShape { n: 2, c: 3, hw: 4 };
+        let e = avgpool_fwd(&s, Region::new(0, 24), Region::new(24, 5)).unwrap_err();
+        assert_eq!(
+            message(e),
+            "shape mismatch in avgpool_fwd: y holds 5 elements, needs 6"
+        );
+        let e = softmax_xent(
+            Region::new(0, 6),
+            Region::new(6, 2),
+            Region::new(8, 6),
+            Region::new(14, 1),
+            2,
+            3,
+        )
+        .unwrap_err();
+        assert_eq!(
+            message(e),
+            "shape mismatch in softmax_xent: stats holds 1 elements, needs 2"
+        );
+        let [x, y] = elementwise(
+            "relu_fwd",
+            [("x", Region::new(0, 9)), ("y", Region::new(9, 4))],
+            4,
+        )
+        .unwrap();
+        assert_eq!((x, y), (Region::new(0, 4), Region::new(9, 4)));
+    }
+}

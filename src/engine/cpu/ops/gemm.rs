@@ -1,0 +1,211 @@
+//! The CPU twin of the backend's GEMM (cuBLAS on the GPU, `src/engine/cuda/blas.rs`): row-major `C = alpha·op(A)·op(B) + beta·C`.
+
+use crate::engine::shapes::GemmShape;
+
+/// Row-major `C = alpha·op(A)·op(B) + beta·C` (with `beta == 0`, `C` is overwritten, NaNs included).
+pub fn gemm(g: &GemmShape, a: &[f32], b: &[f32], c: &mut [f32]) {
+    let (m, n, k) = (g.m, g.n, g.k);
+    let (a, b, c) = (&a[..g.a_len()], &b[..g.b_len()], &mut c[..g.c_len()]);
+    // Element (i, j) of op(X) sits at i·rs + j·cs; a transposed operand is stored the other way round.
+    let (rsa, csa) = if g.trans_a { (1, m) } else { (k, 1) };
+    let (rsb, csb) = if g.trans_b { (1, k) } else { (n, 1) };
+    // SAFETY: the slices above hold exactly m·k, k·n and m·n elements, and with these strides every
+    // index i·rs + j·cs (i, j within the operand's bounds) is below that length; C's strides
+    // (n, 1) address distinct elements. matrixmultiply does not read C when beta == 0 and
+    // computes C = beta·C when m, n or k is 0.
+    unsafe {
+        matrixmultiply::sgemm(
+            m,
+            k,
+            n,
+            g.alpha,
+            a.as_ptr(),
+            rsa as isize,
+            csa as isize,
+            b.as_ptr(),
+            rsb as isize,
+            csb as isize,
+            g.beta,
+            c.as_mut_ptr(),
+            n as isize,
+            1,
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::cpu::ops::testing::*;
+    use crate::engine::cpu::ops::{bias_add, bias_grad};
+    use crate::rng::HostRng;
+    use proptest::prelude::*;
+
+    /// `alpha·op(A)·op(B) + beta·C` in f64, with the sum of |terms| bounding its rounding error.
+    fn naive_gemm(g: &GemmShape, a: &[f32], b: &[f32], c: &[f32]) -> (Vec<f64>, Vec<f64>) {
+        let at = |i: usize, p: usize| if g.trans_a { a[p * g.m + i] } else { a[i * g.k + p] } as f64;
+        let bt = |p: usize, j: usize| if g.trans_b { b[j * g.k + p] } else { b[p * g.n + j] } as f64;
+        let (mut out, mut mag) = (Vec::new(), Vec::new());
+        for i in 0..g.m {
+            for j in 0..g.n {
+                let cij = if g.beta == 0.0 {
+                    0.0
+                } else {
+                    g.beta as f64 * c[i * g.n + j] as f64
+                };
+                let (mut s, mut m) = (0.0, 0.0);
+                for p in 0..g.k {
+                    s += at(i, p) * bt(p, j);
+                    m += (at(i, p) * bt(p, j)).abs();
+                }
+                out.push(g.alpha as f64 * s + cij);
+                mag.push((g.alpha as f64 * m).abs() + cij.abs());
+            }
+        }
+        (out, mag)
+    }
+
+    /// Runs `gemm` on random data and compares with the naive product to 1e-5 of the term magnitudes.
+    fn check_gemm(g: &GemmShape, seed: u64) {
+        let mut rng = HostRng::new(seed);
+        let a = random(&mut rng, g.a_len(), -1.0, 1.0);
+        let b = random(&mut rng, g.b_len(), -1.0, 1.0);
+        let c0 = random(&mut rng, g.c_len(), -1.0, 1.0);
+        let (want, mag) = naive_gemm(g, &a, &b, &c0);
+        let mut c = c0.clone();
+        gemm(g, &a, &b, &mut c);
+        for (i, ((&got, &want), &mag)) in c.iter().zip(&want).zip(&mag).enumerate() {
+            assert!(
+                (got as f64 - want).abs() <= 1e-5 * (1.0 + mag),
+                "{g:?} c[{i}]: {got} vs {want}"
+            );
+        }
+    }
+
+    fn shape(
+        trans_a: bool,
+        trans_b: bool,
+        m: usize,
+        n: usize,
+        k: usize,
+        alpha: f32,
+        beta: f32,
+    ) -> GemmShape {
+        GemmShape {
+            trans_a,
+            trans_b,
+            m,
+            n,
+            k,
+            alpha,
+            beta,
+        }
+    }
+
+    #[test]
+    fn gemm_matches_naive_for_all_transposes() {
+        for (ta, tb) in [(false, false), (false, true), (true, false), (true, true)] {
+            for (m, n, k) in [
+                (7, 5, 9),
+                (1, 13, 3),
+                (11, 1, 17),
+                (33, 19, 65),
+                (64, 37, 128),
+            ] {
+                for (alpha, beta) in [(1.0, 0.0), (0.7, -1.3), (-2.5, 1.0)] {
+                    check_gemm(
+                        &shape(ta, tb, m, n, k, alpha, beta),
+                        (m * 131 + n * 7 + k) as u64,
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn gemm_beta_zero_overwrites_nan() {
+        for (ta, tb) in [(false, false), (true, true)] {
+            let g = shape(ta, tb, 9, 7, 5, 1.5, 0.0);
+            let mut rng = HostRng::new(3);
+            let (a, b) = (
+                random(&mut rng, g.a_len(), -1.0, 1.0),
+                random(&mut rng, g.b_len(), -1.0, 1.0),
+            );
+            let (want, _) = naive_gemm(&g, &a, &b, &vec![0.0; g.c_len()]);
+            let mut c = vec![f32::NAN; g.c_len()];
+            gemm(&g, &a, &b, &mut c);
+            for (&got, &want) in c.iter().zip(&want) {
+                assert!(
+                    (got as f64 - want).abs() <= 1e-5 * (1.0 + want.abs()),
+                    "{got} vs {want}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn gemm_with_empty_inner_dimension_scales_c() {
+        let mut c = vec![1.0, -2.0, 3.0, 4.0, 5.0, 6.0];
+        gemm(&shape(false, true, 2, 3, 0, 1.0, 2.0), &[], &[], &mut c);
+        assert_eq!(c, [2.0, -4.0, 6.0, 8.0, 10.0, 12.0]);
+        let mut c = vec![f32::NAN; 6];
+        gemm(&shape(true, false, 3, 2, 0, 1.0, 0.0), &[], &[], &mut c);
+        assert_eq!(c, [0.0; 6]);
+    }
+
+    #[test]
+    fn gemm_with_no_rows_or_columns_leaves_c_alone() {
+        let mut c = vec![7.0; 4];
+        gemm(&GemmShape::nn(0, 4, 3), &[], &[1.0; 12], &mut c);
+        gemm(&GemmShape::nn(4, 0, 3), &[1.0; 12], &[], &mut c);
+        assert_eq!(c, [7.0; 4]);
+    }
+
+    proptest! {
+        #[test]
+        fn gemm_matches_naive_on_random_shapes(
+            ta: bool, tb: bool, m in 0usize..12, n in 0usize..12, k in 0usize..12,
+            alpha in -2.0f32..2.0, beta in prop_oneof![Just(0.0f32), Just(1.0f32), -2.0f32..2.0],
+            seed: u64,
+        ) {
+            check_gemm(&shape(ta, tb, m, n, k, alpha, beta), seed);
+        }
+    }
+
+    #[test]
+    fn dense_layer_gradients_match_finite_differences() {
+        let (rows, fan_in, fan_out) = (5, 7, 4);
+        let mut rng = HostRng::new(21);
+        let x = random(&mut rng, rows * fan_in, -1.0, 1.0);
+        let w = random(&mut rng, fan_in * fan_out, -1.0, 1.0);
+        let b = random(&mut rng, fan_out, -1.0, 1.0);
+        let r = random(&mut rng, rows * fan_out, -1.0, 1.0);
+        let fwd = GemmShape::nn(rows, fan_out, fan_in);
+        let loss = |x: &[f32], w: &[f32], b: &[f32]| {
+            let mut y = vec![f32::NAN; rows * fan_out];
+            gemm(&fwd, x, w, &mut y);
+            bias_add(&mut y, b, rows, fan_out);
+            dot(&r, &y)
+        };
+        // dL/dy = r; dx = r·Wᵀ, dW = xᵀ·r, db = Σ_rows r.
+        let mut dx = vec![f32::NAN; x.len()];
+        gemm(
+            &shape(false, true, rows, fan_in, fan_out, 1.0, 0.0),
+            &r,
+            &w,
+            &mut dx,
+        );
+        let mut dw = vec![f32::NAN; w.len()];
+        gemm(
+            &shape(true, false, fan_in, fan_out, rows, 1.0, 0.0),
+            &x,
+            &r,
+            &mut dw,
+        );
+        let mut db = vec![f32::NAN; b.len()];
+        bias_grad(&r, &mut db, rows, fan_out);
+        check_grad("dense dx", &x, &dx, |x| loss(x, &w, &b));
+        check_grad("dense dw", &w, &dw, |w| loss(&x, w, &b));
+        check_grad("dense db", &b, &db, |b| loss(&x, &w, b));
+    }
+}

@@ -1,0 +1,188 @@
+//! The CPU twins of `kernels/pool.cu`: max pooling forward and backward.
+
+use crate::engine::shapes::PoolShape;
+
+/// Plane indices of the window of output pixel `(oy, ox)` that fall inside the plane,
+/// row-major within the window (padding positions are skipped: they never win).
+fn window(s: &PoolShape, oy: usize, ox: usize) -> impl Iterator<Item = usize> {
+    let (h, w, win) = (s.h, s.w, s.window());
+    (0..win.k).flat_map(move |ky| {
+        let iy = win.input(oy, ky).filter(|&iy| iy < h);
+        (0..win.k).filter_map(move |kx| {
+            let ix = win.input(ox, kx).filter(|&ix| ix < w)?;
+            Some(iy? * w + ix)
+        })
+    })
+}
+
+/// Max over each window.
+pub fn maxpool_fwd(s: &PoolShape, x: &[f32], y: &mut [f32]) {
+    let (plane, ho, wo) = (s.h * s.w, s.h_out(), s.w_out());
+    for p in 0..s.n * s.c {
+        let xp = &x[p * plane..(p + 1) * plane];
+        let yp = &mut y[p * ho * wo..(p + 1) * ho * wo];
+        for oy in 0..ho {
+            for ox in 0..wo {
+                let max = window(s, oy, ox)
+                    .map(|i| xp[i])
+                    .reduce(|m, v| if v > m { v } else { m });
+                // Windows hold a real position when the shape fits; the fallback is only for the type.
+                yp[oy * wo + ox] = max.unwrap_or(f32::NEG_INFINITY);
+            }
+        }
+    }
+}
+
+/// Routes each window's gradient to the first position (row-major in the window) holding its
+/// max, adding where windows overlap (windows taken in row-major order); overwrites `dx` (zeros
+/// elsewhere, including dropped trailing rows/columns). The max is the window's `y`; a window
+/// holding no element equal to it (a NaN max) routes nothing.
+pub fn maxpool_bwd(s: &PoolShape, x: &[f32], y: &[f32], dy: &[f32], dx: &mut [f32]) {
+    let (plane, ho, wo) = (s.h * s.w, s.h_out(), s.w_out());
+    dx[..s.x_len()].fill(0.0);
+    for p in 0..s.n * s.c {
+        let xp = &x[p * plane..(p + 1) * plane];
+        let dxp = &mut dx[p * plane..(p + 1) * plane];
+        for oy in 0..ho {
+            for ox in 0..wo {
+                let o = p * ho * wo + oy * wo + ox;
+                if let Some(i) = window(s, oy, ox).find(|&i| xp[i] == y[o]) {
+                    dxp[i] += dy[o];
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::cpu::ops::testing::*;
+    use crate::rng::HostRng;
+
+    #[test]
+    fn maxpool_by_hand_with_ties_and_dropped_edges() {
+        // 5×5 plane, k = 2: one 2×2 output; row 4 and column 4 are dropped.
+        #[rustfmt::skip]
+        let x = [
+            3.0, 3.0,   1.0, 2.0,   9.0,
+            1.0, 3.0,   2.0, 0.5,   9.0,
+            -1.0, -2.0, 4.0, 4.0,   9.0,
+            -1.0, -1.0, 0.0, 4.0,   9.0,
+            9.0, 9.0,   9.0, 9.0,   9.0,
+        ];
+        let s = PoolShape {
+            n: 1,
+            c: 1,
+            h: 5,
+            w: 5,
+            k: 2,
+            stride: 2,
+            pad: 0,
+        };
+        let mut y = [f32::NAN; 4];
+        maxpool_fwd(&s, &x, &mut y);
+        assert_eq!(y, [3.0, 2.0, -1.0, 4.0]);
+        let mut dx = [f32::NAN; 25];
+        maxpool_bwd(&s, &x, &y, &[10.0, 20.0, 30.0, 40.0], &mut dx);
+        let mut want = [0.0; 25];
+        want[0] = 10.0; // first of the three 3s
+        want[3] = 20.0;
+        want[10] = 30.0; // first of the two −1s
+        want[12] = 40.0; // first of the three 4s
+        assert_eq!(dx, want);
+    }
+
+    #[test]
+    fn maxpool_gradient_matches_finite_differences() {
+        // Distinct values 0.1 apart (> 2·EPS), so no perturbation changes a window's argmax.
+        let s = PoolShape {
+            n: 2,
+            c: 3,
+            h: 7,
+            w: 6,
+            k: 2,
+            stride: 2,
+            pad: 0,
+        };
+        let mut rng = HostRng::new(41);
+        let x: Vec<f32> = rng
+            .permutation(s.x_len())
+            .iter()
+            .map(|&i| i as f32 * 0.1 - 5.0)
+            .collect();
+        let r = random(&mut rng, s.y_len(), -1.0, 1.0);
+        let pool = |x: &[f32]| {
+            let mut y = vec![f32::NAN; s.y_len()];
+            maxpool_fwd(&s, x, &mut y);
+            y
+        };
+        let y = pool(&x);
+        let mut dx = vec![f32::NAN; s.x_len()];
+        maxpool_bwd(&s, &x, &y, &r, &mut dx);
+        check_grad("maxpool dx", &x, &dx, |x| dot(&r, &pool(x)));
+        // Exactly one nonzero per window; the dropped row 6 gets nothing.
+        assert_eq!(dx.iter().filter(|&&d| d != 0.0).count(), s.y_len());
+    }
+
+    #[test]
+    fn overlapping_padded_maxpool_by_hand() {
+        // ResNet's stem pool: k 3, stride 2, pad 1 over a 4×4 plane gives 2×2.
+        #[rustfmt::skip]
+        let x = [
+            1.0, 2.0, 0.0, 5.0,
+            3.0, 7.0, 7.0, 0.0,
+            0.0, 1.0, 2.0, 0.0,
+            -4.0, 0.0, 0.0, 6.0,
+        ];
+        let s = PoolShape {
+            n: 1,
+            c: 1,
+            h: 4,
+            w: 4,
+            k: 3,
+            stride: 2,
+            pad: 1,
+        };
+        assert_eq!((s.h_out(), s.w_out()), (2, 2));
+        let mut y = [f32::NAN; 4];
+        maxpool_fwd(&s, &x, &mut y);
+        // Windows: rows/cols −1..=1, −1..=1 | −1..=1, 1..=3 | 1..=3, −1..=1 | 1..=3, 1..=3.
+        assert_eq!(y, [7.0, 7.0, 7.0, 7.0]);
+        let mut dx = [f32::NAN; 16];
+        maxpool_bwd(&s, &x, &y, &[1.0, 10.0, 100.0, 1000.0], &mut dx);
+        let mut want = [0.0; 16];
+        // The 7 at (1,1) is the first max of windows 0, 1 (its first 7), 2 and 3.
+        want[5] = 1111.0;
+        assert_eq!(dx, want);
+    }
+
+    #[test]
+    fn overlapping_maxpool_gradient_matches_finite_differences() {
+        let s = PoolShape {
+            n: 2,
+            c: 2,
+            h: 7,
+            w: 8,
+            k: 3,
+            stride: 2,
+            pad: 1,
+        };
+        let mut rng = HostRng::new(42);
+        let x: Vec<f32> = rng
+            .permutation(s.x_len())
+            .iter()
+            .map(|&i| i as f32 * 0.1 - 5.0)
+            .collect();
+        let r = random(&mut rng, s.y_len(), -1.0, 1.0);
+        let pool = |x: &[f32]| {
+            let mut y = vec![f32::NAN; s.y_len()];
+            maxpool_fwd(&s, x, &mut y);
+            y
+        };
+        let y = pool(&x);
+        let mut dx = vec![f32::NAN; s.x_len()];
+        maxpool_bwd(&s, &x, &y, &r, &mut dx);
+        check_grad("overlapping maxpool dx", &x, &dx, |x| dot(&r, &pool(x)));
+    }
+}
