@@ -2,6 +2,7 @@
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, BufWriter, Read, Seek, SeekFrom, Write};
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
 use crate::error::ReportError;
@@ -34,21 +35,20 @@ impl OutLock {
 ///
 /// On a file system without locks (some network mounts) it warns and goes on unlocked.
 pub fn lock(dir: &Path) -> Result<OutLock, ReportError> {
+    if let Ok(meta) = fs::metadata(dir) {
+        if !meta.is_dir() {
+            return Err(ReportError::Invalid(format!(
+                "{}: not a folder: give a folder for the results (it is created if missing)",
+                dir.display()
+            )));
+        }
+    }
     fs::create_dir_all(dir).map_err(|source| ReportError::Write {
         path: dir.to_path_buf(),
         source,
     })?;
     let path = dir.join(LOCK_FILE);
-    let mut file = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .open(&path)
-        .map_err(|source| ReportError::Write {
-            path: path.clone(),
-            source,
-        })?;
+    let mut file = open_lock_file(&path)?;
     match fs4::FileExt::try_lock(&file) {
         Ok(()) => {
             // Who holds it, for the message of a second process; the lock is what counts.
@@ -86,6 +86,40 @@ pub fn lock(dir: &Path) -> Result<OutLock, ReportError> {
     })
 }
 
+/// Opens (or creates) the lock file without following a symbolic link, and only as a regular
+/// file: a link or a FIFO put there must not be written through.
+fn open_lock_file(path: &Path) -> Result<File, ReportError> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let not_a_file = || {
+        ReportError::Invalid(format!(
+            "{}: the lock file is not a regular file (a link, a folder or a device): remove it",
+            path.display()
+        ))
+    };
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path)
+        .map_err(|source| match source.raw_os_error() {
+            Some(libc::ELOOP) | Some(libc::EISDIR) | Some(libc::ENXIO) => not_a_file(),
+            _ => ReportError::Write {
+                path: path.to_path_buf(),
+                source,
+            },
+        })?;
+    match file.metadata() {
+        Ok(meta) if meta.is_file() => Ok(file),
+        Ok(_) => Err(not_a_file()),
+        Err(source) => Err(ReportError::Read {
+            path: path.to_path_buf(),
+            source,
+        }),
+    }
+}
+
 /// Removes the temporary files a killed process left in `dir`: with its lock held, no other
 /// process is writing them.
 fn remove_leftovers(dir: &Path) {
@@ -120,11 +154,18 @@ pub fn replace_file(
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
+    // The new file gets the old one's mode, or a new file's usual mode (0666 less the umask),
+    // not the private 0600 of a temporary file.
+    let mode = fs::metadata(path).ok().map(|m| m.permissions());
     let tmp = tempfile::Builder::new()
         .prefix(&format!("{TMP_PREFIX}{name}."))
         .suffix(".tmp")
+        .permissions(fs::Permissions::from_mode(0o666))
         .tempfile_in(&dir)
         .map_err(failed)?;
+    if let Some(mode) = mode {
+        tmp.as_file().set_permissions(mode).map_err(failed)?;
+    }
     let mut out = BufWriter::new(tmp);
     write(&mut out).map_err(failed)?;
     let tmp = out.into_inner().map_err(|e| failed(e.into_error()))?;
@@ -173,6 +214,48 @@ mod tests {
             vec![LOCK_FILE.to_string()],
             "a killed run's leftovers go"
         );
+    }
+
+    #[test]
+    fn a_lock_file_that_is_a_link_or_a_folder_is_refused_and_its_target_untouched() {
+        let tmp = tempfile::tempdir().unwrap();
+        let precious = tmp.path().join("precious.txt");
+        fs::write(&precious, "keep me\n").unwrap();
+        let dir = tmp.path().join("out");
+        fs::create_dir(&dir).unwrap();
+        std::os::unix::fs::symlink(&precious, dir.join(LOCK_FILE)).unwrap();
+        let err = lock(&dir).unwrap_err();
+        assert!(err.is_bad_input(), "{err}");
+        assert_eq!(fs::read(&precious).unwrap(), b"keep me\n");
+        let other = tmp.path().join("other");
+        fs::create_dir_all(other.join(LOCK_FILE)).unwrap();
+        assert!(lock(&other).unwrap_err().is_bad_input());
+        let file = tmp.path().join("a-file");
+        fs::write(&file, "x").unwrap();
+        let err = lock(&file).unwrap_err();
+        assert!(
+            err.is_bad_input() && err.to_string().contains("not a folder"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_replaced_file_keeps_its_mode_and_a_new_one_is_not_private() {
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join("trials.csv");
+        replace_bytes(&path, b"a\n").unwrap();
+        let plain = tmp.path().join("plain");
+        fs::write(&plain, "x").unwrap();
+        let mode_of = |p: &Path| fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        assert_eq!(
+            mode_of(&path),
+            mode_of(&plain),
+            "as any new file, under the umask"
+        );
+        fs::set_permissions(&path, fs::Permissions::from_mode(0o640)).unwrap();
+        replace_bytes(&path, b"b\n").unwrap();
+        let mode = fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o640);
     }
 
     #[test]

@@ -630,3 +630,57 @@ fn a_full_disk_stops_the_sweep_with_exit_1_and_keeps_every_row_before() {
         );
     }
 }
+
+#[test]
+fn a_command_never_replaces_another_commands_results_and_sets_its_own_aside() {
+    let dir = sandbox();
+    let sweep = dir.job("s.yaml", sweep_job(3, 1, 256));
+    let fib = dir.job("f.yaml", fib_job());
+    let swept = dir.join("swept");
+    let o = dir.gpumux(&["sweep", s(&sweep), "--out", s(&swept)]);
+    assert_eq!(code(&o), Some(0), "{}", stderr(&o));
+    let before: Vec<(String, Vec<u8>)> = ["trials.csv", "progress.csv"]
+        .iter()
+        .map(|n| (n.to_string(), fs::read(swept.join(n)).unwrap()))
+        .collect();
+    // fib, parallel and batch-scan refuse a sweep's folder, and leave it byte for byte.
+    for args in [
+        vec!["fib", s(&fib), "--out", s(&swept)],
+        vec!["parallel", s(&sweep), "--out", s(&swept), "--epochs", "1"],
+        vec!["batch-scan", s(&sweep), "--out", s(&swept)],
+    ] {
+        let o = dir.gpumux(&args);
+        assert_eq!(code(&o), Some(2), "{args:?}: {}", stderr(&o));
+        assert!(stderr(&o).contains("did not write"), "{}", stderr(&o));
+        for (name, bytes) in &before {
+            assert_eq!(
+                &fs::read(swept.join(name)).unwrap(),
+                bytes,
+                "{name} after {args:?}"
+            );
+        }
+    }
+    // A second fib into its own folder moves the first one's results aside, whole.
+    let out = dir.join("fib");
+    for _ in 0..2 {
+        let o = dir.gpumux(&["fib", s(&fib), "--out", s(&out)]);
+        assert_eq!(code(&o), Some(0), "{}", stderr(&o));
+    }
+    let earlier: Vec<PathBuf> = fs::read_dir(&out)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| {
+            p.file_name()
+                .unwrap()
+                .to_string_lossy()
+                .starts_with("earlier-")
+        })
+        .collect();
+    assert_eq!(earlier.len(), 1, "{earlier:?}");
+    assert_eq!(
+        trials(&earlier[0]).len(),
+        3,
+        "the first run's rows are kept"
+    );
+    assert_eq!(trials(&out).len(), 3);
+}

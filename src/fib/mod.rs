@@ -61,13 +61,7 @@ pub fn run(job: &Job, opts: &FibOptions, out: &mut dyn Write) -> Result<PathBuf>
     check_batch(job, &data, &(0..max_n).collect::<Vec<_>>())?;
     let rounds = plan::rounds(job, &r.budgets, &splits)?;
     let dir = run::out_dir(opts.out.as_deref(), &job.name);
-    let folder = OutFolder::lock(&dir)?;
-    // Earlier results are replaced, but only results that read: anything else is refused
-    // (exit 2) and left as it is.
-    if dir.join(report::TRIALS_CSV).exists() {
-        report::read_dir(&dir)?;
-        crate::note!("note: replacing the earlier results in {}", dir.display());
-    }
+    let folder = OutFolder::lock_fresh(&dir, "fib")?;
     let mut writer = report::ReportWriter::create(&dir)?;
     folder.record_command(&opts.command, &r.device)?;
     // A signal stops the experiment: running trials end as INTERRUPTED, the round is not

@@ -363,7 +363,7 @@ pub fn run(job: &Job, opts: &ParallelOptions, out: &mut dyn Write) -> Result<Pat
         return Ok(PathBuf::new());
     }
     let dir = run::out_dir(opts.out.as_deref(), &format!("{}-parallel", job.name));
-    let folder = OutFolder::lock(&dir)?;
+    let folder = OutFolder::lock_fresh(&dir, "parallel")?;
     folder.record_command(&opts.command, &r.device)?;
     let devices = r.device_for(&data)?;
     let parts = sched::partitions(split, &slices, &devices).map_err(Error::NoDevice)?;

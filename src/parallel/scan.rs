@@ -186,7 +186,7 @@ pub fn run(job: &Job, opts: &ScanOptions, out: &mut dyn Write) -> Result<PathBuf
         }
     };
     let dir = run::out_dir(opts.out.as_deref(), &format!("{}-batch-scan", job.name));
-    let folder = OutFolder::lock(&dir)?;
+    let folder = OutFolder::lock_fresh(&dir, "batch-scan")?;
     folder.record_command(&opts.command, &r.device)?;
     let path = dir.join(SCAN_CSV);
     // Each row is written and fsynced as it is measured, in increasing batch order.

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::data::Dataset;
-use crate::error::{Error, Result};
+use crate::error::{Error, ReportError, Result};
 use crate::gpu;
 use crate::job::Job;
 use crate::outdir::{self, OutLock};
@@ -51,6 +51,44 @@ pub fn load_data(job: &Job, data_dir: Option<&Path>) -> Result<Arc<Dataset>> {
     Ok(Arc::new(data))
 }
 
+/// The files a command's results are made of, in an output folder (every command's).
+pub const RESULTS_FILES: &[&str] = &[
+    "trials.csv",
+    "progress.csv",
+    "runs.csv",
+    "best.yaml",
+    "parallel.csv",
+    "ratios.csv",
+    "batch_scan.csv",
+    "summary.txt",
+    "time_per_training.svg",
+    "samples_per_s.svg",
+    COMMAND_TXT,
+];
+
+/// A new, empty `earlier-<seconds>[-k]/` folder in `dir`, for results set aside.
+fn earlier_folder(dir: &Path) -> Result<PathBuf> {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    for k in 0..1000 {
+        let name = match k {
+            0 => format!("earlier-{secs}"),
+            _ => format!("earlier-{secs}-{k}"),
+        };
+        let path = dir.join(name);
+        match std::fs::create_dir(&path) {
+            Ok(()) => return Ok(path),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+            Err(source) => return Err(ReportError::Write { path, source }.into()),
+        }
+    }
+    Err(Error::Usage(format!(
+        "{}: too many earlier-* folders: remove some",
+        dir.display()
+    )))
+}
+
 /// The output folder of a run: `out` when given, else `out/<default_name>`.
 pub fn out_dir(out: Option<&Path>, default_name: &str) -> PathBuf {
     out.map_or_else(
@@ -72,6 +110,61 @@ impl OutFolder {
         Ok(OutFolder {
             lock: outdir::lock(dir)?,
         })
+    }
+
+    /// [`lock`](Self::lock) for a command that starts its results afresh (`fib`, `parallel`,
+    /// `batch-scan`). Results that this same command wrote earlier (its name in `command.txt`)
+    /// are moved, whole, into a new `earlier-<seconds>/` folder beside them: nothing is deleted.
+    /// Results of another command, or of none that is recorded (a sweep, a merge), are refused
+    /// (exit 2) and left as they are.
+    pub fn lock_fresh(dir: &Path, command: &str) -> Result<OutFolder> {
+        let folder = Self::lock(dir)?;
+        let present: Vec<&str> = RESULTS_FILES
+            .iter()
+            .copied()
+            .filter(|name| dir.join(name).symlink_metadata().is_ok())
+            .collect();
+        if present.iter().all(|name| *name == COMMAND_TXT) {
+            return Ok(folder);
+        }
+        // Results that do not read are refused and left where they are, not set aside.
+        if dir.join(crate::report::TRIALS_CSV).exists() {
+            crate::report::read_dir(dir)?;
+        }
+        let recorded = std::fs::read_to_string(dir.join(COMMAND_TXT)).unwrap_or_default();
+        let same = recorded
+            .lines()
+            .next()
+            .is_some_and(|line| line.split_whitespace().skip(1).any(|w| w == command));
+        if !same {
+            return Err(Error::Usage(format!(
+                "{} already holds results that `gpumux {command}` did not write ({}): choose \
+                 another --out",
+                dir.display(),
+                present.join(", ")
+            )));
+        }
+        let aside = earlier_folder(dir)?;
+        for name in &present {
+            std::fs::rename(dir.join(name), aside.join(name)).map_err(|source| {
+                ReportError::Write {
+                    path: aside.join(name),
+                    source,
+                }
+            })?;
+        }
+        for d in [dir, aside.as_path()] {
+            outdir::sync_dir(d).map_err(|source| ReportError::Write {
+                path: d.to_path_buf(),
+                source,
+            })?;
+        }
+        crate::note!(
+            "note: {} held earlier results of `gpumux {command}`: moved to {}",
+            dir.display(),
+            aside.display()
+        );
+        Ok(folder)
     }
 
     pub fn dir(&self) -> &Path {
