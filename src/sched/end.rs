@@ -5,8 +5,19 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 
 use super::cancel::Cancel;
+use super::child::{signal_name, Exit};
 use crate::error::{EngineError, TrialError};
 use crate::train::{json_float, TrialResult};
+
+/// Which kind of process a trial ran in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ChildKind {
+    /// A `process`-mode worker (`gpumux worker`).
+    Worker,
+    /// A job's external training command.
+    Command,
+}
 
 /// How long a trial killed by SIGTERM or SIGINT from outside waits for gpumux's own signal.
 pub const STOP_WAIT: Duration = Duration::from_secs(1);
@@ -153,27 +164,21 @@ pub enum Failure {
     /// partition could not be made.
     #[error("{0}")]
     NoSlice(String),
-    /// A `process`-mode worker died by a signal before reporting.
-    #[error("worker process killed by signal {signal} ({}){}", signal_name(*signal), last_line(stderr))]
-    WorkerSignal { signal: i32, stderr: String },
-    /// A `process`-mode worker exited before reporting.
-    #[error(
-        "worker process exited with code {code} before reporting{}",
-        last_line(stderr)
-    )]
-    WorkerExit { code: i32, stderr: String },
+    /// A trial's process ended without a result: a `process`-mode worker that exited or was
+    /// killed before reporting, or an external command that exited with a non-zero code or was
+    /// killed. `stderr` holds the last lines it wrote there.
+    #[error("{}", exit_words(*child, *exit, stderr))]
+    ChildExit {
+        child: ChildKind,
+        exit: Exit,
+        stderr: Vec<String>,
+    },
     /// A `process`-mode worker could not be started, waited for or understood.
     #[error("worker process: {0}")]
     Worker(String),
     /// One replica of a data-parallel training failed.
     #[error("slice {slice}: {source}")]
     Slice { slice: u32, source: Box<Failure> },
-    /// An external command died by a signal.
-    #[error("the command was killed by signal {signal} ({}){}", signal_name(*signal), stderr_words(stderr))]
-    CommandSignal { signal: i32, stderr: String },
-    /// An external command exited with a non-zero code.
-    #[error("the command exited with code {code}{}", stderr_words(stderr))]
-    CommandExit { code: i32, stderr: String },
     /// An external command could not be made or started, or what it printed is not a result.
     #[error("{0}")]
     Command(String),
@@ -193,9 +198,10 @@ impl Failure {
     /// The signal that killed the trial's process, when that is how it failed.
     pub fn signal(&self) -> Option<i32> {
         match self {
-            Failure::WorkerSignal { signal, .. } | Failure::CommandSignal { signal, .. } => {
-                Some(*signal)
-            }
+            Failure::ChildExit {
+                exit: Exit::Signal(signal),
+                ..
+            } => Some(*signal),
             Failure::Slice { source, .. } => source.signal(),
             _ => None,
         }
@@ -252,47 +258,59 @@ impl From<EngineError> for Failure {
     }
 }
 
-/// `: <the last non-empty line>` of a worker's stderr, or nothing.
-fn last_line(stderr: &str) -> String {
-    stderr
-        .lines()
-        .rfind(|l| !l.trim().is_empty())
-        .map(|l| format!(": {}", l.trim()))
-        .unwrap_or_default()
-}
-
-/// `; stderr: <its end>` of an external command, or ` (no stderr)`.
-fn stderr_words(tail: &str) -> String {
-    if tail.is_empty() {
-        " (no stderr)".to_string()
-    } else {
-        format!("; stderr: {tail}")
+/// The words for a trial's process that ended without a result.
+fn exit_words(child: ChildKind, exit: Exit, stderr: &[String]) -> String {
+    match (child, exit) {
+        (ChildKind::Worker, Exit::Signal(s)) => format!(
+            "worker process killed by signal {s} ({}){}",
+            signal_name(s),
+            last_line(stderr)
+        ),
+        (ChildKind::Worker, Exit::Code(c)) => format!(
+            "worker process exited with code {c} before reporting{}",
+            last_line(stderr)
+        ),
+        (ChildKind::Worker, Exit::Unknown) => format!(
+            "worker process: ended without reporting{}",
+            last_line(stderr)
+        ),
+        (ChildKind::Command, Exit::Signal(s)) => format!(
+            "the command was killed by signal {s} ({}){}",
+            signal_name(s),
+            stderr_words(stderr)
+        ),
+        (ChildKind::Command, Exit::Code(c)) => {
+            format!("the command exited with code {c}{}", stderr_words(stderr))
+        }
+        (ChildKind::Command, Exit::Unknown) => "the command ended abnormally".to_string(),
     }
 }
 
-/// The usual name of a signal number.
-pub fn signal_name(sig: i32) -> &'static str {
-    const NAMES: [(i32, &str); 15] = [
-        (libc::SIGHUP, "SIGHUP"),
-        (libc::SIGINT, "SIGINT"),
-        (libc::SIGQUIT, "SIGQUIT"),
-        (libc::SIGILL, "SIGILL"),
-        (libc::SIGTRAP, "SIGTRAP"),
-        (libc::SIGABRT, "SIGABRT"),
-        (libc::SIGBUS, "SIGBUS"),
-        (libc::SIGFPE, "SIGFPE"),
-        (libc::SIGKILL, "SIGKILL"),
-        (libc::SIGUSR1, "SIGUSR1"),
-        (libc::SIGSEGV, "SIGSEGV"),
-        (libc::SIGUSR2, "SIGUSR2"),
-        (libc::SIGPIPE, "SIGPIPE"),
-        (libc::SIGALRM, "SIGALRM"),
-        (libc::SIGTERM, "SIGTERM"),
-    ];
-    NAMES
-        .iter()
-        .find(|(n, _)| *n == sig)
-        .map_or("unknown signal", |(_, name)| name)
+/// The non-empty lines of a stderr tail, trimmed.
+fn said(stderr: &[String]) -> impl DoubleEndedIterator<Item = &str> {
+    stderr.iter().map(|l| l.trim()).filter(|l| !l.is_empty())
+}
+
+/// `: <the last non-empty line>` of a worker's stderr, or nothing.
+fn last_line(stderr: &[String]) -> String {
+    said(stderr)
+        .next_back()
+        .map(|l| format!(": {l}"))
+        .unwrap_or_default()
+}
+
+/// How many stderr lines the message of a failed external command quotes.
+const STDERR_QUOTE: usize = 5;
+
+/// `; stderr: <its last lines, joined with ` | `>` of an external command, or ` (no stderr)`.
+fn stderr_words(stderr: &[String]) -> String {
+    let lines: Vec<&str> = said(stderr).collect();
+    if lines.is_empty() {
+        " (no stderr)".to_string()
+    } else {
+        let from = lines.len().saturating_sub(STDERR_QUOTE);
+        format!("; stderr: {}", lines[from..].join(" | "))
+    }
 }
 
 #[cfg(test)]
@@ -358,17 +376,19 @@ mod tests {
             Failure::from(nan).to_string(),
             "loss is NaN at epoch 2 step 7"
         );
-        let w = Failure::WorkerSignal {
-            signal: libc::SIGKILL,
-            stderr: "a\nlast words\n\n".into(),
+        let w = Failure::ChildExit {
+            child: ChildKind::Worker,
+            exit: Exit::Signal(libc::SIGKILL),
+            stderr: vec!["a".into(), "last words".into(), " ".into()],
         };
         assert_eq!(
             w.to_string(),
             "worker process killed by signal 9 (SIGKILL): last words"
         );
-        let c = Failure::CommandExit {
-            code: 3,
-            stderr: String::new(),
+        let c = Failure::ChildExit {
+            child: ChildKind::Command,
+            exit: Exit::Code(3),
+            stderr: Vec::new(),
         };
         assert_eq!(c.to_string(), "the command exited with code 3 (no stderr)");
         assert_eq!(
@@ -383,15 +403,17 @@ mod tests {
     #[test]
     fn a_signal_ends_a_trial_interrupted_only_while_the_run_stops() {
         let term = || {
-            TrialEnd::Failed(Failure::CommandSignal {
-                signal: libc::SIGTERM,
-                stderr: String::new(),
+            TrialEnd::Failed(Failure::ChildExit {
+                child: ChildKind::Command,
+                exit: Exit::Signal(libc::SIGTERM),
+                stderr: Vec::new(),
             })
         };
         let kill = || {
-            TrialEnd::Failed(Failure::WorkerSignal {
-                signal: libc::SIGKILL,
-                stderr: String::new(),
+            TrialEnd::Failed(Failure::ChildExit {
+                child: ChildKind::Worker,
+                exit: Exit::Signal(libc::SIGKILL),
+                stderr: Vec::new(),
             })
         };
         let cancel = Cancel::new();
@@ -413,9 +435,10 @@ mod tests {
         });
         assert_eq!(term().settle(&late), TrialEnd::Interrupted);
         t.join().unwrap();
-        let segv = TrialEnd::Failed(Failure::WorkerSignal {
-            signal: libc::SIGSEGV,
-            stderr: String::new(),
+        let segv = TrialEnd::Failed(Failure::ChildExit {
+            child: ChildKind::Worker,
+            exit: Exit::Signal(libc::SIGSEGV),
+            stderr: Vec::new(),
         });
         assert!(matches!(segv.settle(&cancel), TrialEnd::Failed(_)));
     }
