@@ -45,15 +45,50 @@ impl From<Failure> for Stop {
     }
 }
 
+impl From<EngineError> for Stop {
+    fn from(e: EngineError) -> Stop {
+        Stop::Failed(Failure::from(e))
+    }
+}
+
 impl From<TrialError> for Stop {
+    /// A trial's error as its end: [`Stop::Interrupted`] when the trial (or one replica of a
+    /// mirrored training) was stopped, else the typed failure.
     fn from(e: TrialError) -> Stop {
-        match e {
-            TrialError::Interrupted => Stop::Interrupted,
-            TrialError::Slice { source, .. } if matches!(*source, TrialError::Interrupted) => {
-                Stop::Interrupted
-            }
-            other => Stop::Failed(Failure::from(other)),
-        }
+        let failed = match e {
+            TrialError::Interrupted => return Stop::Interrupted,
+            TrialError::Slice { slice, source } => match Stop::from(*source) {
+                Stop::Interrupted => return Stop::Interrupted,
+                Stop::Failed(f) => Failure::Slice {
+                    slice,
+                    source: Box::new(f),
+                },
+            },
+            TrialError::Engine(e) => Failure::from(e),
+            TrialError::NonFiniteLoss { value, epoch, step } => Failure::NonFiniteLoss {
+                value: f64::from(value),
+                epoch,
+                step,
+            },
+            TrialError::DoesNotFit {
+                batch,
+                need_mib,
+                cap_mib,
+                largest,
+                floor_mib,
+            } => Failure::DoesNotFit {
+                batch,
+                need_mib,
+                cap_mib,
+                largest,
+                floor_mib,
+            },
+            TrialError::Injected(s) => Failure::Injected(s),
+            TrialError::Panic(s) => Failure::Panic(s),
+            TrialError::Worker(s) => Failure::Worker(s),
+            TrialError::Data(e) => Failure::Data(e.to_string()),
+        };
+        Stop::Failed(failed)
     }
 }
 
@@ -182,6 +217,29 @@ pub enum Failure {
     /// An external command could not be made or started, or what it printed is not a result.
     #[error("{0}")]
     Command(String),
+    /// A trial's process could not be started: its program, the folder it was to run in (when
+    /// not the current one), and the system's reason.
+    #[error("{}", start_words(*child, program, cwd.as_deref(), reason))]
+    Start {
+        child: ChildKind,
+        program: String,
+        cwd: Option<String>,
+        reason: String,
+    },
+    /// A trial's process could not be waited for.
+    #[error("{}", match child {
+        ChildKind::Worker => format!("worker process: cannot wait for the worker: {reason}"),
+        ChildKind::Command => format!("cannot wait for the command: {reason}"),
+    })]
+    Wait { child: ChildKind, reason: String },
+    /// An external command's last non-empty stdout line is not a JSON object of metrics: that
+    /// line, cut for a message (empty when it printed nothing).
+    #[error("{}", if last.is_empty() {
+        "the command printed nothing on stdout; its last line must be a JSON object of metrics".to_string()
+    } else {
+        format!("the command's last stdout line is not a JSON object of metrics: `{last}`")
+    })]
+    NoMetrics { last: String },
     /// The memory watchdog killed an external command's process group.
     #[error("the command exceeded its memory cap: used {used_mib:.0} MiB, cap {cap_mib:.0} MiB (+{}%)", (margin * 1000.0).round() / 10.0)]
     MemoryCap {
@@ -204,42 +262,6 @@ impl Failure {
             } => Some(*signal),
             Failure::Slice { source, .. } => source.signal(),
             _ => None,
-        }
-    }
-}
-
-impl From<TrialError> for Failure {
-    fn from(e: TrialError) -> Failure {
-        match e {
-            TrialError::Engine(e) => Failure::from(e),
-            TrialError::NonFiniteLoss { value, epoch, step } => Failure::NonFiniteLoss {
-                value: f64::from(value),
-                epoch,
-                step,
-            },
-            TrialError::DoesNotFit {
-                batch,
-                need_mib,
-                cap_mib,
-                largest,
-                floor_mib,
-            } => Failure::DoesNotFit {
-                batch,
-                need_mib,
-                cap_mib,
-                largest,
-                floor_mib,
-            },
-            TrialError::Injected(s) => Failure::Injected(s),
-            // Not a failure; kept as a reason for callers that only take failures.
-            TrialError::Interrupted => Failure::Worker("interrupted".into()),
-            TrialError::Panic(s) => Failure::Panic(s),
-            TrialError::Worker(s) => Failure::Worker(s),
-            TrialError::Data(e) => Failure::Data(e.to_string()),
-            TrialError::Slice { slice, source } => Failure::Slice {
-                slice,
-                source: Box::new(Failure::from(*source)),
-            },
         }
     }
 }
@@ -283,6 +305,17 @@ fn exit_words(child: ChildKind, exit: Exit, stderr: &[String]) -> String {
             format!("the command exited with code {c}{}", stderr_words(stderr))
         }
         (ChildKind::Command, Exit::Unknown) => "the command ended abnormally".to_string(),
+    }
+}
+
+/// The words for a trial's process that could not be started.
+fn start_words(child: ChildKind, program: &str, cwd: Option<&str>, reason: &str) -> String {
+    match (child, cwd) {
+        (ChildKind::Worker, _) => {
+            format!("worker process: cannot start worker {program}: {reason}")
+        }
+        (ChildKind::Command, Some(dir)) => format!("cannot start `{program}` in {dir}: {reason}"),
+        (ChildKind::Command, None) => format!("cannot start `{program}`: {reason}"),
     }
 }
 
@@ -359,23 +392,20 @@ mod tests {
             largest: Some(37),
             floor_mib: 1.0,
         };
-        assert_eq!(Failure::from(fit()).to_string(), fit().to_string());
+        assert_eq!(Stop::from(fit()).to_string(), fit().to_string());
         let full = || {
             TrialError::Engine(EngineError::DeviceFull {
                 need_mib: 10.0,
                 free_mib: Some(2.0),
             })
         };
-        assert_eq!(Failure::from(full()).to_string(), full().to_string());
+        assert_eq!(Stop::from(full()).to_string(), full().to_string());
         let nan = TrialError::NonFiniteLoss {
             value: f32::NAN,
             epoch: 2,
             step: 7,
         };
-        assert_eq!(
-            Failure::from(nan).to_string(),
-            "loss is NaN at epoch 2 step 7"
-        );
+        assert_eq!(Stop::from(nan).to_string(), "loss is NaN at epoch 2 step 7");
         let w = Failure::ChildExit {
             child: ChildKind::Worker,
             exit: Exit::Signal(libc::SIGKILL),
@@ -397,6 +427,57 @@ mod tests {
             }
             .to_string(),
             "no value for metric test_acc in the trial's result"
+        );
+    }
+
+    #[test]
+    fn an_interrupted_trial_is_no_failure_even_in_one_replica() {
+        assert_eq!(Stop::from(TrialError::Interrupted), Stop::Interrupted);
+        let replica = TrialError::Slice {
+            slice: 1,
+            source: Box::new(TrialError::Interrupted),
+        };
+        assert_eq!(Stop::from(replica), Stop::Interrupted);
+        let nan = TrialError::Slice {
+            slice: 1,
+            source: Box::new(TrialError::NonFiniteLoss {
+                value: f32::NAN,
+                epoch: 1,
+                step: 0,
+            }),
+        };
+        assert_eq!(
+            Stop::from(nan).to_string(),
+            "slice 1: loss is NaN at epoch 1 step 0"
+        );
+    }
+
+    #[test]
+    fn a_process_that_cannot_start_or_report_is_worded_at_the_edge() {
+        let start = |child, cwd: Option<&str>| Failure::Start {
+            child,
+            program: "/x/prog".into(),
+            cwd: cwd.map(str::to_string),
+            reason: "No such file or directory (os error 2)".into(),
+        };
+        assert_eq!(
+            start(ChildKind::Worker, None).to_string(),
+            "worker process: cannot start worker /x/prog: No such file or directory (os error 2)"
+        );
+        assert_eq!(
+            start(ChildKind::Command, Some("/w")).to_string(),
+            "cannot start `/x/prog` in /w: No such file or directory (os error 2)"
+        );
+        assert_eq!(
+            Failure::NoMetrics {
+                last: String::new()
+            }
+            .to_string(),
+            "the command printed nothing on stdout; its last line must be a JSON object of metrics"
+        );
+        assert_eq!(
+            Failure::NoMetrics { last: "[1]".into() }.to_string(),
+            "the command's last stdout line is not a JSON object of metrics: `[1]`"
         );
     }
 

@@ -128,7 +128,10 @@ fn run_with(
     child.finish(&end, &mut feed);
     let wall_s = started.elapsed().as_secs_f64();
     let report = watchdog.map(Watchdog::finish).unwrap_or_default();
-    let end = end.map_err(|e| Failure::Command(format!("cannot wait for the command: {e}")))?;
+    let end = end.map_err(|e| Failure::Wait {
+        child: ChildKind::Command,
+        reason: e.to_string(),
+    })?;
     match end {
         End::Interrupted => Err(Stop::Interrupted),
         End::Exited(status) => {
@@ -164,7 +167,7 @@ fn judge(
             stderr: child.stderr_lines(),
         });
     }
-    parse_metrics(last).map_err(Failure::Command)
+    parse_metrics(last)
 }
 
 /// The variables the command is given.
@@ -217,28 +220,17 @@ fn spawn(
     if let Some(dir) = cwd {
         cmd.current_dir(dir);
     }
-    Supervised::spawn(&mut cmd, knobs.timing, None).map_err(|e| {
-        Failure::Command(match cwd {
-            Some(dir) => format!("cannot start `{prog}` in {}: {e}", dir.display()),
-            None => format!("cannot start `{prog}`: {e}"),
-        })
+    Supervised::spawn(&mut cmd, knobs.timing, None).map_err(|e| Failure::Start {
+        child: ChildKind::Command,
+        program: prog.clone(),
+        cwd: cwd.map(|d| d.display().to_string()),
+        reason: e.to_string(),
     })
 }
 
 /// The metrics of the command's last non-empty stdout line: a JSON object's numeric values.
-fn parse_metrics(last: &str) -> Result<BTreeMap<String, f64>, String> {
-    if last.trim().is_empty() {
-        return Err(
-            "the command printed nothing on stdout; its last line must be a JSON object of metrics"
-                .into(),
-        );
-    }
-    let bad = || {
-        format!(
-            "the command's last stdout line is not a JSON object of metrics: `{}`",
-            quote(last)
-        )
-    };
+fn parse_metrics(last: &str) -> Result<BTreeMap<String, f64>, Failure> {
+    let bad = || Failure::NoMetrics { last: quote(last) };
     let value: serde_json::Value = serde_json::from_str(last.trim()).map_err(|_| bad())?;
     let obj = value.as_object().ok_or_else(bad)?;
     Ok(obj

@@ -42,6 +42,8 @@ pub enum WorkerMessage {
     Epoch(EpochStats),
     Done(TrialResult),
     Failed(Failure),
+    /// The trial was stopped before it ended.
+    Interrupted,
 }
 
 /// What a worker says when it is ready to train: its host memory so far.
@@ -130,11 +132,11 @@ fn supervise(
         .stdin(Stdio::piped());
     let spawned = Instant::now();
     let mut child = Supervised::spawn(&mut cmd, Timing::default(), echo_stderr(&req.trial.id))
-        .map_err(|e| {
-            Failure::Worker(format!(
-                "cannot start worker {}: {e}",
-                ctx.worker_exe.display()
-            ))
+        .map_err(|e| Failure::Start {
+            child: ChildKind::Worker,
+            program: ctx.worker_exe.display().to_string(),
+            cwd: None,
+            reason: e.to_string(),
         })?;
     if let Some(mut stdin) = child.take_stdin() {
         // A child that died at once shows up below through its exit status.
@@ -158,6 +160,7 @@ fn supervise(
         Ok(WorkerMessage::Epoch(s)) => on_epoch(&s),
         Ok(WorkerMessage::Done(r)) => result = Some(Ok(r)),
         Ok(WorkerMessage::Failed(e)) => result = Some(Err(Stop::Failed(e))),
+        Ok(WorkerMessage::Interrupted) => result = Some(Err(Stop::Interrupted)),
         Err(e) => {
             // Stray output is not ours to interpret; a message we cannot read is said.
             if line.starts_with("{\"") {
@@ -167,7 +170,10 @@ fn supervise(
     };
     let end = child.supervise(&ctx.cancel, &mut feed);
     child.finish(&end, &mut feed);
-    let end = end.map_err(|e| Failure::Worker(format!("cannot wait for the worker: {e}")))?;
+    let end = end.map_err(|e| Failure::Wait {
+        child: ChildKind::Worker,
+        reason: e.to_string(),
+    })?;
     match (result, end) {
         (Some(r), _) => r,
         (None, End::Interrupted) => Err(Stop::Interrupted),
@@ -209,7 +215,7 @@ pub fn worker_main(input: &mut dyn Read, output: &mut dyn Write) -> Result<(), S
         }
     };
     let res = std::panic::catch_unwind(std::panic::AssertUnwindSafe(
-        || -> Result<TrialResult, Failure> {
+        || -> Result<TrialResult, Stop> {
             let data = req
                 .data
                 .load(req.data_base.as_deref(), req.data_seed)
@@ -224,15 +230,15 @@ pub fn worker_main(input: &mut dyn Read, output: &mut dyn Write) -> Result<(), S
                 host_peak_mib: crate::gpu::peak_rss_mib(),
             };
             send(output, &WorkerMessage::Ready(ready));
-            run_trial(be.as_mut(), &req.config, &mut |s| {
+            Ok(run_trial(be.as_mut(), &req.config, &mut |s| {
                 send(output, &WorkerMessage::Epoch(s.clone()))
-            })
-            .map_err(Failure::from)
+            })?)
         },
     ));
     let msg = match res {
         Ok(Ok(r)) => WorkerMessage::Done(r),
-        Ok(Err(e)) => WorkerMessage::Failed(e),
+        Ok(Err(Stop::Failed(e))) => WorkerMessage::Failed(e),
+        Ok(Err(Stop::Interrupted)) => WorkerMessage::Interrupted,
         Err(p) => WorkerMessage::Failed(Failure::Panic(panic_text(p.as_ref()))),
     };
     send(output, &msg);
@@ -275,6 +281,7 @@ mod tests {
             WorkerMessage::Done(result),
             WorkerMessage::Epoch(stats),
             WorkerMessage::Failed(failed),
+            WorkerMessage::Interrupted,
         ] {
             let line = serde_json::to_string(&msg).unwrap();
             let back: WorkerMessage =
@@ -289,6 +296,7 @@ mod tests {
                 (WorkerMessage::Failed(a), WorkerMessage::Failed(b)) => {
                     assert_eq!(a.to_string(), b.to_string())
                 }
+                (WorkerMessage::Interrupted, WorkerMessage::Interrupted) => {}
                 (a, b) => panic!("{a:?} read back from {b:?}"),
             }
         }
