@@ -1069,22 +1069,26 @@ fn mirrored_training_matches_one_slice() {
                 model.fc = Some(16);
             }
             let cfg = |shards: Vec<usize>| ParallelConfig {
-                model: model.clone(),
-                hyper: Hyper {
-                    lr: 0.002,
-                    batch_size: 50,
-                    optimizer,
-                    momentum: 0.9,
-                    weight_decay: 0.0,
-                    dropout: 0.0,
+                trial: TrialConfig {
+                    model: model.clone(),
+                    hyper: Hyper {
+                        lr: 0.002,
+                        batch_size: 50,
+                        optimizer,
+                        momentum: 0.9,
+                        weight_decay: 0.0,
+                        dropout: 0.0,
+                    },
+                    epochs: 1,
+                    seed: 5,
+                    input: [1, 12, 12],
+                    classes: 10,
+                    fault: None,
+                    engine: EngineOptions::default(),
+                    max_steps: Some(10),
+                    cancel: Default::default(),
                 },
-                epochs: 1,
-                seed: 5,
-                input: [1, 12, 12],
-                classes: 10,
                 shards,
-                max_steps: Some(10),
-                cancel: Default::default(),
             };
             let cpu: Vec<(u32, Box<dyn Backend>)> =
                 vec![(0, Box::new(CpuBackend::new(Arc::clone(&data), None)))];

@@ -18,9 +18,13 @@
 //! in, which is cheap on the CPU and costs two PCIe transfers of the parameter block on a GPU.
 //! The step runs eagerly (no CUDA graph), since the host reduction sits in the middle of it.
 //!
-//! Dropout masks depend on an element's index within its batch, so with dropout a shard's rows
-//! get other masks than the same rows in one big batch: training is still correct, but no longer
-//! bit-for-bit the single-slice training (the equality tests use dropout 0).
+//! Dropout masks are drawn by an element's index within the global batch: each replica's
+//! network starts its rows at its shard's offset (`Network::first_row`), so a shard's rows get
+//! their part of the whole batch's mask, and dropout too matches single-slice training up to
+//! floating-point order.
+//!
+//! The epochs, their order of samples and the seeds are those of single trials: the loop is
+//! [`crate::train::epochs::train`], with the replicas taking its steps.
 
 pub mod probe;
 pub mod run;
@@ -33,30 +37,22 @@ use std::time::Instant;
 
 use crossbeam_channel::{bounded, Receiver, Sender};
 
-use crate::engine::rng::{derive, HostRng};
 use crate::engine::{Backend, Split, STATS_LEN};
 use crate::error::{EngineError, TrialError};
 use crate::job::{Hyper, ModelSpec};
 use crate::models::{self, Network};
-use crate::sched::cancel::Cancel;
-use crate::train::{EpochStats, TrialResult};
+use crate::train::epochs::{self, Schedule, StepAt, Steps};
+use crate::train::{seeds, EpochStats, TrialConfig, TrialResult};
 
 /// What a data-parallel training trains, and how each global batch is split.
 #[derive(Clone, Debug)]
 pub struct ParallelConfig {
-    pub model: ModelSpec,
-    /// `batch_size` is the global batch, the sum of the shards.
-    pub hyper: Hyper,
-    pub epochs: u32,
-    pub seed: u64,
-    /// Sample shape `[c, h, w]` and classes of the dataset.
-    pub input: [usize; 3],
-    pub classes: usize,
+    /// What is trained, as a single trial would be: `hyper.batch_size` is the global batch, the
+    /// sum of the shards; `max_steps` stops each epoch early and skips evaluation (tests and
+    /// probes). Its `fault` and its engine's graphs do not apply: the steps run eagerly.
+    pub trial: TrialConfig,
     /// Rows of each global batch that each replica takes, in slice order.
     pub shards: Vec<usize>,
-    /// Stop after this many steps per epoch and skip evaluation (tests and probes).
-    pub max_steps: Option<usize>,
-    pub cancel: Cancel,
 }
 
 /// One slice's share of an epoch.
@@ -273,20 +269,16 @@ pub fn train(
         .into_iter()
         .zip(cfg.shards.iter().zip(offsets(&cfg.shards)))
     {
-        let mut net = plan_on(
-            be.as_mut(),
-            &cfg.model,
-            cfg.input,
-            cfg.classes,
-            rows,
-            &cfg.hyper,
-        )
-        .map_err(|e| TrialError::Slice {
-            slice,
-            source: Box::new(e),
-        })?;
+        let t = &cfg.trial;
+        let mut net =
+            plan_on(be.as_mut(), &t.model, t.input, t.classes, rows, &t.hyper).map_err(|e| {
+                TrialError::Slice {
+                    slice,
+                    source: Box::new(e),
+                }
+            })?;
         // The same seed on every replica: identical initial weights.
-        net.init(be.as_mut(), cfg.seed)?;
+        net.init(be.as_mut(), seeds::init(t.seed))?;
         // Each replica's dropout masks are its rows' part of the whole batch's.
         net.first_row = offset;
         replicas.push(Replica {
@@ -351,7 +343,7 @@ struct Sizes {
     arena_bytes: u64,
 }
 
-/// The training loop on the calling thread: epochs of synchronous steps over the crew.
+/// The training loop on the calling thread: [`epochs::train`], with the crew taking its steps.
 fn drive(
     crew: &Crew,
     cfg: &ParallelConfig,
@@ -359,28 +351,99 @@ fn drive(
     started: Instant,
     on_epoch: &mut dyn FnMut(&ParallelEpoch),
 ) -> Result<ParallelOutcome, TrialError> {
-    let (global, n_train, n_test) = (sizes.global, sizes.n_train, sizes.n_test);
-    let dropout_seed = derive(cfg.seed, 2);
-    let steps_per_epoch = n_train / global;
-    let steps = cfg
-        .max_steps
-        .map_or(steps_per_epoch, |m| m.min(steps_per_epoch));
-    let weights: Vec<f64> = cfg
-        .shards
-        .iter()
-        .map(|&n| n as f64 / global as f64)
-        .collect();
+    let t = &cfg.trial;
+    let global = sizes.global;
+    let plan = Schedule {
+        seed: t.seed,
+        epochs: t.epochs,
+        n_train: sizes.n_train,
+        batch: global,
+        max_steps: t.max_steps,
+    };
+    let mut mirrored = Mirrored {
+        crew,
+        hyper: &t.hyper,
+        weights: cfg
+            .shards
+            .iter()
+            .map(|&n| n as f64 / global as f64)
+            .collect(),
+        global,
+        steps_per_epoch: plan.steps_per_epoch(),
+        dropout_seed: seeds::dropout(t.seed),
+        done: 0,
+        busy: Vec::new(),
+        sizes,
+        params: Vec::new(),
+    };
     let mut epochs = Vec::new();
-    // Steps taken so far: batch `done % steps_per_epoch` of the epoch's order comes next, as
-    // the step counter picks it in single-slice training.
-    let mut done = 0usize;
-    for epoch in 1..=cfg.epochs {
+    let result = epochs::train(
+        &mut mirrored,
+        &plan,
+        &t.cancel,
+        started,
+        &mut |m: &mut Mirrored, e| {
+            let seen = (e.steps * global).max(1) as f64;
+            let pe = ParallelEpoch {
+                stats: e.stats.clone(),
+                train_s: e.train_s,
+                epoch_s: e.epoch_s,
+                steps: e.steps,
+                slices: crew
+                    .slices
+                    .iter()
+                    .zip(&cfg.shards)
+                    .zip(&m.busy)
+                    .map(|((&slice, &rows), &busy_s)| SliceSpeed {
+                        slice,
+                        rows,
+                        samples_per_s: (rows * e.steps) as f64 / e.train_s,
+                        busy_s,
+                    })
+                    .collect(),
+                samples_per_s: seen / e.train_s,
+            };
+            on_epoch(&pe);
+            epochs.push(pe);
+        },
+    )?;
+    let params = mirrored.params;
+    let replica_spread = params
+        .iter()
+        .flat_map(|p| p.iter().zip(&params[0]).map(|(a, b)| (a - b).abs()))
+        .fold(0f32, f32::max);
+    Ok(ParallelOutcome {
+        result,
+        epochs,
+        params: params.into_iter().next().unwrap_or_default(),
+        replica_spread,
+    })
+}
+
+/// The replicas taking the steps of one training loop.
+struct Mirrored<'a> {
+    crew: &'a Crew,
+    hyper: &'a Hyper,
+    /// Each shard's share of the global batch, `n_i / N`.
+    weights: Vec<f64>,
+    global: usize,
+    steps_per_epoch: usize,
+    dropout_seed: u64,
+    /// Steps taken so far: batch `done % steps_per_epoch` of the epoch's order comes next, as
+    /// the step counter picks it in single-slice training.
+    done: usize,
+    /// Seconds each replica computed this epoch.
+    busy: Vec<f64>,
+    sizes: &'a Sizes,
+    /// Every replica's final parameters, once finished.
+    params: Vec<Vec<f32>>,
+}
+
+impl Steps for Mirrored<'_> {
+    fn begin_epoch(&mut self, order: Vec<u32>) -> Result<(), TrialError> {
         // The epoch's order, as a single-slice training of the same seed visits it.
-        let order = std::sync::Arc::new(
-            HostRng::new(derive(cfg.seed, 0x100 + epoch as u64)).permutation(n_train),
-        );
-        let epoch_start = Instant::now();
-        crew.all(|_| {
+        let order = std::sync::Arc::new(order);
+        self.crew.all(|_| {
             let order = std::sync::Arc::clone(&order);
             Box::new(move |r: &mut Replica| {
                 r.be.set_train_order(&order)?;
@@ -388,61 +451,63 @@ fn drive(
                 Ok(Reply::Done)
             })
         })?;
-        let steps_start = Instant::now();
-        let mut busy = vec![0f64; cfg.shards.len()];
-        for step in 0..steps {
-            if cfg.cancel.aborted() {
-                return Err(TrialError::Interrupted);
-            }
-            let start = (done % steps_per_epoch) * global;
-            done += 1;
-            let answers = crew.all(|_| compute(start, dropout_seed))?;
-            // g = Σ_i (n_i / N)·g_i, accumulated into the first replica's gradient.
-            let mut reduced: Vec<f32> = Vec::new();
-            for (i, a) in answers.into_iter().enumerate() {
-                let Reply::Grads(g, took) = a else {
-                    return Err(TrialError::Worker("a replica answered out of turn".into()));
-                };
-                busy[i] += took;
-                let w = weights[i] as f32;
-                if reduced.is_empty() {
-                    reduced = g;
-                    reduced.iter_mut().for_each(|x| *x *= w);
-                } else {
-                    for (s, x) in reduced.iter_mut().zip(&g) {
-                        *s += w * x;
-                    }
-                }
-            }
-            if reduced.iter().any(|x| !x.is_finite()) {
-                return Err(TrialError::NonFiniteLoss {
-                    value: f32::NAN,
-                    epoch: epoch as usize,
-                    step,
-                });
-            }
-            let reduced = std::sync::Arc::new(reduced);
-            let h = cfg.hyper.clone();
-            let applied = crew.all(|_| {
-                let (g, h) = (std::sync::Arc::clone(&reduced), h.clone());
-                Box::new(move |r: &mut Replica| {
-                    let t = Instant::now();
-                    r.be.write(r.net.grads(), &g)?;
-                    r.net.update(r.be.as_mut(), &h)?;
-                    r.be.advance(r.net.counter)?;
-                    r.be.synchronize()?;
-                    Ok(Reply::Applied(t.elapsed().as_secs_f64()))
-                })
-            })?;
-            for (i, a) in applied.into_iter().enumerate() {
-                if let Reply::Applied(took) = a {
-                    busy[i] += took;
+        self.busy = vec![0f64; self.weights.len()];
+        Ok(())
+    }
+
+    fn step(&mut self, at: StepAt) -> Result<(), TrialError> {
+        let start = (self.done % self.steps_per_epoch) * self.global;
+        self.done += 1;
+        let dropout_seed = self.dropout_seed;
+        let answers = self.crew.all(|_| compute(start, dropout_seed))?;
+        // g = Σ_i (n_i / N)·g_i, accumulated into the first replica's gradient.
+        let mut reduced: Vec<f32> = Vec::new();
+        for (i, a) in answers.into_iter().enumerate() {
+            let Reply::Grads(g, took) = a else {
+                return Err(TrialError::Worker("a replica answered out of turn".into()));
+            };
+            self.busy[i] += took;
+            let w = self.weights[i] as f32;
+            if reduced.is_empty() {
+                reduced = g;
+                reduced.iter_mut().for_each(|x| *x *= w);
+            } else {
+                for (s, x) in reduced.iter_mut().zip(&g) {
+                    *s += w * x;
                 }
             }
         }
-        let train_s = steps_start.elapsed().as_secs_f64().max(1e-9);
+        if reduced.iter().any(|x| !x.is_finite()) {
+            return Err(TrialError::NonFiniteLoss {
+                value: f32::NAN,
+                epoch: at.epoch as usize,
+                step: at.step,
+            });
+        }
+        let reduced = std::sync::Arc::new(reduced);
+        let h = self.hyper.clone();
+        let applied = self.crew.all(|_| {
+            let (g, h) = (std::sync::Arc::clone(&reduced), h.clone());
+            Box::new(move |r: &mut Replica| {
+                let t = Instant::now();
+                r.be.write(r.net.grads(), &g)?;
+                r.net.update(r.be.as_mut(), &h)?;
+                r.be.advance(r.net.counter)?;
+                r.be.synchronize()?;
+                Ok(Reply::Applied(t.elapsed().as_secs_f64()))
+            })
+        })?;
+        for (i, a) in applied.into_iter().enumerate() {
+            if let Reply::Applied(took) = a {
+                self.busy[i] += took;
+            }
+        }
+        Ok(())
+    }
+
+    fn train_sums(&mut self) -> Result<[f64; STATS_LEN], TrialError> {
         let mut stats = [0f64; STATS_LEN];
-        for a in crew.all(|_| {
+        for a in self.crew.all(|_| {
             Box::new(|r: &mut Replica| {
                 let mut s = [0f32; STATS_LEN];
                 r.be.read(r.net.stats, &mut s)?;
@@ -455,106 +520,56 @@ fn drive(
                 }
             }
         }
-        let seen = (steps * global).max(1) as f64;
-        let (test_loss, test_acc) = if cfg.max_steps.is_some() {
-            (f64::NAN, f64::NAN)
-        } else {
-            match crew.one(
-                0,
-                Box::new(move |r: &mut Replica| {
-                    let (l, a) = crate::train::evaluate(
-                        r.be.as_mut(),
-                        &r.net,
-                        n_test,
-                        crate::train::Loads::Done,
-                    )?;
-                    Ok(Reply::Eval(l, a))
-                }),
-            )? {
-                Reply::Eval(l, a) => (l, a),
-                _ => (f64::NAN, f64::NAN),
-            }
-        };
-        let e = ParallelEpoch {
-            stats: EpochStats {
-                epoch,
-                train_loss: stats[0] / seen,
-                train_acc: stats[1] / seen,
-                test_loss,
-                test_acc,
-                wall_s: started.elapsed().as_secs_f64(),
-            },
-            train_s,
-            epoch_s: epoch_start.elapsed().as_secs_f64(),
-            steps,
-            slices: crew
-                .slices
-                .iter()
-                .zip(&cfg.shards)
-                .zip(&busy)
-                .map(|((&slice, &rows), &busy_s)| SliceSpeed {
-                    slice,
-                    rows,
-                    samples_per_s: (rows * steps) as f64 / train_s,
-                    busy_s,
-                })
-                .collect(),
-            samples_per_s: seen / train_s,
-        };
-        on_epoch(&e);
-        epochs.push(e);
+        Ok(stats)
     }
-    let params: Vec<Vec<f32>> = crew
-        .all(|_| {
-            Box::new(|r: &mut Replica| {
-                r.be.synchronize()?;
-                let mut p = vec![0f32; r.net.params.len];
-                r.be.read(r.net.params, &mut p)?;
-                Ok(Reply::Params(p))
-            })
-        })?
-        .into_iter()
-        .filter_map(|a| match a {
-            Reply::Params(p) => Some(p),
-            _ => None,
+
+    fn evaluate(&mut self, _epoch: u32) -> Result<(f64, f64), TrialError> {
+        let n_test = self.sizes.n_test;
+        let answer = self.crew.one(
+            0,
+            Box::new(move |r: &mut Replica| {
+                let (l, a) = crate::train::evaluate(
+                    r.be.as_mut(),
+                    &r.net,
+                    n_test,
+                    crate::train::Loads::Done,
+                )?;
+                Ok(Reply::Eval(l, a))
+            }),
+        )?;
+        Ok(match answer {
+            Reply::Eval(l, a) => (l, a),
+            _ => (f64::NAN, f64::NAN),
         })
-        .collect();
-    let replica_spread = params
-        .iter()
-        .flat_map(|p| p.iter().zip(&params[0]).map(|(a, b)| (a - b).abs()))
-        .fold(0f32, f32::max);
-    let wall_s = started.elapsed().as_secs_f64();
-    let last = epochs
-        .last()
-        .ok_or_else(|| TrialError::Worker("no epoch ran".into()))?;
-    let train_samples = (steps * global) as u64 * cfg.epochs as u64;
-    let metrics = [
-        ("test_acc", last.stats.test_acc),
-        ("test_loss", last.stats.test_loss),
-        ("final_loss", last.stats.train_loss),
-        ("train_acc", last.stats.train_acc),
-    ]
-    .into_iter()
-    .filter(|(_, v)| v.is_finite())
-    .map(|(k, v)| (k.to_string(), v))
-    .collect();
-    let result = TrialResult {
-        test_acc: last.stats.test_acc,
-        final_loss: last.stats.train_loss,
-        epochs: cfg.epochs,
-        wall_s,
-        train_samples,
-        samples_per_s: train_samples as f64 / wall_s.max(1e-9),
-        peak_mem_bytes: sizes.arena_bytes,
-        param_count: sizes.param_count,
-        metrics,
-    };
-    Ok(ParallelOutcome {
-        result,
-        epochs,
-        params: params.into_iter().next().unwrap_or_default(),
-        replica_spread,
-    })
+    }
+
+    fn finish(&mut self) -> Result<(), TrialError> {
+        self.params = self
+            .crew
+            .all(|_| {
+                Box::new(|r: &mut Replica| {
+                    r.be.synchronize()?;
+                    let mut p = vec![0f32; r.net.params.len];
+                    r.be.read(r.net.params, &mut p)?;
+                    Ok(Reply::Params(p))
+                })
+            })?
+            .into_iter()
+            .filter_map(|a| match a {
+                Reply::Params(p) => Some(p),
+                _ => None,
+            })
+            .collect();
+        Ok(())
+    }
+
+    fn arena_bytes(&self) -> u64 {
+        self.sizes.arena_bytes
+    }
+
+    fn param_count(&self) -> u64 {
+        self.sizes.param_count
+    }
 }
 
 /// A replica's part of a step whose global batch starts at `batch_start` of the epoch's order:

@@ -22,10 +22,10 @@ pub struct Speed {
     pub samples_per_s: f64,
 }
 
-/// Trains `cfg.model` on `be` alone, in batches of `rows` (not `cfg.shards`), for a short timed run: whole training
-/// steps (gather, forward, backward, update), each waited for, as a data-parallel step is.
-/// Fails with the cap error when the batch's memory plan does not fit the slice, and with
-/// [`TrialError::Interrupted`] when `cfg.cancel` is aborted.
+/// Trains `cfg.trial.model` on `be` alone, in batches of `rows` (not `cfg.shards`), for a short
+/// timed run: whole training steps (gather, forward, backward, update), each waited for, as a
+/// data-parallel step is. Fails with the cap error when the batch's memory plan does not fit the
+/// slice, and with [`TrialError::Interrupted`] when `cfg.trial.cancel` is aborted.
 pub fn measure(
     be: &mut dyn Backend,
     cfg: &ParallelConfig,
@@ -39,8 +39,9 @@ pub fn measure(
             message: format!("a batch of {rows} for {n} training samples"),
         }));
     }
-    let (h, seed) = (&cfg.hyper, cfg.seed);
-    let mut net = plan_on(be, &cfg.model, cfg.input, cfg.classes, rows, h)?;
+    let t = &cfg.trial;
+    let (h, seed) = (&t.hyper, t.seed);
+    let mut net = plan_on(be, &t.model, t.input, t.classes, rows, h)?;
     net.init(be, seed)?;
     let order: Vec<u32> = (0..n as u32).collect();
     be.set_train_order(&order)?;
@@ -52,7 +53,7 @@ pub fn measure(
     let started = Instant::now();
     let mut steps = 0;
     while steps < MAX_STEPS && (steps < MIN_STEPS || started.elapsed().as_secs_f64() < target_s) {
-        if cfg.cancel.aborted() {
+        if t.cancel.aborted() {
             return Err(TrialError::Interrupted);
         }
         net.train_step(be, steps_per_epoch, seed, h)?;

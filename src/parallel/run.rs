@@ -369,15 +369,19 @@ pub fn run(job: &Job, opts: &ParallelOptions, out: &mut dyn Write) -> Result<Pat
     let parts = sched::partitions(split, &slices, &devices).map_err(Error::NoDevice)?;
     let cancel = run::cancel_on_signals(std::time::Duration::ZERO);
     let mut cfg = ParallelConfig {
-        model: model.clone(),
-        hyper: h.clone(),
-        epochs: job.file.train.epochs,
-        seed: spec.seed,
-        input: data.shape,
-        classes: data.classes,
+        trial: crate::train::TrialConfig {
+            model: model.clone(),
+            hyper: h.clone(),
+            epochs: job.file.train.epochs,
+            seed: spec.seed,
+            input: data.shape,
+            classes: data.classes,
+            fault: None,
+            engine: job.engine_options(),
+            max_steps: None,
+            cancel,
+        },
         shards: fixed.clone().unwrap_or_default(),
-        max_steps: None,
-        cancel,
     };
     if fixed.is_none() {
         cfg.shards = choose_ratios(&cfg, &devices, &data, &slices, &parts, &dir, out)?;
@@ -388,7 +392,7 @@ pub fn run(job: &Job, opts: &ParallelOptions, out: &mut dyn Write) -> Result<Pat
             "{} on {}: {} epochs, global batch {global} split {} (ratios {ratio_words}), {} lr {}, seed {}",
             model.kind,
             data.name,
-            cfg.epochs,
+            cfg.trial.epochs,
             joined(&cfg.shards),
             h.optimizer,
             h.lr,
@@ -452,7 +456,7 @@ fn choose_ratios(
     dir: &Path,
     out: &mut dyn Write,
 ) -> Result<Vec<usize>> {
-    let global = cfg.hyper.batch_size as usize;
+    let global = cfg.trial.hyper.batch_size as usize;
     let rows = global.div_ceil(slices.len()).max(1);
     let mut speeds = Vec::new();
     for s in slices {
@@ -595,7 +599,7 @@ fn summary_row(
         shards: joined(&cfg.shards),
         ratios: ratio_words.to_string(),
         global_batch: cfg.shards.iter().sum(),
-        epochs: cfg.epochs,
+        epochs: cfg.trial.epochs,
         steps_per_epoch: o.epochs.first().map_or(0, |e| e.steps),
         time_per_epoch_s: median(lengths),
         total_s: o.result.wall_s,
@@ -605,8 +609,8 @@ fn summary_row(
         test_acc: o.result.test_acc,
         final_loss: o.result.final_loss,
         replica_spread: o.replica_spread as f64,
-        lr: cfg.hyper.lr,
-        optimizer: cfg.hyper.optimizer.to_string(),
+        lr: cfg.trial.hyper.lr,
+        optimizer: cfg.trial.hyper.optimizer.to_string(),
         device: r.device.clone(),
         backend: r.kind.to_string(),
     }

@@ -156,15 +156,19 @@ pub fn run(job: &Job, opts: &ScanOptions, out: &mut dyn Write) -> Result<PathBuf
         ),
     )?;
     let cfg = ParallelConfig {
-        model: model.clone(),
-        hyper: h.clone(),
-        epochs: 1,
-        seed: job.file.seed,
-        input: data.shape,
-        classes: data.classes,
+        trial: crate::train::TrialConfig {
+            model: model.clone(),
+            hyper: h.clone(),
+            epochs: 1,
+            seed: job.file.seed,
+            input: data.shape,
+            classes: data.classes,
+            fault: None,
+            engine: job.engine_options(),
+            max_steps: None,
+            cancel: cancel.clone(),
+        },
         shards: Vec::new(),
-        max_steps: None,
-        cancel: cancel.clone(),
     };
     // Whether batch `b` fits: the static plan first, then a real allocation from the slice's
     // pool (on a GPU the pool also holds the cuBLAS workspace and the epoch's order). `Err`

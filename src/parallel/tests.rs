@@ -57,15 +57,19 @@ fn config(
     let global = shards.iter().sum();
     let d = data();
     ParallelConfig {
-        model: model(kind),
-        hyper: hyper(optimizer, global),
-        epochs: 1,
-        seed: 42,
-        input: d.shape,
-        classes: d.classes,
+        trial: TrialConfig {
+            model: model(kind),
+            hyper: hyper(optimizer, global),
+            epochs: 1,
+            seed: 42,
+            input: d.shape,
+            classes: d.classes,
+            fault: None,
+            engine: Default::default(),
+            max_steps: Some(steps),
+            cancel: Default::default(),
+        },
         shards,
-        max_steps: Some(steps),
-        cancel: Cancel::new(),
     }
 }
 
@@ -74,21 +78,14 @@ fn single(cfg: &ParallelConfig, steps: usize) -> Vec<f32> {
     let d = data();
     let global: usize = cfg.shards.iter().sum();
     let mut be = CpuBackend::new(Arc::clone(&d), None);
-    let mut net = plan_on(
-        &mut be,
-        &cfg.model,
-        cfg.input,
-        cfg.classes,
-        global,
-        &cfg.hyper,
-    )
-    .expect("plan");
-    net.init(&mut be, cfg.seed).expect("init");
+    let t = &cfg.trial;
+    let mut net = plan_on(&mut be, &t.model, t.input, t.classes, global, &t.hyper).expect("plan");
+    net.init(&mut be, seeds::init(t.seed)).expect("init");
     let n = d.train.len();
-    let order = HostRng::new(derive(cfg.seed, 0x101)).permutation(n);
+    let order = seeds::epoch_order(t.seed, 1, n);
     be.set_train_order(&order).expect("order");
     for _ in 0..steps {
-        net.train_step(&mut be, n / global, derive(cfg.seed, 2), &cfg.hyper)
+        net.train_step(&mut be, n / global, seeds::dropout(t.seed), &t.hyper)
             .expect("step");
     }
     let mut p = vec![0f32; net.params.len];
@@ -157,7 +154,7 @@ fn with_dropout_the_shards_apply_their_part_of_the_whole_batchs_mask() {
     for kind in [ModelKind::Mlp, ModelKind::Cnn] {
         let with = |shards: Vec<usize>| {
             let mut cfg = config(kind, Optimizer::Sgd, shards, STEPS);
-            cfg.hyper.dropout = 0.3;
+            cfg.trial.hyper.dropout = 0.3;
             cfg
         };
         let reference = single(&with(vec![50]), STEPS);
@@ -198,8 +195,8 @@ fn training_really_moves_the_weights() {
 #[test]
 fn speeds_and_losses_are_reported_per_slice() {
     let mut cfg = config(ModelKind::Mlp, Optimizer::Adam, vec![30, 20], 5);
-    cfg.max_steps = None;
-    cfg.epochs = 2;
+    cfg.trial.max_steps = None;
+    cfg.trial.epochs = 2;
     let mut seen = Vec::new();
     let out = {
         let d = data();

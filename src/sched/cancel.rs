@@ -128,7 +128,7 @@ pub fn signals_seen() -> usize {
 
 /// What one signal does (see [`watch_signals`]).
 fn on_signal(sig: i32) {
-    let name = super::end::signal_name(sig);
+    let name = super::child::signal_name(sig);
     let n = WATCHER.seen.fetch_add(1, Ordering::SeqCst) + 1;
     let subs: Vec<(Cancel, Duration)> = {
         let list = WATCHER

@@ -5,8 +5,19 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 
 use super::cancel::Cancel;
+use super::child::{signal_name, Exit};
 use crate::error::{EngineError, TrialError};
 use crate::train::{json_float, TrialResult};
+
+/// Which kind of process a trial ran in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ChildKind {
+    /// A `process`-mode worker (`gpumux worker`).
+    Worker,
+    /// A job's external training command.
+    Command,
+}
 
 /// How long a trial killed by SIGTERM or SIGINT from outside waits for gpumux's own signal.
 pub const STOP_WAIT: Duration = Duration::from_secs(1);
@@ -34,15 +45,50 @@ impl From<Failure> for Stop {
     }
 }
 
+impl From<EngineError> for Stop {
+    fn from(e: EngineError) -> Stop {
+        Stop::Failed(Failure::from(e))
+    }
+}
+
 impl From<TrialError> for Stop {
+    /// A trial's error as its end: [`Stop::Interrupted`] when the trial (or one replica of a
+    /// mirrored training) was stopped, else the typed failure.
     fn from(e: TrialError) -> Stop {
-        match e {
-            TrialError::Interrupted => Stop::Interrupted,
-            TrialError::Slice { source, .. } if matches!(*source, TrialError::Interrupted) => {
-                Stop::Interrupted
-            }
-            other => Stop::Failed(Failure::from(other)),
-        }
+        let failed = match e {
+            TrialError::Interrupted => return Stop::Interrupted,
+            TrialError::Slice { slice, source } => match Stop::from(*source) {
+                Stop::Interrupted => return Stop::Interrupted,
+                Stop::Failed(f) => Failure::Slice {
+                    slice,
+                    source: Box::new(f),
+                },
+            },
+            TrialError::Engine(e) => Failure::from(e),
+            TrialError::NonFiniteLoss { value, epoch, step } => Failure::NonFiniteLoss {
+                value: f64::from(value),
+                epoch,
+                step,
+            },
+            TrialError::DoesNotFit {
+                batch,
+                need_mib,
+                cap_mib,
+                largest,
+                floor_mib,
+            } => Failure::DoesNotFit {
+                batch,
+                need_mib,
+                cap_mib,
+                largest,
+                floor_mib,
+            },
+            TrialError::Injected(s) => Failure::Injected(s),
+            TrialError::Panic(s) => Failure::Panic(s),
+            TrialError::Worker(s) => Failure::Worker(s),
+            TrialError::Data(e) => Failure::Data(e.to_string()),
+        };
+        Stop::Failed(failed)
     }
 }
 
@@ -153,30 +199,47 @@ pub enum Failure {
     /// partition could not be made.
     #[error("{0}")]
     NoSlice(String),
-    /// A `process`-mode worker died by a signal before reporting.
-    #[error("worker process killed by signal {signal} ({}){}", signal_name(*signal), last_line(stderr))]
-    WorkerSignal { signal: i32, stderr: String },
-    /// A `process`-mode worker exited before reporting.
-    #[error(
-        "worker process exited with code {code} before reporting{}",
-        last_line(stderr)
-    )]
-    WorkerExit { code: i32, stderr: String },
+    /// A trial's process ended without a result: a `process`-mode worker that exited or was
+    /// killed before reporting, or an external command that exited with a non-zero code or was
+    /// killed. `stderr` holds the last lines it wrote there.
+    #[error("{}", exit_words(*child, *exit, stderr))]
+    ChildExit {
+        child: ChildKind,
+        exit: Exit,
+        stderr: Vec<String>,
+    },
     /// A `process`-mode worker could not be started, waited for or understood.
     #[error("worker process: {0}")]
     Worker(String),
     /// One replica of a data-parallel training failed.
     #[error("slice {slice}: {source}")]
     Slice { slice: u32, source: Box<Failure> },
-    /// An external command died by a signal.
-    #[error("the command was killed by signal {signal} ({}){}", signal_name(*signal), stderr_words(stderr))]
-    CommandSignal { signal: i32, stderr: String },
-    /// An external command exited with a non-zero code.
-    #[error("the command exited with code {code}{}", stderr_words(stderr))]
-    CommandExit { code: i32, stderr: String },
     /// An external command could not be made or started, or what it printed is not a result.
     #[error("{0}")]
     Command(String),
+    /// A trial's process could not be started: its program, the folder it was to run in (when
+    /// not the current one), and the system's reason.
+    #[error("{}", start_words(*child, program, cwd.as_deref(), reason))]
+    Start {
+        child: ChildKind,
+        program: String,
+        cwd: Option<String>,
+        reason: String,
+    },
+    /// A trial's process could not be waited for.
+    #[error("{}", match child {
+        ChildKind::Worker => format!("worker process: cannot wait for the worker: {reason}"),
+        ChildKind::Command => format!("cannot wait for the command: {reason}"),
+    })]
+    Wait { child: ChildKind, reason: String },
+    /// An external command's last non-empty stdout line is not a JSON object of metrics: that
+    /// line, cut for a message (empty when it printed nothing).
+    #[error("{}", if last.is_empty() {
+        "the command printed nothing on stdout; its last line must be a JSON object of metrics".to_string()
+    } else {
+        format!("the command's last stdout line is not a JSON object of metrics: `{last}`")
+    })]
+    NoMetrics { last: String },
     /// The memory watchdog killed an external command's process group.
     #[error("the command exceeded its memory cap: used {used_mib:.0} MiB, cap {cap_mib:.0} MiB (+{}%)", (margin * 1000.0).round() / 10.0)]
     MemoryCap {
@@ -193,47 +256,12 @@ impl Failure {
     /// The signal that killed the trial's process, when that is how it failed.
     pub fn signal(&self) -> Option<i32> {
         match self {
-            Failure::WorkerSignal { signal, .. } | Failure::CommandSignal { signal, .. } => {
-                Some(*signal)
-            }
+            Failure::ChildExit {
+                exit: Exit::Signal(signal),
+                ..
+            } => Some(*signal),
             Failure::Slice { source, .. } => source.signal(),
             _ => None,
-        }
-    }
-}
-
-impl From<TrialError> for Failure {
-    fn from(e: TrialError) -> Failure {
-        match e {
-            TrialError::Engine(e) => Failure::from(e),
-            TrialError::NonFiniteLoss { value, epoch, step } => Failure::NonFiniteLoss {
-                value: f64::from(value),
-                epoch,
-                step,
-            },
-            TrialError::DoesNotFit {
-                batch,
-                need_mib,
-                cap_mib,
-                largest,
-                floor_mib,
-            } => Failure::DoesNotFit {
-                batch,
-                need_mib,
-                cap_mib,
-                largest,
-                floor_mib,
-            },
-            TrialError::Injected(s) => Failure::Injected(s),
-            // Not a failure; kept as a reason for callers that only take failures.
-            TrialError::Interrupted => Failure::Worker("interrupted".into()),
-            TrialError::Panic(s) => Failure::Panic(s),
-            TrialError::Worker(s) => Failure::Worker(s),
-            TrialError::Data(e) => Failure::Data(e.to_string()),
-            TrialError::Slice { slice, source } => Failure::Slice {
-                slice,
-                source: Box::new(Failure::from(*source)),
-            },
         }
     }
 }
@@ -252,47 +280,70 @@ impl From<EngineError> for Failure {
     }
 }
 
-/// `: <the last non-empty line>` of a worker's stderr, or nothing.
-fn last_line(stderr: &str) -> String {
-    stderr
-        .lines()
-        .rfind(|l| !l.trim().is_empty())
-        .map(|l| format!(": {}", l.trim()))
-        .unwrap_or_default()
-}
-
-/// `; stderr: <its end>` of an external command, or ` (no stderr)`.
-fn stderr_words(tail: &str) -> String {
-    if tail.is_empty() {
-        " (no stderr)".to_string()
-    } else {
-        format!("; stderr: {tail}")
+/// The words for a trial's process that ended without a result.
+fn exit_words(child: ChildKind, exit: Exit, stderr: &[String]) -> String {
+    match (child, exit) {
+        (ChildKind::Worker, Exit::Signal(s)) => format!(
+            "worker process killed by signal {s} ({}){}",
+            signal_name(s),
+            last_line(stderr)
+        ),
+        (ChildKind::Worker, Exit::Code(c)) => format!(
+            "worker process exited with code {c} before reporting{}",
+            last_line(stderr)
+        ),
+        (ChildKind::Worker, Exit::Unknown) => format!(
+            "worker process: ended without reporting{}",
+            last_line(stderr)
+        ),
+        (ChildKind::Command, Exit::Signal(s)) => format!(
+            "the command was killed by signal {s} ({}){}",
+            signal_name(s),
+            stderr_words(stderr)
+        ),
+        (ChildKind::Command, Exit::Code(c)) => {
+            format!("the command exited with code {c}{}", stderr_words(stderr))
+        }
+        (ChildKind::Command, Exit::Unknown) => "the command ended abnormally".to_string(),
     }
 }
 
-/// The usual name of a signal number.
-pub fn signal_name(sig: i32) -> &'static str {
-    const NAMES: [(i32, &str); 15] = [
-        (libc::SIGHUP, "SIGHUP"),
-        (libc::SIGINT, "SIGINT"),
-        (libc::SIGQUIT, "SIGQUIT"),
-        (libc::SIGILL, "SIGILL"),
-        (libc::SIGTRAP, "SIGTRAP"),
-        (libc::SIGABRT, "SIGABRT"),
-        (libc::SIGBUS, "SIGBUS"),
-        (libc::SIGFPE, "SIGFPE"),
-        (libc::SIGKILL, "SIGKILL"),
-        (libc::SIGUSR1, "SIGUSR1"),
-        (libc::SIGSEGV, "SIGSEGV"),
-        (libc::SIGUSR2, "SIGUSR2"),
-        (libc::SIGPIPE, "SIGPIPE"),
-        (libc::SIGALRM, "SIGALRM"),
-        (libc::SIGTERM, "SIGTERM"),
-    ];
-    NAMES
-        .iter()
-        .find(|(n, _)| *n == sig)
-        .map_or("unknown signal", |(_, name)| name)
+/// The words for a trial's process that could not be started.
+fn start_words(child: ChildKind, program: &str, cwd: Option<&str>, reason: &str) -> String {
+    match (child, cwd) {
+        (ChildKind::Worker, _) => {
+            format!("worker process: cannot start worker {program}: {reason}")
+        }
+        (ChildKind::Command, Some(dir)) => format!("cannot start `{program}` in {dir}: {reason}"),
+        (ChildKind::Command, None) => format!("cannot start `{program}`: {reason}"),
+    }
+}
+
+/// The non-empty lines of a stderr tail, trimmed.
+fn said(stderr: &[String]) -> impl DoubleEndedIterator<Item = &str> {
+    stderr.iter().map(|l| l.trim()).filter(|l| !l.is_empty())
+}
+
+/// `: <the last non-empty line>` of a worker's stderr, or nothing.
+fn last_line(stderr: &[String]) -> String {
+    said(stderr)
+        .next_back()
+        .map(|l| format!(": {l}"))
+        .unwrap_or_default()
+}
+
+/// How many stderr lines the message of a failed external command quotes.
+const STDERR_QUOTE: usize = 5;
+
+/// `; stderr: <its last lines, joined with ` | `>` of an external command, or ` (no stderr)`.
+fn stderr_words(stderr: &[String]) -> String {
+    let lines: Vec<&str> = said(stderr).collect();
+    if lines.is_empty() {
+        " (no stderr)".to_string()
+    } else {
+        let from = lines.len().saturating_sub(STDERR_QUOTE);
+        format!("; stderr: {}", lines[from..].join(" | "))
+    }
 }
 
 #[cfg(test)]
@@ -341,34 +392,33 @@ mod tests {
             largest: Some(37),
             floor_mib: 1.0,
         };
-        assert_eq!(Failure::from(fit()).to_string(), fit().to_string());
+        assert_eq!(Stop::from(fit()).to_string(), fit().to_string());
         let full = || {
             TrialError::Engine(EngineError::DeviceFull {
                 need_mib: 10.0,
                 free_mib: Some(2.0),
             })
         };
-        assert_eq!(Failure::from(full()).to_string(), full().to_string());
+        assert_eq!(Stop::from(full()).to_string(), full().to_string());
         let nan = TrialError::NonFiniteLoss {
             value: f32::NAN,
             epoch: 2,
             step: 7,
         };
-        assert_eq!(
-            Failure::from(nan).to_string(),
-            "loss is NaN at epoch 2 step 7"
-        );
-        let w = Failure::WorkerSignal {
-            signal: libc::SIGKILL,
-            stderr: "a\nlast words\n\n".into(),
+        assert_eq!(Stop::from(nan).to_string(), "loss is NaN at epoch 2 step 7");
+        let w = Failure::ChildExit {
+            child: ChildKind::Worker,
+            exit: Exit::Signal(libc::SIGKILL),
+            stderr: vec!["a".into(), "last words".into(), " ".into()],
         };
         assert_eq!(
             w.to_string(),
             "worker process killed by signal 9 (SIGKILL): last words"
         );
-        let c = Failure::CommandExit {
-            code: 3,
-            stderr: String::new(),
+        let c = Failure::ChildExit {
+            child: ChildKind::Command,
+            exit: Exit::Code(3),
+            stderr: Vec::new(),
         };
         assert_eq!(c.to_string(), "the command exited with code 3 (no stderr)");
         assert_eq!(
@@ -381,17 +431,70 @@ mod tests {
     }
 
     #[test]
+    fn an_interrupted_trial_is_no_failure_even_in_one_replica() {
+        assert_eq!(Stop::from(TrialError::Interrupted), Stop::Interrupted);
+        let replica = TrialError::Slice {
+            slice: 1,
+            source: Box::new(TrialError::Interrupted),
+        };
+        assert_eq!(Stop::from(replica), Stop::Interrupted);
+        let nan = TrialError::Slice {
+            slice: 1,
+            source: Box::new(TrialError::NonFiniteLoss {
+                value: f32::NAN,
+                epoch: 1,
+                step: 0,
+            }),
+        };
+        assert_eq!(
+            Stop::from(nan).to_string(),
+            "slice 1: loss is NaN at epoch 1 step 0"
+        );
+    }
+
+    #[test]
+    fn a_process_that_cannot_start_or_report_is_worded_at_the_edge() {
+        let start = |child, cwd: Option<&str>| Failure::Start {
+            child,
+            program: "/x/prog".into(),
+            cwd: cwd.map(str::to_string),
+            reason: "No such file or directory (os error 2)".into(),
+        };
+        assert_eq!(
+            start(ChildKind::Worker, None).to_string(),
+            "worker process: cannot start worker /x/prog: No such file or directory (os error 2)"
+        );
+        assert_eq!(
+            start(ChildKind::Command, Some("/w")).to_string(),
+            "cannot start `/x/prog` in /w: No such file or directory (os error 2)"
+        );
+        assert_eq!(
+            Failure::NoMetrics {
+                last: String::new()
+            }
+            .to_string(),
+            "the command printed nothing on stdout; its last line must be a JSON object of metrics"
+        );
+        assert_eq!(
+            Failure::NoMetrics { last: "[1]".into() }.to_string(),
+            "the command's last stdout line is not a JSON object of metrics: `[1]`"
+        );
+    }
+
+    #[test]
     fn a_signal_ends_a_trial_interrupted_only_while_the_run_stops() {
         let term = || {
-            TrialEnd::Failed(Failure::CommandSignal {
-                signal: libc::SIGTERM,
-                stderr: String::new(),
+            TrialEnd::Failed(Failure::ChildExit {
+                child: ChildKind::Command,
+                exit: Exit::Signal(libc::SIGTERM),
+                stderr: Vec::new(),
             })
         };
         let kill = || {
-            TrialEnd::Failed(Failure::WorkerSignal {
-                signal: libc::SIGKILL,
-                stderr: String::new(),
+            TrialEnd::Failed(Failure::ChildExit {
+                child: ChildKind::Worker,
+                exit: Exit::Signal(libc::SIGKILL),
+                stderr: Vec::new(),
             })
         };
         let cancel = Cancel::new();
@@ -413,9 +516,10 @@ mod tests {
         });
         assert_eq!(term().settle(&late), TrialEnd::Interrupted);
         t.join().unwrap();
-        let segv = TrialEnd::Failed(Failure::WorkerSignal {
-            signal: libc::SIGSEGV,
-            stderr: String::new(),
+        let segv = TrialEnd::Failed(Failure::ChildExit {
+            child: ChildKind::Worker,
+            exit: Exit::Signal(libc::SIGSEGV),
+            stderr: Vec::new(),
         });
         assert!(matches!(segv.settle(&cancel), TrialEnd::Failed(_)));
     }

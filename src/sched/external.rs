@@ -1,39 +1,18 @@
 //! External trials: a user's training command run in its own process group, its last stdout line read as JSON metrics, with cancellation, bounded output and a GPU-memory watchdog.
 
 use std::collections::BTreeMap;
-use std::io::BufReader;
-use std::os::unix::process::ExitStatusExt;
 use std::path::PathBuf;
-use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::{Arc, Mutex};
-use std::thread::JoinHandle;
+use std::process::{Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::{bounded, Receiver, RecvTimeoutError, Sender};
-
 use super::cancel::Cancel;
-use super::end::{Failure, Stop};
-use super::lines::{self, Tail};
-use super::reap;
-use crate::error::JobError;
-use crate::job::Job;
+use super::child::{describe_exit, End, Supervised, Timing};
+use super::end::{ChildKind, Failure, Stop};
+use super::watchdog::{margin_of, open_nvml, Open, WatchReport, Watchdog};
 use crate::plan::{SliceSpec, MIB};
-use crate::space::ParamValue;
 
-/// The watchdog's default tolerance above the cap.
-pub const DEFAULT_MARGIN: f64 = 0.05;
-/// How many stderr lines are kept for error messages.
-const STDERR_KEEP: usize = 20;
-/// How many of them an error message quotes.
-const STDERR_QUOTE: usize = 5;
-/// The longest stdout line kept whole (the metrics line included); the rest of a longer one is
-/// read and dropped, so one endless line holds no more than this.
-pub const LINE_MAX: usize = 1 << 20;
-/// Batches of stdout lines read ahead of the supervisor at most: a command that prints faster
-/// than they are handled waits on its pipe.
-const QUEUE_BATCHES: usize = 16;
-/// The longest stderr line kept, in characters.
-const STDERR_LINE_CHARS: usize = 1000;
+pub use super::template::{check_job, check_template, render};
+pub use super::watchdog::DEFAULT_MARGIN;
 
 /// Where and how an external trial runs.
 #[derive(Clone, Debug)]
@@ -70,135 +49,21 @@ pub struct ExternalOutcome {
     pub peak_mem_mib: Option<f64>,
 }
 
-/// Fills `{name}` in the template from the trial's params (numbers printed as Rust's f64 Display,
-/// so 0.001 stays 0.001 and 64.0 prints as 64; words as they are; `{{`/`}}` are literal braces),
-/// splits it into words with shell-words (no shell runs), and returns argv. A `{name}` with no
-/// such parameter is an error naming it and listing the known names.
-///
-/// The template is split into words first and each word is then filled, so a value lands whole
-/// inside the word where its `{name}` stands: spaces or quotes in a value never split it.
-pub fn render(
-    template: &str,
-    params: &BTreeMap<String, ParamValue>,
-) -> Result<Vec<String>, String> {
-    let known: Vec<&str> = params.keys().map(String::as_str).collect();
-    fill_template(template, &mut |name| match params.get(name) {
-        Some(v) => Ok(v.to_string()),
-        None => Err(unknown(name, &known)),
-    })
-    .map_err(|e| format!("the command {e}"))
-}
-
-/// Checks a template against the names its trials will have (a sweep checks its job's command
-/// with this when it loads it): its words split, its braces pair, and every `{name}` is one of
-/// `known`. The error says what is wrong, as in "uses `{lr_max}`, which is not a parameter
-/// (known: batch_size, lr)".
-pub fn check_template(template: &str, known: &[&str]) -> Result<(), String> {
-    fill_template(template, &mut |name| {
-        if known.contains(&name) {
-            Ok(String::new())
-        } else {
-            Err(unknown(name, known))
-        }
-    })
-    .map(|_| ())
-}
-
-/// Checks a job's `command` (when it has one) against the values its trials are given: an
-/// unknown `{name}` is a job error (exit 2) found before anything runs.
-pub fn check_job(job: &Job) -> Result<(), JobError> {
-    let Some(template) = &job.file.command else {
-        return Ok(());
-    };
-    let params = job.params(0)?;
-    let known: Vec<&str> = params.keys().map(String::as_str).collect();
-    check_template(template, &known).map_err(|e| job.invalid("command", e))
-}
-
-/// The template split into words, each filled with `value(name)` for its `{name}`s.
-fn fill_template(
-    template: &str,
-    value: &mut dyn FnMut(&str) -> Result<String, String>,
-) -> Result<Vec<String>, String> {
-    let words =
-        shell_words::split(template).map_err(|e| format!("cannot be split into words: {e}"))?;
-    if words.is_empty() {
-        return Err("is empty".into());
-    }
-    words.iter().map(|w| fill(w, value)).collect()
-}
-
-/// One word with its `{name}`s replaced and `{{`/`}}` unescaped.
-fn fill(
-    word: &str,
-    value: &mut dyn FnMut(&str) -> Result<String, String>,
-) -> Result<String, String> {
-    let mut out = String::with_capacity(word.len());
-    let mut chars = word.chars().peekable();
-    while let Some(c) = chars.next() {
-        match c {
-            '{' if chars.peek() == Some(&'{') => {
-                chars.next();
-                out.push('{');
-            }
-            '}' if chars.peek() == Some(&'}') => {
-                chars.next();
-                out.push('}');
-            }
-            '{' => {
-                let name = take_name(&mut chars).ok_or_else(|| {
-                    format!("has an unclosed `{{` in `{word}` (write `{{{{` for a brace)")
-                })?;
-                out.push_str(&value(name.trim())?);
-            }
-            '}' => {
-                return Err(format!(
-                    "has an unmatched `}}` in `{word}` (write `}}}}` for a brace)"
-                ))
-            }
-            c => out.push(c),
-        }
-    }
-    Ok(out)
-}
-
-/// The characters up to the next `}` (consumed); `None` when there is none.
-fn take_name(chars: &mut dyn Iterator<Item = char>) -> Option<String> {
-    let mut name = String::new();
-    for c in chars {
-        if c == '}' {
-            return Some(name);
-        }
-        name.push(c);
-    }
-    None
-}
-
-/// The error for a `{name}` that is not a parameter, listing the known names.
-fn unknown(name: &str, known: &[&str]) -> String {
-    let known = if known.is_empty() {
-        "none".to_string()
-    } else {
-        known.join(", ")
-    };
-    format!("uses `{{{name}}}`, which is not a parameter (known: {known})")
-}
-
 /// Runs the command for one trial on one slice and waits for it.
 ///
 /// Environment: CUDA_VISIBLE_DEVICES (when given), GPUMUX_SLICE (slice index), GPUMUX_TRIAL
 /// (trial id), GPUMUX_MEM_CAP_MIB (when capped), XLA_PYTHON_CLIENT_MEM_FRACTION (cap / device
 /// memory, 3 decimals rounded down, when both are known; also as XLA_CLIENT_MEM_FRACTION, its
 /// newer name) and XLA_PYTHON_CLIENT_PREALLOCATE=false.
-/// Each stdout line goes to `on_line` as it comes (lines longer than [`LINE_MAX`] cut there);
+/// Each stdout line goes to `on_line` as it comes (lines longer than [`super::child::LINE_MAX`] cut there);
 /// the metrics are the last non-empty stdout line, a JSON object whose numeric values are kept.
-/// Output is held in bounded memory: a few lines queued, the last stderr lines kept. A non-zero
-/// exit or a signal is a failure quoting the end of stderr. When `cancel.aborted()` turns true
-/// the trial is ended (SIGTERM, then SIGKILL 5 s later) and the result is
-/// [`Stop::Interrupted`]. With `watch_uuid`, NVML is sampled at 5 Hz for the processes of the
-/// trial (its peak is `peak_mem_mib`); with a cap too, they are killed once they use more than
-/// cap × (1 + margin). Whatever the command leaves running when it ends (its group, and what
-/// escaped it, such as a `setsid` daemon) is ended the same way: see [`reap`].
+/// Output is held in bounded memory (see [`super::child`]). A non-zero exit or a signal is a failure
+/// quoting the end of stderr. When `cancel.aborted()` turns true the trial is ended (SIGTERM,
+/// then SIGKILL [`super::child::TERM_GRACE`] later) and the result is [`Stop::Interrupted`]. With
+/// `watch_uuid`, NVML is sampled at 5 Hz for the processes of the trial (its peak is
+/// `peak_mem_mib`); with a cap too, they are killed once they use more than cap × (1 + margin).
+/// Whatever the command leaves running when it ends (its group, and what escaped it, such as a
+/// `setsid` daemon) is ended the same way: see [`super::reap`].
 pub fn run(
     argv: &[String],
     trial_id: &str,
@@ -208,10 +73,8 @@ pub fn run(
     on_line: &mut dyn FnMut(&str),
 ) -> Result<ExternalOutcome, Stop> {
     let knobs = Knobs {
-        poll: Duration::from_millis(100),
-        term_grace: Duration::from_secs(5),
+        timing: Timing::default(),
         watch_period: Duration::from_millis(200),
-        drain: Duration::from_secs(1),
         open: open_nvml,
     };
     run_with(argv, trial_id, slice, env, cancel, on_line, &knobs)
@@ -219,22 +82,12 @@ pub fn run(
 
 /// The timings of [`run`] and where the watchdog reads the device (tests shorten and fake them).
 struct Knobs {
-    /// How often the cancel flag and the child are checked.
-    poll: Duration,
-    /// How long a trial being ended has between SIGTERM and SIGKILL.
-    term_grace: Duration,
+    /// The child's supervision.
+    timing: Timing,
     /// The watchdog's sampling period.
     watch_period: Duration,
-    /// How long output is still read after the command ends.
-    drain: Duration,
     /// Opens the device's process list (NVML), on the watchdog's thread.
-    open: fn(&str) -> Result<Box<dyn ProcSource>, String>,
-}
-
-/// How the supervised command ended.
-enum End {
-    Exited(ExitStatus),
-    Interrupted,
+    open: Open,
 }
 
 fn run_with(
@@ -250,14 +103,17 @@ fn run_with(
         return Err(Stop::Interrupted);
     }
     let started = Instant::now();
-    let (mut child, _ours) = spawn(argv, &env_vars(trial_id, slice, env), env.cwd.as_ref())?;
-    let leader = child.id();
-    let streams = Streams::start(&mut child);
+    let mut child = spawn(
+        argv,
+        &env_vars(trial_id, slice, env),
+        env.cwd.as_ref(),
+        knobs,
+    )?;
     let watchdog = env.watch_uuid.as_ref().map(|uuid| {
         let limit = slice
             .cap_mib()
             .map(|cap| (cap, margin_of(env.watchdog_margin)));
-        Watchdog::start(uuid, leader, limit, knobs)
+        Watchdog::start(uuid, child.id(), limit, knobs.watch_period, knobs.open)
     });
     let mut last = String::new();
     let mut feed = |line: String| {
@@ -266,22 +122,20 @@ fn run_with(
             last = line;
         }
     };
-    let end = supervise(&mut child, &streams.lines, cancel, knobs, &mut feed);
-    if matches!(end, Ok(End::Exited(_))) {
-        // What is still in the pipes is read; what holds them open after `drain` is ended first.
-        if !streams.drain_until(Instant::now() + knobs.drain, &mut feed) {
-            reap::end_trial(&mut child, knobs.term_grace);
-            streams.drain_until(Instant::now() + knobs.drain, &mut feed);
-        }
-    }
-    // The trial is over: whatever it left running is ended.
-    reap::end_trial(&mut child, knobs.term_grace);
+    let end = child.supervise(cancel, &mut feed);
+    // The trial is over: what is still in its pipes is read, and whatever it left running is
+    // ended.
+    child.finish(&end, &mut feed);
     let wall_s = started.elapsed().as_secs_f64();
     let report = watchdog.map(Watchdog::finish).unwrap_or_default();
-    match end.map_err(Failure::Command)? {
+    let end = end.map_err(|e| Failure::Wait {
+        child: ChildKind::Command,
+        reason: e.to_string(),
+    })?;
+    match end {
         End::Interrupted => Err(Stop::Interrupted),
         End::Exited(status) => {
-            let metrics = judge(status, &report, &streams, &last)?;
+            let metrics = judge(status, &report, &child, &last)?;
             Ok(ExternalOutcome {
                 metrics,
                 wall_s,
@@ -296,7 +150,7 @@ fn run_with(
 fn judge(
     status: ExitStatus,
     report: &WatchReport,
-    streams: &Streams,
+    child: &Supervised,
     last: &str,
 ) -> Result<BTreeMap<String, f64>, Failure> {
     if let Some((used_mib, cap_mib, margin)) = report.tripped {
@@ -307,9 +161,13 @@ fn judge(
         });
     }
     if !status.success() {
-        return Err(describe_exit(status, streams.stderr_tail()));
+        return Err(Failure::ChildExit {
+            child: ChildKind::Command,
+            exit: describe_exit(status),
+            stderr: child.stderr_lines(),
+        });
     }
-    parse_metrics(last).map_err(Failure::Command)
+    parse_metrics(last)
 }
 
 /// The variables the command is given.
@@ -345,168 +203,34 @@ fn mem_fraction(cap: u64, total: u64) -> String {
     let f = (cap as f64 / total.max(1) as f64).min(1.0);
     format!("{:.3}", ((f * 1000.0).floor() / 1000.0).max(0.001))
 }
-
-/// A usable margin: the default where the given one is negative or not a number.
-fn margin_of(m: f64) -> f64 {
-    if m.is_finite() && m >= 0.0 {
-        m
-    } else {
-        DEFAULT_MARGIN
-    }
-}
-
-/// Starts the command as the leader of a new process group (see [`reap::spawn`]), stdout and
-/// stderr piped.
+/// Starts the command as a [`Supervised`] child.
 fn spawn(
     argv: &[String],
     vars: &[(String, String)],
     cwd: Option<&PathBuf>,
-) -> Result<(Child, reap::Ours), Failure> {
+    knobs: &Knobs,
+) -> Result<Supervised, Failure> {
     let (prog, args) = argv
         .split_first()
         .ok_or_else(|| Failure::Command("the command is empty".into()))?;
     let mut cmd = Command::new(prog);
     cmd.args(args)
         .envs(vars.iter().map(|(k, v)| (k, v)))
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
+        .stdin(Stdio::null());
     if let Some(dir) = cwd {
         cmd.current_dir(dir);
     }
-    reap::spawn(&mut cmd).map_err(|e| {
-        Failure::Command(match cwd {
-            Some(dir) => format!("cannot start `{prog}` in {}: {e}", dir.display()),
-            None => format!("cannot start `{prog}`: {e}"),
-        })
+    Supervised::spawn(&mut cmd, knobs.timing, None).map_err(|e| Failure::Start {
+        child: ChildKind::Command,
+        program: prog.clone(),
+        cwd: cwd.map(|d| d.display().to_string()),
+        reason: e.to_string(),
     })
 }
 
-/// The command's output, read on two threads in bounded memory.
-struct Streams {
-    /// Stdout lines as they come, in batches, at most [`QUEUE_BATCHES`] ahead; disconnected at
-    /// end of file.
-    lines: Receiver<Vec<String>>,
-    /// The last stderr lines.
-    stderr: Arc<Mutex<Tail>>,
-    /// Disconnected when stderr reaches end of file.
-    stderr_done: Receiver<()>,
-}
-
-impl Streams {
-    fn start(child: &mut Child) -> Streams {
-        let lines = match child.stdout.take() {
-            Some(out) => lines::spawn_line_reader(out, LINE_MAX, QUEUE_BATCHES),
-            None => bounded(0).1,
-        };
-        let stderr = Arc::new(Mutex::new(Tail::new(STDERR_KEEP, STDERR_LINE_CHARS)));
-        let (done_tx, stderr_done) = bounded::<()>(0);
-        if let Some(err) = child.stderr.take() {
-            let keep = Arc::clone(&stderr);
-            std::thread::spawn(move || {
-                // The thread owns the sender: `stderr_done` disconnects when it ends.
-                let _owned = done_tx;
-                let mut reader = BufReader::new(err);
-                let mut buf = Vec::new();
-                loop {
-                    buf.clear();
-                    match lines::read_line_bounded(&mut reader, &mut buf, 4 * STDERR_LINE_CHARS) {
-                        Ok(0) | Err(_) => break,
-                        Ok(_) => {
-                            let text = String::from_utf8_lossy(&buf);
-                            keep.lock()
-                                .unwrap_or_else(|p| p.into_inner())
-                                .push(text.trim_end_matches(['\n', '\r']));
-                        }
-                    }
-                }
-            });
-        }
-        Streams {
-            lines,
-            stderr,
-            stderr_done,
-        }
-    }
-
-    /// Reads stdout to its end and waits for stderr's; false when `deadline` came first.
-    fn drain_until(&self, deadline: Instant, feed: &mut dyn FnMut(String)) -> bool {
-        loop {
-            match self.lines.recv_deadline(deadline) {
-                Ok(batch) => batch.into_iter().for_each(&mut *feed),
-                Err(RecvTimeoutError::Disconnected) => break,
-                Err(RecvTimeoutError::Timeout) => return false,
-            }
-        }
-        matches!(
-            self.stderr_done.recv_deadline(deadline),
-            Err(RecvTimeoutError::Disconnected)
-        )
-    }
-
-    /// The last non-empty stderr lines, joined with ` | `.
-    fn stderr_tail(&self) -> String {
-        let t = self.stderr.lock().unwrap_or_else(|p| p.into_inner());
-        let lines: Vec<&str> = t.lines().map(str::trim).filter(|l| !l.is_empty()).collect();
-        lines[lines.len().saturating_sub(STDERR_QUOTE)..].join(" | ")
-    }
-}
-
-/// Passes lines on while the command runs; stops when it exits or the sweep is aborted.
-fn supervise(
-    child: &mut Child,
-    lines: &Receiver<Vec<String>>,
-    cancel: &Cancel,
-    knobs: &Knobs,
-    feed: &mut dyn FnMut(String),
-) -> Result<End, String> {
-    let mut open = true;
-    loop {
-        if cancel.aborted() {
-            reap::end_trial(child, knobs.term_grace);
-            return Ok(End::Interrupted);
-        }
-        let polled = child
-            .try_wait()
-            .map_err(|e| format!("cannot wait for the command: {e}"))?;
-        if let Some(status) = polled {
-            return Ok(End::Exited(status));
-        }
-        if !open {
-            std::thread::sleep(knobs.poll);
-            continue;
-        }
-        match lines.recv_timeout(knobs.poll) {
-            Ok(batch) => batch.into_iter().for_each(&mut *feed),
-            Err(RecvTimeoutError::Timeout) => {}
-            Err(RecvTimeoutError::Disconnected) => open = false,
-        }
-    }
-}
-
-/// Why a command that did not exit with status 0 failed.
-fn describe_exit(status: ExitStatus, stderr: String) -> Failure {
-    match (status.code(), status.signal()) {
-        (_, Some(signal)) => Failure::CommandSignal { signal, stderr },
-        (Some(code), _) => Failure::CommandExit { code, stderr },
-        _ => Failure::Command("the command ended abnormally".into()),
-    }
-}
-
 /// The metrics of the command's last non-empty stdout line: a JSON object's numeric values.
-fn parse_metrics(last: &str) -> Result<BTreeMap<String, f64>, String> {
-    if last.trim().is_empty() {
-        return Err(
-            "the command printed nothing on stdout; its last line must be a JSON object of metrics"
-                .into(),
-        );
-    }
-    let bad = || {
-        format!(
-            "the command's last stdout line is not a JSON object of metrics: `{}`",
-            quote(last)
-        )
-    };
+fn parse_metrics(last: &str) -> Result<BTreeMap<String, f64>, Failure> {
+    let bad = || Failure::NoMetrics { last: quote(last) };
     let value: serde_json::Value = serde_json::from_str(last.trim()).map_err(|_| bad())?;
     let obj = value.as_object().ok_or_else(bad)?;
     Ok(obj
@@ -525,196 +249,10 @@ fn quote(line: &str) -> String {
     }
 }
 
-// ---------------------------------------------------------------------------------------------
-// The watchdog.
-
-/// The device's running compute processes: pid and MiB used (`None` where the driver does not say).
-pub(crate) type ProcList = Vec<(u32, Option<f64>)>;
-
-/// Where the watchdog reads the device's processes (NVML, or a fake in tests).
-pub(crate) trait ProcSource {
-    /// One reading; `None` when it failed.
-    fn processes(&mut self) -> Option<ProcList>;
-}
-
-/// NVML, with the device looked up by UUID at each reading.
-struct NvmlSource {
-    nvml: nvml_wrapper::Nvml,
-    uuid: String,
-}
-
-impl ProcSource for NvmlSource {
-    fn processes(&mut self) -> Option<ProcList> {
-        use nvml_wrapper::enums::device::UsedGpuMemory;
-        let dev = self.nvml.device_by_uuid(self.uuid.as_str()).ok()?;
-        let list = dev.running_compute_processes().ok()?;
-        Some(
-            list.into_iter()
-                .map(|p| match p.used_gpu_memory {
-                    UsedGpuMemory::Used(bytes) => (p.pid, Some(bytes as f64 / MIB)),
-                    UsedGpuMemory::Unavailable => (p.pid, None),
-                })
-                .collect(),
-        )
-    }
-}
-
-/// Opens NVML and checks that the device exists.
-fn open_nvml(uuid: &str) -> Result<Box<dyn ProcSource>, String> {
-    let nvml = nvml_wrapper::Nvml::init().map_err(|e| format!("NVML is not available: {e}"))?;
-    nvml.device_by_uuid(uuid)
-        .map_err(|e| format!("no GPU with UUID {uuid}: {e}"))?;
-    Ok(Box::new(NvmlSource {
-        nvml,
-        uuid: uuid.to_string(),
-    }))
-}
-
-/// Whether `used_mib` is above the cap with its margin.
-pub(crate) fn over_cap(used_mib: f64, cap_mib: f64, margin: f64) -> bool {
-    used_mib > cap_mib * (1.0 + margin)
-}
-
-/// The group of `pid` for the watchdog: `leader`'s when `pid` is in the trial (in its process
-/// group, or a descendant of its leader that left the group, such as a `setsid` daemon), else
-/// its own process group.
-fn trial_of(pid: u32, leader: u32) -> Option<u32> {
-    let p = reap::proc_of(pid)?;
-    if p.pgid == leader || reap::descends_from(pid, leader) {
-        Some(leader)
-    } else {
-        Some(p.pgid)
-    }
-}
-
-/// The MiB used by the processes of group `pgid` (`None` when none of them is listed).
-fn group_usage(
-    procs: &[(u32, Option<f64>)],
-    pgid: u32,
-    group_of: &dyn Fn(u32) -> Option<u32>,
-) -> Option<f64> {
-    let mut seen = false;
-    let mut sum = 0.0;
-    for &(pid, mib) in procs {
-        if pid == pgid || group_of(pid) == Some(pgid) {
-            seen = true;
-            sum += mib.unwrap_or(0.0);
-        }
-    }
-    seen.then_some(sum)
-}
-
-/// What the watchdog saw.
-#[derive(Clone, Debug, Default, PartialEq)]
-struct WatchReport {
-    /// The most the group used at one reading, MiB.
-    peak_mib: Option<f64>,
-    /// (used, cap, margin) when it killed the group.
-    tripped: Option<(f64, f64, f64)>,
-}
-
-/// What one watchdog loop watches and how it acts.
-struct Watch<'a> {
-    pgid: u32,
-    /// (cap MiB, margin) to enforce; `None` only records the peak.
-    limit: Option<(f64, f64)>,
-    period: Duration,
-    group_of: &'a dyn Fn(u32) -> Option<u32>,
-    kill: &'a mut dyn FnMut(),
-}
-
-impl Watch<'_> {
-    /// Samples until `stop` is signalled or dropped, or until the group goes over its cap.
-    fn run(&mut self, source: &mut dyn ProcSource, stop: &Receiver<()>) -> WatchReport {
-        let mut report = WatchReport::default();
-        loop {
-            let used = source
-                .processes()
-                .and_then(|p| group_usage(&p, self.pgid, self.group_of));
-            if let Some(u) = used {
-                report.peak_mib = Some(report.peak_mib.map_or(u, |p| p.max(u)));
-                if let Some((cap, margin)) = self.limit.filter(|&(c, m)| over_cap(u, c, m)) {
-                    report.tripped = Some((u, cap, margin));
-                    (self.kill)();
-                    return report;
-                }
-            }
-            if !matches!(
-                stop.recv_timeout(self.period),
-                Err(RecvTimeoutError::Timeout)
-            ) {
-                return report;
-            }
-        }
-    }
-}
-
-/// The watchdog's thread.
-struct Watchdog {
-    stop: Sender<()>,
-    thread: JoinHandle<WatchReport>,
-}
-
-impl Watchdog {
-    fn start(uuid: &str, pgid: u32, limit: Option<(f64, f64)>, knobs: &Knobs) -> Watchdog {
-        let (stop, stop_rx) = bounded(1);
-        let (uuid, open, period) = (uuid.to_string(), knobs.open, knobs.watch_period);
-        let thread = std::thread::spawn(move || {
-            let mut source = match open(&uuid) {
-                Ok(s) => s,
-                Err(e) => {
-                    tracing::warn!("no GPU memory watchdog for this trial: {e}");
-                    return WatchReport::default();
-                }
-            };
-            let mut kill = || {
-                let procs = reap::snapshot();
-                reap::kill_group(pgid, libc::SIGKILL);
-                for pid in reap::descendants(pgid, &procs) {
-                    if let Ok(pid) = libc::pid_t::try_from(pid) {
-                        // SAFETY: kill(2) only sends a signal, to a process of this trial.
-                        unsafe { libc::kill(pid, libc::SIGKILL) };
-                    }
-                }
-            };
-            let group_of = |pid| trial_of(pid, pgid);
-            let mut watch = Watch {
-                pgid,
-                limit,
-                period,
-                group_of: &group_of,
-                kill: &mut kill,
-            };
-            watch.run(source.as_mut(), &stop_rx)
-        });
-        Watchdog { stop, thread }
-    }
-
-    /// Stops the thread and returns what it saw (nothing if it panicked).
-    fn finish(self) -> WatchReport {
-        let _ = self.stop.send(());
-        self.thread.join().unwrap_or_default()
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn params(pairs: &[(&str, ParamValue)]) -> BTreeMap<String, ParamValue> {
-        pairs
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.clone()))
-            .collect()
-    }
-
-    fn num(x: f64) -> ParamValue {
-        ParamValue::Num(x)
-    }
-
-    fn word(s: &str) -> ParamValue {
-        ParamValue::Word(s.into())
-    }
+    use crate::sched::watchdog::{ProcList, ProcSource};
 
     fn slice(cap: Option<u64>) -> SliceSpec {
         SliceSpec {
@@ -729,10 +267,12 @@ mod tests {
     /// Fast timings, and a process list read from /proc: every process uses `FAKE_MIB`.
     fn knobs() -> Knobs {
         Knobs {
-            poll: Duration::from_millis(20),
-            term_grace: Duration::from_millis(300),
+            timing: Timing {
+                poll: Duration::from_millis(20),
+                grace: Duration::from_millis(300),
+                drain: Duration::from_millis(500),
+            },
             watch_period: Duration::from_millis(30),
-            drain: Duration::from_millis(500),
             open: open_fake,
         }
     }
@@ -776,59 +316,6 @@ mod tests {
             &knobs(),
         );
         (res, lines)
-    }
-
-    #[test]
-    fn render_prints_numbers_as_display_and_words_as_they_are() {
-        let p = params(&[
-            ("lr", num(0.001)),
-            ("batch_size", num(64.0)),
-            ("opt", word("adam")),
-            ("wd", num(1e-5)),
-        ]);
-        let argv = render(
-            "train.py --lr {lr} --bs={batch_size} --opt {opt} --wd {wd}",
-            &p,
-        )
-        .unwrap();
-        assert_eq!(
-            argv,
-            ["train.py", "--lr", "0.001", "--bs=64", "--opt", "adam", "--wd", "0.00001"]
-        );
-    }
-
-    #[test]
-    fn render_keeps_escaped_braces_and_quoted_words() {
-        let p = params(&[("lr", num(0.5)), ("name", word("two words"))]);
-        let argv = render(
-            r#"python3 -c 'print({{"lr": {lr}}})' "--tag {name}" {name}"#,
-            &p,
-        )
-        .unwrap();
-        assert_eq!(
-            argv,
-            [
-                "python3",
-                "-c",
-                r#"print({"lr": 0.5})"#,
-                "--tag two words",
-                "two words"
-            ]
-        );
-        let quoted = params(&[("q", word("it's \"x\""))]);
-        assert_eq!(render("echo {q}", &quoted).unwrap(), ["echo", "it's \"x\""]);
-    }
-
-    #[test]
-    fn render_names_an_unknown_parameter_and_lists_the_known_ones() {
-        let p = params(&[("lr", num(0.1)), ("batch_size", num(8.0))]);
-        let e = render("train --m {momentum}", &p).unwrap_err();
-        assert!(e.contains("{momentum}"), "{e}");
-        assert!(e.contains("known: batch_size, lr"), "{e}");
-        assert!(render("train {lr", &p).unwrap_err().contains("unclosed"));
-        assert!(render("train lr}", &p).unwrap_err().contains("unmatched"));
-        assert!(render("train 'open", &p).unwrap_err().contains("split"));
-        assert!(render("   ", &p).unwrap_err().contains("empty"));
     }
 
     #[test]
@@ -1038,102 +525,6 @@ mod tests {
             &knobs(),
         );
         assert_eq!(res.unwrap_err(), Stop::Interrupted);
-    }
-
-    #[test]
-    fn over_cap_allows_the_margin_and_no_more() {
-        assert!(!over_cap(1000.0, 1000.0, 0.05));
-        assert!(!over_cap(1050.0, 1000.0, 0.05));
-        assert!(over_cap(1050.5, 1000.0, 0.05));
-        assert!(over_cap(1000.5, 1000.0, 0.0));
-        assert!(!over_cap(0.0, 0.0, 0.05));
-        assert_eq!(margin_of(f64::NAN), DEFAULT_MARGIN);
-        assert_eq!(margin_of(-1.0), DEFAULT_MARGIN);
-        assert_eq!(margin_of(0.0), 0.0);
-        let tripped = Failure::MemoryCap {
-            used_mib: 2100.4,
-            cap_mib: 2000.0,
-            margin: 0.05,
-        };
-        assert_eq!(
-            tripped.to_string(),
-            "the command exceeded its memory cap: used 2100 MiB, cap 2000 MiB (+5%)"
-        );
-    }
-
-    #[test]
-    fn group_usage_sums_the_group_and_ignores_the_rest() {
-        let procs = vec![
-            (10, Some(100.0)),
-            (11, Some(50.0)),
-            (12, None),
-            (99, Some(7000.0)),
-        ];
-        let group_of = |pid: u32| if pid < 20 { Some(10) } else { Some(99) };
-        assert_eq!(group_usage(&procs, 10, &group_of), Some(150.0));
-        assert_eq!(group_usage(&procs, 5, &group_of), None);
-        // A pid NVML lists but /proc no longer knows still counts when it is the leader.
-        assert_eq!(group_usage(&[(10, Some(3.0))], 10, &|_| None), Some(3.0));
-    }
-
-    struct Script(Vec<ProcList>);
-
-    impl ProcSource for Script {
-        fn processes(&mut self) -> Option<ProcList> {
-            (!self.0.is_empty()).then(|| self.0.remove(0))
-        }
-    }
-
-    fn watch(source: &mut dyn ProcSource, limit: Option<(f64, f64)>) -> (WatchReport, u32) {
-        let (_keep, stop) = bounded(1);
-        let mut kills = 0;
-        let mut kill = || kills += 1;
-        let mut w = Watch {
-            pgid: 7,
-            limit,
-            period: Duration::from_millis(1),
-            group_of: &|pid| (pid < 10).then_some(7),
-            kill: &mut kill,
-        };
-        let report = w.run(source, &stop);
-        (report, kills)
-    }
-
-    #[test]
-    fn the_watch_kills_once_over_the_cap_and_keeps_the_peak() {
-        let mut source = Script(vec![
-            vec![(7, Some(500.0)), (30, Some(9000.0))],
-            vec![(7, Some(900.0)), (8, Some(150.0))],
-            vec![(7, Some(900.0)), (8, Some(160.0))],
-            vec![(7, Some(5000.0))],
-        ]);
-        let (report, kills) = watch(&mut source, Some((1000.0, 0.05)));
-        assert_eq!(report.tripped, Some((1060.0, 1000.0, 0.05)));
-        assert_eq!(report.peak_mib, Some(1060.0));
-        assert_eq!(kills, 1);
-        assert_eq!(source.0.len(), 1, "it went on sampling after the kill");
-    }
-
-    #[test]
-    fn without_a_cap_the_watch_only_records_the_peak() {
-        let mut source = Script(vec![vec![(7, Some(500.0))], vec![(8, Some(1e6))], vec![]]);
-        let (keep, stop) = bounded(1);
-        let mut kill = || panic!("killed without a cap");
-        let mut w = Watch {
-            pgid: 7,
-            limit: None,
-            period: Duration::from_millis(1),
-            group_of: &|pid| (pid < 10).then_some(7),
-            kill: &mut kill,
-        };
-        let t = std::thread::spawn(move || {
-            std::thread::sleep(Duration::from_millis(50));
-            drop(keep);
-        });
-        let report = w.run(&mut source, &stop);
-        t.join().unwrap();
-        assert_eq!(report.peak_mib, Some(1e6));
-        assert_eq!(report.tripped, None);
     }
 
     #[test]

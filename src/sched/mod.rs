@@ -1,12 +1,15 @@
 //! The supervisor: a crossbeam queue of trials, one worker per slice (a thread, or a thread minding a child process), and the trial lifecycle.
 
 pub mod cancel;
+pub mod child;
 pub mod end;
 pub mod external;
 pub mod lines;
 pub mod process;
 pub mod reap;
+pub mod template;
 pub mod thread;
+pub mod watchdog;
 
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;

@@ -1,18 +1,16 @@
 //! Process workers (`process` mode): each trial runs in a child `gpumux worker` that answers over a pipe; a child that dies fails only its own trial.
 
 use serde::{Deserialize, Serialize};
-use std::io::{BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::Instant;
 
 use crossbeam_channel::Sender;
-use std::sync::atomic::{AtomicBool, Ordering};
 
-use super::cancel::Cancel;
-
-use super::lines::{read_line_bounded, Tail};
+use super::child::{describe_exit, End, OnStderr, Supervised, Timing};
+use super::end::ChildKind;
 use super::{
     epoch_event, open_backend, outcome, panic_text, Device, Event, Failure, RoundContext, Stop,
     TrialOutcome,
@@ -44,6 +42,8 @@ pub enum WorkerMessage {
     Epoch(EpochStats),
     Done(TrialResult),
     Failed(Failure),
+    /// The trial was stopped before it ended.
+    Interrupted,
 }
 
 /// What a worker says when it is ready to train: its host memory so far.
@@ -100,35 +100,6 @@ pub fn run(
     outcome(trial, slice, res, started.elapsed().as_secs_f64())
 }
 
-/// Stops a child when the run is aborted: SIGTERM to its process group, SIGKILL 3 s later.
-fn abort_watch(
-    pid: u32,
-    cancel: Cancel,
-    done: Arc<AtomicBool>,
-) -> std::io::Result<std::thread::JoinHandle<()>> {
-    std::thread::Builder::new()
-        .name("gpumux-abort-watch".into())
-        .spawn(move || {
-            let group = -(pid as i32);
-            while !done.load(Ordering::SeqCst) {
-                if cancel.aborted() {
-                    // SAFETY: kill(2) has no memory-safety preconditions; the group is our child's.
-                    unsafe { libc::kill(group, libc::SIGTERM) };
-                    for _ in 0..60 {
-                        if done.load(Ordering::SeqCst) {
-                            return;
-                        }
-                        std::thread::sleep(std::time::Duration::from_millis(50));
-                    }
-                    // SAFETY: as above.
-                    unsafe { libc::kill(group, libc::SIGKILL) };
-                    return;
-                }
-                std::thread::sleep(std::time::Duration::from_millis(50));
-            }
-        })
-}
-
 /// The MPS client limits of one of `n` slices: an equal share of the SMs' threads, and the
 /// slice's memory cap as the pinned device-memory limit of its device.
 pub fn mps_env(n: u32, slice: &SliceSpec) -> Vec<(String, String)> {
@@ -145,6 +116,7 @@ pub fn mps_env(n: u32, slice: &SliceSpec) -> Vec<(String, String)> {
     env
 }
 
+/// Runs the worker as a [`Supervised`] child, sends it the request and reads its messages.
 fn supervise(
     ctx: &RoundContext,
     req: &WorkerRequest,
@@ -154,115 +126,77 @@ fn supervise(
     let body = serde_json::to_vec(req)
         .map_err(|e| Failure::Worker(format!("cannot encode the worker request: {e}")))?;
     let mut cmd = Command::new(&ctx.worker_exe);
-    // Its own process group (made by `reap::spawn`): a terminal's Ctrl-C reaches the
-    // supervisor, which then drains.
+    // Its own process group: a terminal's Ctrl-C reaches the supervisor, which then drains.
     cmd.arg("worker")
         .envs(env.iter().map(|(k, v)| (k, v)))
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
+        .stdin(Stdio::piped());
     let spawned = Instant::now();
-    let (mut child, _ours) = super::reap::spawn(&mut cmd).map_err(|e| {
-        Failure::Worker(format!(
-            "cannot start worker {}: {e}",
-            ctx.worker_exe.display()
-        ))
-    })?;
-    let done = Arc::new(AtomicBool::new(false));
-    let _watch = abort_watch(child.id(), ctx.cancel.clone(), Arc::clone(&done));
-    if let Some(mut stdin) = child.stdin.take() {
+    let mut child = Supervised::spawn(&mut cmd, Timing::default(), echo_stderr(&req.trial.id))
+        .map_err(|e| Failure::Start {
+            child: ChildKind::Worker,
+            program: ctx.worker_exe.display().to_string(),
+            cwd: None,
+            reason: e.to_string(),
+        })?;
+    if let Some(mut stdin) = child.take_stdin() {
         // A child that died at once shows up below through its exit status.
         let _ = stdin.write_all(&body);
     }
-    let trial_id = req.trial.id.clone();
-    let stderr = child
-        .stderr
-        .take()
-        .map(|err| std::thread::spawn(move || stderr_tail(err, &trial_id)));
+    let pid = child.id();
     let mut result = None;
-    if let Some(out) = child.stdout.take() {
-        let mut reader = BufReader::new(out);
-        let mut line = Vec::new();
-        loop {
-            line.clear();
-            // A worker's messages are short; a line is read to its end but kept cut.
-            match read_line_bounded(&mut reader, &mut line, MESSAGE_MAX) {
-                Ok(0) | Err(_) => break,
-                Ok(_) => {}
-            }
-            match serde_json::from_slice::<WorkerMessage>(&line) {
-                Ok(WorkerMessage::Ready(r)) if tracing::enabled!(tracing::Level::DEBUG) => {
-                    let pid = child.id();
-                    let secs = spawned.elapsed().as_secs_f64();
-                    let gpu = match ctx.devices.get(req.slice.device) {
-                        Some(Device::Cuda { engine, .. }) => {
-                            crate::gpu::process_gpu_mib(&engine.info().uuid, pid)
-                        }
-                        _ => None,
-                    };
-                    let line = ready_line(&req.trial.id, pid, secs, r.host_peak_mib, gpu);
-                    tracing::debug!("{line}");
+    let mut feed = |line: String| match serde_json::from_str::<WorkerMessage>(&line) {
+        Ok(WorkerMessage::Ready(r)) if tracing::enabled!(tracing::Level::DEBUG) => {
+            let secs = spawned.elapsed().as_secs_f64();
+            let gpu = match ctx.devices.get(req.slice.device) {
+                Some(Device::Cuda { engine, .. }) => {
+                    crate::gpu::process_gpu_mib(&engine.info().uuid, pid)
                 }
-                Ok(WorkerMessage::Ready(_)) => {}
-                Ok(WorkerMessage::Epoch(s)) => on_epoch(&s),
-                Ok(WorkerMessage::Done(r)) => result = Some(Ok(r)),
-                Ok(WorkerMessage::Failed(e)) => result = Some(Err(Stop::Failed(e))),
-                Err(e) => {
-                    // Stray output is not ours to interpret; a message we cannot read is said.
-                    if line.starts_with(b"{\"") {
-                        tracing::warn!("trial {}: unreadable worker message: {e}", req.trial.id);
-                    }
-                }
+                _ => None,
+            };
+            let line = ready_line(&req.trial.id, pid, secs, r.host_peak_mib, gpu);
+            tracing::debug!("{line}");
+        }
+        Ok(WorkerMessage::Ready(_)) => {}
+        Ok(WorkerMessage::Epoch(s)) => on_epoch(&s),
+        Ok(WorkerMessage::Done(r)) => result = Some(Ok(r)),
+        Ok(WorkerMessage::Failed(e)) => result = Some(Err(Stop::Failed(e))),
+        Ok(WorkerMessage::Interrupted) => result = Some(Err(Stop::Interrupted)),
+        Err(e) => {
+            // Stray output is not ours to interpret; a message we cannot read is said.
+            if line.starts_with("{\"") {
+                tracing::warn!("trial {}: unreadable worker message: {e}", req.trial.id);
             }
         }
-    }
-    let status = child
-        .wait()
-        .map_err(|e| Failure::Worker(format!("cannot wait for the worker: {e}")))?;
-    done.store(true, Ordering::SeqCst);
-    let err_text = stderr.and_then(|h| h.join().ok()).unwrap_or_default();
-    match result {
-        Some(r) => r,
-        None => Err(describe_exit(status, err_text).into()),
+    };
+    let end = child.supervise(&ctx.cancel, &mut feed);
+    child.finish(&end, &mut feed);
+    let end = end.map_err(|e| Failure::Wait {
+        child: ChildKind::Worker,
+        reason: e.to_string(),
+    })?;
+    match (result, end) {
+        (Some(r), _) => r,
+        (None, End::Interrupted) => Err(Stop::Interrupted),
+        (None, End::Exited(status)) => Err(Failure::ChildExit {
+            child: ChildKind::Worker,
+            exit: describe_exit(status),
+            stderr: child.stderr_lines(),
+        }
+        .into()),
     }
 }
 
-/// The longest worker message line read whole.
-const MESSAGE_MAX: usize = 1 << 20;
-
-/// Lines of a worker's standard error kept for the message of a worker that dies.
-const STDERR_TAIL: usize = 20;
-
-/// Reads a worker's standard error to its end, keeping its last [`STDERR_TAIL`] lines (each cut
-/// at 1,000 characters), so that no worker output grows memory without bound. With `--verbose`
-/// each line is also shown as it comes, prefixed with the trial's id.
-fn stderr_tail(err: impl Read, trial: &str) -> String {
-    let verbose = tracing::enabled!(tracing::Level::DEBUG);
-    let mut tail = Tail::new(STDERR_TAIL, 1000);
-    tail.read_all(err, &mut |line| {
-        if verbose {
-            // Not eprintln!, which panics when stderr is closed.
-            let _ = writeln!(std::io::stderr(), "[{trial}] {}", line.trim_end());
-        }
-    });
-    tail.lines().collect::<Vec<_>>().join("\n")
-}
-
-/// Why a worker that ended without reporting failed.
-fn describe_exit(status: std::process::ExitStatus, stderr: String) -> Failure {
-    use std::os::unix::process::ExitStatusExt;
-    match (status.code(), status.signal()) {
-        (_, Some(signal)) => Failure::WorkerSignal { signal, stderr },
-        (Some(code), _) => Failure::WorkerExit { code, stderr },
-        _ => Failure::Worker(format!(
-            "ended without reporting{}",
-            stderr
-                .lines()
-                .rfind(|l| !l.trim().is_empty())
-                .map(|l| format!(": {}", l.trim()))
-                .unwrap_or_default()
-        )),
+/// With `--verbose`, shows each line of a worker's standard error as it comes, prefixed with
+/// the trial's id.
+fn echo_stderr(trial: &str) -> Option<OnStderr> {
+    if !tracing::enabled!(tracing::Level::DEBUG) {
+        return None;
     }
+    let trial = trial.to_string();
+    Some(Box::new(move |line: &str| {
+        // Not eprintln!, which panics when stderr is closed.
+        let _ = writeln!(std::io::stderr(), "[{trial}] {}", line.trim_end());
+    }))
 }
 
 /// The child side: reads a request from `input`, trains, and writes messages to `output`.
@@ -281,7 +215,7 @@ pub fn worker_main(input: &mut dyn Read, output: &mut dyn Write) -> Result<(), S
         }
     };
     let res = std::panic::catch_unwind(std::panic::AssertUnwindSafe(
-        || -> Result<TrialResult, Failure> {
+        || -> Result<TrialResult, Stop> {
             let data = req
                 .data
                 .load(req.data_base.as_deref(), req.data_seed)
@@ -296,15 +230,15 @@ pub fn worker_main(input: &mut dyn Read, output: &mut dyn Write) -> Result<(), S
                 host_peak_mib: crate::gpu::peak_rss_mib(),
             };
             send(output, &WorkerMessage::Ready(ready));
-            run_trial(be.as_mut(), &req.config, &mut |s| {
+            Ok(run_trial(be.as_mut(), &req.config, &mut |s| {
                 send(output, &WorkerMessage::Epoch(s.clone()))
-            })
-            .map_err(Failure::from)
+            })?)
         },
     ));
     let msg = match res {
         Ok(Ok(r)) => WorkerMessage::Done(r),
-        Ok(Err(e)) => WorkerMessage::Failed(e),
+        Ok(Err(Stop::Failed(e))) => WorkerMessage::Failed(e),
+        Ok(Err(Stop::Interrupted)) => WorkerMessage::Interrupted,
         Err(p) => WorkerMessage::Failed(Failure::Panic(panic_text(p.as_ref()))),
     };
     send(output, &msg);
@@ -314,27 +248,6 @@ pub fn worker_main(input: &mut dyn Read, output: &mut dyn Write) -> Result<(), S
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_workers_stderr_is_kept_bounded() {
-        // 100 lines, one of them endless: the last 20 are kept, each cut at 1,000 characters.
-        let mut text = String::new();
-        for i in 0..100 {
-            if i == 95 {
-                text.push_str(&"x".repeat(200_000));
-                text.push('\n');
-            } else {
-                text.push_str(&format!("line {i}\n"));
-            }
-        }
-        text.push_str("last, without a newline");
-        let tail = stderr_tail(text.as_bytes(), "t000");
-        let lines: Vec<&str> = tail.lines().collect();
-        assert_eq!(lines.len(), STDERR_TAIL);
-        assert_eq!(lines[0], "line 81");
-        assert_eq!(lines[14].len(), 1000);
-        assert_eq!(lines[19], "last, without a newline");
-    }
 
     #[test]
     fn a_probe_result_with_nan_metrics_crosses_the_pipe() {
@@ -368,6 +281,7 @@ mod tests {
             WorkerMessage::Done(result),
             WorkerMessage::Epoch(stats),
             WorkerMessage::Failed(failed),
+            WorkerMessage::Interrupted,
         ] {
             let line = serde_json::to_string(&msg).unwrap();
             let back: WorkerMessage =
@@ -382,6 +296,7 @@ mod tests {
                 (WorkerMessage::Failed(a), WorkerMessage::Failed(b)) => {
                     assert_eq!(a.to_string(), b.to_string())
                 }
+                (WorkerMessage::Interrupted, WorkerMessage::Interrupted) => {}
                 (a, b) => panic!("{a:?} read back from {b:?}"),
             }
         }

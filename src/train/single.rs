@@ -1,119 +1,15 @@
-//! One trial's training: plan and allocate once, then epochs of shuffled batches, evaluation, and progress.
+//! A single trial's steps on one backend: the first eager, then one captured and replayed, a diverged loss caught every few steps; and its evaluation.
 
-use serde::{Deserialize, Serialize};
+use std::convert::Infallible;
 use std::time::Instant;
 
-use crate::engine::rng::{derive, HostRng};
+use super::epochs::{self, Schedule, StepAt, Steps};
+use super::{seeds, EpochStats, TrialConfig, TrialResult};
 use crate::engine::{Backend, Split, STATS_LEN};
 use crate::error::TrialError;
-use crate::job::{EngineOptions, FaultKind, FaultSpec, Hyper, ModelSpec};
+use crate::job::{FaultKind, FaultSpec};
 use crate::models;
 use crate::plan::{largest_fitting, MIB};
-use std::convert::Infallible;
-
-/// What a trial trains.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct TrialConfig {
-    pub model: ModelSpec,
-    pub hyper: Hyper,
-    pub epochs: u32,
-    pub seed: u64,
-    /// Sample shape `[c, h, w]` and classes of the dataset.
-    pub input: [usize; 3],
-    pub classes: usize,
-    #[serde(default)]
-    pub fault: Option<FaultSpec>,
-    #[serde(default)]
-    pub engine: EngineOptions,
-    /// Stop after this many steps per epoch (short probes); `None` runs whole epochs.
-    #[serde(default)]
-    pub max_steps: Option<usize>,
-    /// Checked at every step: an aborted trial stops with [`TrialError::Interrupted`].
-    #[serde(skip)]
-    pub cancel: crate::sched::cancel::Cancel,
-}
-
-/// The figures of one epoch.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct EpochStats {
-    /// 1-based.
-    pub epoch: u32,
-    #[serde(with = "json_float")]
-    pub train_loss: f64,
-    #[serde(with = "json_float")]
-    pub train_acc: f64,
-    /// NaN in short probes, which skip evaluation.
-    #[serde(with = "json_float")]
-    pub test_loss: f64,
-    #[serde(with = "json_float")]
-    pub test_acc: f64,
-    /// Seconds since the trial started.
-    pub wall_s: f64,
-}
-
-/// A completed trial.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct TrialResult {
-    /// NaN in short probes, which skip evaluation.
-    #[serde(with = "json_float")]
-    pub test_acc: f64,
-    /// Mean training loss of the last epoch.
-    #[serde(with = "json_float")]
-    pub final_loss: f64,
-    pub epochs: u32,
-    pub wall_s: f64,
-    pub train_samples: u64,
-    pub samples_per_s: f64,
-    /// The arena's bytes (the static plan, allocated once).
-    pub peak_mem_bytes: u64,
-    pub param_count: u64,
-    /// The trial's metrics by name: `test_acc`, `test_loss`, `final_loss`, `train_acc` for a
-    /// built-in model; whatever an external command printed.
-    #[serde(default)]
-    pub metrics: std::collections::BTreeMap<String, f64>,
-}
-
-/// A float field that crosses a JSON pipe whole (a `process`-mode worker's messages): JSON has
-/// no NaN or infinity, and serde_json writes them as `null`, which would not read back as a
-/// number. Finite values are numbers; NaN is `null`; infinities are `"inf"` and `"-inf"`.
-pub mod json_float {
-    use serde::{Deserialize, Deserializer, Serializer};
-
-    pub fn serialize<S: Serializer>(x: &f64, s: S) -> Result<S::Ok, S::Error> {
-        if x.is_finite() {
-            s.serialize_f64(*x)
-        } else if x.is_nan() {
-            s.serialize_none()
-        } else if *x > 0.0 {
-            s.serialize_str("inf")
-        } else {
-            s.serialize_str("-inf")
-        }
-    }
-
-    #[derive(Deserialize)]
-    #[serde(untagged)]
-    enum Repr {
-        Num(f64),
-        Word(String),
-        Null(()),
-    }
-
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
-        match Option::<Repr>::deserialize(d)? {
-            Some(Repr::Num(x)) => Ok(x),
-            Some(Repr::Word(w)) => match w.as_str() {
-                "inf" => Ok(f64::INFINITY),
-                "-inf" => Ok(f64::NEG_INFINITY),
-                "nan" | "NaN" => Ok(f64::NAN),
-                other => Err(serde::de::Error::custom(format!(
-                    "expected a number, null, \"inf\" or \"-inf\", not {other:?}"
-                ))),
-            },
-            None | Some(Repr::Null(())) => Ok(f64::NAN),
-        }
-    }
-}
 
 /// Trains one trial on `be`, calling `on_epoch` after each epoch.
 ///
@@ -168,107 +64,118 @@ pub fn run_trial(
         }
         r => r?,
     }
-    net.init(be, cfg.seed)?;
-    let dropout_seed = derive(cfg.seed, 2);
-    let steps_per_epoch = n_train / batch;
-    let steps_run = cfg
-        .max_steps
-        .map_or(steps_per_epoch, |m| m.min(steps_per_epoch));
+    net.init(be, seeds::init(cfg.seed))?;
     let graphs = cfg.engine.graphs && be.supports_graphs();
-    let check_every = cfg.engine.check_every.max(1);
-    let mut graph = StepGraph::new(graphs);
-    let mut stats = [0f32; STATS_LEN];
-    let mut last = None;
-    for epoch in 1..=cfg.epochs {
-        let order = HostRng::new(derive(cfg.seed, 0x100 + epoch as u64)).permutation(n_train);
-        be.set_train_order(&order)?;
-        be.fill(net.stats, 0.0)?;
-        for step in 0..steps_run {
-            if cfg.cancel.aborted() {
-                return Err(TrialError::Interrupted);
-            }
-            if epoch == 1 {
-                inject(be, &net, cfg.fault.as_ref(), step)?;
-            }
-            // The first step runs eagerly even with graphs: it loads every kernel of the step
-            // and makes cuBLAS and cuDNN pick theirs in this trial's context, with every
-            // capture of the process held off, since a kernel loaded lazily during another
-            // trial's capture can invalidate it. The counter makes the captured step the same
-            // computation as an eager one.
-            let warm_up = epoch == 1 && step == 0;
-            if graph.wants_capture(warm_up) {
-                let captured = capture_step(be, &net, steps_per_epoch, dropout_seed, h);
-                graph.outcome(captured)?;
-            }
-            if graph.captured {
-                be.replay()?;
-            } else {
-                let _hold = graph.eager_holds(warm_up).then(|| be.hold_captures());
-                net.train_step(be, steps_per_epoch, dropout_seed, h)?;
-            }
-            // A diverged trial stops soon rather than training on NaNs.
-            if (step + 1) % check_every == 0 || step + 1 == steps_run {
-                be.read(net.stats, &mut stats)?;
-                if !stats[0].is_finite() {
-                    return Err(TrialError::NonFiniteLoss {
-                        value: stats[0],
-                        epoch: epoch as usize,
-                        step,
-                    });
-                }
+    let plan = Schedule {
+        seed: cfg.seed,
+        epochs: cfg.epochs,
+        n_train,
+        batch,
+        max_steps: cfg.max_steps,
+    };
+    let mut single = Single {
+        be,
+        net,
+        cfg,
+        steps_per_epoch: plan.steps_per_epoch(),
+        dropout_seed: seeds::dropout(cfg.seed),
+        graphs,
+        check_every: cfg.engine.check_every.max(1),
+        graph: StepGraph::new(graphs),
+        stats: [0f32; STATS_LEN],
+        n_test,
+    };
+    epochs::train(&mut single, &plan, &cfg.cancel, started, &mut |_, e| {
+        on_epoch(&e.stats)
+    })
+}
+
+/// One trial's network on its backend, taking the steps of [`epochs::train`].
+struct Single<'a> {
+    be: &'a mut dyn Backend,
+    net: models::Network,
+    cfg: &'a TrialConfig,
+    steps_per_epoch: usize,
+    dropout_seed: u64,
+    graphs: bool,
+    /// Steps between reads of the loss, to catch a diverged trial.
+    check_every: usize,
+    graph: StepGraph,
+    /// The epoch's sums as last read.
+    stats: [f32; STATS_LEN],
+    n_test: usize,
+}
+
+impl Steps for Single<'_> {
+    fn begin_epoch(&mut self, order: Vec<u32>) -> Result<(), TrialError> {
+        self.be.set_train_order(&order)?;
+        self.be.fill(self.net.stats, 0.0)?;
+        Ok(())
+    }
+
+    fn step(&mut self, at: StepAt) -> Result<(), TrialError> {
+        let (be, net, h) = (&mut *self.be, &self.net, &self.cfg.hyper);
+        if at.epoch == 1 {
+            inject(be, net, self.cfg.fault.as_ref(), at.step)?;
+        }
+        // The first step runs eagerly even with graphs: it loads every kernel of the step
+        // and makes cuBLAS and cuDNN pick theirs in this trial's context, with every
+        // capture of the process held off, since a kernel loaded lazily during another
+        // trial's capture can invalidate it. The counter makes the captured step the same
+        // computation as an eager one.
+        let warm_up = at.epoch == 1 && at.step == 0;
+        if self.graph.wants_capture(warm_up) {
+            let captured = capture_step(be, net, self.steps_per_epoch, self.dropout_seed, h);
+            self.graph.outcome(captured)?;
+        }
+        if self.graph.captured {
+            be.replay()?;
+        } else {
+            let _hold = self.graph.eager_holds(warm_up).then(|| be.hold_captures());
+            net.train_step(be, self.steps_per_epoch, self.dropout_seed, h)?;
+        }
+        // A diverged trial stops soon rather than training on NaNs.
+        if (at.step + 1) % self.check_every == 0 || at.step + 1 == at.steps {
+            be.read(net.stats, &mut self.stats)?;
+            if !self.stats[0].is_finite() {
+                return Err(TrialError::NonFiniteLoss {
+                    value: self.stats[0],
+                    epoch: at.epoch as usize,
+                    step: at.step,
+                });
             }
         }
-        let seen = (steps_run * batch).max(1) as f64;
-        let (train_loss, train_acc) = (stats[0] as f64 / seen, stats[1] as f64 / seen);
-        // Short probes (max_steps) time training alone and skip evaluation.
-        let (test_loss, test_acc) = if cfg.max_steps.is_some() {
-            (f64::NAN, f64::NAN)
-        } else {
-            // The first evaluation loads its kernels (the last, partial batch has shapes of its
-            // own): issued with captures held off, as the first step is.
-            let loads = if graphs && epoch == 1 {
-                Loads::HoldCaptures
-            } else {
-                Loads::Done
-            };
-            evaluate(be, &net, n_test, loads)?
-        };
-        let e = EpochStats {
-            epoch,
-            train_loss,
-            train_acc,
-            test_loss,
-            test_acc,
-            wall_s: started.elapsed().as_secs_f64(),
-        };
-        on_epoch(&e);
-        last = Some(e);
+        Ok(())
     }
-    be.synchronize()?;
-    let wall_s = started.elapsed().as_secs_f64();
-    let train_samples = (steps_run * batch) as u64 * cfg.epochs as u64;
-    let last = last.ok_or_else(|| TrialError::Worker("no epoch ran".into()))?;
-    let metrics = [
-        ("test_acc", last.test_acc),
-        ("test_loss", last.test_loss),
-        ("final_loss", last.train_loss),
-        ("train_acc", last.train_acc),
-    ]
-    .into_iter()
-    .filter(|(_, v)| v.is_finite())
-    .map(|(k, v)| (k.to_string(), v))
-    .collect();
-    Ok(TrialResult {
-        metrics,
-        test_acc: last.test_acc,
-        final_loss: last.train_loss,
-        epochs: cfg.epochs,
-        wall_s,
-        train_samples,
-        samples_per_s: train_samples as f64 / wall_s.max(1e-9),
-        peak_mem_bytes: be.allocated_bytes() as u64,
-        param_count: net.param_count() as u64,
-    })
+
+    fn train_sums(&mut self) -> Result<[f64; STATS_LEN], TrialError> {
+        // The epoch's last step read them.
+        Ok(self.stats.map(f64::from))
+    }
+
+    fn evaluate(&mut self, epoch: u32) -> Result<(f64, f64), TrialError> {
+        // The first evaluation loads its kernels (the last, partial batch has shapes of its
+        // own): issued with captures held off, as the first step is.
+        let loads = if self.graphs && epoch == 1 {
+            Loads::HoldCaptures
+        } else {
+            Loads::Done
+        };
+        evaluate(&mut *self.be, &self.net, self.n_test, loads)
+    }
+
+    fn finish(&mut self) -> Result<(), TrialError> {
+        self.be.synchronize()?;
+        Ok(())
+    }
+
+    fn arena_bytes(&self) -> u64 {
+        self.be.allocated_bytes() as u64
+    }
+
+    fn param_count(&self) -> u64 {
+        self.net.param_count() as u64
+    }
 }
 
 /// How a trial's steps run with graphs: the first eagerly, then one captured and replayed from
@@ -412,7 +319,7 @@ mod tests {
     use super::*;
     use crate::data::{Dataset, Samples};
     use crate::engine::cpu::CpuBackend;
-    use crate::job::{ModelKind, Optimizer};
+    use crate::job::{EngineOptions, Hyper, ModelKind, ModelSpec, Optimizer};
     use std::sync::Arc;
 
     fn config(batch: u32) -> TrialConfig {

@@ -1,0 +1,150 @@
+//! The one training loop: epochs of steps over the seed schedule's orders, each epoch's figures and evaluation, and the trial's result, whatever takes the steps (one backend, or the replicas of a mirrored training).
+
+use std::time::Instant;
+
+use super::{seeds, EpochStats, TrialResult};
+use crate::engine::STATS_LEN;
+use crate::error::TrialError;
+use crate::sched::cancel::Cancel;
+
+/// Where a step stands in the training.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StepAt {
+    /// 1-based.
+    pub epoch: u32,
+    /// 0-based, within the epoch.
+    pub step: usize,
+    /// The steps this epoch takes.
+    pub steps: usize,
+}
+
+/// What takes a training's steps: one backend, or the replicas of a mirrored training.
+pub trait Steps {
+    /// Starts an epoch: the training samples are visited in `order`, and the epoch's sums of
+    /// loss and correct predictions start at zero.
+    fn begin_epoch(&mut self, order: Vec<u32>) -> Result<(), TrialError>;
+    /// Takes one training step (a diverged one fails with [`TrialError::NonFiniteLoss`]).
+    fn step(&mut self, at: StepAt) -> Result<(), TrialError>;
+    /// The epoch's sums over its training rows: loss, then correct predictions.
+    fn train_sums(&mut self) -> Result<[f64; STATS_LEN], TrialError>;
+    /// Mean loss and accuracy over the test split after epoch `epoch`.
+    fn evaluate(&mut self, epoch: u32) -> Result<(f64, f64), TrialError>;
+    /// Waits for the work issued, after the last epoch.
+    fn finish(&mut self) -> Result<(), TrialError>;
+    /// Bytes of the arenas allocated for the training.
+    fn arena_bytes(&self) -> u64;
+    /// Parameters of the model.
+    fn param_count(&self) -> u64;
+}
+
+/// What a training runs: its seed, epochs, and steps of `batch` rows.
+#[derive(Clone, Copy, Debug)]
+pub struct Schedule {
+    pub seed: u64,
+    pub epochs: u32,
+    /// Training samples.
+    pub n_train: usize,
+    /// Rows of one step (the global batch of a mirrored training); at most `n_train`.
+    pub batch: usize,
+    /// Stop after this many steps per epoch and skip evaluation (short probes and tests).
+    pub max_steps: Option<usize>,
+}
+
+impl Schedule {
+    /// Steps of a whole epoch: every full batch of the epoch's order.
+    pub fn steps_per_epoch(&self) -> usize {
+        self.n_train / self.batch.max(1)
+    }
+
+    /// Steps each epoch takes.
+    pub fn steps(&self) -> usize {
+        let all = self.steps_per_epoch();
+        self.max_steps.map_or(all, |m| m.min(all))
+    }
+}
+
+/// One epoch done.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Epoch {
+    pub stats: EpochStats,
+    /// Seconds of the epoch's training steps (evaluation excluded).
+    pub train_s: f64,
+    /// Seconds of the whole epoch, evaluation included.
+    pub epoch_s: f64,
+    /// Steps it took.
+    pub steps: usize,
+}
+
+/// Trains: for each epoch, its order from the seed schedule, its steps (checking `cancel`
+/// before each), its training figures and, unless the steps are capped, an evaluation; then
+/// `on_epoch`, which sees the steps as well. `started` is when the trial started.
+pub fn train<S: Steps + ?Sized>(
+    s: &mut S,
+    plan: &Schedule,
+    cancel: &Cancel,
+    started: Instant,
+    on_epoch: &mut dyn FnMut(&mut S, &Epoch),
+) -> Result<TrialResult, TrialError> {
+    let steps = plan.steps();
+    let mut last = None;
+    for epoch in 1..=plan.epochs {
+        let epoch_start = Instant::now();
+        s.begin_epoch(seeds::epoch_order(plan.seed, epoch, plan.n_train))?;
+        let steps_start = Instant::now();
+        for step in 0..steps {
+            if cancel.aborted() {
+                return Err(TrialError::Interrupted);
+            }
+            s.step(StepAt { epoch, step, steps })?;
+        }
+        let train_s = steps_start.elapsed().as_secs_f64().max(1e-9);
+        let sums = s.train_sums()?;
+        let seen = (steps * plan.batch).max(1) as f64;
+        // Short runs (max_steps) time training alone and skip evaluation.
+        let (test_loss, test_acc) = if plan.max_steps.is_some() {
+            (f64::NAN, f64::NAN)
+        } else {
+            s.evaluate(epoch)?
+        };
+        let e = Epoch {
+            stats: EpochStats {
+                epoch,
+                train_loss: sums[0] / seen,
+                train_acc: sums[1] / seen,
+                test_loss,
+                test_acc,
+                wall_s: started.elapsed().as_secs_f64(),
+            },
+            train_s,
+            epoch_s: epoch_start.elapsed().as_secs_f64(),
+            steps,
+        };
+        on_epoch(s, &e);
+        last = Some(e.stats);
+    }
+    s.finish()?;
+    let wall_s = started.elapsed().as_secs_f64();
+    let last = last.ok_or_else(|| TrialError::Worker("no epoch ran".into()))?;
+    let train_samples = (steps * plan.batch) as u64 * plan.epochs as u64;
+    let metrics = [
+        ("test_acc", last.test_acc),
+        ("test_loss", last.test_loss),
+        ("final_loss", last.train_loss),
+        ("train_acc", last.train_acc),
+    ]
+    .into_iter()
+    .filter(|(_, v)| v.is_finite())
+    .map(|(k, v)| (k.to_string(), v))
+    .collect();
+    Ok(TrialResult {
+        metrics,
+        test_acc: last.test_acc,
+        final_loss: last.train_loss,
+        epochs: plan.epochs,
+        wall_s,
+        train_samples,
+        samples_per_s: train_samples as f64 / wall_s.max(1e-9),
+        peak_mem_bytes: s.arena_bytes(),
+        param_count: s.param_count(),
+    })
+}

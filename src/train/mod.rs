@@ -1,0 +1,117 @@
+//! Training: what a trial trains and what it reports, one loop of epochs and steps ([`epochs`]) over one seed schedule ([`seeds`]), used by single trials ([`run_trial`]) and mirrored training ([`crate::parallel`]) alike.
+
+pub mod epochs;
+pub mod seeds;
+mod single;
+
+use serde::{Deserialize, Serialize};
+
+use crate::job::{EngineOptions, FaultSpec, Hyper, ModelSpec};
+
+pub use single::run_trial;
+pub(crate) use single::{evaluate, Loads};
+
+/// What a trial trains.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct TrialConfig {
+    pub model: ModelSpec,
+    pub hyper: Hyper,
+    pub epochs: u32,
+    pub seed: u64,
+    /// Sample shape `[c, h, w]` and classes of the dataset.
+    pub input: [usize; 3],
+    pub classes: usize,
+    #[serde(default)]
+    pub fault: Option<FaultSpec>,
+    #[serde(default)]
+    pub engine: EngineOptions,
+    /// Stop after this many steps per epoch (short probes); `None` runs whole epochs.
+    #[serde(default)]
+    pub max_steps: Option<usize>,
+    /// Checked at every step: an aborted trial stops with
+    /// [`crate::error::TrialError::Interrupted`].
+    #[serde(skip)]
+    pub cancel: crate::sched::cancel::Cancel,
+}
+
+/// The figures of one epoch.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct EpochStats {
+    /// 1-based.
+    pub epoch: u32,
+    #[serde(with = "json_float")]
+    pub train_loss: f64,
+    #[serde(with = "json_float")]
+    pub train_acc: f64,
+    /// NaN in short probes, which skip evaluation.
+    #[serde(with = "json_float")]
+    pub test_loss: f64,
+    #[serde(with = "json_float")]
+    pub test_acc: f64,
+    /// Seconds since the trial started.
+    pub wall_s: f64,
+}
+
+/// A completed trial.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TrialResult {
+    /// NaN in short probes, which skip evaluation.
+    #[serde(with = "json_float")]
+    pub test_acc: f64,
+    /// Mean training loss of the last epoch.
+    #[serde(with = "json_float")]
+    pub final_loss: f64,
+    pub epochs: u32,
+    pub wall_s: f64,
+    pub train_samples: u64,
+    pub samples_per_s: f64,
+    /// The arena's bytes (the static plan, allocated once).
+    pub peak_mem_bytes: u64,
+    pub param_count: u64,
+    /// The trial's metrics by name: `test_acc`, `test_loss`, `final_loss`, `train_acc` for a
+    /// built-in model; whatever an external command printed.
+    #[serde(default)]
+    pub metrics: std::collections::BTreeMap<String, f64>,
+}
+
+/// A float field that crosses a JSON pipe whole (a `process`-mode worker's messages): JSON has
+/// no NaN or infinity, and serde_json writes them as `null`, which would not read back as a
+/// number. Finite values are numbers; NaN is `null`; infinities are `"inf"` and `"-inf"`.
+pub mod json_float {
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(x: &f64, s: S) -> Result<S::Ok, S::Error> {
+        if x.is_finite() {
+            s.serialize_f64(*x)
+        } else if x.is_nan() {
+            s.serialize_none()
+        } else if *x > 0.0 {
+            s.serialize_str("inf")
+        } else {
+            s.serialize_str("-inf")
+        }
+    }
+
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Repr {
+        Num(f64),
+        Word(String),
+        Null(()),
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
+        match Option::<Repr>::deserialize(d)? {
+            Some(Repr::Num(x)) => Ok(x),
+            Some(Repr::Word(w)) => match w.as_str() {
+                "inf" => Ok(f64::INFINITY),
+                "-inf" => Ok(f64::NEG_INFINITY),
+                "nan" | "NaN" => Ok(f64::NAN),
+                other => Err(serde::de::Error::custom(format!(
+                    "expected a number, null, \"inf\" or \"-inf\", not {other:?}"
+                ))),
+            },
+            None | Some(Repr::Null(())) => Ok(f64::NAN),
+        }
+    }
+}
