@@ -11,6 +11,7 @@ pub use crate::models::{Hyper, ModelKind, ModelSpec, Optimizer, Padding, Stem};
 use crate::space::{Dist, Method, ParamSpec, ParamValue, Space};
 
 mod defaults;
+pub mod limits;
 pub mod text;
 
 /// The Fibonacci N list of the experiment.
@@ -278,31 +279,7 @@ pub enum BackendChoice {
     Cuda,
 }
 
-/// A fault injected into one trial, to test isolation.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct FaultSpec {
-    /// The trial index (0-based) that faults, in every round that runs it.
-    pub trial: u32,
-    pub kind: FaultKind,
-    /// The training step at which it strikes (default 0).
-    #[serde(default)]
-    pub step: u32,
-}
-
-/// What an injected fault does.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum FaultKind {
-    /// Panics in the trial's thread.
-    Panic,
-    /// Poisons the weights so the loss becomes NaN.
-    Nan,
-    /// Aborts the whole process (isolated only in `process` mode).
-    Abort,
-    /// The process kills itself with SIGKILL (isolated only in `process` mode).
-    Kill,
-}
+pub use crate::train::fault::{FaultKind, FaultSpec};
 
 /// A job file as written.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -690,12 +667,12 @@ impl Job {
             ));
         }
         if let Some(cap) = f.run_cap {
-            if cap == 0 || u64::from(cap) > crate::plan::MAX_TRIALS {
+            if cap == 0 || u64::from(cap) > limits::MAX_TRIALS {
                 return Err(self.invalid(
                     "run_cap",
                     format!(
                         "must be from 1 to {}, not {cap}: each trial of a sweep is held in memory",
-                        crate::plan::MAX_TRIALS
+                        limits::MAX_TRIALS
                     ),
                 ));
             }
@@ -749,7 +726,7 @@ impl Job {
         }
         // Every round of `fib` holds its trials: N of them under each split mode.
         let planned = f.n.iter().map(|&n| u64::from(n)).sum::<u64>() * f.splits.len() as u64;
-        crate::plan::check_trial_count(
+        limits::check_trial_count(
             self,
             planned,
             "n",

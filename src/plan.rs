@@ -161,70 +161,9 @@ pub fn trials(job: &Job, n: u32) -> Result<Vec<TrialSpec>, JobError> {
     (0..n).map(|i| trial(job, i)).collect()
 }
 
-/// The most trials a sweep runs (`run_cap`, or the points of a grid); each one is held in
-/// memory, with its parameter values, while the sweep runs.
-pub const MAX_TRIALS: u64 = 50_000;
-/// The most parameter values the trials of one run hold in memory in all (trials × values of
-/// each): 50,000 trials of the 7 built-in values, or fewer trials with more parameters.
-pub const MAX_VALUES: u64 = 350_000;
-/// The most bytes of parameter values one trial holds (names and values, as in its `params`
-/// cell): a row of the results files stays well under their longest line.
-pub const MAX_TRIAL_BYTES: u64 = 64 * 1024;
-/// The most bytes of parameter values the trials of one run hold in all (trials × bytes of each).
-pub const MAX_RUN_BYTES: u64 = 32 << 20;
-
-/// Checks that `trials` trials of `job` fit the bounds on what a run holds in memory
-/// ([`MAX_TRIALS`], [`MAX_VALUES`]). The error names `key` and says `what` sets the count
-/// (e.g. "asks for"), then `hint`.
-pub fn check_trial_count(
-    job: &Job,
-    trials: u64,
-    key: &str,
-    what: &str,
-    hint: &str,
-) -> Result<(), JobError> {
-    if trials > MAX_TRIALS {
-        return Err(job.invalid(
-            key,
-            format!("{what} {trials} trials, more than a run holds (at most {MAX_TRIALS}){hint}"),
-        ));
-    }
-    let each = job.values_per_trial() as u64;
-    let values = trials.saturating_mul(each);
-    if values > MAX_VALUES {
-        return Err(job.invalid(
-            key,
-            format!(
-                "{what} {trials} trials of {each} parameter values each ({values} values), more \
-                 than a run holds (at most {MAX_VALUES} values: {} trials of {each} values){hint}",
-                MAX_VALUES / each.max(1)
-            ),
-        ));
-    }
-    let bytes = job.space.bytes_per_point();
-    if bytes > MAX_TRIAL_BYTES {
-        return Err(job.invalid(
-            "parameters",
-            format!(
-                "hold up to {bytes} bytes of names and values per trial, more than a trial \
-                 holds (at most {MAX_TRIAL_BYTES}): shorten the longest values"
-            ),
-        ));
-    }
-    let held = trials.saturating_mul(bytes);
-    if held > MAX_RUN_BYTES {
-        return Err(job.invalid(
-            key,
-            format!(
-                "{what} {trials} trials of up to {bytes} bytes of parameter values each ({held} \
-                 bytes), more than a run holds (at most {MAX_RUN_BYTES} bytes: {} trials of \
-                 {bytes} bytes){hint}",
-                MAX_RUN_BYTES / bytes.max(1)
-            ),
-        ));
-    }
-    Ok(())
-}
+pub use crate::job::limits::{
+    check_trial_count, MAX_RUN_BYTES, MAX_TRIALS, MAX_TRIAL_BYTES, MAX_VALUES,
+};
 
 /// How many trials a sweep of `job` runs: the grid's points (capped by `run_cap`), or `run_cap`
 /// random draws (the points of a space of only `value`/`values` when `run_cap` is unset).
@@ -550,47 +489,10 @@ pub fn rounds(job: &Job, budgets: &Budgets, splits: &[SplitMode]) -> Result<Vec<
     Ok(out)
 }
 
-/// The largest `b` in `[ok, bad)` for which `fits(b)`, given `fits(ok)` and `!fits(bad)`, for a
-/// `fits` that holds up to some size and not beyond (a batch size against a slice's cap): a
-/// bisection, `fits` called about log2(bad − ok) times.
-pub fn largest_fitting<E>(
-    mut ok: usize,
-    mut bad: usize,
-    fits: &mut dyn FnMut(usize) -> Result<bool, E>,
-) -> Result<usize, E> {
-    while bad - ok > 1 {
-        let mid = ok + (bad - ok) / 2;
-        if fits(mid)? {
-            ok = mid;
-        } else {
-            bad = mid;
-        }
-    }
-    Ok(ok)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::collections::BTreeSet;
-
-    #[test]
-    fn the_search_finds_the_last_size_that_fits() {
-        for limit in [5usize, 6, 7, 63, 64, 100] {
-            let mut calls = 0;
-            let got = largest_fitting(4, 128, &mut |b| {
-                calls += 1;
-                Ok::<bool, ()>(b <= limit)
-            })
-            .unwrap_or(0);
-            assert_eq!(got, limit.min(127));
-            assert!(calls <= 7, "{calls} probes for a range of 124");
-        }
-        assert_eq!(
-            largest_fitting::<()>(4, 5, &mut |_| unreachable!()).unwrap_or(0),
-            4
-        );
-    }
 
     use std::path::Path;
 

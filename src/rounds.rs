@@ -4,13 +4,13 @@ use std::io::Write;
 use std::path::Path;
 use std::sync::Arc;
 
+use crate::cancel::Cancel;
 use crate::data::Dataset;
 use crate::error::{Error, Result};
 use crate::job::{Job, SplitMode};
 use crate::plan::{Round, MIB};
 use crate::report::{self, ProgressRow, TrialRow};
 use crate::run::Resolved;
-use crate::sched::cancel::Cancel;
 use crate::sched::{RoundContext, TrialOutcome};
 
 /// Writes one line of a command's output.
@@ -145,5 +145,80 @@ pub fn trial_row(job: &Job, round: u32, split: SplitMode, n: u32, o: &TrialOutco
         error: o.error().unwrap_or_default(),
         metric: metric(&job.file.metric.name),
         params: serde_json::to_string(&o.trial.params).unwrap_or_default(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::job::{BackendChoice, SplitMode};
+    use crate::plan::{Round, SliceSpec};
+    use crate::run::{load_data, resolve_backend};
+    use crate::sched::{run_round, Device, Devices, TrialState};
+
+    fn slice(index: u32, device: u32) -> SliceSpec {
+        SliceSpec {
+            index,
+            device,
+            mem_cap_bytes: Some(64 << 20),
+            sm_count: None,
+            partition: None,
+        }
+    }
+
+    #[test]
+    fn a_trial_runs_on_its_slices_device_and_fails_alone_where_there_is_none() {
+        let job = Job::parse(
+            "model: {kind: mlp, hidden: [16]}\ndata: {source: synthetic, train_samples: 512, test_samples: 128}\ntrain: {epochs: 1, batch_size: 64}\n",
+            std::path::Path::new("j.yaml"),
+        )
+        .unwrap();
+        let data = load_data(&job, None).unwrap();
+        let found = crate::gpu::discover();
+        let r = resolve_backend(BackendChoice::Cpu, &found, &job.file.engine).unwrap();
+        let mut ctx = builtin_context(
+            &job,
+            &data,
+            &r,
+            None,
+            std::path::Path::new("gpumux"),
+            &Cancel::new(),
+        )
+        .unwrap();
+        ctx.devices = Devices::with(Device::Cpu, vec![(1, Device::Cpu)]);
+        let round = Round {
+            index: 0,
+            n: 3,
+            split: SplitMode::Logical,
+            slices: vec![slice(0, 0), slice(1, 1), slice(2, 2)],
+            trials: crate::plan::trials(&job, 8).unwrap(),
+        };
+        let out = run_round(&round, &ctx, &mut |_| {});
+        assert_eq!(out.outcomes.len(), 8);
+        for o in &out.outcomes {
+            if o.slice.device == 2 {
+                assert_eq!(o.state(), TrialState::Fail);
+                let e = o.error().unwrap_or_default();
+                assert!(e.contains("device 2 was not opened"), "{e}");
+            } else {
+                assert_eq!(o.state(), TrialState::Complete, "{:?}", o.error());
+            }
+        }
+        // Slices on device 1 alone run every trial; on device 2 alone, none.
+        let on = |device: u32| Round {
+            slices: vec![slice(0, device), slice(1, device)],
+            trials: crate::plan::trials(&job, 3).unwrap(),
+            ..round.clone()
+        };
+        let out = run_round(&on(1), &ctx, &mut |_| {});
+        assert!(out
+            .outcomes
+            .iter()
+            .all(|o| o.state() == TrialState::Complete && o.slice.device == 1));
+        let out = run_round(&on(2), &ctx, &mut |_| {});
+        assert_eq!(out.outcomes.len(), 3);
+        assert!(out.outcomes.iter().all(|o| o.state() == TrialState::Fail
+            && o.error()
+                .is_some_and(|e| e.contains("device 2 was not opened"))));
     }
 }

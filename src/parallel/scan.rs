@@ -12,11 +12,11 @@ use crate::engine::Backend;
 use crate::error::{EngineError, Error, Result, TrialError};
 use crate::job::{Job, SplitMode};
 use crate::models;
-use crate::plan::largest_fitting;
 use crate::plan::{self, MIB};
 use crate::rounds::say;
 use crate::run::{self, OutFolder};
 use crate::sched;
+use crate::train::largest_fitting;
 
 /// The file with one row per batch size tried.
 pub const SCAN_CSV: &str = "batch_scan.csv";

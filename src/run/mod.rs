@@ -205,7 +205,7 @@ pub fn watch_signals() {
 /// installed the run goes on unwatched, with a note.
 pub fn cancel_on_signals(grace: Duration) -> Cancel {
     let cancel = Cancel::new();
-    if let Err(e) = cancel.on_signals(grace) {
+    if let Err(e) = cancel::on_signals(&cancel, grace) {
         crate::note!("note: cannot watch for signals: {e}");
     }
     cancel
@@ -219,32 +219,4 @@ pub fn telemetry(r: &Resolved, hz: f64) -> Option<Sampler> {
             .map_err(|why| crate::note!("note: no telemetry for this round: {why}"))
             .ok()
     })
-}
-
-#[cfg(test)]
-mod tests {
-    /// Run setup and what the runners share sit below the runners: they import none of them
-    /// (the runners call down into them, never the other way).
-    #[test]
-    fn run_setup_imports_no_runner() {
-        let src = crate::test_root().join("src");
-        let runners = [
-            "crate::fib",
-            "crate::trial",
-            "crate::sweep",
-            "crate::parallel::run",
-            "crate::parallel::scan",
-        ];
-        for file in ["run/mod.rs", "run/backend.rs", "run/split.rs", "rounds.rs"] {
-            let text = std::fs::read_to_string(src.join(file)).unwrap();
-            for runner in runners {
-                assert!(
-                    !text
-                        .lines()
-                        .any(|l| l.trim_start().starts_with("use ") && l.contains(runner)),
-                    "src/{file} imports {runner}"
-                );
-            }
-        }
-    }
 }

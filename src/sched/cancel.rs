@@ -5,84 +5,31 @@
 //! nor fatal: each [`Cancel`] that subscribes later ([`Cancel::on_signals`]) is told of the
 //! signals already seen.
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Mutex, Weak};
 use std::time::Duration;
 
+pub use crate::cancel::Cancel;
+use crate::cancel::Flags;
 use crate::error::exit;
 
-#[derive(Debug, Default)]
-struct Flags {
-    draining: AtomicBool,
-    aborted: AtomicBool,
-}
-
-/// Shared by the supervisor, its workers and the trials they run.
-#[derive(Clone, Debug, Default)]
-pub struct Cancel {
-    flags: Arc<Flags>,
-}
-
-impl Cancel {
-    pub fn new() -> Self {
-        Cancel::default()
+/// On the first SIGINT or SIGTERM: drain at once, and abort `grace` later (or at a second
+/// signal); a signal after the abort ends the process at once with exit code 3. Signals that
+/// came before this call count. Returns an error when the handlers cannot be installed.
+pub fn on_signals(cancel: &Cancel, grace: Duration) -> std::io::Result<()> {
+    watch_signals()?;
+    let mut subs = WATCHER
+        .subscribers
+        .lock()
+        .unwrap_or_else(|p| p.into_inner());
+    subs.retain(|(w, _)| w.strong_count() > 0);
+    subs.push((cancel.downgrade(), grace));
+    match WATCHER.seen.load(Ordering::SeqCst) {
+        0 => {}
+        1 => cancel.begin(grace),
+        _ => cancel.abort(),
     }
-
-    /// Stop launching trials; running ones go on.
-    pub fn drain(&self) {
-        self.flags.draining.store(true, Ordering::SeqCst);
-    }
-
-    /// Stop running trials too (they end as INTERRUPTED).
-    pub fn abort(&self) {
-        self.drain();
-        self.flags.aborted.store(true, Ordering::SeqCst);
-    }
-
-    pub fn draining(&self) -> bool {
-        self.flags.draining.load(Ordering::SeqCst)
-    }
-
-    pub fn aborted(&self) -> bool {
-        self.flags.aborted.load(Ordering::SeqCst)
-    }
-
-    /// Drains now and aborts `grace` later (at once when it is zero).
-    fn begin(&self, grace: Duration) {
-        if grace.is_zero() {
-            self.abort();
-            return;
-        }
-        self.drain();
-        let later = Arc::downgrade(&self.flags);
-        let _ = std::thread::Builder::new()
-            .name("gpumux-grace".into())
-            .spawn(move || {
-                std::thread::sleep(grace);
-                if let Some(flags) = later.upgrade() {
-                    Cancel { flags }.abort();
-                }
-            });
-    }
-
-    /// On the first SIGINT or SIGTERM: drain at once, and abort `grace` later (or at a second
-    /// signal); a signal after the abort ends the process at once with exit code 3. Signals that
-    /// came before this call count. Returns an error when the handlers cannot be installed.
-    pub fn on_signals(&self, grace: Duration) -> std::io::Result<()> {
-        watch_signals()?;
-        let mut subs = WATCHER
-            .subscribers
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
-        subs.retain(|(w, _)| w.strong_count() > 0);
-        subs.push((Arc::downgrade(&self.flags), grace));
-        match WATCHER.seen.load(Ordering::SeqCst) {
-            0 => {}
-            1 => self.begin(grace),
-            _ => self.abort(),
-        }
-        Ok(())
-    }
+    Ok(())
 }
 
 /// The signals seen by this process, and the cancels to tell.
@@ -136,7 +83,7 @@ fn on_signal(sig: i32) {
             .lock()
             .unwrap_or_else(|p| p.into_inner());
         list.iter()
-            .filter_map(|(w, g)| w.upgrade().map(|flags| (Cancel { flags }, *g)))
+            .filter_map(|(w, g)| Cancel::upgrade(w).map(|c| (c, *g)))
             .collect()
     };
     if n > 1 && subs.iter().all(|(c, _)| c.aborted()) {
@@ -161,36 +108,5 @@ fn on_signal(sig: i32) {
         for (c, _) in &subs {
             c.abort();
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn abort_implies_drain_and_clones_share_state() {
-        let c = Cancel::new();
-        let d = c.clone();
-        assert!(!d.draining() && !d.aborted());
-        c.drain();
-        assert!(d.draining() && !d.aborted());
-        c.abort();
-        assert!(d.aborted());
-    }
-
-    #[test]
-    fn a_grace_period_ends_in_an_abort_and_zero_aborts_at_once() {
-        let c = Cancel::new();
-        c.begin(Duration::from_millis(30));
-        assert!(c.draining());
-        let waited = std::time::Instant::now();
-        while !c.aborted() && waited.elapsed() < Duration::from_secs(10) {
-            std::thread::sleep(Duration::from_millis(5));
-        }
-        assert!(c.aborted());
-        let z = Cancel::new();
-        z.begin(Duration::ZERO);
-        assert!(z.aborted());
     }
 }

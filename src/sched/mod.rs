@@ -535,9 +535,6 @@ pub(crate) fn outcome(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::job::{BackendChoice, Job};
-    use crate::rounds::builtin_context;
-    use crate::run::{load_data, resolve_backend};
 
     fn slice(index: u32, device: u32, partition: Option<u32>, sms: u32) -> SliceSpec {
         SliceSpec {
@@ -628,65 +625,5 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("device 0 only, not device 1"), "{e}");
-    }
-
-    #[test]
-    fn a_trial_runs_on_its_slices_device_and_fails_alone_where_there_is_none() {
-        let job = Job::parse(
-            "model: {kind: mlp, hidden: [16]}\ndata: {source: synthetic, train_samples: 512, test_samples: 128}\ntrain: {epochs: 1, batch_size: 64}\n",
-            std::path::Path::new("j.yaml"),
-        )
-        .unwrap();
-        let data = load_data(&job, None).unwrap();
-        let found = crate::gpu::discover();
-        let r = resolve_backend(BackendChoice::Cpu, &found, &job.file.engine).unwrap();
-        let mut ctx = builtin_context(
-            &job,
-            &data,
-            &r,
-            None,
-            std::path::Path::new("gpumux"),
-            &cancel::Cancel::new(),
-        )
-        .unwrap();
-        ctx.devices = Devices::with(Device::Cpu, vec![(1, Device::Cpu)]);
-        let round = Round {
-            index: 0,
-            n: 3,
-            split: SplitMode::Logical,
-            slices: vec![
-                slice(0, 0, None, 0),
-                slice(1, 1, None, 0),
-                slice(2, 2, None, 0),
-            ],
-            trials: crate::plan::trials(&job, 8).unwrap(),
-        };
-        let out = run_round(&round, &ctx, &mut |_| {});
-        assert_eq!(out.outcomes.len(), 8);
-        for o in &out.outcomes {
-            if o.slice.device == 2 {
-                assert_eq!(o.state(), TrialState::Fail);
-                let e = o.error().unwrap_or_default();
-                assert!(e.contains("device 2 was not opened"), "{e}");
-            } else {
-                assert_eq!(o.state(), TrialState::Complete, "{:?}", o.error());
-            }
-        }
-        // Slices on device 1 alone run every trial; on device 2 alone, none.
-        let on = |device: u32| Round {
-            slices: vec![slice(0, device, None, 0), slice(1, device, None, 0)],
-            trials: crate::plan::trials(&job, 3).unwrap(),
-            ..round.clone()
-        };
-        let out = run_round(&on(1), &ctx, &mut |_| {});
-        assert!(out
-            .outcomes
-            .iter()
-            .all(|o| o.state() == TrialState::Complete && o.slice.device == 1));
-        let out = run_round(&on(2), &ctx, &mut |_| {});
-        assert_eq!(out.outcomes.len(), 3);
-        assert!(out.outcomes.iter().all(|o| o.state() == TrialState::Fail
-            && o.error()
-                .is_some_and(|e| e.contains("device 2 was not opened"))));
     }
 }

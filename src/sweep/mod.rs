@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 
+use crate::cancel::Cancel;
 use crate::engine::cuda::CudaEngine;
 use crate::error::{Error, Result};
 use crate::job::{Concurrency, Goal, Job, SplitMode};
@@ -20,7 +21,6 @@ use crate::plan::{self, Round, TrialSpec};
 use crate::report::{self, ProgressRow, TrialRow};
 use crate::rounds::{builtin_context, progress_row, say, trial_row};
 use crate::run::{self, OutFolder, Resolved, Unavailable};
-use crate::sched::cancel::Cancel;
 use crate::sched::external::ExternalEnv;
 use crate::sched::{self, Device, Devices, Event, ExternalTrials, RoundContext, TrialState};
 use crate::space::ParamValue;

@@ -3,9 +3,9 @@
 use std::time::Instant;
 
 use super::{seeds, EpochStats, TrialResult};
+use crate::cancel::Cancel;
 use crate::engine::STATS_LEN;
 use crate::error::TrialError;
-use crate::sched::cancel::Cancel;
 
 /// Where a step stands in the training.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -1,12 +1,18 @@
 //! Training: what a trial trains and what it reports, one loop of epochs and steps ([`epochs`]) over one seed schedule ([`seeds`]), used by single trials ([`run_trial`]) and mirrored training ([`crate::parallel`]) alike.
 
 pub mod epochs;
+pub mod fault;
+pub mod fit;
 pub mod seeds;
 mod single;
 
 use serde::{Deserialize, Serialize};
 
-use crate::job::{EngineOptions, FaultSpec, Hyper, ModelSpec};
+use crate::engine::EngineOptions;
+use crate::models::{Hyper, ModelSpec};
+use fault::FaultSpec;
+
+pub use fit::largest_fitting;
 
 pub use single::run_trial;
 pub(crate) use single::{evaluate, Loads};
@@ -31,7 +37,7 @@ pub struct TrialConfig {
     /// Checked at every step: an aborted trial stops with
     /// [`crate::error::TrialError::Interrupted`].
     #[serde(skip)]
-    pub cancel: crate::sched::cancel::Cancel,
+    pub cancel: crate::cancel::Cancel,
 }
 
 /// The figures of one epoch.

@@ -1,6 +1,6 @@
 //! The seed schedule of a training: which stream of the trial's seed drives what, named once for single trials and mirrored training alike.
 
-use crate::engine::rng::{derive, HostRng};
+use crate::rng::{derive, HostRng};
 
 /// The label of the stream that orders epoch `e`'s training samples: `EPOCH_ORDER + e`.
 const EPOCH_ORDER: u64 = 0x100;

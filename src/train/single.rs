@@ -4,12 +4,13 @@ use std::convert::Infallible;
 use std::time::Instant;
 
 use super::epochs::{self, Schedule, StepAt, Steps};
+use super::fault::{FaultKind, FaultSpec};
+use super::fit::largest_fitting;
 use super::{seeds, EpochStats, TrialConfig, TrialResult};
 use crate::engine::{Backend, Split, STATS_LEN};
 use crate::error::TrialError;
-use crate::job::{FaultKind, FaultSpec};
 use crate::models;
-use crate::plan::{largest_fitting, MIB};
+use crate::units::MIB;
 
 /// Trains one trial on `be`, calling `on_epoch` after each epoch.
 ///
@@ -246,7 +247,7 @@ fn capture_step(
     net: &models::Network,
     steps_per_epoch: usize,
     dropout_seed: u64,
-    h: &crate::job::Hyper,
+    h: &crate::models::Hyper,
 ) -> Result<(), TrialError> {
     be.begin_capture()?;
     let body = net.train_step(be, steps_per_epoch, dropout_seed, h);
@@ -319,7 +320,8 @@ mod tests {
     use super::*;
     use crate::data::{Dataset, Samples};
     use crate::engine::cpu::CpuBackend;
-    use crate::job::{EngineOptions, Hyper, ModelKind, ModelSpec, Optimizer};
+    use crate::engine::EngineOptions;
+    use crate::models::{Hyper, ModelKind, ModelSpec, Optimizer};
     use std::sync::Arc;
 
     fn config(batch: u32) -> TrialConfig {
