@@ -91,8 +91,26 @@ pub enum EngineError {
     Shape { op: &'static str, message: String },
     #[error("the arena is not allocated yet")]
     NoArena,
+    /// A call into a CUDA library returned an error status: a kernel fault, an illegal
+    /// address, a failed launch or a library's own failure.
+    #[error("{call}: {status}")]
+    Cuda {
+        library: CudaLibrary,
+        call: String,
+        /// The library's name for the status (e.g. `CUDA_ERROR_ILLEGAL_ADDRESS`).
+        status: String,
+    },
     #[error("{0}")]
     Device(String),
+}
+
+/// The CUDA library whose call failed ([`EngineError::Cuda`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CudaLibrary {
+    Driver,
+    Cublas,
+    Cudnn,
 }
 
 /// Errors in running a trial (the trial fails; the round goes on).

@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 
 use super::cancel::Cancel;
 use super::child::{signal_name, Exit};
-use crate::error::{EngineError, TrialError};
+use crate::error::{CudaLibrary, EngineError, TrialError};
 use crate::train::{json_float, TrialResult};
 
 /// Which kind of process a trial ran in.
@@ -192,7 +192,15 @@ pub enum Failure {
     /// The dataset could not be read (in a worker process, which loads its own).
     #[error("{0}")]
     Data(String),
-    /// The device or the engine on it failed (a CUDA error, a shape the model cannot take, ...).
+    /// A CUDA library call failed on the device: a kernel fault, an illegal address, a failed
+    /// launch, a cuBLAS or cuDNN failure.
+    #[error("{call}: {status}")]
+    Kernel {
+        library: CudaLibrary,
+        call: String,
+        status: String,
+    },
+    /// The engine failed otherwise (a shape the model cannot take, a device that cannot be used).
     #[error("{0}")]
     Device(String),
     /// The trial's slice has nothing to run on: its device was not opened, or its green
@@ -275,6 +283,15 @@ impl From<EngineError> for Failure {
             EngineError::DeviceFull { need_mib, free_mib } => {
                 Failure::DeviceFull { need_mib, free_mib }
             }
+            EngineError::Cuda {
+                library,
+                call,
+                status,
+            } => Failure::Kernel {
+                library,
+                call,
+                status,
+            },
             other => Failure::Device(other.to_string()),
         }
     }
@@ -375,6 +392,11 @@ mod tests {
                 free_mib: None,
             },
             Failure::Panic("boom".into()),
+            Failure::Kernel {
+                library: CudaLibrary::Cudnn,
+                call: "cudnnConvolutionForward".into(),
+                status: "CUDNN_STATUS_EXECUTION_FAILED".into(),
+            },
         ];
         for f in all {
             let text = serde_json::to_string(&f).unwrap();
@@ -428,6 +450,26 @@ mod tests {
             .to_string(),
             "no value for metric test_acc in the trial's result"
         );
+    }
+
+    #[test]
+    fn a_cuda_error_is_a_typed_kernel_failure_worded_as_before() {
+        let e = EngineError::Cuda {
+            library: CudaLibrary::Driver,
+            call: "cuStreamSynchronize".into(),
+            status: "CUDA_ERROR_ILLEGAL_ADDRESS".into(),
+        };
+        let words = e.to_string();
+        assert_eq!(words, "cuStreamSynchronize: CUDA_ERROR_ILLEGAL_ADDRESS");
+        let f = Failure::from(e);
+        assert!(
+            matches!(&f, Failure::Kernel { library: CudaLibrary::Driver, status, .. }
+                if status == "CUDA_ERROR_ILLEGAL_ADDRESS"),
+            "{f:?}"
+        );
+        assert_eq!(f.to_string(), words);
+        let other = Failure::from(EngineError::Device("no device".into()));
+        assert!(matches!(other, Failure::Device(_)), "{other:?}");
     }
 
     #[test]

@@ -6,14 +6,23 @@ use cudarc::cublas::sys as blas;
 use cudarc::cudnn::sys as dnn;
 use cudarc::driver::sys;
 
-use crate::error::EngineError;
+use crate::error::{CudaLibrary, EngineError};
 
-/// `Ok` for `CUDA_SUCCESS`, else `EngineError::Device("{call}: {error name}")`.
+/// `Ok` for `CUDA_SUCCESS`, else `EngineError::Cuda` naming the call and the driver's error.
 pub(crate) fn check(res: sys::CUresult, call: &str) -> Result<(), EngineError> {
     if res == sys::CUresult::CUDA_SUCCESS {
         Ok(())
     } else {
-        Err(EngineError::Device(format!("{call}: {}", error_name(res))))
+        Err(failed(CudaLibrary::Driver, call, error_name(res)))
+    }
+}
+
+/// The error of a failed call into `library`.
+fn failed(library: CudaLibrary, call: &str, status: String) -> EngineError {
+    EngineError::Cuda {
+        library,
+        call: call.to_string(),
+        status,
     }
 }
 
@@ -36,21 +45,21 @@ pub(crate) fn error_name(res: sys::CUresult) -> String {
     format!("{res:?}")
 }
 
-/// `Ok` for `CUBLAS_STATUS_SUCCESS`, else `EngineError::Device("{call}: {status name}")`.
+/// `Ok` for `CUBLAS_STATUS_SUCCESS`, else `EngineError::Cuda` naming the call and the status.
 pub(crate) fn check_blas(status: blas::cublasStatus_t, call: &str) -> Result<(), EngineError> {
     if status == blas::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
         Ok(())
     } else {
-        Err(EngineError::Device(format!("{call}: {status:?}")))
+        Err(failed(CudaLibrary::Cublas, call, format!("{status:?}")))
     }
 }
 
-/// `Ok` for `CUDNN_STATUS_SUCCESS`, else `EngineError::Device("{call}: {status name}")`.
+/// `Ok` for `CUDNN_STATUS_SUCCESS`, else `EngineError::Cuda` naming the call and the status.
 pub(crate) fn check_dnn(status: dnn::cudnnStatus_t, call: &str) -> Result<(), EngineError> {
     if status == dnn::cudnnStatus_t::CUDNN_STATUS_SUCCESS {
         Ok(())
     } else {
-        Err(EngineError::Device(format!("{call}: {status:?}")))
+        Err(failed(CudaLibrary::Cudnn, call, format!("{status:?}")))
     }
 }
 
