@@ -1,5 +1,6 @@
 // What every kernel family shares: the 64-bit index type, the grid-stride loop, the check that a
-// loop fits 32-bit indices, and the fixed-order block reduction tree. Each .cu file includes it;
+// loop fits 32-bit indices, the window of a convolution or a pooling, and the fixed-order block
+// reduction tree. Each .cu file includes it;
 // src/engine/cuda/kernels.rs puts this text in place of that line for NVRTC, which is given no
 // header files.
 
@@ -18,6 +19,39 @@ __device__ __forceinline__ bool fits32(u64 total)
 {
     return total + (u64)blockDim.x * gridDim.x <= 0xffffffffULL;
 }
+
+// One window along one axis of a convolution or a pooling: k taps, a stride, and pad positions
+// before the first input (engine::shapes::Window is its host side). T is the signed type the
+// family computes indices in.
+template <typename T>
+struct Window {
+    T k, stride, pad;
+
+    // The input index that tap t of output o reads: o·stride + t − pad (outside [0, n) in the
+    // padding).
+    __device__ __forceinline__ T input(T o, T t) const { return o * stride + t - pad; }
+
+    // The output, of `out`, whose tap t reads input i; −1 when none does.
+    __device__ __forceinline__ T output(T i, T t, T out) const
+    {
+        const T to = i + pad - t;
+        if (to < 0 || to % stride != 0 || to / stride >= out) {
+            return -1;
+        }
+        return to / stride;
+    }
+
+    // The first and one-past-last output, of `out`, whose windows cover input i:
+    // o·stride − pad ≤ i ≤ o·stride − pad + k − 1.
+    __device__ __forceinline__ void covering(T i, T out, T* lo, T* hi) const
+    {
+        const T top = i + pad;
+        const T first = top - k + 1;
+        *lo = first <= 0 ? 0 : (first + stride - 1) / stride;
+        const T last = top / stride + 1;
+        *hi = last < out ? last : out;
+    }
+};
 
 // Adds the block's per-thread values of two shared arrays (one entry a thread, at most
 // MAX_THREADS) with a fixed-order tree, so the totals, in a[0] and b[0], are the same on every run

@@ -9,6 +9,12 @@
 // The sizes shared by im2col and col2im.
 struct ConvSizes {
     unsigned int n, c_in, h, w, k, pad, stride, h_out, w_out;
+
+    // The window along either axis (square kernels).
+    __device__ __forceinline__ Window<long long> window() const
+    {
+        return Window<long long>{(long long)k, (long long)stride, (long long)pad};
+    }
 };
 
 template <typename I>
@@ -23,8 +29,8 @@ __device__ void im2col_body(const float* x, float* col, ConvSizes s)
         const I bo = j / s.w_out, b = bo / s.h_out;
         const unsigned int ox = (unsigned int)(j - bo * s.w_out);
         const unsigned int oy = (unsigned int)(bo - b * s.h_out);
-        const long long iy = (long long)oy * s.stride + ky - s.pad,
-                        ix = (long long)ox * s.stride + kx - s.pad;
+        const Window<long long> win = s.window();
+        const long long iy = win.input(oy, ky), ix = win.input(ox, kx);
         float v = 0.0f;
         if (iy >= 0 && iy < s.h && ix >= 0 && ix < s.w) {
             v = x[((b * s.c_in + ci) * s.h + (I)iy) * s.w + (I)ix];
@@ -60,20 +66,19 @@ __device__ void col2im_body(const float* col, float* dx, ConvSizes s)
         const I by = e / s.w, plane = by / s.h, b = plane / s.c_in;
         const long long ix = (long long)(e - by * s.w), iy = (long long)(by - plane * s.h);
         const I ci = plane - b * s.c_in;
+        const Window<long long> win = s.window();
         float sum = 0.0f;
         for (unsigned int ky = 0; ky < s.k; ++ky) {
             // Read by output row oy when oy·stride + ky − pad = iy.
-            const long long ty = iy + s.pad - ky;
-            if (ty < 0 || ty % s.stride != 0 || ty / s.stride >= s.h_out) {
+            const long long oy = win.output(iy, ky, s.h_out);
+            if (oy < 0) {
                 continue;
             }
-            const long long oy = ty / s.stride;
             for (unsigned int kx = 0; kx < s.k; ++kx) {
-                const long long tx = ix + s.pad - kx;
-                if (tx < 0 || tx % s.stride != 0 || tx / s.stride >= s.w_out) {
+                const long long ox = win.output(ix, kx, s.w_out);
+                if (ox < 0) {
                     continue;
                 }
-                const long long ox = tx / s.stride;
                 const I row = (ci * s.k + ky) * s.k + kx;
                 sum += col[row * cols + (b * s.h_out + (I)oy) * s.w_out + (I)ox];
             }

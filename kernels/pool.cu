@@ -7,6 +7,12 @@
 
 struct PoolSizes {
     unsigned int h, w, k, stride, pad, h_out, w_out;
+
+    // The window along either axis (square windows).
+    __device__ __forceinline__ Window<int> window() const
+    {
+        return Window<int>{(int)k, (int)stride, (int)pad};
+    }
 };
 
 // The max of the window of output (oy, ox) in a plane: its first real position (row-major), then
@@ -14,15 +20,16 @@ struct PoolSizes {
 __device__ __forceinline__ float window_max(const float* plane, PoolSizes s, unsigned int oy,
                                             unsigned int ox)
 {
+    const Window<int> win = s.window();
     bool have = false;
     float m = 0.0f;
     for (unsigned int ky = 0; ky < s.k; ++ky) {
-        const int iy = (int)(oy * s.stride + ky) - (int)s.pad;
+        const int iy = win.input((int)oy, (int)ky);
         if (iy < 0 || iy >= (int)s.h) {
             continue;
         }
         for (unsigned int kx = 0; kx < s.k; ++kx) {
-            const int ix = (int)(ox * s.stride + kx) - (int)s.pad;
+            const int ix = win.input((int)ox, (int)kx);
             if (ix < 0 || ix >= (int)s.w) {
                 continue;
             }
@@ -73,13 +80,14 @@ extern "C" __global__ void maxpool_fwd(const float* x, float* y, unsigned int n,
 __device__ __forceinline__ bool first_max(const float* plane, PoolSizes s, unsigned int oy,
                                           unsigned int ox, float max, int iy, int ix)
 {
+    const Window<int> win = s.window();
     for (unsigned int ky = 0; ky < s.k; ++ky) {
-        const int wy = (int)(oy * s.stride + ky) - (int)s.pad;
+        const int wy = win.input((int)oy, (int)ky);
         if (wy < 0 || wy >= (int)s.h) {
             continue;
         }
         for (unsigned int kx = 0; kx < s.k; ++kx) {
-            const int wx = (int)(ox * s.stride + kx) - (int)s.pad;
+            const int wx = win.input((int)ox, (int)kx);
             if (wx < 0 || wx >= (int)s.w) {
                 continue;
             }
@@ -89,17 +97,6 @@ __device__ __forceinline__ bool first_max(const float* plane, PoolSizes s, unsig
         }
     }
     return false;
-}
-
-// The first and one-past-last output index whose windows cover input index i along one axis:
-// o·stride − pad ≤ i ≤ o·stride − pad + k − 1, 0 ≤ o < out.
-__device__ __forceinline__ void covering(int i, PoolSizes s, unsigned int out, int* lo, int* hi)
-{
-    const int st = (int)s.stride, top = i + (int)s.pad;
-    const int first = top - (int)s.k + 1;
-    *lo = first <= 0 ? 0 : (first + st - 1) / st;
-    const int last = top / st + 1;
-    *hi = last < (int)out ? last : (int)out;
 }
 
 template <typename I>
@@ -112,9 +109,10 @@ __device__ void maxpool_bwd_body(const float* x, const float* y, const float* dy
         const I p = e / plane;
         const unsigned int r = (unsigned int)(e - p * plane);
         const int iy = (int)(r / s.w), ix = (int)(r - (unsigned int)iy * s.w);
+        const Window<int> win = s.window();
         int oy0, oy1, ox0, ox1;
-        covering(iy, s, s.h_out, &oy0, &oy1);
-        covering(ix, s, s.w_out, &ox0, &ox1);
+        win.covering(iy, (int)s.h_out, &oy0, &oy1);
+        win.covering(ix, (int)s.w_out, &ox0, &ox1);
         const float* xp = x + p * plane;
         // Windows in row-major order, each adding its gradient when this is its first max: the
         // order in which ops::maxpool_bwd adds into this element.
