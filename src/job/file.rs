@@ -1,9 +1,12 @@
 //! The job file as written: the serde structs and enums of its sections, and their defaults.
 
 use serde::{Deserialize, Serialize};
+use serde_yaml::Value;
 use std::collections::BTreeMap;
 
-use super::{BackendChoice, EngineOptions, FaultSpec, ModelSpec, Optimizer, SplitMode, DEFAULT_N};
+use super::{
+    BackendChoice, EngineOptions, FaultSpec, ModelSpec, Optimizer, SplitMode, DEFAULT_N, MAX_N,
+};
 use crate::data::DataSpec;
 use crate::space::{Method, ParamSpec};
 
@@ -243,11 +246,46 @@ impl Default for MetricSpec {
 }
 
 /// `concurrency:` a number of trials at a time, or `auto`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(untagged)]
 pub enum Concurrency {
     Fixed(u32),
     Auto(AutoWord),
+}
+
+impl Concurrency {
+    /// The concurrency a job file's value gives: a whole number (its range is checked with the
+    /// rest of the job) or `auto`. The error says what the value must be, for `concurrency`.
+    pub fn from_value(value: &Value) -> Result<Concurrency, String> {
+        match value {
+            Value::Number(n) => {
+                if let Some(c) = n.as_u64().and_then(|c| u32::try_from(c).ok()) {
+                    return Ok(Concurrency::Fixed(c));
+                }
+            }
+            Value::String(s) if s == "auto" => return Ok(Concurrency::Auto(AutoWord::Auto)),
+            _ => {}
+        }
+        let shown = match value {
+            Value::Null => "empty".to_string(),
+            Value::Bool(b) => b.to_string(),
+            Value::Number(n) => n.to_string(),
+            Value::String(s) => format!("`{s}`"),
+            Value::Sequence(_) => "a list".to_string(),
+            Value::Mapping(_) => "a mapping".to_string(),
+            Value::Tagged(_) => "a tagged value".to_string(),
+        };
+        Err(format!(
+            "must be a whole number from 1 to {MAX_N}, or auto, not {shown}"
+        ))
+    }
+}
+
+impl<'de> Deserialize<'de> for Concurrency {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let value = Value::deserialize(d)?;
+        Concurrency::from_value(&value).map_err(serde::de::Error::custom)
+    }
 }
 
 /// The word `auto`.

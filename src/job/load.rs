@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use super::{text, Job, JobFile};
+use super::{text, Concurrency, Job, JobFile};
 use crate::error::JobError;
 use crate::space::Space;
 
@@ -59,9 +59,11 @@ impl Job {
                 },
             },
         })?;
-        let file: JobFile = serde_yaml::from_str(text).map_err(|e| JobError::Syntax {
-            path: path.into(),
-            message: one_line(&e.to_string()),
+        let file: JobFile = serde_yaml::from_str(text).map_err(|e| {
+            key_error(text, path, &e).unwrap_or_else(|| JobError::Syntax {
+                path: path.into(),
+                message: one_line(&e.to_string()),
+            })
         })?;
         let name = file.name.clone().unwrap_or_else(|| {
             path.file_stem()
@@ -98,6 +100,22 @@ impl Job {
         job.check()?;
         Ok(job)
     }
+}
+
+/// A parse error that comes from a key whose value the job file's schema checks itself
+/// (`concurrency`), said as every other key's error is: naming the key, with its line.
+fn key_error(text: &str, path: &Path, error: &serde_yaml::Error) -> Option<JobError> {
+    let doc: serde_yaml::Value = serde_yaml::from_str(text).ok()?;
+    let message = Concurrency::from_value(doc.get("concurrency")?).err()?;
+    error
+        .to_string()
+        .contains(&message)
+        .then(|| JobError::Invalid {
+            path: path.into(),
+            key: "concurrency".into(),
+            line: locate(text, "concurrency"),
+            message,
+        })
 }
 
 fn one_line(s: &str) -> String {
@@ -163,6 +181,42 @@ mod tests {
         assert_eq!(j.file.train.epochs, 5);
         assert_eq!(j.file.memory.policy(), CapPolicy::Fraction(0.9));
         assert_eq!(j.name, "t");
+    }
+
+    #[test]
+    fn a_concurrency_that_is_not_a_whole_number_or_auto_names_the_key_and_line() {
+        for (value, shown) in [
+            ("-3", "-3"),
+            ("2.5", "2.5"),
+            ("abc", "`abc`"),
+            ("[1]", "a list"),
+        ] {
+            let e = parse(&format!("{OK}concurrency: {value}\n")).unwrap_err();
+            assert!(
+                matches!(e, JobError::Invalid { line: Some(3), .. }),
+                "{e:?}"
+            );
+            assert_eq!(
+                e.to_string(),
+                format!(
+                    "t.yaml: line 3: `concurrency` must be a whole number from 1 to 1024, or auto, not {shown}"
+                )
+            );
+        }
+        for (value, want) in [
+            ("7", Concurrency::Fixed(7)),
+            ("auto", Concurrency::Auto(crate::job::AutoWord::Auto)),
+        ] {
+            let j = parse(&format!("{OK}concurrency: {value}\n")).unwrap();
+            assert_eq!(j.file.concurrency, want);
+        }
+        let e = parse(&format!("{OK}concurrency: 0\n"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("line 3: `concurrency` must be from 1 to 1024, or auto, not 0"),
+            "{e}"
+        );
     }
 
     #[test]
