@@ -476,6 +476,33 @@ fn out_of_range_numbers_in_job_keys_exit_2() {
     }
 }
 
+#[test]
+fn a_concurrency_that_is_not_a_whole_number_or_auto_is_refused_naming_the_key_and_line() {
+    let dir = sandbox();
+    for (value, shown) in [
+        ("-3", "-3"),
+        ("2.5", "2.5"),
+        ("abc", "`abc`"),
+        ("[1]", "a list"),
+    ] {
+        let job = tiny_sweep(4).concurrency(value);
+        let line = job
+            .text()
+            .lines()
+            .position(|l| l.starts_with("concurrency:"))
+            .expect("the job has a concurrency line")
+            + 1;
+        let j = dir.job("conc.yaml", job);
+        refused(
+            &sweep_dry(dir.path(), &j),
+            &[
+                &format!("line {line}: `concurrency`"),
+                &format!("must be a whole number from 1 to 1024, or auto, not {shown}"),
+            ],
+        );
+    }
+}
+
 // Case 6: a name never leads outside the output folder.
 
 #[test]

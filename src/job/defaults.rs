@@ -1,6 +1,7 @@
 //! A job file's defaults, as a value: what a job file that says nothing holds, for jobs made from flags.
 
-use super::{default_n, default_seed, default_splits, default_sweep_split, JobFile};
+use super::file::{default_n, default_seed, default_splits, default_sweep_split};
+use super::JobFile;
 
 impl Default for JobFile {
     /// The job file `{}`: every field at the default a job file gets when it leaves it out.

@@ -1,0 +1,315 @@
+//! The job file as written: the serde structs and enums of its sections, and their defaults.
+
+use serde::{Deserialize, Serialize};
+use serde_yaml::Value;
+use std::collections::BTreeMap;
+
+use super::{
+    BackendChoice, EngineOptions, FaultSpec, ModelSpec, Optimizer, SplitMode, DEFAULT_N, MAX_N,
+};
+use crate::data::DataSpec;
+use crate::space::{Method, ParamSpec};
+
+/// The `train:` section: epochs and the default value of every hyperparameter.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TrainSpec {
+    pub epochs: u32,
+    pub batch_size: u32,
+    pub optimizer: Optimizer,
+    pub lr: f64,
+    pub momentum: f64,
+    pub weight_decay: f64,
+    pub dropout: f64,
+}
+
+impl Default for TrainSpec {
+    fn default() -> Self {
+        TrainSpec {
+            epochs: 5,
+            batch_size: 64,
+            optimizer: Optimizer::Adam,
+            lr: 1e-3,
+            momentum: 0.9,
+            weight_decay: 0.0,
+            dropout: 0.0,
+        }
+    }
+}
+
+/// The `memory:` section: how big each slice's cap is, in capped split modes.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MemorySpec {
+    /// An equal share of this fraction of the device's memory (default 0.9).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fraction: Option<f64>,
+    /// An explicit cap per slice, in MiB.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mib_per_slice: Option<f64>,
+}
+
+/// The memory-cap policy after checking.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum CapPolicy {
+    Fraction(f64),
+    MibPerSlice(f64),
+}
+
+impl MemorySpec {
+    pub fn policy(&self) -> CapPolicy {
+        match (self.mib_per_slice, self.fraction) {
+            (Some(m), _) => CapPolicy::MibPerSlice(m),
+            (None, Some(f)) => CapPolicy::Fraction(f),
+            (None, None) => CapPolicy::Fraction(0.9),
+        }
+    }
+}
+
+/// A job file as written.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JobFile {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// The built-in network every trial trains (or give `command`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<ModelSpec>,
+    /// The dataset of the built-in model (not used by an external `command`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data: Option<DataSpec>,
+    /// An external training command run for each trial in place of a built-in model, with
+    /// `{name}` replaced by the trial's parameter values; its last stdout line is JSON metrics.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub command: Option<String>,
+    /// What a sweep optimises (W&B vocabulary): default `{name: test_acc, goal: maximize}`.
+    #[serde(default)]
+    pub metric: MetricSpec,
+    /// The number of trials a random sweep draws (a cap on the grid for `method: grid`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run_cap: Option<u32>,
+    /// How many trials a sweep runs at a time: a number, or `auto` (a short probe picks it).
+    #[serde(default)]
+    pub concurrency: Concurrency,
+    /// The split mode a sweep runs its trials under (default logical).
+    #[serde(default = "default_sweep_split")]
+    pub split: SplitMode,
+    #[serde(default)]
+    pub train: TrainSpec,
+    #[serde(default = "default_seed")]
+    pub seed: u64,
+    #[serde(default)]
+    pub method: Method,
+    #[serde(default)]
+    pub parameters: BTreeMap<String, ParamSpec>,
+    #[serde(default = "default_n")]
+    pub n: Vec<u32>,
+    #[serde(default = "default_splits")]
+    pub splits: Vec<SplitMode>,
+    #[serde(default)]
+    pub memory: MemorySpec,
+    #[serde(default)]
+    pub backend: BackendChoice,
+    #[serde(default)]
+    pub engine: EngineOptions,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub faults: Vec<FaultSpec>,
+    /// An explicit plan of unequal slices: `[{sm: 80, mem_mib: 30000}, {sm: 48, mem_mib: 20000}]`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slices: Option<Vec<SliceDef>>,
+    /// Slices sized in proportion to these numbers (their SMs in green mode, and their caps).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ratios: Option<Vec<f64>>,
+    /// Data-parallel training of one model mirrored on several slices (`gpumux parallel`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parallel: Option<ParallelSpec>,
+}
+
+/// One slice of an explicit slice plan (`slices:`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SliceDef {
+    /// SMs of the slice's green partition (green mode on a GPU), rounded up to the device's
+    /// partition granularity; by default the SMs left over, shared equally.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sm: Option<u32>,
+    /// The slice's memory cap in MiB (capped split modes); by default the memory policy's share.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mem_mib: Option<f64>,
+    /// The CUDA device the slice sits on, as numbered among the visible ones (default 0).
+    /// Slices on one device share its memory and SMs; each device has its own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device: Option<u32>,
+}
+
+/// The `parallel:` section: one model replicated on `slices` slices, each global batch split
+/// between them by `ratios` (evenly by default, or measured with `auto`).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ParallelSpec {
+    /// Replicas, one per slice (default: the length of `ratios`, or of the slice plan).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slices: Option<u32>,
+    /// How each global batch is split between the replicas.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ratios: Option<BatchRatios>,
+}
+
+/// `parallel.ratios`: a list of positive weights, `even`, or `auto` (a short probe measures each
+/// slice's samples/s alone and splits in proportion).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(try_from = "serde_yaml::Value", into = "serde_yaml::Value")]
+pub enum BatchRatios {
+    Even,
+    Auto,
+    Weights(Vec<f64>),
+}
+
+impl TryFrom<serde_yaml::Value> for BatchRatios {
+    type Error = String;
+    fn try_from(v: serde_yaml::Value) -> Result<Self, String> {
+        use serde_yaml::Value;
+        let bad =
+            || "parallel.ratios must be a list of positive numbers, even, or auto".to_string();
+        match v {
+            Value::String(s) if s == "auto" => Ok(BatchRatios::Auto),
+            Value::String(s) if s == "even" => Ok(BatchRatios::Even),
+            Value::Sequence(items) => items
+                .iter()
+                .map(|x| x.as_f64().ok_or_else(bad))
+                .collect::<Result<Vec<_>, _>>()
+                .map(BatchRatios::Weights),
+            _ => Err(bad()),
+        }
+    }
+}
+
+impl From<BatchRatios> for serde_yaml::Value {
+    fn from(r: BatchRatios) -> Self {
+        match r {
+            BatchRatios::Even => serde_yaml::Value::String("even".into()),
+            BatchRatios::Auto => serde_yaml::Value::String("auto".into()),
+            BatchRatios::Weights(w) => w.into_iter().map(serde_yaml::Value::from).collect(),
+        }
+    }
+}
+
+impl std::str::FromStr for BatchRatios {
+    type Err = String;
+    /// `auto`, `even`, or weights separated by commas or colons (`3,2` or `3:2`).
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.trim() {
+            "auto" => Ok(BatchRatios::Auto),
+            "even" => Ok(BatchRatios::Even),
+            list => list
+                .split([',', ':'])
+                .map(|x| {
+                    x.trim().parse::<f64>().map_err(|_| {
+                        format!("ratios: `{x}` is not a number (give e.g. 3,2 or auto)")
+                    })
+                })
+                .collect::<Result<Vec<_>, _>>()
+                .map(BatchRatios::Weights),
+        }
+    }
+}
+
+pub(super) fn default_sweep_split() -> SplitMode {
+    SplitMode::Logical
+}
+
+/// Whether a larger or a smaller metric is better.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Goal {
+    #[default]
+    Maximize,
+    Minimize,
+}
+
+/// The `metric:` of a sweep.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MetricSpec {
+    pub name: String,
+    #[serde(default)]
+    pub goal: Goal,
+}
+
+impl Default for MetricSpec {
+    fn default() -> Self {
+        MetricSpec {
+            name: "test_acc".into(),
+            goal: Goal::Maximize,
+        }
+    }
+}
+
+/// `concurrency:` a number of trials at a time, or `auto`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(untagged)]
+pub enum Concurrency {
+    Fixed(u32),
+    Auto(AutoWord),
+}
+
+impl Concurrency {
+    /// The concurrency a job file's value gives: a whole number (its range is checked with the
+    /// rest of the job) or `auto`. The error says what the value must be, for `concurrency`.
+    pub fn from_value(value: &Value) -> Result<Concurrency, String> {
+        match value {
+            Value::Number(n) => {
+                if let Some(c) = n.as_u64().and_then(|c| u32::try_from(c).ok()) {
+                    return Ok(Concurrency::Fixed(c));
+                }
+            }
+            Value::String(s) if s == "auto" => return Ok(Concurrency::Auto(AutoWord::Auto)),
+            _ => {}
+        }
+        let shown = match value {
+            Value::Null => "empty".to_string(),
+            Value::Bool(b) => b.to_string(),
+            Value::Number(n) => n.to_string(),
+            Value::String(s) => format!("`{s}`"),
+            Value::Sequence(_) => "a list".to_string(),
+            Value::Mapping(_) => "a mapping".to_string(),
+            Value::Tagged(_) => "a tagged value".to_string(),
+        };
+        Err(format!(
+            "must be a whole number from 1 to {MAX_N}, or auto, not {shown}"
+        ))
+    }
+}
+
+impl<'de> Deserialize<'de> for Concurrency {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let value = Value::deserialize(d)?;
+        Concurrency::from_value(&value).map_err(serde::de::Error::custom)
+    }
+}
+
+/// The word `auto`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AutoWord {
+    Auto,
+}
+
+impl Default for Concurrency {
+    fn default() -> Self {
+        Concurrency::Fixed(4)
+    }
+}
+
+/// The metrics a built-in trial reports, by name.
+pub const BUILTIN_METRICS: [&str; 4] = ["test_acc", "test_loss", "final_loss", "train_acc"];
+
+pub(super) fn default_seed() -> u64 {
+    0
+}
+pub(super) fn default_n() -> Vec<u32> {
+    DEFAULT_N.to_vec()
+}
+pub(super) fn default_splits() -> Vec<SplitMode> {
+    vec![SplitMode::Shared, SplitMode::Process, SplitMode::Logical]
+}
