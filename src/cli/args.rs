@@ -1,10 +1,10 @@
 //! What the subcommands' flags share: the engine switches, the enums (each a clap `ValueEnum`, the one way words reach the library's types), bounded seconds, and job files with flag overrides.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use gpumux::data::Source;
 use gpumux::error::Error;
-use gpumux::job::{Goal, Job, JobFile, ModelKind, Optimizer, SplitMode, Stem};
+use gpumux::job::{BackendChoice, Goal, Job, JobFile, ModelKind, Optimizer, SplitMode, Stem};
 
 /// Engine switches shared by `train`, `fib` and `sweep` (GPU only; the CPU ignores them).
 #[derive(clap::Args, Debug, Default)]
@@ -24,6 +24,27 @@ impl EngineFlags {
         }
         if self.tf32 {
             file.engine.tf32 = true;
+        }
+    }
+}
+
+/// Where a job's run finds its data and which backend it uses: the flags of every command that
+/// runs a job's trials (`fib`, `sweep`, `parallel`, `batch-scan`).
+#[derive(clap::Args, Debug, Default)]
+pub struct RunFlags {
+    /// Folder that relative data paths are taken from.
+    #[arg(long)]
+    pub data_dir: Option<PathBuf>,
+    /// Override the job's backend.
+    #[arg(long, value_enum)]
+    pub backend: Option<BackendChoice>,
+}
+
+impl RunFlags {
+    /// Sets the job's backend when the flag gives one.
+    pub fn apply(&self, file: &mut JobFile) {
+        if let Some(b) = self.backend {
+            file.backend = b;
         }
     }
 }

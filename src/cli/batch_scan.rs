@@ -4,11 +4,11 @@ use std::io::Write;
 use std::path::PathBuf;
 
 use gpumux::error::Error;
-use gpumux::job::{BackendChoice, MemorySpec};
+use gpumux::job::MemorySpec;
 use gpumux::parallel::scan::ScanOptions;
 use gpumux::run;
 
-use super::args::{load_with, scan_seconds, SplitArg};
+use super::args::{load_with, scan_seconds, RunFlags, SplitArg};
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -35,18 +35,13 @@ pub struct Args {
     /// Cap the slice at this many MiB; overrides `memory`.
     #[arg(long)]
     mib_per_slice: Option<f64>,
-    /// Folder that relative data paths are taken from.
-    #[arg(long)]
-    data_dir: Option<PathBuf>,
-    #[arg(long, value_enum)]
-    backend: Option<BackendChoice>,
+    #[command(flatten)]
+    run: RunFlags,
 }
 
 pub fn run(a: Args, out: &mut dyn Write) -> Result<(), Error> {
     let job = load_with(&a.job, |file| {
-        if let Some(b) = a.backend {
-            file.backend = b;
-        }
+        a.run.apply(file);
         if let Some(m) = a.mib_per_slice {
             file.memory = MemorySpec {
                 fraction: None,
@@ -56,7 +51,7 @@ pub fn run(a: Args, out: &mut dyn Write) -> Result<(), Error> {
     })?;
     let opts = ScanOptions {
         out: a.out,
-        data_dir: a.data_dir,
+        data_dir: a.run.data_dir,
         split: a.split.map(Into::into),
         slice: a.slice,
         start: a.start,

@@ -5,10 +5,9 @@ use std::path::PathBuf;
 
 use gpumux::error::Error;
 use gpumux::fib::FibOptions;
-use gpumux::job::BackendChoice;
 use gpumux::run;
 
-use super::args::{load_with, EngineFlags, SplitArg};
+use super::args::{load_with, EngineFlags, RunFlags, SplitArg};
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -17,12 +16,8 @@ pub struct Args {
     /// Output folder (default out/<job name>).
     #[arg(long)]
     out: Option<PathBuf>,
-    /// Folder that relative data paths are taken from.
-    #[arg(long)]
-    data_dir: Option<PathBuf>,
-    /// Override the job's backend.
-    #[arg(long, value_enum)]
-    backend: Option<BackendChoice>,
+    #[command(flatten)]
+    run: RunFlags,
     /// Override the job's N list, e.g. 1,2,3.
     #[arg(long, value_delimiter = ',')]
     n: Option<Vec<u32>>,
@@ -38,9 +33,7 @@ pub struct Args {
 
 pub fn run(a: Args, out: &mut dyn Write) -> Result<(), Error> {
     let job = load_with(&a.job, |file| {
-        if let Some(b) = a.backend {
-            file.backend = b;
-        }
+        a.run.apply(file);
         if let Some(n) = a.n {
             file.n = n;
         }
@@ -54,7 +47,7 @@ pub fn run(a: Args, out: &mut dyn Write) -> Result<(), Error> {
     })?;
     let opts = FibOptions {
         out: a.out,
-        data_dir: a.data_dir,
+        data_dir: a.run.data_dir,
         worker_exe: run::worker_exe()?,
         command: run::command_line(),
         progress: std::io::stderr().is_terminal(),

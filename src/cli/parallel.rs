@@ -4,11 +4,11 @@ use std::io::Write;
 use std::path::PathBuf;
 
 use gpumux::error::Error;
-use gpumux::job::{BackendChoice, BatchRatios};
+use gpumux::job::BatchRatios;
 use gpumux::parallel::run::ParallelOptions;
 use gpumux::run;
 
-use super::args::{load_with, SplitArg};
+use super::args::{load_with, RunFlags, SplitArg};
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -34,18 +34,13 @@ pub struct Args {
     /// Print the slice plan and the shards, and train nothing.
     #[arg(long)]
     dry_run: bool,
-    /// Folder that relative data paths are taken from.
-    #[arg(long)]
-    data_dir: Option<PathBuf>,
-    #[arg(long, value_enum)]
-    backend: Option<BackendChoice>,
+    #[command(flatten)]
+    run: RunFlags,
 }
 
 pub fn run(a: Args, out: &mut dyn Write) -> Result<(), Error> {
     let job = load_with(&a.job, |file| {
-        if let Some(b) = a.backend {
-            file.backend = b;
-        }
+        a.run.apply(file);
         if let Some(b) = a.batch_size {
             file.train.batch_size = b;
             file.parameters.remove("batch_size");
@@ -69,7 +64,7 @@ pub fn run(a: Args, out: &mut dyn Write) -> Result<(), Error> {
     })?;
     let opts = ParallelOptions {
         out: a.out,
-        data_dir: a.data_dir,
+        data_dir: a.run.data_dir,
         split: a.split.map(Into::into),
         dry_run: a.dry_run,
         command: run::command_line(),

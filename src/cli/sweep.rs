@@ -5,11 +5,11 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use gpumux::error::Error;
-use gpumux::job::{AutoWord, BackendChoice, Concurrency};
+use gpumux::job::{AutoWord, Concurrency};
 use gpumux::run;
 use gpumux::sweep::{Shard, SweepOptions};
 
-use super::args::{grace_seconds, load_with, EngineFlags, SplitArg};
+use super::args::{grace_seconds, load_with, EngineFlags, RunFlags, SplitArg};
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -36,20 +36,15 @@ pub struct Args {
     /// Split mode; overrides the job's `split`.
     #[arg(long, value_enum)]
     split: Option<SplitArg>,
-    /// Folder that relative data paths are taken from.
-    #[arg(long)]
-    data_dir: Option<PathBuf>,
-    #[arg(long, value_enum)]
-    backend: Option<BackendChoice>,
+    #[command(flatten)]
+    run: RunFlags,
     #[command(flatten)]
     engine: EngineFlags,
 }
 
 pub fn run(a: Args, out: &mut dyn Write) -> Result<(), Error> {
     let job = load_with(&a.job, |file| {
-        if let Some(b) = a.backend {
-            file.backend = b;
-        }
+        a.run.apply(file);
         a.engine.apply(file);
     })?;
     let concurrency = match a.concurrency.as_deref() {
@@ -66,7 +61,7 @@ pub fn run(a: Args, out: &mut dyn Write) -> Result<(), Error> {
     };
     let opts = SweepOptions {
         out: a.out,
-        data_dir: a.data_dir,
+        data_dir: a.run.data_dir,
         resume: a.resume,
         shard: a.shard,
         dry_run: a.dry_run,
