@@ -3,7 +3,7 @@
 mod support;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use support::*;
 
 /// A job running `command` (YAML-quoted here) for `trials` trials of parameter `lr`, all at once.
@@ -103,21 +103,174 @@ fn a_result_without_the_sweeps_metric_is_a_failed_trial() {
     }
 }
 
-/// Runs a sweep and returns its exit code and its own peak resident memory in MiB (wait4's
-/// figure for the gpumux process: the largest of it and of the children it waited for).
-// The child is waited for with wait4(2), which gives its resource usage, not with `Child::wait`.
-#[allow(clippy::zombie_processes)]
+/// A gpumux run whose own peak resident memory is measured: wait4's figure for the gpumux
+/// process (the largest of it and of the children it waited for).
+struct Measured {
+    pid: i32,
+    started: Instant,
+}
+
+impl Measured {
+    /// Starts gpumux with `args` in `dir`, its output dropped.
+    // The child is waited for with wait4(2), which gives its resource usage, not with
+    // `Child::wait`.
+    #[allow(clippy::zombie_processes)]
+    fn start(dir: &Path, args: &[&str]) -> Measured {
+        let child = run(dir, args).spawn_with(Stdio::null(), Stdio::null());
+        Measured {
+            pid: child.id() as i32,
+            started: Instant::now(),
+        }
+    }
+
+    fn signal(&self, sig: i32) {
+        // SAFETY: kill(2) on our own child, not waited for yet.
+        unsafe { libc::kill(self.pid, sig) };
+    }
+
+    /// Waits up to `limit` from now for the end: the exit code (None when it was still running
+    /// at the limit, and was killed), the peak RSS in MiB, and the time since its start.
+    fn wait(self, limit: Duration) -> (Option<i32>, f64, Duration) {
+        let until = Instant::now() + limit;
+        let mut status = 0;
+        // SAFETY: rusage is plain data, filled by wait4 for our own child.
+        let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+        let mut killed = false;
+        loop {
+            let flags = if killed { 0 } else { libc::WNOHANG };
+            // SAFETY: wait4 on our own child, with valid pointers.
+            let r = unsafe { libc::wait4(self.pid, &mut status, flags, &mut usage) };
+            if r == self.pid {
+                break;
+            }
+            assert_eq!(r, 0, "wait4 failed");
+            if Instant::now() > until {
+                self.signal(libc::SIGKILL);
+                killed = true;
+            } else {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+        let took = self.started.elapsed();
+        let code = (!killed && libc::WIFEXITED(status)).then(|| libc::WEXITSTATUS(status));
+        (code, usage.ru_maxrss as f64 / 1024.0, took)
+    }
+}
+
+/// Runs a sweep and returns its exit code and its own peak resident memory in MiB.
 fn peak_rss(dir: &Path, job: &Path, out: &Path) -> (Option<i32>, f64) {
-    let child =
-        run(dir, &["sweep", s(job), "--out", s(out)]).spawn_with(Stdio::null(), Stdio::null());
-    let mut status = 0;
-    // SAFETY: rusage is plain data, filled by wait4 for our own child.
-    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
-    // SAFETY: wait4 on our own child, with valid pointers.
-    let r = unsafe { libc::wait4(child.id() as i32, &mut status, 0, &mut usage) };
-    assert_eq!(r, child.id() as i32);
-    let code = libc::WIFEXITED(status).then(|| libc::WEXITSTATUS(status));
-    (code, usage.ru_maxrss as f64 / 1024.0)
+    let (code, mib, _) = Measured::start(dir, &["sweep", s(job), "--out", s(out)]).wait(RUN_LIMIT);
+    (code, mib)
+}
+
+/// The epochs of each progress row of `out`, in the file's order, read a line at a time (a
+/// flood's file is too large for [`progress_csv`]'s maps).
+fn epochs_written(out: &Path) -> Vec<(String, u64)> {
+    let text = std::fs::read_to_string(out.join("progress.csv")).unwrap();
+    let mut lines = text.lines();
+    let header: Vec<&str> = lines.next().unwrap().split(',').collect();
+    let at = |name: &str| header.iter().position(|h| *h == name).unwrap();
+    let (id, epoch) = (at("trial_id"), at("epoch"));
+    lines
+        .map(|l| {
+            let cells: Vec<&str> = l.split(',').collect();
+            (cells[id].to_string(), cells[epoch].parse().unwrap())
+        })
+        .collect()
+}
+
+/// A script that prints `{"epoch": i, ...}` for i from 1 to `count` (without end when None)
+/// as fast as it can, then its result.
+fn epoch_flood(dir: &Sandbox, name: &str, count: Option<u64>) -> PathBuf {
+    let until = count.map_or(String::new(), |n| format!("i <= {n}"));
+    script(
+        dir,
+        name,
+        &format!(
+            r#"awk 'BEGIN {{ for (i = 1; {until}; i++) printf "{{\"epoch\": %d, \"test_acc\": 0.5, \"train_loss\": 1}}\n", i }}'
+echo '{{"test_acc": 0.5}}'
+"#
+        ),
+    )
+}
+
+/// The peak memory of gpumux while it records a flood of epoch lines.
+const FLOOD_MIB: f64 = 200.0;
+
+#[test]
+fn a_flood_of_epoch_lines_is_recorded_in_bounded_memory_and_time() {
+    let dir = sandbox();
+    const LINES: u64 = 600_000;
+    epoch_flood(&dir, "flood.sh", Some(LINES));
+    let job = command_job(&dir, "flood", "./flood.sh {lr}", 1);
+    let out = dir.join("out");
+    let (code, mib, took) = Measured::start(dir.path(), &["sweep", s(&job), "--out", s(&out)])
+        .wait(Duration::from_secs(120));
+    assert_eq!(code, Some(0), "ended in {took:?}, peak RSS {mib:.0} MiB");
+    assert!(mib < FLOOD_MIB, "peak RSS {mib:.0} MiB");
+    assert_eq!(trials_csv(&out)[0]["state"], "COMPLETE");
+    // Every epoch once, in order.
+    let epochs = epochs_written(&out);
+    assert_eq!(epochs.len() as u64, LINES);
+    assert!(epochs.iter().zip(1..).all(|((_, e), i)| *e == i));
+}
+
+#[test]
+fn sigterm_during_a_flood_of_epoch_lines_stops_within_the_grace() {
+    let dir = sandbox();
+    epoch_flood(&dir, "endless.sh", None);
+    let job = command_job(&dir, "endless", "./endless.sh {lr}", 1);
+    let out = dir.join("out");
+    let run = Measured::start(
+        dir.path(),
+        &["sweep", s(&job), "--out", s(&out), "--grace", "2"],
+    );
+    let progress = out.join("progress.csv");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while rows_in(&progress) < 1000 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(rows_in(&progress) >= 1000, "no epoch came");
+    run.signal(libc::SIGTERM);
+    let signalled = Instant::now();
+    // The grace (2 s), the trial's own 5 s between SIGTERM and SIGKILL at most, and some slack.
+    let (code, mib, _) = run.wait(Duration::from_secs(60));
+    let took = signalled.elapsed();
+    assert_eq!(code, Some(3), "ended {took:?} after SIGTERM");
+    assert!(took < Duration::from_secs(12), "{took:?} after SIGTERM");
+    assert!(mib < FLOOD_MIB, "peak RSS {mib:.0} MiB");
+    assert_eq!(trials_csv(&out)[0]["state"], "INTERRUPTED");
+    let epochs = epochs_written(&out);
+    assert!(epochs.iter().zip(1..).all(|((_, e), i)| *e == i));
+}
+
+#[test]
+fn an_epoch_printed_again_is_kept_once_as_first_printed() {
+    let dir = sandbox();
+    script(
+        &dir,
+        "again.sh",
+        r#"echo '{"epoch": 1, "test_acc": 0.1}'
+echo '{"epoch": 1, "test_acc": 0.2}'
+echo '{"epoch": 2, "test_acc": 0.3}'
+echo '{"epoch": 1, "test_acc": 0.4}'
+echo '{"epoch": 3, "test_acc": 0.5}'
+echo '{"test_acc": 0.5}'
+"#,
+    );
+    let job = command_job(&dir, "again", "./again.sh {lr}", 2);
+    let out = dir.join("out");
+    let o = dir.run_into("sweep", &job, &out, &[]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let rows = progress_csv(&out);
+    for trial in trials_csv(&out) {
+        let mine: Vec<(&str, &str)> = rows
+            .iter()
+            .filter(|r| r["trial_id"] == trial["trial_id"])
+            .map(|r| (r["epoch"].as_str(), r["test_acc"].as_str()))
+            .collect();
+        assert_eq!(mine, [("1", "0.1"), ("2", "0.3"), ("3", "0.5")], "{rows:?}");
+    }
 }
 
 #[test]

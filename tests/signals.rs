@@ -367,3 +367,80 @@ fn sigterm_mid_run_gives_exit_3_for_every_long_running_command() {
         assert_eq!(code, Some(3), "{cmd}: {err}");
     }
 }
+
+/// A sweep of two long trials at a time, each on its own thread, with `--grace 1`.
+fn long_sweep(dir: &Sandbox) -> PathBuf {
+    dir.job(
+        "hup.yaml",
+        mlp_job("hup")
+            .train(epochs(5000, 32))
+            .run_cap(4)
+            .param("lr", values(&["0.001", "0.002", "0.003", "0.004"]))
+            .concurrency(2)
+            .split("logical"),
+    )
+}
+
+#[test]
+fn sighup_stops_a_sweep_like_sigterm() {
+    // A closed terminal or ssh session: the running trials get the grace, then are recorded
+    // INTERRUPTED, and gpumux exits 3.
+    let dir = sandbox();
+    let job = long_sweep(&dir);
+    let out = dir.join("out");
+    let mut run = dir
+        .run(&["sweep", s(&job), "--out", s(&out), "--grace", "1"])
+        .watch();
+    assert!(
+        run.wait_for(&|_| rows_in(&out.join("progress.csv")) >= 2),
+        "no epoch ran"
+    );
+    run.signal(libc::SIGHUP);
+    let (code, said, err) = run.finish();
+    assert_eq!(code, Some(3), "{err}");
+    assert!(
+        err.contains("SIGHUP: launching no more trials; running ones get 1 s"),
+        "{err}"
+    );
+    let trials = trials_csv(&out);
+    assert_eq!(trials.len(), 2, "the two running trials: {trials:?}");
+    assert!(
+        trials.iter().all(|t| t["state"] == "INTERRUPTED"),
+        "{trials:?}"
+    );
+    assert!(
+        said.contains("0 COMPLETE, 0 FAIL, 2 INTERRUPTED, 2 not started"),
+        "{said}"
+    );
+}
+
+#[test]
+fn under_nohup_sighup_is_left_ignored() {
+    let dir = sandbox();
+    let job = long_sweep(&dir);
+    let out = dir.join("out");
+    let child = std::process::Command::new("nohup")
+        .arg(bin())
+        .args(["sweep", s(&job), "--out", s(&out), "--grace", "0"])
+        .current_dir(dir.path())
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("nohup gpumux starts");
+    let mut run = Watched::new(child);
+    let progress = out.join("progress.csv");
+    assert!(run.wait_for(&|_| rows_in(&progress) >= 2), "no epoch ran");
+    run.signal(libc::SIGHUP);
+    // The sweep goes on: more epochs are written after the SIGHUP.
+    let before = rows_in(&progress);
+    assert!(
+        run.wait_for(&|_| rows_in(&progress) >= before + 2),
+        "it stopped: {}",
+        run.err()
+    );
+    assert!(!run.said("SIGHUP"), "{}", run.err());
+    run.signal(libc::SIGTERM);
+    let (code, _, err) = run.finish();
+    assert_eq!(code, Some(3), "{err}");
+}

@@ -218,6 +218,27 @@ impl Sink {
         self.append(&bytes)
     }
 
+    /// Appends one whole row without fsyncing it (see [`Sink::sync`]); on an error the file is
+    /// cut back to its last whole row.
+    fn write_unsynced<T: Serialize>(&mut self, row: &T) -> Result<(), ReportError> {
+        let bytes = encode(&self.path, row, self.checked)?;
+        match self.file.write_all(&bytes) {
+            Ok(()) => {
+                self.len += bytes.len() as u64;
+                Ok(())
+            }
+            Err(e) => {
+                let _ = self.file.set_len(self.len);
+                Err(write_err(&self.path)(e))
+            }
+        }
+    }
+
+    /// Fsyncs the rows written so far.
+    fn sync(&mut self) -> Result<(), ReportError> {
+        self.file.sync_data().map_err(write_err(&self.path))
+    }
+
     /// Appends one whole line and fsyncs it; on an error (a full disk) the file is cut back
     /// to its last whole row, so what was there before stays readable.
     fn append(&mut self, bytes: &[u8]) -> Result<(), ReportError> {
@@ -363,6 +384,17 @@ impl ReportWriter {
     /// Writes one epoch's row to `progress.csv`; it is on disk when this returns.
     pub fn progress(&mut self, row: &ProgressRow) -> Result<(), ReportError> {
         self.progress.write(row)
+    }
+
+    /// Writes one epoch's row to `progress.csv`, whole, without fsyncing it: a burst of rows
+    /// is fsynced at once by [`ReportWriter::sync_progress`].
+    pub fn progress_unsynced(&mut self, row: &ProgressRow) -> Result<(), ReportError> {
+        self.progress.write_unsynced(row)
+    }
+
+    /// Fsyncs the rows of `progress.csv` written so far.
+    pub fn sync_progress(&mut self) -> Result<(), ReportError> {
+        self.progress.sync()
     }
 }
 

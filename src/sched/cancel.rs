@@ -1,4 +1,4 @@
-//! Cancellation: SIGINT/SIGTERM first stop new launches (drain), then, after a grace period or at the next signal, stop running trials (abort); a signal after that ends the process at once.
+//! Cancellation: SIGINT, SIGTERM or SIGHUP first stop new launches (drain), then, after a grace period or at the next signal, stop running trials (abort); a signal after that ends the process at once.
 //!
 //! The signals are watched for the whole process ([`watch_signals`], called by the CLI before a
 //! long-running command starts), so that one that comes early (while data loads) is neither lost
@@ -13,7 +13,7 @@ pub use crate::cancel::Cancel;
 use crate::cancel::Flags;
 use crate::error::exit;
 
-/// On the first SIGINT or SIGTERM: drain at once, and abort `grace` later (or at a second
+/// On the first SIGINT, SIGTERM or SIGHUP: drain at once, and abort `grace` later (or at a second
 /// signal); a signal after the abort ends the process at once with exit code 3. Signals that
 /// came before this call count. Returns an error when the handlers cannot be installed.
 pub fn on_signals(cancel: &Cancel, grace: Duration) -> std::io::Result<()> {
@@ -45,18 +45,23 @@ static WATCHER: Watcher = Watcher {
     installed: Mutex::new(false),
 };
 
-/// Watches SIGINT and SIGTERM for the rest of the process's life (once; later calls do
-/// nothing). From then on these signals no longer kill the process: the first one drains
-/// every subscribed [`Cancel`] (and aborts it after its grace), the next one aborts them, and
-/// one that comes when all of them are aborted (or when none has subscribed and one signal
-/// came already) kills what the trials left running and exits with code 3 at once.
+/// Watches SIGINT, SIGTERM and SIGHUP (a closed terminal or ssh session) for the rest of the
+/// process's life (once; later calls do nothing). From then on these signals no longer kill the
+/// process: the first one drains every subscribed [`Cancel`] (and aborts it after its grace),
+/// the next one aborts them, and one that comes when all of them are aborted (or when none has
+/// subscribed and one signal came already) kills what the trials left running and exits with
+/// code 3 at once. SIGHUP is left alone when the process started with it ignored (`nohup`).
 pub fn watch_signals() -> std::io::Result<()> {
-    use signal_hook::consts::{SIGINT, SIGTERM};
+    use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
     let mut installed = WATCHER.installed.lock().unwrap_or_else(|p| p.into_inner());
     if *installed {
         return Ok(());
     }
-    let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM])?;
+    let mut watched = vec![SIGINT, SIGTERM];
+    if !ignored(SIGHUP) {
+        watched.push(SIGHUP);
+    }
+    let mut signals = signal_hook::iterator::Signals::new(watched)?;
     std::thread::Builder::new()
         .name("gpumux-signals".into())
         .spawn(move || {
@@ -68,7 +73,17 @@ pub fn watch_signals() -> std::io::Result<()> {
     Ok(())
 }
 
-/// How many SIGINT/SIGTERM this process has had since [`watch_signals`].
+/// Whether this process started with `sig` ignored (as `nohup` starts it with SIGHUP).
+fn ignored(sig: i32) -> bool {
+    // SAFETY: sigaction(2) with a null new action only reads the current one into `old`,
+    // which is plain data.
+    unsafe {
+        let mut old: libc::sigaction = std::mem::zeroed();
+        libc::sigaction(sig, std::ptr::null(), &mut old) == 0 && old.sa_sigaction == libc::SIG_IGN
+    }
+}
+
+/// How many SIGINT, SIGTERM or SIGHUP this process has had since [`watch_signals`].
 pub fn signals_seen() -> usize {
     WATCHER.seen.load(Ordering::SeqCst)
 }

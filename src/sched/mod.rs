@@ -14,9 +14,9 @@ pub mod watchdog;
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
-use crossbeam_channel::{unbounded, Sender};
+use crossbeam_channel::{bounded, unbounded, RecvTimeoutError, Sender};
 
 use crate::data::{DataSpec, Dataset};
 use crate::engine::cpu::CpuBackend;
@@ -353,16 +353,41 @@ pub fn green_partitions(
     })
 }
 
+/// Trial events queued between the workers and the thread that records them, at most: a worker
+/// that gets ahead (an external command flooding its stdout with epoch lines) waits, and so does
+/// the command, on its pipe. Memory stays bounded whatever the trials print.
+pub const EVENT_QUEUE: usize = 256;
+
+/// How long the recording thread waits for an event before it calls its `idle` (see
+/// [`run_round_with`]) again.
+pub const IDLE_TICK: Duration = Duration::from_millis(100);
+
 /// Runs a round: queues its trials, starts one worker per slice, and passes every event to `sink`
 /// on the calling thread as it happens. Returns when every trial has ended.
 pub fn run_round(round: &Round, ctx: &RoundContext, sink: &mut dyn FnMut(&Event)) -> RoundOutcome {
+    run_round_with(round, ctx, sink, &mut || {})
+}
+
+/// [`run_round`], calling `idle` on the calling thread whenever no event is waiting: after the
+/// events queued have all gone to `sink`, and every [`IDLE_TICK`] while none comes. A sink that
+/// defers work (an fsync of rows written in a burst) does it then.
+///
+/// At most [`EVENT_QUEUE`] events wait between the workers and `sink`: a worker waits for room.
+/// Neither `sink` nor `idle` may wait on a worker (they never do: they write rows and may
+/// abort the round), so the workers always get their room back.
+pub fn run_round_with(
+    round: &Round,
+    ctx: &RoundContext,
+    sink: &mut dyn FnMut(&Event),
+    idle: &mut dyn FnMut(),
+) -> RoundOutcome {
     let (queue_tx, queue_rx) = unbounded::<TrialSpec>();
     for t in &round.trials {
         // The receiver lives until the end of this function, so sending cannot fail.
         let _ = queue_tx.send(t.clone());
     }
     drop(queue_tx);
-    let (event_tx, event_rx) = unbounded::<Event>();
+    let (event_tx, event_rx) = bounded::<Event>(EVENT_QUEUE);
     let started = Instant::now();
     let mut outcomes = Vec::new();
     let mut makespan_s = 0.0;
@@ -402,7 +427,15 @@ pub fn run_round(round: &Round, ctx: &RoundContext, sink: &mut dyn FnMut(&Event)
             });
         }
         drop(event_tx);
-        for ev in event_rx.iter() {
+        loop {
+            let ev = match event_rx.recv_timeout(IDLE_TICK) {
+                Ok(ev) => ev,
+                Err(RecvTimeoutError::Timeout) => {
+                    idle();
+                    continue;
+                }
+                Err(RecvTimeoutError::Disconnected) => break,
+            };
             if let Event::Finished(o) = &ev {
                 outcomes.push((**o).clone());
                 if outcomes.len() == round.trials.len() {
@@ -410,6 +443,9 @@ pub fn run_round(round: &Round, ctx: &RoundContext, sink: &mut dyn FnMut(&Event)
                 }
             }
             sink(&ev);
+            if event_rx.is_empty() {
+                idle();
+            }
         }
     });
     if outcomes.len() < round.trials.len() {
@@ -422,7 +458,8 @@ pub fn run_round(round: &Round, ctx: &RoundContext, sink: &mut dyn FnMut(&Event)
     }
 }
 
-/// Runs a trial as its external command; epoch lines it prints as JSON become progress rows.
+/// Runs a trial as its external command; epoch lines it prints as JSON become progress rows,
+/// one per epoch, in increasing order (see the comment on `last_epoch`).
 fn run_external(
     ctx: &RoundContext,
     slice: &SliceSpec,
@@ -441,8 +478,15 @@ fn run_external(
     let res = external::render(&ext.template, &trial.params)
         .map_err(|e| Stop::from(Failure::Command(e)))
         .and_then(|argv| {
+            // Epochs go up: a line whose epoch is not above the last one passed on (the same
+            // epoch printed twice, or an earlier one) is not a new epoch, and is dropped.
+            let mut last_epoch: Option<u32> = None;
             external::run(&argv, &trial.id, slice, env, &ctx.cancel, &mut |line| {
-                if let Some(stats) = epoch_line(line, started) {
+                let Some(stats) = epoch_line(line, started) else {
+                    return;
+                };
+                if last_epoch.map_or(true, |e| stats.epoch > e) {
+                    last_epoch = Some(stats.epoch);
                     epoch_event(events, &trial, slice.index, &stats);
                 }
             })

@@ -15,7 +15,7 @@ use serde::Serialize;
 
 use crate::cancel::Cancel;
 use crate::engine::cuda::CudaEngine;
-use crate::error::{Error, Result};
+use crate::error::{Error, ReportError, Result};
 use crate::job::{Concurrency, Goal, Job, SplitMode};
 use crate::plan::{self, Round, TrialSpec};
 use crate::report::{self, ProgressRow, TrialRow};
@@ -36,7 +36,7 @@ pub struct SweepOptions {
     pub shard: Option<Shard>,
     /// Print the plan and run nothing.
     pub dry_run: bool,
-    /// After SIGINT/SIGTERM, how long running trials may go on before they are stopped.
+    /// After SIGINT, SIGTERM or SIGHUP, how long running trials may go on before they are stopped.
     pub grace: Duration,
     pub concurrency: Option<Concurrency>,
     pub split: Option<SplitMode>,
@@ -418,6 +418,62 @@ fn external_context(
     }
 }
 
+/// How long progress rows written in a burst may wait for their fsync while more keep coming.
+pub const PROGRESS_SYNC: Duration = Duration::from_millis(100);
+
+/// The sweep's results files while its round runs: each trial row appended and fsynced on its
+/// own; progress rows appended as they come and fsynced in groups (when no more are waiting,
+/// at least every [`PROGRESS_SYNC`] while they keep coming, and always before a trial row), so
+/// that a trial printing epochs faster than a disk syncs them is not slowed to the disk's pace.
+struct Recorder<'a> {
+    writer: &'a mut report::ReportWriter,
+    /// Whether progress rows were written since the last fsync.
+    unsynced: bool,
+    synced: Instant,
+    /// The first row that could not be recorded.
+    failed: Option<ReportError>,
+}
+
+impl Recorder<'_> {
+    fn progress(&mut self, row: &ProgressRow) -> std::result::Result<(), ReportError> {
+        self.writer.progress_unsynced(row)?;
+        self.unsynced = true;
+        if self.synced.elapsed() >= PROGRESS_SYNC {
+            self.sync()?;
+        }
+        Ok(())
+    }
+
+    /// Fsyncs the progress rows written since the last time.
+    fn sync(&mut self) -> std::result::Result<(), ReportError> {
+        if self.unsynced {
+            self.writer.sync_progress()?;
+            self.unsynced = false;
+            self.synced = Instant::now();
+        }
+        Ok(())
+    }
+
+    /// A trial's row, after its progress rows are on disk.
+    fn trial(&mut self, row: &TrialRow) -> std::result::Result<(), ReportError> {
+        self.sync()?;
+        self.writer.trial(row)
+    }
+
+    /// Keeps the first failure to record a row: a row that cannot be recorded (a full disk)
+    /// stops the sweep rather than run trials whose results would be lost; the rows written
+    /// so far stay whole.
+    fn note(&mut self, res: std::result::Result<(), ReportError>, cancel: &Cancel) {
+        if let Err(e) = res {
+            if self.failed.is_none() {
+                tracing::error!("{e}: stopping the sweep");
+                cancel.abort();
+            }
+            self.failed.get_or_insert(e);
+        }
+    }
+}
+
 /// Runs the round of the sweep, writing each row as it comes; returns the trial rows written.
 fn execute(
     job: &Job,
@@ -442,15 +498,21 @@ fn execute(
     let started = Instant::now();
     let (mut running, mut failed, mut finished) = (0u32, 0u32, 0u64);
     let mut rows = Vec::new();
-    let mut first_err = None;
-    sched::run_round(round, ctx, &mut |ev| {
+    let recorder = std::cell::RefCell::new(Recorder {
+        writer,
+        unsynced: false,
+        synced: Instant::now(),
+        failed: None,
+    });
+    let mut sink = |ev: &Event| {
+        let mut rec = recorder.borrow_mut();
         let res = match ev {
             Event::Started { .. } => {
                 running += 1;
                 Ok(())
             }
             Event::Epoch { trial, stats, .. } => {
-                writer.progress(&progress_row(round, &trial.id, stats))
+                rec.progress(&progress_row(round, &trial.id, stats))
             }
             Event::Finished(o) => {
                 running = running.saturating_sub(1);
@@ -476,24 +538,25 @@ fn execute(
                     tracing::info!("{line}");
                 }
                 bar.inc(1);
-                let res = writer.trial(&row);
+                let res = rec.trial(&row);
                 rows.push(row);
                 res
             }
         };
         bar.set_message(format!("{running} running, {failed} failed"));
-        if let Err(e) = res {
-            // A row that cannot be recorded (a full disk): stop the sweep rather than run
-            // trials whose results would be lost; the rows written so far stay whole.
-            if first_err.is_none() {
-                tracing::error!("{e}: stopping the sweep");
-                ctx.cancel.abort();
-            }
-            first_err.get_or_insert(e);
-        }
-    });
+        rec.note(res, &ctx.cancel);
+    };
+    let mut idle = || {
+        let mut rec = recorder.borrow_mut();
+        let res = rec.sync();
+        rec.note(res, &ctx.cancel);
+    };
+    sched::run_round_with(round, ctx, &mut sink, &mut idle);
     bar.finish_and_clear();
-    if let Some(e) = first_err {
+    let mut rec = recorder.into_inner();
+    let res = rec.sync();
+    rec.note(res, &ctx.cancel);
+    if let Some(e) = rec.failed {
         return Err(e.into());
     }
     tracing::info!(
