@@ -22,7 +22,7 @@ pub mod exit {
     /// Bad input: the job file, a flag, a data file named by them, a results file that cannot be
     /// read, or an output folder in use by another gpumux.
     pub const BAD_INPUT: i32 = 2;
-    /// Interrupted (SIGINT or SIGTERM): completed trials are recorded; `--resume` finishes the rest.
+    /// Interrupted (SIGINT, SIGTERM or SIGHUP): completed trials are recorded; `--resume` finishes the rest.
     pub const INTERRUPTED: i32 = 3;
     /// The requested backend or device cannot be used on this machine.
     pub const NO_DEVICE: i32 = 4;

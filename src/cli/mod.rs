@@ -41,7 +41,7 @@ pub fn main(
             tracing::Level::INFO
         })
         .init();
-    // The long-running commands watch SIGINT/SIGTERM from their first moment: a signal stops
+    // The long-running commands watch SIGINT, SIGTERM and SIGHUP from their first moment: a signal stops
     // them with what they measured kept, and exit code 3 (see `sched::cancel`).
     if long_running {
         gpumux::run::watch_signals();

@@ -27,7 +27,7 @@ pub struct Args {
     /// Print the trials, slices and caps, and run nothing.
     #[arg(long)]
     dry_run: bool,
-    /// Seconds running trials may go on after SIGINT/SIGTERM before they are stopped.
+    /// Seconds running trials may go on after SIGINT, SIGTERM or SIGHUP before they are stopped.
     #[arg(long, default_value_t = 30.0, value_parser = grace_seconds)]
     grace: f64,
     /// Trials at a time (a number or auto); overrides the job's `concurrency`.

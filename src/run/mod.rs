@@ -193,11 +193,11 @@ pub fn worker_exe() -> Result<PathBuf> {
     std::env::current_exe().map_err(Error::io("cannot find the gpumux executable"))
 }
 
-/// Starts watching SIGINT/SIGTERM for the whole process (the long-running commands do so from
+/// Starts watching SIGINT, SIGTERM and SIGHUP for the whole process (the long-running commands do so from
 /// their first moment: a signal stops them with what they measured kept, and exit code 3).
 pub fn watch_signals() {
     if let Err(e) = cancel::watch_signals() {
-        tracing::warn!("cannot watch for SIGINT/SIGTERM: {e}");
+        tracing::warn!("cannot watch for SIGINT, SIGTERM and SIGHUP: {e}");
     }
 }
 

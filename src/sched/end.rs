@@ -19,7 +19,7 @@ pub enum ChildKind {
     Command,
 }
 
-/// How long a trial killed by SIGTERM or SIGINT from outside waits for gpumux's own signal.
+/// How long a trial killed by SIGTERM, SIGINT or SIGHUP from outside waits for gpumux's own signal.
 pub const STOP_WAIT: Duration = Duration::from_secs(1);
 
 /// How a trial ended.
@@ -111,14 +111,17 @@ impl TrialEnd {
         }
     }
 
-    /// A failure that is really the run being stopped: a trial's process killed by SIGTERM or
-    /// SIGINT (a scheduler such as Slurm signals every process of the job) while the run drains,
+    /// A failure that is really the run being stopped: a trial's process killed by SIGTERM,
+    /// SIGINT or SIGHUP (a scheduler such as Slurm signals every process of the job) while the run drains,
     /// or by SIGKILL once it aborts, ends INTERRUPTED, so that `--resume` runs it again. The
     /// trial's process may get its signal a moment before gpumux gets its own: a trial killed
-    /// by SIGTERM or SIGINT waits up to [`STOP_WAIT`] for the run to start draining.
+    /// by SIGTERM, SIGINT or SIGHUP waits up to [`STOP_WAIT`] for the run to start draining.
     pub fn settle(self, cancel: &Cancel) -> TrialEnd {
         if let TrialEnd::Failed(f) = &self {
-            if matches!(f.signal(), Some(libc::SIGTERM | libc::SIGINT)) {
+            if matches!(
+                f.signal(),
+                Some(libc::SIGTERM | libc::SIGINT | libc::SIGHUP)
+            ) {
                 let until = Instant::now() + STOP_WAIT;
                 while !cancel.draining() && Instant::now() < until {
                     std::thread::sleep(Duration::from_millis(10));
@@ -138,7 +141,7 @@ fn stopped_by_the_run(f: &Failure, cancel: &Cancel) -> bool {
         return false;
     }
     match f.signal() {
-        Some(libc::SIGTERM | libc::SIGINT) => true,
+        Some(libc::SIGTERM | libc::SIGINT | libc::SIGHUP) => true,
         Some(libc::SIGKILL) => cancel.aborted(),
         _ => false,
     }
