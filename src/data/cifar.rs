@@ -211,6 +211,7 @@ pub fn encode_record(label: u8, pixel: impl Fn(usize, usize, usize) -> u8) -> Ve
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::data::testing::format_message;
 
     /// Writes six batches into `dir`: `per_file` records in each training batch and `test` in
     /// the test batch. Record `k` (counted over all training batches) has label `k % 10`, its
@@ -233,13 +234,6 @@ mod tests {
         }
         let bytes: Vec<u8> = (0..test).flat_map(|i| record(100 + i)).collect();
         std::fs::write(dir.join(TEST_FILE), bytes).unwrap();
-    }
-
-    fn format_message(e: DataError) -> String {
-        match e {
-            DataError::Format { .. } => e.to_string(),
-            other => panic!("expected a format error, got {other:?}"),
-        }
     }
 
     #[test]

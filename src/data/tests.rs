@@ -667,13 +667,7 @@ fn pad_to_smaller_than_the_image_is_an_error() {
     s.test_samples = Some(1);
     s.pad_to = Some([1 << 14, 1 << 14]);
     assert_eq!(s.validate(), Ok(()));
-    let mut d = Dataset {
-        name: "tiny".into(),
-        shape: [2, 1, 1],
-        classes: 2,
-        train: Samples::default(),
-        test: Samples::default(),
-    };
+    let mut d = Dataset::zeros("tiny", [2, 1, 1], 2, 0, 0);
     let e = d.pad([1 << 14, 1 << 14]).unwrap_err();
     assert!(e.to_string().contains("2^28"), "{e}");
 }

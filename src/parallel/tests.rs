@@ -11,13 +11,13 @@ use crate::plan::shares;
 /// Synthetic 1×12×12 images in 10 classes: big enough for 10 steps of a global batch of 50.
 fn data() -> Arc<Dataset> {
     let (train, test) = synthetic::generate([1, 12, 12], 10, 600, 100, 7).expect("synthetic data");
-    Arc::new(Dataset {
-        name: "synthetic".into(),
-        shape: [1, 12, 12],
-        classes: 10,
+    Arc::new(Dataset::in_memory(
+        "synthetic",
+        [1, 12, 12],
+        10,
         train,
         test,
-    })
+    ))
 }
 
 fn model(kind: ModelKind) -> ModelSpec {

@@ -1,6 +1,6 @@
 //! Whole-network gradient checks on graphs with residual adds and batch norm.
 use super::*;
-use crate::data::{Dataset, Samples};
+use crate::data::Dataset;
 use crate::engine::cpu::CpuBackend;
 use crate::engine::STATS_LEN;
 use crate::models::resnet;
@@ -8,19 +8,7 @@ use crate::models::{Optimizer, Stem};
 use std::sync::Arc;
 
 fn backend() -> CpuBackend {
-    let data = Dataset {
-        name: "none".into(),
-        shape: [1, 1, 1],
-        classes: 2,
-        train: Samples {
-            images: vec![0.0],
-            labels: vec![0],
-        },
-        test: Samples {
-            images: vec![0.0],
-            labels: vec![0],
-        },
-    };
+    let data = Dataset::zeros("none", [1, 1, 1], 2, 1, 1);
     CpuBackend::new(Arc::new(data), None)
 }
 
