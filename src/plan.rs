@@ -27,6 +27,38 @@ impl SliceSpec {
     }
 }
 
+/// Test builders: `SliceSpec::at(0, 1).capped(64 << 20).green(0, 48)`.
+#[cfg(test)]
+impl SliceSpec {
+    /// Slice `index` on `device`, with no memory cap and no SM partition.
+    pub(crate) const fn at(index: u32, device: u32) -> SliceSpec {
+        SliceSpec {
+            index,
+            device,
+            mem_cap_bytes: None,
+            sm_count: None,
+            partition: None,
+        }
+    }
+
+    /// The same slice, capped at `bytes`.
+    pub(crate) const fn capped(self, bytes: u64) -> SliceSpec {
+        SliceSpec {
+            mem_cap_bytes: Some(bytes),
+            ..self
+        }
+    }
+
+    /// The same slice, on SM partition `partition` of `sms` SMs (green mode).
+    pub(crate) const fn green(self, partition: u32, sms: u32) -> SliceSpec {
+        SliceSpec {
+            sm_count: Some(sms),
+            partition: Some(partition),
+            ..self
+        }
+    }
+}
+
 pub use crate::units::MIB;
 
 /// One training run with one set of hyperparameters.

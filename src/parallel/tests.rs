@@ -278,12 +278,10 @@ fn bad_shards_are_errors_not_panics() {
 
 #[test]
 fn the_slice_table_shows_devices_only_when_slices_span_several() {
-    let slice = |index: u32, device: u32| crate::plan::SliceSpec {
-        index,
-        device,
-        mem_cap_bytes: Some(3 << 30),
-        sm_count: Some(64),
-        partition: Some(index),
+    let slice = |index, device| {
+        crate::plan::SliceSpec::at(index, device)
+            .capped(3 << 30)
+            .green(index, 64)
     };
     let one = run::slice_table(&[slice(0, 0), slice(1, 0)]);
     assert!(!one[0].contains("device"), "{}", one[0]);

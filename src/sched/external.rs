@@ -254,15 +254,8 @@ mod tests {
     use super::*;
     use crate::sched::watchdog::{ProcList, ProcSource};
 
-    fn slice(cap: Option<u64>) -> SliceSpec {
-        SliceSpec {
-            index: 3,
-            device: 0,
-            mem_cap_bytes: cap,
-            sm_count: None,
-            partition: None,
-        }
-    }
+    /// The slice the trials here run on.
+    const SLICE: SliceSpec = SliceSpec::at(3, 0);
 
     /// Fast timings, and a process list read from /proc: every process uses `FAKE_MIB`.
     fn knobs() -> Knobs {
@@ -323,7 +316,7 @@ mod tests {
         let argv = sh(
             r#"echo 'epoch 1'; echo '{"epoch": 1}'; echo '{"test_acc": 0.91, "final_loss": 0.2, "note": "ok"}'; echo"#,
         );
-        let (res, lines) = go(&argv, &slice(None), &ExternalEnv::default());
+        let (res, lines) = go(&argv, &SLICE, &ExternalEnv::default());
         let out = res.unwrap();
         assert_eq!(out.metrics.len(), 2);
         assert_eq!(out.metrics["test_acc"], 0.91);
@@ -349,7 +342,7 @@ mod tests {
             cwd: Some(dir.path().to_path_buf()),
             ..ExternalEnv::default()
         };
-        let (res, lines) = go(&argv, &slice(Some(3 << 30)), &env);
+        let (res, lines) = go(&argv, &SLICE.capped(3 << 30), &env);
         assert_eq!(res.unwrap().metrics["ok"], 1.0);
         let vars: BTreeMap<String, Option<String>> = serde_json::from_str(&lines[0]).unwrap();
         let get = |k: &str| vars[k].clone().unwrap_or_default();
@@ -367,7 +360,7 @@ mod tests {
 
     #[test]
     fn uncapped_slices_get_no_cap_variables() {
-        let vars = env_vars("t1", &slice(None), &ExternalEnv::default());
+        let vars = env_vars("t1", &SLICE, &ExternalEnv::default());
         let names: Vec<&str> = vars.iter().map(|(k, _)| k.as_str()).collect();
         assert!(!names.contains(&"GPUMUX_MEM_CAP_MIB"));
         assert!(!names.contains(&"XLA_PYTHON_CLIENT_MEM_FRACTION"));
@@ -381,7 +374,7 @@ mod tests {
     fn a_nonzero_exit_is_an_error_with_the_stderr_tail() {
         let argv =
             sh("echo '{\"test_acc\": 1}'; echo early >&2; echo 'ValueError: bad lr' >&2; exit 3");
-        let e = go(&argv, &slice(None), &ExternalEnv::default())
+        let e = go(&argv, &SLICE, &ExternalEnv::default())
             .0
             .unwrap_err()
             .to_string();
@@ -393,7 +386,7 @@ mod tests {
     fn death_by_a_signal_is_named() {
         let e = go(
             &sh("echo x >&2; kill -SEGV $$"),
-            &slice(None),
+            &SLICE,
             &ExternalEnv::default(),
         )
         .0
@@ -407,26 +400,26 @@ mod tests {
     fn a_last_line_that_is_not_json_is_quoted() {
         let e = go(
             &sh("echo '{\"a\": 1}'; echo 'done: acc=0.9'"),
-            &slice(None),
+            &SLICE,
             &ExternalEnv::default(),
         )
         .0
         .unwrap_err()
         .to_string();
         assert!(e.contains("`done: acc=0.9`"), "{e}");
-        let e = go(&sh("echo '[1, 2]'"), &slice(None), &ExternalEnv::default())
+        let e = go(&sh("echo '[1, 2]'"), &SLICE, &ExternalEnv::default())
             .0
             .unwrap_err()
             .to_string();
         assert!(e.contains("`[1, 2]`"), "{e}");
-        let e = go(&sh("true"), &slice(None), &ExternalEnv::default())
+        let e = go(&sh("true"), &SLICE, &ExternalEnv::default())
             .0
             .unwrap_err()
             .to_string();
         assert!(e.contains("printed nothing"), "{e}");
         let e = go(
             &["/nonexistent/prog".to_string()],
-            &slice(None),
+            &SLICE,
             &ExternalEnv::default(),
         )
         .0
@@ -449,15 +442,7 @@ mod tests {
             }
         };
         let env = ExternalEnv::default();
-        let res = run_with(
-            argv,
-            "t0",
-            &slice(None),
-            &env,
-            &cancel,
-            &mut on_line,
-            &knobs(),
-        );
+        let res = run_with(argv, "t0", &SLICE, &env, &cancel, &mut on_line, &knobs());
         let took = aborted_at.expect("no line came").elapsed();
         (res, took, lines)
     }
@@ -504,7 +489,7 @@ mod tests {
         // The shell exits at once; its background sleep keeps stdout open until it is killed.
         let argv = sh("sleep 30 & echo $!; echo '{\"a\": 3}'");
         let started = Instant::now();
-        let (res, lines) = go(&argv, &slice(None), &ExternalEnv::default());
+        let (res, lines) = go(&argv, &SLICE, &ExternalEnv::default());
         assert_eq!(res.unwrap().metrics["a"], 3.0);
         assert!(started.elapsed() < Duration::from_secs(3));
         let pid: u32 = lines[0].parse().unwrap();
@@ -518,7 +503,7 @@ mod tests {
         let res = run_with(
             &sh("echo started >&2"),
             "t0",
-            &slice(None),
+            &SLICE,
             &ExternalEnv::default(),
             &cancel,
             &mut |_| {},
@@ -537,7 +522,7 @@ mod tests {
             ..ExternalEnv::default()
         };
         let started = Instant::now();
-        let (res, lines) = go(&argv, &slice(Some(1000 << 20)), &env);
+        let (res, lines) = go(&argv, &SLICE.capped(1000 << 20), &env);
         let e = res.unwrap_err().to_string();
         assert!(
             e.ends_with("exceeded its memory cap: used 1200 MiB, cap 1000 MiB (+5%)"),
@@ -554,7 +539,7 @@ mod tests {
             watch_uuid: Some("GPU-fake".into()),
             ..ExternalEnv::default()
         };
-        let (res, _) = go(&sh("sleep 0.2; echo '{\"a\": 2}'"), &slice(None), &env);
+        let (res, _) = go(&sh("sleep 0.2; echo '{\"a\": 2}'"), &SLICE, &env);
         let out = res.unwrap();
         assert!(out.peak_mem_mib >= Some(FAKE_MIB), "{:?}", out.peak_mem_mib);
     }
@@ -573,7 +558,7 @@ mod tests {
         let res = run_with(
             &argv,
             "t0",
-            &slice(Some(1 << 20)),
+            &SLICE.capped(1 << 20),
             &env,
             &Cancel::new(),
             &mut |_| {},
@@ -596,7 +581,7 @@ mod tests {
             cwd: Some(root),
             ..ExternalEnv::default()
         };
-        let (res, lines) = go(&argv, &slice(None), &env);
+        let (res, lines) = go(&argv, &SLICE, &env);
         let out = res.unwrap();
         let acc = out.metrics["test_acc"];
         assert!((0.0..=1.0).contains(&acc), "{acc}");
