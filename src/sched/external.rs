@@ -311,6 +311,14 @@ mod tests {
         (res, lines)
     }
 
+    /// The error of a trial that runs `argv` on [`SLICE`] and fails.
+    fn error_of(argv: &[String]) -> String {
+        go(argv, &SLICE, &ExternalEnv::default())
+            .0
+            .unwrap_err()
+            .to_string()
+    }
+
     #[test]
     fn progress_lines_stream_and_the_last_line_is_the_metrics() {
         let argv = sh(
@@ -374,57 +382,27 @@ mod tests {
     fn a_nonzero_exit_is_an_error_with_the_stderr_tail() {
         let argv =
             sh("echo '{\"test_acc\": 1}'; echo early >&2; echo 'ValueError: bad lr' >&2; exit 3");
-        let e = go(&argv, &SLICE, &ExternalEnv::default())
-            .0
-            .unwrap_err()
-            .to_string();
+        let e = error_of(&argv);
         assert!(e.contains("exited with code 3"), "{e}");
         assert!(e.contains("early | ValueError: bad lr"), "{e}");
     }
 
     #[test]
     fn death_by_a_signal_is_named() {
-        let e = go(
-            &sh("echo x >&2; kill -SEGV $$"),
-            &SLICE,
-            &ExternalEnv::default(),
-        )
-        .0
-        .unwrap_err()
-        .to_string();
+        let e = error_of(&sh("echo x >&2; kill -SEGV $$"));
         assert!(e.contains("signal 11 (SIGSEGV)"), "{e}");
         assert!(e.contains("stderr: x"), "{e}");
     }
 
     #[test]
     fn a_last_line_that_is_not_json_is_quoted() {
-        let e = go(
-            &sh("echo '{\"a\": 1}'; echo 'done: acc=0.9'"),
-            &SLICE,
-            &ExternalEnv::default(),
-        )
-        .0
-        .unwrap_err()
-        .to_string();
+        let e = error_of(&sh("echo '{\"a\": 1}'; echo 'done: acc=0.9'"));
         assert!(e.contains("`done: acc=0.9`"), "{e}");
-        let e = go(&sh("echo '[1, 2]'"), &SLICE, &ExternalEnv::default())
-            .0
-            .unwrap_err()
-            .to_string();
+        let e = error_of(&sh("echo '[1, 2]'"));
         assert!(e.contains("`[1, 2]`"), "{e}");
-        let e = go(&sh("true"), &SLICE, &ExternalEnv::default())
-            .0
-            .unwrap_err()
-            .to_string();
+        let e = error_of(&sh("true"));
         assert!(e.contains("printed nothing"), "{e}");
-        let e = go(
-            &["/nonexistent/prog".to_string()],
-            &SLICE,
-            &ExternalEnv::default(),
-        )
-        .0
-        .unwrap_err()
-        .to_string();
+        let e = error_of(&["/nonexistent/prog".to_string()]);
         assert!(e.contains("cannot start `/nonexistent/prog`"), "{e}");
     }
 
