@@ -1,6 +1,8 @@
 //! Test builders: datasets held in memory, and the message of a reader's format error.
 
-use super::{Dataset, Samples};
+use std::path::Path;
+
+use super::{cifar, Dataset, Samples};
 use crate::error::DataError;
 
 impl Dataset {
@@ -47,6 +49,26 @@ impl Samples {
         let labels = (0..n as u32).map(|i| i % classes as u32).collect();
         Samples::of(vec![0.0; n * len], labels)
     }
+}
+
+/// Writes the six CIFAR-10 batches into `dir`: `per_file` records in each training batch, and
+/// in the test batch the `test.1` records numbered from `test.0`. Record `k` (counted over all
+/// training batches) has label `k % 10` and pixel `pixel(k, c, y, x)`.
+pub(crate) fn write_cifar(
+    dir: &Path,
+    per_file: usize,
+    test: (usize, usize),
+    pixel: impl Fn(usize, usize, usize, usize) -> u8,
+) {
+    let record = |k: usize| cifar::encode_record((k % 10) as u8, |c, y, x| pixel(k, c, y, x));
+    for (f, name) in cifar::TRAIN_FILES.iter().enumerate() {
+        let bytes: Vec<u8> = (0..per_file)
+            .flat_map(|i| record(f * per_file + i))
+            .collect();
+        std::fs::write(dir.join(name), bytes).unwrap();
+    }
+    let bytes: Vec<u8> = (0..test.1).flat_map(|i| record(test.0 + i)).collect();
+    std::fs::write(dir.join(cifar::TEST_FILE), bytes).unwrap();
 }
 
 /// The message of a format error; any other error fails the test.
