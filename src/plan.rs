@@ -27,6 +27,38 @@ impl SliceSpec {
     }
 }
 
+/// Test builders: `SliceSpec::at(0, 1).capped(64 << 20).green(0, 48)`.
+#[cfg(test)]
+impl SliceSpec {
+    /// Slice `index` on `device`, with no memory cap and no SM partition.
+    pub(crate) const fn at(index: u32, device: u32) -> SliceSpec {
+        SliceSpec {
+            index,
+            device,
+            mem_cap_bytes: None,
+            sm_count: None,
+            partition: None,
+        }
+    }
+
+    /// The same slice, capped at `bytes`.
+    pub(crate) const fn capped(self, bytes: u64) -> SliceSpec {
+        SliceSpec {
+            mem_cap_bytes: Some(bytes),
+            ..self
+        }
+    }
+
+    /// The same slice, on SM partition `partition` of `sms` SMs (green mode).
+    pub(crate) const fn green(self, partition: u32, sms: u32) -> SliceSpec {
+        SliceSpec {
+            sm_count: Some(sms),
+            partition: Some(partition),
+            ..self
+        }
+    }
+}
+
 pub use crate::units::MIB;
 
 /// One training run with one set of hyperparameters.
@@ -489,20 +521,20 @@ pub fn rounds(job: &Job, budgets: &Budgets, splits: &[SplitMode]) -> Result<Vec<
     Ok(out)
 }
 
+/// A job for tests: an MLP on synthetic data, then the lines of `extra`.
+#[cfg(test)]
+pub(crate) fn mlp_job(extra: &str) -> Job {
+    Job::parse(
+        &format!("model: {{kind: mlp}}\ndata: {{source: synthetic}}\n{extra}"),
+        std::path::Path::new("j.yaml"),
+    )
+    .unwrap()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::collections::BTreeSet;
-
-    use std::path::Path;
-
-    fn job(extra: &str) -> Job {
-        Job::parse(
-            &format!("model: {{kind: mlp}}\ndata: {{source: synthetic}}\n{extra}"),
-            Path::new("j.yaml"),
-        )
-        .unwrap()
-    }
 
     fn one(b: &DeviceBudget) -> Budgets {
         Budgets::one(b.clone())
@@ -518,7 +550,7 @@ mod tests {
 
     #[test]
     fn rounds_cover_every_n_and_split_with_stable_trials() {
-        let j = job("n: [1, 3]\nsplits: [shared, logical]\n");
+        let j = mlp_job("n: [1, 3]\nsplits: [shared, logical]\n");
         let r = rounds(&j, &one(&DEV), &j.file.splits).unwrap();
         assert_eq!(r.len(), 4);
         assert_eq!(r[2].n, 3);
@@ -533,13 +565,13 @@ mod tests {
 
     #[test]
     fn a_cap_above_the_device_is_an_error() {
-        let j = job("memory:\n  mib_per_slice: 4096\n");
+        let j = mlp_job("memory:\n  mib_per_slice: 4096\n");
         let e = slice_cap(&j, 1, &DEV).unwrap_err().to_string();
         assert!(
             e.contains("above the device") && e.contains("line 4"),
             "{e}"
         );
-        let j = job("memory:\n  mib_per_slice: 512\n");
+        let j = mlp_job("memory:\n  mib_per_slice: 512\n");
         assert!(slice_cap(&j, 2, &DEV).is_ok());
         assert!(slice_cap(&j, 3, &DEV).is_err());
     }
@@ -599,7 +631,7 @@ mod tests {
             sm_groups: None,
             mem_granularity: None,
         };
-        let j = job("ratios: [5, 3]\nmemory: {fraction: 0.8}\n");
+        let j = mlp_job("ratios: [5, 3]\nmemory: {fraction: 0.8}\n");
         let s = slices(&j, 7, SplitMode::Green, &one(&gpu)).unwrap();
         assert_eq!(s.len(), 2, "the plan has its own slice count whatever N is");
         // 16 groups of 8 SMs split 5:3 → 10 and 6 groups.
@@ -627,7 +659,7 @@ mod tests {
             sm_groups: Some(14),
             mem_granularity: None,
         };
-        let j = job("");
+        let j = mlp_job("");
         let s = slices(&j, 34, SplitMode::Green, &one(&gpu)).unwrap();
         let parts: BTreeSet<_> = s.iter().map(|s| s.partition).collect();
         assert_eq!(parts.len(), 14, "one partition per group the driver makes");
@@ -635,7 +667,7 @@ mod tests {
         let two = slices(&j, 2, SplitMode::Green, &one(&gpu)).unwrap();
         assert_eq!((two[0].sm_count, two[1].sm_count), (Some(56), Some(56)));
         // 14 groups split 5:3 by largest remainder: 8.75 → 9 and 5.25 → 5 groups.
-        let r = job("ratios: [5, 3]\n");
+        let r = mlp_job("ratios: [5, 3]\n");
         let s = slices(&r, 2, SplitMode::Green, &one(&gpu)).unwrap();
         assert_eq!((s[0].sm_count, s[1].sm_count), (Some(72), Some(40)));
         // A driver answer above what the SMs allow is not trusted.
@@ -656,19 +688,19 @@ mod tests {
             mem_granularity: Some(2 << 20),
         };
         // 0.9 of 80 GiB over 7 slices is not a whole number of 2 MiB pages: rounded down.
-        let j = job("memory: {fraction: 0.9}\n");
+        let j = mlp_job("memory: {fraction: 0.9}\n");
         let s = slices(&j, 7, SplitMode::Logical, &one(&gpu)).unwrap();
         let exact = ((80u64 << 30) as f64 * 0.9 / 7.0) as u64;
         let cap = s[0].mem_cap_bytes.unwrap();
         assert_eq!(cap % (2 << 20), 0);
         assert!(cap <= exact && exact - cap < 2 << 20, "{cap} vs {exact}");
         // An odd number of MiB per slice: the cap in force is one page less.
-        let j = job("memory: {mib_per_slice: 1001}\n");
+        let j = mlp_job("memory: {mib_per_slice: 1001}\n");
         let s = slices(&j, 2, SplitMode::Logical, &one(&gpu)).unwrap();
         assert_eq!(s[0].mem_cap_bytes, Some(1000 << 20));
         // Never below one page, and unequal caps are rounded too.
         assert_eq!(gpu.real_cap(1), 2 << 20);
-        let j = job("ratios: [5, 3]\nmemory: {mib_per_slice: 1001}\n");
+        let j = mlp_job("ratios: [5, 3]\nmemory: {mib_per_slice: 1001}\n");
         let s = slices(&j, 2, SplitMode::Logical, &one(&gpu)).unwrap();
         assert!(s.iter().all(|s| s.mem_cap_bytes.unwrap() % (2 << 20) == 0));
         // The CPU has no pages: caps stay as computed.
@@ -690,19 +722,19 @@ mod tests {
             sm_groups: None,
             mem_granularity: None,
         };
-        let j = job("slices:\n  - {sm: 64, mem_mib: 30000}\n  - {sm: 37, mem_mib: 20000}\n  - {mem_mib: 1000}\n");
+        let j = mlp_job("slices:\n  - {sm: 64, mem_mib: 30000}\n  - {sm: 37, mem_mib: 20000}\n  - {mem_mib: 1000}\n");
         let s = slices(&j, 3, SplitMode::Green, &one(&gpu)).unwrap();
         assert_eq!(
             s.iter().map(|s| s.sm_count).collect::<Vec<_>>(),
             vec![Some(64), Some(40), Some(24)]
         );
         assert_eq!(s[1].mem_cap_bytes, Some(20000 << 20));
-        let j = job("slices:\n  - {sm: 100}\n  - {sm: 40}\n");
+        let j = mlp_job("slices:\n  - {sm: 100}\n  - {sm: 40}\n");
         let e = slices(&j, 2, SplitMode::Green, &one(&gpu))
             .unwrap_err()
             .to_string();
         assert!(e.contains("need 144 SMs") && e.contains("line 3"), "{e}");
-        let j = job("slices:\n  - {mem_mib: 900}\n  - {mem_mib: 200}\n");
+        let j = mlp_job("slices:\n  - {mem_mib: 900}\n  - {mem_mib: 200}\n");
         let e = slices(&j, 2, SplitMode::Logical, &one(&DEV))
             .unwrap_err()
             .to_string();
@@ -729,7 +761,7 @@ mod tests {
             first: h100.clone(),
             more: vec![(1, a100.clone())],
         };
-        let j = job("slices:\n  - {device: 1}\n  - {sm: 64}\n  - {device: 1, sm: 30}\nmemory: {fraction: 0.5}\n");
+        let j = mlp_job("slices:\n  - {device: 1}\n  - {sm: 64}\n  - {device: 1, sm: 30}\nmemory: {fraction: 0.5}\n");
         assert_eq!(j.devices(), vec![0, 1]);
         let s = slices(&j, 5, SplitMode::Green, &both).unwrap();
         assert_eq!(
@@ -760,7 +792,7 @@ mod tests {
             "{e}"
         );
         // Caps are checked against the memory of the slice's own device.
-        let j = job("slices:\n  - {mem_mib: 50000}\n  - {device: 1, mem_mib: 50000}\n");
+        let j = mlp_job("slices:\n  - {mem_mib: 50000}\n  - {device: 1, mem_mib: 50000}\n");
         let e = slices(&j, 2, SplitMode::Logical, &both)
             .unwrap_err()
             .to_string();
@@ -769,7 +801,7 @@ mod tests {
             "{e}"
         );
         // An equal plan stays on device 0.
-        let eq = slices(&job(""), 3, SplitMode::Logical, &both).unwrap();
+        let eq = slices(&mlp_job(""), 3, SplitMode::Logical, &both).unwrap();
         assert!(eq.iter().all(|s| s.device == 0));
     }
 }

@@ -156,16 +156,6 @@ mod tests {
     use crate::run::{load_data, resolve_backend};
     use crate::sched::{run_round, Device, Devices, TrialState};
 
-    fn slice(index: u32, device: u32) -> SliceSpec {
-        SliceSpec {
-            index,
-            device,
-            mem_cap_bytes: Some(64 << 20),
-            sm_count: None,
-            partition: None,
-        }
-    }
-
     #[test]
     fn a_trial_runs_on_its_slices_device_and_fails_alone_where_there_is_none() {
         let job = Job::parse(
@@ -186,6 +176,7 @@ mod tests {
         )
         .unwrap();
         ctx.devices = Devices::with(Device::Cpu, vec![(1, Device::Cpu)]);
+        let slice = |index, device| SliceSpec::at(index, device).capped(64 << 20);
         let round = Round {
             index: 0,
             n: 3,

@@ -16,7 +16,6 @@ use std::sync::{Arc, OnceLock};
 use gpumux::data::{synthetic, DataSpec, Dataset, Source};
 use gpumux::engine::cpu::CpuBackend;
 use gpumux::engine::cuda::{self, CudaEngine, DeviceData};
-use gpumux::engine::rng::HostRng;
 use gpumux::engine::{
     AdamParams, Backend, BnParams, Conv2dShape, DropoutMask, GemmShape, PlaneShape, PoolShape,
     Region, SgdParams, Split,
@@ -25,6 +24,7 @@ use gpumux::error::EngineError;
 use gpumux::job::{ConvEngine, EngineOptions, Hyper, ModelKind, ModelSpec, Optimizer};
 use gpumux::models::network::{LayerDef, Network, Node};
 use gpumux::parallel::{train as train_mirrored, ParallelConfig};
+use gpumux::rng::HostRng;
 use gpumux::train::{run_trial, TrialConfig};
 use libtest_mimic::{Arguments, Trial};
 use support::{dataset, samples};

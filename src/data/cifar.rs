@@ -211,35 +211,19 @@ pub fn encode_record(label: u8, pixel: impl Fn(usize, usize, usize) -> u8) -> Ve
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::data::testing::{self, format_message};
 
     /// Writes six batches into `dir`: `per_file` records in each training batch and `test` in
     /// the test batch. Record `k` (counted over all training batches) has label `k % 10`, its
     /// pixels all equal to `k`, except (green, row 5, column 7), which is 200.
     fn write_batches(dir: &Path, per_file: usize, test: usize) {
-        let record = |k: usize| {
-            encode_record((k % 10) as u8, |c, y, x| {
-                if (c, y, x) == (1, 5, 7) {
-                    200
-                } else {
-                    k as u8
-                }
-            })
-        };
-        for (f, name) in TRAIN_FILES.iter().enumerate() {
-            let bytes: Vec<u8> = (0..per_file)
-                .flat_map(|i| record(f * per_file + i))
-                .collect();
-            std::fs::write(dir.join(name), bytes).unwrap();
-        }
-        let bytes: Vec<u8> = (0..test).flat_map(|i| record(100 + i)).collect();
-        std::fs::write(dir.join(TEST_FILE), bytes).unwrap();
-    }
-
-    fn format_message(e: DataError) -> String {
-        match e {
-            DataError::Format { .. } => e.to_string(),
-            other => panic!("expected a format error, got {other:?}"),
-        }
+        testing::write_cifar(dir, per_file, (100, test), |k, c, y, x| {
+            if (c, y, x) == (1, 5, 7) {
+                200
+            } else {
+                k as u8
+            }
+        });
     }
 
     #[test]

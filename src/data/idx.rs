@@ -360,6 +360,7 @@ pub fn gzip(data: &[u8]) -> std::io::Result<Vec<u8>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::data::testing::format_message;
     use proptest::prelude::*;
     use std::path::PathBuf;
 
@@ -374,13 +375,6 @@ mod tests {
 
     fn labels(values: &[u8]) -> Vec<u8> {
         encode(&[values.len() as u32], values)
-    }
-
-    fn message(e: DataError) -> String {
-        match e {
-            DataError::Format { .. } => e.to_string(),
-            other => panic!("expected a format error, got {other:?}"),
-        }
     }
 
     #[test]
@@ -421,14 +415,14 @@ mod tests {
     fn truncated_and_trailing_data_are_errors() {
         let mut img = images(2, 3, 3);
         img.pop();
-        let m = message(parse(&p("x.idx"), &img.clone(), 3).unwrap_err());
+        let m = format_message(parse(&p("x.idx"), &img.clone(), 3).unwrap_err());
         assert!(m.contains("x.idx") && m.contains("truncated"), "{m}");
         assert!(m.contains("2×3×3 = 18") && m.contains("found 17"), "{m}");
         img.extend_from_slice(&[0, 0]);
-        let m = message(parse(&p("x.idx"), &img, 3).unwrap_err());
+        let m = format_message(parse(&p("x.idx"), &img, 3).unwrap_err());
         assert!(m.contains("trailing") && m.contains("found 19"), "{m}");
         // A truncated header.
-        let m = message(parse(&p("x.idx"), &[0, 0, 8, 3, 0, 0, 0, 1], 3).unwrap_err());
+        let m = format_message(parse(&p("x.idx"), &[0, 0, 8, 3, 0, 0, 0, 1], 3).unwrap_err());
         assert!(m.contains("truncated header"), "{m}");
     }
 
@@ -436,7 +430,7 @@ mod tests {
     fn truncated_gzip_is_an_error() {
         let gz = gzip(&images(4, 5, 5)).unwrap();
         let cut = gz[..gz.len() / 2].to_vec();
-        let m = message(parse(&p("cut.gz"), &cut, 3).unwrap_err());
+        let m = format_message(parse(&p("cut.gz"), &cut, 3).unwrap_err());
         assert!(m.contains("cut.gz") && m.contains("gzip"), "{m}");
     }
 
@@ -444,27 +438,27 @@ mod tests {
     fn bad_magic_is_an_error() {
         let mut img = images(1, 2, 2);
         img[0] = 0x12;
-        let m = message(parse(&p("m"), &img.clone(), 3).unwrap_err());
+        let m = format_message(parse(&p("m"), &img.clone(), 3).unwrap_err());
         assert!(
             m.contains("not an IDX file") && m.contains("0x00000803"),
             "{m}"
         );
         img[0] = 0;
         img[2] = 0x0d; // float
-        let m = message(parse(&p("m"), &img, 3).unwrap_err());
+        let m = format_message(parse(&p("m"), &img, 3).unwrap_err());
         assert!(m.contains("0x0d is not supported"), "{m}");
-        let m = message(parse(&p("m"), &[0, 0], 1).unwrap_err());
+        let m = format_message(parse(&p("m"), &[0, 0], 1).unwrap_err());
         assert!(m.contains("too short"), "{m}");
     }
 
     #[test]
     fn wrong_dimension_count_is_an_error() {
-        let m = message(parse(&p("l"), &images(2, 2, 2), 1).unwrap_err());
+        let m = format_message(parse(&p("l"), &images(2, 2, 2), 1).unwrap_err());
         assert!(
             m.contains("has 3 dimensions") && m.contains("expected 1"),
             "{m}"
         );
-        let m = message(parse(&p("i"), &labels(&[1, 2]), 3).unwrap_err());
+        let m = format_message(parse(&p("i"), &labels(&[1, 2]), 3).unwrap_err());
         assert!(
             m.contains("has 1 dimensions") && m.contains("expected 3"),
             "{m}"
@@ -473,14 +467,14 @@ mod tests {
 
     #[test]
     fn label_count_mismatch_and_range_are_errors() {
-        let m = message(
+        let m = format_message(
             decode_pair(&p("img"), &images(3, 2, 2), &p("lab"), &labels(&[0, 1]), 10).unwrap_err(),
         );
         assert!(
             m.starts_with("lab:") && m.contains("2 labels") && m.contains("3 images"),
             "{m}"
         );
-        let m = message(
+        let m = format_message(
             decode_pair(
                 &p("img"),
                 &images(3, 2, 2),
@@ -507,7 +501,7 @@ mod tests {
         for _ in 0..3 {
             bytes.extend_from_slice(&u32::MAX.to_be_bytes());
         }
-        let m = message(parse(&p("big"), &bytes, 3).unwrap_err());
+        let m = format_message(parse(&p("big"), &bytes, 3).unwrap_err());
         assert!(m.contains("more than an IDX file may hold"), "{m}");
     }
 
@@ -518,14 +512,14 @@ mod tests {
         let mut body = encode(&[10], &[0; 10]);
         body.resize(64 << 20, 0);
         let gz = gzip(&body).unwrap();
-        let m = message(parse(&p("bomb.gz"), &gz, 1).unwrap_err());
+        let m = format_message(parse(&p("bomb.gz"), &gz, 1).unwrap_err());
         assert!(m.contains("trailing") && m.contains("more than 10"), "{m}");
         // A header declaring more than an IDX file may hold is refused from the header alone.
         let mut huge = vec![0, 0, 8, 3];
         for d in [65535u32, 65535, 65535] {
             huge.extend_from_slice(&d.to_be_bytes());
         }
-        let m = message(parse(&p("huge"), &gzip(&huge).unwrap(), 3).unwrap_err());
+        let m = format_message(parse(&p("huge"), &gzip(&huge).unwrap(), 3).unwrap_err());
         assert!(m.contains("more than an IDX file may hold"), "{m}");
     }
 
@@ -537,16 +531,16 @@ mod tests {
         let mut bytes = encode(&[60_000, 28, 28], &[]);
         bytes.extend_from_slice(&[1, 2, 3]);
         std::fs::write(&path, &bytes).unwrap();
-        let m = message(read(&path, 3, "").unwrap_err());
+        let m = format_message(read(&path, 3, "").unwrap_err());
         assert!(m.contains("truncated") && m.contains("found 3"), "{m}");
     }
 
     #[test]
     fn a_directory_or_a_bom_says_what_it_is() {
         let dir = tempfile::tempdir().unwrap();
-        let m = message(read(dir.path(), 1, "").unwrap_err());
+        let m = format_message(read(dir.path(), 1, "").unwrap_err());
         assert!(m.contains("is a directory"), "{m}");
-        let m = message(parse(&p("t"), b"\xef\xbb\xbf0 1 2\n", 1).unwrap_err());
+        let m = format_message(parse(&p("t"), b"\xef\xbb\xbf0 1 2\n", 1).unwrap_err());
         assert!(m.contains("byte-order mark"), "{m}");
     }
 

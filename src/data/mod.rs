@@ -13,6 +13,8 @@ pub mod split;
 pub mod synthetic;
 
 #[cfg(test)]
+pub(crate) mod testing;
+#[cfg(test)]
 mod tests;
 
 /// Fraction of a single-file dataset held out for testing unless `test_fraction` says otherwise.

@@ -468,14 +468,9 @@ fn normalize_standardises_with_the_training_moments() {
 /// test batch. Record `k` has label `k % 10`; its red plane is `10·k`, green `10·k + 1`, and blue
 /// `10·k + 2` plus the column.
 fn write_cifar(dir: &Path) {
-    let record =
-        |k: usize| cifar::encode_record((k % 10) as u8, |c, _, x| (10 * k + c + x * (c / 2)) as u8);
-    for (f, name) in cifar::TRAIN_FILES.iter().enumerate() {
-        let bytes: Vec<u8> = (0..2).flat_map(|i| record(2 * f + i)).collect();
-        std::fs::write(dir.join(name), bytes).unwrap();
-    }
-    let bytes: Vec<u8> = (0..3).flat_map(|i| record(20 + i)).collect();
-    std::fs::write(dir.join(cifar::TEST_FILE), bytes).unwrap();
+    testing::write_cifar(dir, 2, (20, 3), |k, c, _, x| {
+        (10 * k + c + x * (c / 2)) as u8
+    });
 }
 
 #[test]
@@ -667,13 +662,7 @@ fn pad_to_smaller_than_the_image_is_an_error() {
     s.test_samples = Some(1);
     s.pad_to = Some([1 << 14, 1 << 14]);
     assert_eq!(s.validate(), Ok(()));
-    let mut d = Dataset {
-        name: "tiny".into(),
-        shape: [2, 1, 1],
-        classes: 2,
-        train: Samples::default(),
-        test: Samples::default(),
-    };
+    let mut d = Dataset::zeros("tiny", [2, 1, 1], 2, 0, 0);
     let e = d.pad([1 << 14, 1 << 14]).unwrap_err();
     assert!(e.to_string().contains("2^28"), "{e}");
 }

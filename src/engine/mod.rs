@@ -11,8 +11,6 @@ pub mod options;
 pub mod shapes;
 
 use crate::error::EngineError;
-/// The deterministic random numbers (now [`crate::rng`]), at the path callers above still use.
-pub use crate::rng;
 pub use cuda::CaptureHold;
 pub use options::{ConvEngine, EngineOptions};
 pub use shapes::{BnParams, Conv2dShape, GemmShape, PlaneShape, PoolShape, Window};
@@ -109,7 +107,7 @@ pub struct DropoutMask {
     pub first: u64,
 }
 
-/// The dropout stream of `layer` at step `count`: the `counter` argument of [`rng::uniform`].
+/// The dropout stream of `layer` at step `count`: the `counter` argument of [`crate::rng::uniform`].
 #[inline]
 pub fn dropout_stream(count: u32, layer: u32) -> u64 {
     ((count as u64) << 16) | layer as u64
@@ -264,7 +262,7 @@ pub trait Backend: Send {
         dx: Region,
     ) -> Result<(), EngineError>;
     /// Inverted dropout with a counter-based mask: element `i` is dropped when
-    /// `rng::uniform(seed, dropout_stream(count, layer), first + i) < p`, else scaled by
+    /// `crate::rng::uniform(seed, dropout_stream(count, layer), first + i) < p`, else scaled by
     /// `1/(1-p)`, where `count` is read from the step counter.
     fn dropout_fwd(
         &mut self,

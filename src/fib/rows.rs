@@ -97,42 +97,29 @@ pub(super) fn run_row(
 mod tests {
     use super::*;
 
-    fn slice(index: u32, sm: Option<u32>, mib: Option<u64>) -> SliceSpec {
-        SliceSpec {
-            index,
-            device: 0,
-            mem_cap_bytes: mib.map(|m| m << 20),
-            sm_count: sm,
-            partition: sm.map(|_| index),
-        }
-    }
-
     #[test]
     fn unequal_slices_are_listed_and_averaged_in_runs_csv() {
         let unequal = [
-            slice(0, Some(80), Some(30_000)),
-            slice(1, Some(48), Some(20_000)),
+            SliceSpec::at(0, 0).green(0, 80).capped(30_000 << 20),
+            SliceSpec::at(1, 0).green(1, 48).capped(20_000 << 20),
         ];
         assert_eq!(slice_plan(&unequal), "80sm/30000MiB;48sm/20000MiB");
         assert_eq!(mean_of(&unequal, |s| s.sm_count.map(f64::from)), Some(64.0));
         assert_eq!(mean_of(&unequal, SliceSpec::cap_mib), Some(25_000.0));
-        let equal = [slice(0, None, Some(100)), slice(1, None, Some(100))];
+        let equal = [
+            SliceSpec::at(0, 0).capped(100 << 20),
+            SliceSpec::at(1, 0).capped(100 << 20),
+        ];
         assert_eq!(slice_plan(&equal), "");
         assert_eq!(mean_of(&equal, |s| s.sm_count.map(f64::from)), None);
-        let mixed = [slice(0, None, Some(100)), slice(1, None, None)];
+        let mixed = [SliceSpec::at(0, 0).capped(100 << 20), SliceSpec::at(1, 0)];
         assert_eq!(slice_plan(&mixed), "100MiB;uncapped");
         let spread = [
-            slice(0, Some(64), Some(100)),
-            SliceSpec {
-                device: 1,
-                ..slice(1, Some(64), Some(100))
-            },
+            SliceSpec::at(0, 0).green(0, 64).capped(100 << 20),
+            SliceSpec::at(1, 1).green(1, 64).capped(100 << 20),
         ];
         assert_eq!(slice_plan(&spread), "d0:64sm/100MiB;d1:64sm/100MiB");
-        let moved = [SliceSpec {
-            device: 2,
-            ..slice(0, None, Some(100))
-        }];
+        let moved = [SliceSpec::at(0, 2).capped(100 << 20)];
         assert_eq!(slice_plan(&moved), "d2:100MiB");
     }
 }

@@ -11,13 +11,13 @@ use crate::plan::shares;
 /// Synthetic 1×12×12 images in 10 classes: big enough for 10 steps of a global batch of 50.
 fn data() -> Arc<Dataset> {
     let (train, test) = synthetic::generate([1, 12, 12], 10, 600, 100, 7).expect("synthetic data");
-    Arc::new(Dataset {
-        name: "synthetic".into(),
-        shape: [1, 12, 12],
-        classes: 10,
+    Arc::new(Dataset::in_memory(
+        "synthetic",
+        [1, 12, 12],
+        10,
         train,
         test,
-    })
+    ))
 }
 
 fn model(kind: ModelKind) -> ModelSpec {
@@ -93,16 +93,20 @@ fn single(cfg: &ParallelConfig, steps: usize) -> Vec<f32> {
     p
 }
 
-fn mirrored(cfg: &ParallelConfig) -> ParallelOutcome {
-    let d = data();
-    let backends: Vec<(u32, Box<dyn Backend>)> = (0..cfg.shards.len() as u32)
+/// `n` uncapped CPU backends on `d`, one for each of slices 0..n.
+fn cpu_backends(d: &Arc<Dataset>, n: u32) -> Vec<(u32, Box<dyn Backend>)> {
+    (0..n)
         .map(|i| {
             (
                 i,
-                Box::new(CpuBackend::new(Arc::clone(&d), None)) as Box<dyn Backend>,
+                Box::new(CpuBackend::new(Arc::clone(d), None)) as Box<dyn Backend>,
             )
         })
-        .collect();
+        .collect()
+}
+
+fn mirrored(cfg: &ParallelConfig) -> ParallelOutcome {
+    let backends = cpu_backends(&data(), cfg.shards.len() as u32);
     train(backends, cfg, &mut |_| {}).expect("parallel training")
 }
 
@@ -198,18 +202,10 @@ fn speeds_and_losses_are_reported_per_slice() {
     cfg.trial.max_steps = None;
     cfg.trial.epochs = 2;
     let mut seen = Vec::new();
-    let out = {
-        let d = data();
-        let backends: Vec<(u32, Box<dyn Backend>)> = (0..2)
-            .map(|i| {
-                (
-                    i,
-                    Box::new(CpuBackend::new(Arc::clone(&d), None)) as Box<dyn Backend>,
-                )
-            })
-            .collect();
-        train(backends, &cfg, &mut |e| seen.push(e.clone())).expect("training")
-    };
+    let out = train(cpu_backends(&data(), 2), &cfg, &mut |e| {
+        seen.push(e.clone())
+    })
+    .expect("training");
     assert_eq!(seen.len(), 2);
     let e = &seen[1];
     assert_eq!(e.steps, 600 / 50);
@@ -233,16 +229,7 @@ fn speeds_and_losses_are_reported_per_slice() {
 #[test]
 fn bad_shards_are_errors_not_panics() {
     let d = data();
-    let two = || -> Vec<(u32, Box<dyn Backend>)> {
-        (0..2)
-            .map(|i| {
-                (
-                    i,
-                    Box::new(CpuBackend::new(Arc::clone(&d), None)) as Box<dyn Backend>,
-                )
-            })
-            .collect()
-    };
+    let two = || cpu_backends(&d, 2);
     let e = train(
         two(),
         &config(ModelKind::Mlp, Optimizer::Sgd, vec![50, 0], 1),
@@ -278,12 +265,10 @@ fn bad_shards_are_errors_not_panics() {
 
 #[test]
 fn the_slice_table_shows_devices_only_when_slices_span_several() {
-    let slice = |index: u32, device: u32| crate::plan::SliceSpec {
-        index,
-        device,
-        mem_cap_bytes: Some(3 << 30),
-        sm_count: Some(64),
-        partition: Some(index),
+    let slice = |index, device| {
+        crate::plan::SliceSpec::at(index, device)
+            .capped(3 << 30)
+            .green(index, 64)
     };
     let one = run::slice_table(&[slice(0, 0), slice(1, 0)]);
     assert!(!one[0].contains("device"), "{}", one[0]);

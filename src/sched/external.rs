@@ -254,15 +254,8 @@ mod tests {
     use super::*;
     use crate::sched::watchdog::{ProcList, ProcSource};
 
-    fn slice(cap: Option<u64>) -> SliceSpec {
-        SliceSpec {
-            index: 3,
-            device: 0,
-            mem_cap_bytes: cap,
-            sm_count: None,
-            partition: None,
-        }
-    }
+    /// The slice the trials here run on.
+    const SLICE: SliceSpec = SliceSpec::at(3, 0);
 
     /// Fast timings, and a process list read from /proc: every process uses `FAKE_MIB`.
     fn knobs() -> Knobs {
@@ -318,12 +311,20 @@ mod tests {
         (res, lines)
     }
 
+    /// The error of a trial that runs `argv` on [`SLICE`] and fails.
+    fn error_of(argv: &[String]) -> String {
+        go(argv, &SLICE, &ExternalEnv::default())
+            .0
+            .unwrap_err()
+            .to_string()
+    }
+
     #[test]
     fn progress_lines_stream_and_the_last_line_is_the_metrics() {
         let argv = sh(
             r#"echo 'epoch 1'; echo '{"epoch": 1}'; echo '{"test_acc": 0.91, "final_loss": 0.2, "note": "ok"}'; echo"#,
         );
-        let (res, lines) = go(&argv, &slice(None), &ExternalEnv::default());
+        let (res, lines) = go(&argv, &SLICE, &ExternalEnv::default());
         let out = res.unwrap();
         assert_eq!(out.metrics.len(), 2);
         assert_eq!(out.metrics["test_acc"], 0.91);
@@ -349,7 +350,7 @@ mod tests {
             cwd: Some(dir.path().to_path_buf()),
             ..ExternalEnv::default()
         };
-        let (res, lines) = go(&argv, &slice(Some(3 << 30)), &env);
+        let (res, lines) = go(&argv, &SLICE.capped(3 << 30), &env);
         assert_eq!(res.unwrap().metrics["ok"], 1.0);
         let vars: BTreeMap<String, Option<String>> = serde_json::from_str(&lines[0]).unwrap();
         let get = |k: &str| vars[k].clone().unwrap_or_default();
@@ -367,7 +368,7 @@ mod tests {
 
     #[test]
     fn uncapped_slices_get_no_cap_variables() {
-        let vars = env_vars("t1", &slice(None), &ExternalEnv::default());
+        let vars = env_vars("t1", &SLICE, &ExternalEnv::default());
         let names: Vec<&str> = vars.iter().map(|(k, _)| k.as_str()).collect();
         assert!(!names.contains(&"GPUMUX_MEM_CAP_MIB"));
         assert!(!names.contains(&"XLA_PYTHON_CLIENT_MEM_FRACTION"));
@@ -381,57 +382,27 @@ mod tests {
     fn a_nonzero_exit_is_an_error_with_the_stderr_tail() {
         let argv =
             sh("echo '{\"test_acc\": 1}'; echo early >&2; echo 'ValueError: bad lr' >&2; exit 3");
-        let e = go(&argv, &slice(None), &ExternalEnv::default())
-            .0
-            .unwrap_err()
-            .to_string();
+        let e = error_of(&argv);
         assert!(e.contains("exited with code 3"), "{e}");
         assert!(e.contains("early | ValueError: bad lr"), "{e}");
     }
 
     #[test]
     fn death_by_a_signal_is_named() {
-        let e = go(
-            &sh("echo x >&2; kill -SEGV $$"),
-            &slice(None),
-            &ExternalEnv::default(),
-        )
-        .0
-        .unwrap_err()
-        .to_string();
+        let e = error_of(&sh("echo x >&2; kill -SEGV $$"));
         assert!(e.contains("signal 11 (SIGSEGV)"), "{e}");
         assert!(e.contains("stderr: x"), "{e}");
     }
 
     #[test]
     fn a_last_line_that_is_not_json_is_quoted() {
-        let e = go(
-            &sh("echo '{\"a\": 1}'; echo 'done: acc=0.9'"),
-            &slice(None),
-            &ExternalEnv::default(),
-        )
-        .0
-        .unwrap_err()
-        .to_string();
+        let e = error_of(&sh("echo '{\"a\": 1}'; echo 'done: acc=0.9'"));
         assert!(e.contains("`done: acc=0.9`"), "{e}");
-        let e = go(&sh("echo '[1, 2]'"), &slice(None), &ExternalEnv::default())
-            .0
-            .unwrap_err()
-            .to_string();
+        let e = error_of(&sh("echo '[1, 2]'"));
         assert!(e.contains("`[1, 2]`"), "{e}");
-        let e = go(&sh("true"), &slice(None), &ExternalEnv::default())
-            .0
-            .unwrap_err()
-            .to_string();
+        let e = error_of(&sh("true"));
         assert!(e.contains("printed nothing"), "{e}");
-        let e = go(
-            &["/nonexistent/prog".to_string()],
-            &slice(None),
-            &ExternalEnv::default(),
-        )
-        .0
-        .unwrap_err()
-        .to_string();
+        let e = error_of(&["/nonexistent/prog".to_string()]);
         assert!(e.contains("cannot start `/nonexistent/prog`"), "{e}");
     }
 
@@ -449,15 +420,7 @@ mod tests {
             }
         };
         let env = ExternalEnv::default();
-        let res = run_with(
-            argv,
-            "t0",
-            &slice(None),
-            &env,
-            &cancel,
-            &mut on_line,
-            &knobs(),
-        );
+        let res = run_with(argv, "t0", &SLICE, &env, &cancel, &mut on_line, &knobs());
         let took = aborted_at.expect("no line came").elapsed();
         (res, took, lines)
     }
@@ -504,7 +467,7 @@ mod tests {
         // The shell exits at once; its background sleep keeps stdout open until it is killed.
         let argv = sh("sleep 30 & echo $!; echo '{\"a\": 3}'");
         let started = Instant::now();
-        let (res, lines) = go(&argv, &slice(None), &ExternalEnv::default());
+        let (res, lines) = go(&argv, &SLICE, &ExternalEnv::default());
         assert_eq!(res.unwrap().metrics["a"], 3.0);
         assert!(started.elapsed() < Duration::from_secs(3));
         let pid: u32 = lines[0].parse().unwrap();
@@ -518,7 +481,7 @@ mod tests {
         let res = run_with(
             &sh("echo started >&2"),
             "t0",
-            &slice(None),
+            &SLICE,
             &ExternalEnv::default(),
             &cancel,
             &mut |_| {},
@@ -537,7 +500,7 @@ mod tests {
             ..ExternalEnv::default()
         };
         let started = Instant::now();
-        let (res, lines) = go(&argv, &slice(Some(1000 << 20)), &env);
+        let (res, lines) = go(&argv, &SLICE.capped(1000 << 20), &env);
         let e = res.unwrap_err().to_string();
         assert!(
             e.ends_with("exceeded its memory cap: used 1200 MiB, cap 1000 MiB (+5%)"),
@@ -554,7 +517,7 @@ mod tests {
             watch_uuid: Some("GPU-fake".into()),
             ..ExternalEnv::default()
         };
-        let (res, _) = go(&sh("sleep 0.2; echo '{\"a\": 2}'"), &slice(None), &env);
+        let (res, _) = go(&sh("sleep 0.2; echo '{\"a\": 2}'"), &SLICE, &env);
         let out = res.unwrap();
         assert!(out.peak_mem_mib >= Some(FAKE_MIB), "{:?}", out.peak_mem_mib);
     }
@@ -573,7 +536,7 @@ mod tests {
         let res = run_with(
             &argv,
             "t0",
-            &slice(Some(1 << 20)),
+            &SLICE.capped(1 << 20),
             &env,
             &Cancel::new(),
             &mut |_| {},
@@ -596,7 +559,7 @@ mod tests {
             cwd: Some(root),
             ..ExternalEnv::default()
         };
-        let (res, lines) = go(&argv, &slice(None), &env);
+        let (res, lines) = go(&argv, &SLICE, &env);
         let out = res.unwrap();
         let acc = out.metrics["test_acc"];
         assert!((0.0..=1.0).contains(&acc), "{acc}");

@@ -580,16 +580,6 @@ pub(crate) fn outcome(
 mod tests {
     use super::*;
 
-    fn slice(index: u32, device: u32, partition: Option<u32>, sms: u32) -> SliceSpec {
-        SliceSpec {
-            index,
-            device,
-            mem_cap_bytes: Some(64 << 20),
-            sm_count: partition.map(|_| sms),
-            partition,
-        }
-    }
-
     #[test]
     fn a_complete_trial_without_the_metric_fails() {
         let result = |pairs: &[(&str, f64)]| {
@@ -625,9 +615,9 @@ mod tests {
     #[test]
     fn each_device_gets_the_partitions_of_its_own_slices() {
         let slices = [
-            slice(0, 1, Some(0), 48),
-            slice(1, 0, Some(1), 80),
-            slice(2, 1, Some(2), 24),
+            SliceSpec::at(0, 1).capped(64 << 20).green(0, 48),
+            SliceSpec::at(1, 0).capped(64 << 20).green(1, 80),
+            SliceSpec::at(2, 1).capped(64 << 20).green(2, 24),
         ];
         assert_eq!(partition_sizes(&slices, 0), (vec![1], vec![80]));
         assert_eq!(partition_sizes(&slices, 1), (vec![0, 2], vec![48, 24]));

@@ -323,13 +323,7 @@ mod tests {
 
     #[test]
     fn mps_limits_share_threads_and_pin_the_cap() {
-        let slice = SliceSpec {
-            index: 0,
-            device: 0,
-            mem_cap_bytes: Some(3 << 30),
-            sm_count: None,
-            partition: None,
-        };
+        let slice = SliceSpec::at(0, 0).capped(3 << 30);
         let env = mps_env(8, &slice);
         assert_eq!(
             env[0],
@@ -339,15 +333,9 @@ mod tests {
             env[1],
             ("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT".into(), "0=3072M".into())
         );
-        let uncapped = SliceSpec {
-            mem_cap_bytes: None,
-            ..slice.clone()
-        };
+        let uncapped = SliceSpec::at(0, 0);
         assert_eq!(mps_env(200, &uncapped).len(), 1);
-        let second = SliceSpec {
-            device: 2,
-            ..slice.clone()
-        };
+        let second = SliceSpec::at(0, 2).capped(3 << 30);
         assert_eq!(mps_env(8, &second)[1].1, "2=3072M");
         assert_eq!(mps_env(200, &uncapped)[0].1, "1");
     }

@@ -72,25 +72,17 @@ impl Shard {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::path::Path;
-
-    fn job(extra: &str) -> Job {
-        Job::parse(
-            &format!("model: {{kind: mlp}}\ndata: {{source: synthetic}}\n{extra}"),
-            Path::new("j.yaml"),
-        )
-        .unwrap()
-    }
+    use crate::plan::mlp_job;
 
     #[test]
     fn keys_are_stable_and_depend_on_what_decides_the_result() {
-        let j = job("");
+        let j = mlp_job("");
         let p = j.params(0).unwrap();
         let k = trial_key(&j, &p, 7);
         assert_eq!(k.len(), 16);
         assert_eq!(k, trial_key(&j, &p, 7));
         assert_ne!(k, trial_key(&j, &p, 8));
-        let j2 = job("train: {epochs: 2}\n");
+        let j2 = mlp_job("train: {epochs: 2}\n");
         assert_ne!(k, trial_key(&j2, &j2.params(0).unwrap(), 7));
         // Pinned: a change here would make --resume re-run finished trials.
     }

@@ -700,6 +700,7 @@ pub const DRY_RUN_LISTED: usize = 50;
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::plan::mlp_job;
 
     fn row(id: &str, state: &str, metric: Option<f64>) -> TrialRow {
         TrialRow {
@@ -745,28 +746,20 @@ mod tests {
 
     #[test]
     fn grid_and_random_sweeps_list_each_trial_once() {
-        let grid = Job::parse(
-            "model: {kind: mlp}\ndata: {source: synthetic}\nmethod: grid\nparameters:\n  lr: {values: [0.1, 0.01, 0.1]}\n  batch_size: {values: [16, 32]}\n",
-            Path::new("g.yaml"),
-        )
-        .unwrap();
+        let grid = mlp_job(
+            "method: grid\nparameters:\n  lr: {values: [0.1, 0.01, 0.1]}\n  batch_size: {values: [16, 32]}\n",
+        );
         let t = sweep_trials(&grid).unwrap();
         assert_eq!(t.len(), 6, "every grid point, each with its own seed");
         let ids: HashSet<&str> = t.iter().map(|x| x.id.as_str()).collect();
         assert_eq!(ids.len(), 6);
-        let random = Job::parse(
-            "model: {kind: mlp}\ndata: {source: synthetic}\nrun_cap: 40\nparameters:\n  lr: {min: 0.0001, max: 0.1, distribution: log_uniform_values}\n",
-            Path::new("r.yaml"),
-        )
-        .unwrap();
+        let random = mlp_job(
+            "run_cap: 40\nparameters:\n  lr: {min: 0.0001, max: 0.1, distribution: log_uniform_values}\n",
+        );
         let t = sweep_trials(&random).unwrap();
         assert_eq!(t.len(), 40);
         assert_eq!(t, sweep_trials(&random).unwrap(), "deterministic");
-        let no_cap = Job::parse(
-            "model: {kind: mlp}\ndata: {source: synthetic}\nparameters:\n  lr: {min: 0.0001, max: 0.1}\n",
-            Path::new("n.yaml"),
-        )
-        .unwrap();
+        let no_cap = mlp_job("parameters:\n  lr: {min: 0.0001, max: 0.1}\n");
         assert!(sweep_trials(&no_cap)
             .unwrap_err()
             .to_string()

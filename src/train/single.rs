@@ -318,7 +318,7 @@ fn inject(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::data::{Dataset, Samples};
+    use crate::data::Dataset;
     use crate::engine::cpu::CpuBackend;
     use crate::engine::EngineOptions;
     use crate::models::{Hyper, ModelKind, ModelSpec, Optimizer};
@@ -349,20 +349,7 @@ mod tests {
     }
 
     fn backend(cap_mib: f64) -> CpuBackend {
-        let n = 256;
-        let data = Dataset {
-            name: "zeros".into(),
-            shape: [3, 16, 16],
-            classes: 10,
-            train: Samples {
-                images: vec![0.0; n * 768],
-                labels: (0..n as u32).map(|i| i % 10).collect(),
-            },
-            test: Samples {
-                images: vec![0.0; 10 * 768],
-                labels: (0..10).collect(),
-            },
-        };
+        let data = Dataset::zeros("zeros", [3, 16, 16], 10, 256, 10);
         CpuBackend::new(Arc::new(data), Some((cap_mib * MIB) as u64))
     }
 

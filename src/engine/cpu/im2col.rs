@@ -85,6 +85,7 @@ pub fn col2im(s: &Conv2dShape, col: &[f32], dx: &mut [f32]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::engine::cpu::ops::testing::random;
     use crate::rng::HostRng;
 
     fn shapes() -> Vec<Conv2dShape> {
@@ -143,10 +144,6 @@ mod tests {
         v
     }
 
-    fn random(rng: &mut HostRng, len: usize) -> Vec<f32> {
-        (0..len).map(|_| rng.uniform_f32(-1.0, 1.0)).collect()
-    }
-
     /// The defining formula, one entry at a time.
     fn naive_im2col(s: &Conv2dShape, x: &[f32]) -> Vec<f32> {
         let (ho, wo) = (s.h_out(), s.w_out());
@@ -177,7 +174,7 @@ mod tests {
     fn im2col_matches_the_definition_and_overwrites() {
         let mut rng = HostRng::new(11);
         for s in shapes() {
-            let x = random(&mut rng, s.x_len());
+            let x = random(&mut rng, s.x_len(), -1.0, 1.0);
             let mut col = vec![f32::NAN; s.ws_len()];
             im2col(&s, &x, &mut col);
             assert_eq!(col, naive_im2col(&s, &x), "{s:?}");
@@ -189,8 +186,8 @@ mod tests {
         // <im2col(x), c> == <x, col2im(c)> for random x and c, computed in f64.
         let mut rng = HostRng::new(12);
         for s in shapes() {
-            let x = random(&mut rng, s.x_len());
-            let c = random(&mut rng, s.ws_len());
+            let x = random(&mut rng, s.x_len(), -1.0, 1.0);
+            let c = random(&mut rng, s.ws_len(), -1.0, 1.0);
             let mut col = vec![0.0; s.ws_len()];
             im2col(&s, &x, &mut col);
             let mut back = vec![f32::NAN; s.x_len()];

@@ -497,19 +497,13 @@ mod tests {
     use crate::data::{Dataset, Samples};
 
     fn tiny() -> Arc<Dataset> {
-        Arc::new(Dataset {
-            name: "tiny".into(),
-            shape: [1, 1, 2],
-            classes: 2,
-            train: Samples {
-                images: vec![0.0, 1.0, 2.0, 3.0, 4.0, 5.0],
-                labels: vec![0, 1, 0],
-            },
-            test: Samples {
-                images: vec![9.0, 8.0],
-                labels: vec![1],
-            },
-        })
+        Arc::new(Dataset::in_memory(
+            "tiny",
+            [1, 1, 2],
+            2,
+            Samples::of(vec![0.0, 1.0, 2.0, 3.0, 4.0, 5.0], vec![0, 1, 0]),
+            Samples::of(vec![9.0, 8.0], vec![1]),
+        ))
     }
 
     #[test]

@@ -236,7 +236,7 @@ impl Drop for Blas {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::cpu::ops;
+    use crate::engine::cpu::ops::{self, testing::random};
     use crate::rng::HostRng;
 
     /// A plain column-major sgemm, as cuBLAS defines it.
@@ -285,8 +285,7 @@ mod tests {
                 alpha: 0.5,
                 beta: 2.0,
             };
-            let mut fill =
-                |n: usize| -> Vec<f32> { (0..n).map(|_| rng.uniform_f32(-1.0, 1.0)).collect() };
+            let mut fill = |n: usize| random(&mut rng, n, -1.0, 1.0);
             let (a, b, c0) = (fill(g.a_len()), fill(g.b_len()), fill(g.c_len()));
             let mut want = c0.clone();
             ops::gemm(&g, &a, &b, &mut want);

@@ -1,6 +1,7 @@
 //! Whole-network gradient checks on graphs with residual adds and batch norm.
 use super::*;
-use crate::data::{Dataset, Samples};
+use crate::data::Dataset;
+use crate::engine::cpu::ops::testing::random;
 use crate::engine::cpu::CpuBackend;
 use crate::engine::STATS_LEN;
 use crate::models::resnet;
@@ -8,19 +9,7 @@ use crate::models::{Optimizer, Stem};
 use std::sync::Arc;
 
 fn backend() -> CpuBackend {
-    let data = Dataset {
-        name: "none".into(),
-        shape: [1, 1, 1],
-        classes: 2,
-        train: Samples {
-            images: vec![0.0],
-            labels: vec![0],
-        },
-        test: Samples {
-            images: vec![0.0],
-            labels: vec![0],
-        },
-    };
+    let data = Dataset::zeros("none", [1, 1, 1], 2, 1, 1);
     CpuBackend::new(Arc::new(data), None)
 }
 
@@ -51,16 +40,14 @@ fn check_graph(nodes: &[Node], input: [usize; 3], classes: usize, batch: usize, 
     be.alloc_arena(net.plan.total).unwrap();
     net.init(&mut be, seed).unwrap();
     let mut rng = HostRng::new(seed ^ 0x5eed);
-    let x: Vec<f32> = (0..batch * net.sample_len)
-        .map(|_| rng.uniform_f32(-1.0, 1.0))
-        .collect();
+    let x = random(&mut rng, batch * net.sample_len, -1.0, 1.0);
     let y: Vec<f32> = (0..batch).map(|i| (i % classes) as f32).collect();
     be.write(net.input(), &x).unwrap();
     be.write(net.labels, &y).unwrap();
     // Random β so that ReLUs after batch norm are not all at the same kink statistics.
     for l in &net.layers {
         if let LayerDef::BatchNorm(_) = l.def {
-            let b: Vec<f32> = (0..l.b.len).map(|_| rng.uniform_f32(-0.3, 0.3)).collect();
+            let b = random(&mut rng, l.b.len, -0.3, 0.3);
             be.write(l.b, &b).unwrap();
         }
     }
@@ -89,9 +76,7 @@ fn check_graph(nodes: &[Node], input: [usize; 3], classes: usize, batch: usize, 
             directions.push((format!("layer {i} {:?} {what} random", l.def), random));
         }
     }
-    let all: Vec<f32> = (0..params.len())
-        .map(|_| rng.uniform_f32(-1.0, 1.0))
-        .collect();
+    let all = random(&mut rng, params.len(), -1.0, 1.0);
     directions.push(("all parameters, random".into(), all));
 
     let mut checked = 0;
@@ -378,9 +363,7 @@ fn full_depth_reduced_resnet50_backward_matches_plain_backpropagation() {
         be.alloc_arena(net.plan.total).unwrap();
         net.init(&mut be, seed).unwrap();
         let mut rng = HostRng::new(seed);
-        let x: Vec<f32> = (0..4 * net.sample_len)
-            .map(|_| rng.uniform_f32(-1.0, 1.0))
-            .collect();
+        let x = random(&mut rng, 4 * net.sample_len, -1.0, 1.0);
         be.write(net.input(), &x).unwrap();
         be.write(net.labels, &[0.0, 1.0, 2.0, 3.0]).unwrap();
         loss(&net, &mut be);
