@@ -5,6 +5,7 @@
 //! [`sched`] → [`train`] → [`models`] → [`engine`], with [`job`] and [`plan`] read near the
 //! top and [`report`] writing the results.
 
+pub mod batch_scan;
 pub mod cancel;
 pub mod data;
 pub mod engine;

@@ -1,8 +1,10 @@
-//! What the runners share: the round context of a built-in model, the rows of results files they write, and their output lines.
+//! What the runners share: the round context of a built-in model, the rows of results files they write, the split check of threaded runs, and their output lines.
 
 use std::io::Write;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
+
+use serde::Serialize;
 
 use crate::cancel::Cancel;
 use crate::data::Dataset;
@@ -10,7 +12,7 @@ use crate::error::{Error, Result};
 use crate::job::{Job, SplitMode};
 use crate::plan::{Round, MIB};
 use crate::report::{self, ProgressRow, TrialRow};
-use crate::run::Resolved;
+use crate::run::{self, Resolved, Unavailable};
 use crate::sched::{RoundContext, TrialOutcome};
 
 /// Writes one line of a command's output.
@@ -145,6 +147,54 @@ pub fn trial_row(job: &Job, round: u32, split: SplitMode, n: u32, o: &TrialOutco
         error: o.error().unwrap_or_default(),
         metric: metric(&job.file.metric.name),
         params: serde_json::to_string(&o.trial.params).unwrap_or_default(),
+    }
+}
+
+/// A CSV file written a row at a time, each row flushed and fsynced as it is written, so that a
+/// signal or a crash loses none of the rows before it.
+pub struct CsvFile {
+    path: PathBuf,
+    w: csv::Writer<std::fs::File>,
+}
+
+impl CsvFile {
+    pub fn create(path: PathBuf) -> Result<CsvFile> {
+        let w = csv::Writer::from_path(&path).map_err(|e| csv_error(&path, e))?;
+        Ok(CsvFile { path, w })
+    }
+
+    pub fn row<T: Serialize>(&mut self, row: &T) -> Result<()> {
+        self.w
+            .serialize(row)
+            .map_err(|e| csv_error(&self.path, e))?;
+        let io = Error::io(self.path.display().to_string());
+        self.w
+            .flush()
+            .map_err(Error::io(self.path.display().to_string()))?;
+        self.w.get_ref().sync_data().map_err(io)
+    }
+}
+
+fn csv_error(path: &Path, source: csv::Error) -> Error {
+    Error::Report(crate::error::ReportError::Csv {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+/// Why the replicas cannot run under `split` here, if they cannot.
+pub fn check_threads_split(split: SplitMode, r: &Resolved) -> Result<()> {
+    if split.one_process_per_trial() {
+        return Err(Error::Usage(format!(
+            "parallel runs its replicas as threads of one process: split {split} does not apply (use shared, logical or green)"
+        )));
+    }
+    match run::unavailable(split, r) {
+        None => Ok(()),
+        Some(Unavailable::NeedsGpu) => Err(Error::Usage(format!(
+            "split {split} needs a GPU; on the CPU backend use logical (capped) or shared"
+        ))),
+        Some(why) => Err(Error::NoDevice(format!("split {split}: {why}"))),
     }
 }
 

@@ -23,8 +23,8 @@ use gpumux::engine::{
 use gpumux::error::EngineError;
 use gpumux::job::{ConvEngine, EngineOptions, Hyper, ModelKind, ModelSpec, Optimizer};
 use gpumux::models::network::{LayerDef, Network, Node};
-use gpumux::parallel::{train as train_mirrored, ParallelConfig};
 use gpumux::rng::HostRng;
+use gpumux::train::mirrored::{train as train_mirrored, ParallelConfig};
 use gpumux::train::{run_trial, TrialConfig};
 use libtest_mimic::{Arguments, Trial};
 use support::{dataset, samples};

@@ -9,7 +9,7 @@ const FLOORS: &[&[&str]] = &[
     // The command line: one file per subcommand.
     &["cli"],
     // The runners.
-    &["trial", "fib", "sweep", "parallel"],
+    &["trial", "fib", "sweep", "parallel", "batch_scan"],
     // What the runners share: a round's context and its result rows.
     &["rounds"],
     // Run setup: backend, devices, data, output folder, signals, telemetry.

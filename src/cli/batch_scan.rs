@@ -3,9 +3,9 @@
 use std::io::Write;
 use std::path::PathBuf;
 
+use gpumux::batch_scan::ScanOptions;
 use gpumux::error::Error;
 use gpumux::job::MemorySpec;
-use gpumux::parallel::scan::ScanOptions;
 use gpumux::run;
 
 use super::args::{load_with, scan_seconds, RunFlags, SplitArg};
@@ -27,7 +27,7 @@ pub struct Args {
     #[arg(long, default_value_t = 0)]
     slice: u32,
     /// Seconds of timed training per batch size.
-    #[arg(long, default_value_t = gpumux::parallel::probe::TARGET_S, value_parser = scan_seconds)]
+    #[arg(long, default_value_t = gpumux::train::mirrored::probe::TARGET_S, value_parser = scan_seconds)]
     seconds: f64,
     /// Split mode whose slice plan gives the cap; overrides the job's `split`.
     #[arg(long, value_enum)]
@@ -59,5 +59,5 @@ pub fn run(a: Args, out: &mut dyn Write) -> Result<(), Error> {
         seconds: a.seconds,
         command: run::command_line(),
     };
-    gpumux::parallel::scan::run(&job, &opts, out).map(|_| ())
+    gpumux::batch_scan::run(&job, &opts, out).map(|_| ())
 }

@@ -9,7 +9,7 @@ use gpumux::gpu::{self, Discovery};
 use gpumux::job::{
     BackendChoice, EngineOptions, Job, JobFile, MemorySpec, ModelKind, ModelSpec, SplitMode,
 };
-use gpumux::parallel::run::{slice_table, sm_notes};
+use gpumux::parallel::{slice_table, sm_notes};
 use gpumux::plan::{self, MIB};
 use gpumux::rounds::say;
 use gpumux::run::{self, Unavailable};

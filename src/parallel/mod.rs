@@ -1,595 +1,588 @@
-//! Data-parallel training: one model mirrored on several slices, each global batch split into shards, and their gradients reduced into one synchronous update.
-//!
-//! As in TensorFlow's MirroredStrategy (seed 003), with the batch split by ratios as in seed 000
-//! or evenly as seed 001's make_parallel does. Each replica is one [`Backend`] (its own arena and
-//! stream, and on a GPU its slice's capped pool and green context) driven by a thread of its own.
-//! One step:
-//!
-//! 1. every replica gathers its shard of the global batch, rows `[off_i, off_i + n_i)` of the
-//!    batch in the epoch's order (the same order on every replica), and runs forward, loss and
-//!    backward on it; the replicas do this at the same time;
-//! 2. the gradients are read to the host and reduced: `g = Σ_i (n_i / N)·g_i`. Each shard's loss
-//!    is the mean over its `n_i` rows, so `g` is the gradient of the mean over all `N` rows;
-//! 3. every replica writes `g` and takes the same optimiser step from the same parameters, so
-//!    the replicas stay identical without sending weights around.
-//!
-//! The result is single-slice training on the global batch, up to floating-point order. The
-//! reduction goes through the host: per step and replica, one copy of the gradient out and one
-//! in, which is cheap on the CPU and costs two PCIe transfers of the parameter block on a GPU.
-//! The step runs eagerly (no CUDA graph), since the host reduction sits in the middle of it.
-//!
-//! Dropout masks are drawn by an element's index within the global batch: each replica's
-//! network starts its rows at its shard's offset (`Network::first_row`), so a shard's rows get
-//! their part of the whole batch's mask, and dropout too matches single-slice training up to
-//! floating-point order.
-//!
-//! The epochs, their order of samples and the seeds are those of single trials: the loop is
-//! [`crate::train::epochs::train`], with the replicas taking its steps.
+//! `gpumux parallel`: one data-parallel training of a job's model over its slices, with per-slice samples/s live and in CSVs.
 
-pub mod probe;
-pub mod run;
-pub mod scan;
-#[cfg(test)]
-mod tests;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
-use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::time::Instant;
+use serde::Serialize;
 
-use crossbeam_channel::{bounded, Receiver, Sender};
+use crate::data::Dataset;
+use crate::engine::cuda::GreenPartition;
+use crate::engine::{Backend, BackendKind};
+use crate::error::{Error, Result, TrialError};
+use crate::job::{BatchRatios, Job, SplitMode};
+use crate::plan::{self, SliceSpec};
+use crate::rounds::{check_threads_split, model_name, say, CsvFile};
+use crate::run::{self, OutFolder, Resolved};
+use crate::sched::{self, Devices};
+use crate::train::mirrored::{probe, train, ParallelConfig, ParallelEpoch, ParallelOutcome};
 
-use crate::engine::{Backend, Split, STATS_LEN};
-use crate::error::{EngineError, TrialError};
-use crate::job::{Hyper, ModelSpec};
-use crate::models::{self, Network};
-use crate::train::epochs::{self, Schedule, StepAt, Steps};
-use crate::train::{seeds, EpochStats, TrialConfig, TrialResult};
+/// The file with one row per slice and epoch, and one for their total.
+pub const PROGRESS_CSV: &str = "progress.csv";
+/// The file with one row for the whole training.
+pub const PARALLEL_CSV: &str = "parallel.csv";
+/// The file with what `ratios: auto` measured and chose.
+pub const RATIOS_CSV: &str = "ratios.csv";
 
-/// What a data-parallel training trains, and how each global batch is split.
-#[derive(Clone, Debug)]
-pub struct ParallelConfig {
-    /// What is trained, as a single trial would be: `hyper.batch_size` is the global batch, the
-    /// sum of the shards; `max_steps` stops each epoch early and skips evaluation (tests and
-    /// probes). Its `fault` and its engine's graphs do not apply: the steps run eagerly.
-    pub trial: TrialConfig,
-    /// Rows of each global batch that each replica takes, in slice order.
-    pub shards: Vec<usize>,
+/// Options of `gpumux parallel` beyond the job.
+#[derive(Clone, Debug, Default)]
+pub struct ParallelOptions {
+    pub out: Option<PathBuf>,
+    pub data_dir: Option<PathBuf>,
+    /// The split mode of the slices (default: the job's `split`).
+    pub split: Option<SplitMode>,
+    /// Print the slice plan and the shards, and train nothing.
+    pub dry_run: bool,
+    /// The command line, recorded next to the results.
+    pub command: String,
 }
 
-/// One slice's share of an epoch.
-#[derive(Clone, Debug, PartialEq)]
-pub struct SliceSpeed {
-    pub slice: u32,
-    /// Rows of each global batch this slice takes.
-    pub rows: usize,
-    /// Its rows per second of the epoch's training time. Steps are synchronous, so every slice
-    /// moves at the pace of the slowest, as in seed 000's per-GPU figures.
+/// A `progress.csv` row: the columns of the other commands' `progress.csv`, then the slice
+/// (`0`, `1`, ... or `total`), its rows of each global batch, its samples/s and its busy seconds.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct SliceProgressRow {
+    pub round: u32,
+    pub trial_id: String,
+    pub split: String,
+    pub n: u32,
+    pub epoch: u32,
+    pub train_loss: f64,
+    pub train_acc: f64,
+    pub test_loss: f64,
+    pub test_acc: f64,
+    pub wall_s: f64,
+    pub slice: String,
+    pub shard_rows: usize,
     pub samples_per_s: f64,
-    /// Seconds it spent computing (gather, forward, loss, backward, gradient read, optimiser
-    /// step); for the rest of the epoch it waited for the others and for the reduction.
-    pub busy_s: f64,
-}
-
-/// The figures of one epoch of a data-parallel training.
-#[derive(Clone, Debug, PartialEq)]
-pub struct ParallelEpoch {
-    pub stats: EpochStats,
+    /// Seconds the slice computed during the epoch's training (empty on the total row).
+    pub busy_s: Option<f64>,
     /// Seconds of the epoch's training steps (evaluation excluded).
     pub train_s: f64,
-    /// Seconds of the whole epoch, evaluation included.
-    pub epoch_s: f64,
-    pub steps: usize,
-    pub slices: Vec<SliceSpeed>,
-    /// Training samples of all slices per second of `train_s`.
+}
+
+/// The `parallel.csv` row of one data-parallel training.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct ParallelRow {
+    pub model: String,
+    pub dataset: String,
+    pub split: String,
+    pub slices: u32,
+    /// Each slice's rows of the global batch, `;`-separated.
+    pub shards: String,
+    /// `even`, `auto`, or the weights given.
+    pub ratios: String,
+    pub global_batch: usize,
+    pub epochs: u32,
+    pub steps_per_epoch: usize,
+    /// The median epoch, evaluation included.
+    pub time_per_epoch_s: f64,
+    /// From the first allocation to the end of the last evaluation.
+    pub total_s: f64,
+    /// Training samples per second of training steps (evaluation excluded).
     pub samples_per_s: f64,
+    /// Each slice's samples/s over the training steps, `;`-separated.
+    pub slice_samples_per_s: String,
+    /// Each slice's busy fraction of the training time, `;`-separated: 1 on the slowest slice,
+    /// less on one that waits for it.
+    pub slice_busy: String,
+    pub test_acc: f64,
+    pub final_loss: f64,
+    /// The largest parameter difference between replicas at the end (0: they stayed identical).
+    pub replica_spread: f64,
+    pub lr: f64,
+    pub optimizer: String,
+    pub device: String,
+    pub backend: String,
 }
 
-impl ParallelEpoch {
-    /// Seed 000's line: `slice 0 [820] 1257 sps · slice 1 [568] 871 sps · total [1388] 2123 sps`.
-    pub fn speed_line(&self) -> String {
-        let mut parts: Vec<String> = self
-            .slices
-            .iter()
-            .map(|s| format!("slice {} [{}] {:.0} sps", s.slice, s.rows, s.samples_per_s))
-            .collect();
-        let total: usize = self.slices.iter().map(|s| s.rows).sum();
-        parts.push(format!("total [{total}] {:.0} sps", self.samples_per_s));
-        parts.join(" · ")
+/// A `ratios.csv` row: one slice's speed alone, and the share of the batch it was given.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct RatioRow {
+    pub slice: u32,
+    pub sm_count: Option<u32>,
+    pub mem_cap_mib: Option<f64>,
+    pub probe_rows: usize,
+    pub probe_steps: usize,
+    pub probe_s: f64,
+    pub samples_per_s: f64,
+    pub ratio: f64,
+    pub shard_rows: usize,
+}
+
+/// The slice plan as a table, one line per slice; with a device column when the slices span
+/// several devices.
+pub fn slice_table(slices: &[SliceSpec]) -> Vec<String> {
+    let spans = slices.iter().any(|s| s.device != 0);
+    let device = |d: String| {
+        if spans {
+            format!("  {d:>6}")
+        } else {
+            String::new()
+        }
+    };
+    let mut lines = vec![format!(
+        "{:>5}{}  {:>12}  {:>8}  {:>9}",
+        "slice",
+        device("device".into()),
+        "mem cap MiB",
+        "SMs",
+        "partition"
+    )];
+    for s in slices {
+        let cap = s
+            .cap_mib()
+            .map(|c| format!("{c:.1}"))
+            .unwrap_or_else(|| "none".into());
+        let sm = s
+            .sm_count
+            .map(|c| c.to_string())
+            .unwrap_or_else(|| "all".into());
+        let part = s
+            .partition
+            .map(|c| c.to_string())
+            .unwrap_or_else(|| "-".into());
+        lines.push(format!(
+            "{:>5}{}  {:>12}  {:>8}  {:>9}",
+            s.index,
+            device(s.device.to_string()),
+            cap,
+            sm,
+            part
+        ));
     }
+    lines
 }
 
-/// A finished data-parallel training.
-#[derive(Clone, Debug)]
-pub struct ParallelOutcome {
-    pub result: TrialResult,
-    pub epochs: Vec<ParallelEpoch>,
-    /// The final parameters (replica 0's).
-    pub params: Vec<f32>,
-    /// The largest difference between any replica's parameters and replica 0's (0 when they
-    /// stayed identical, as they should).
-    pub replica_spread: f32,
-}
-
-/// One replica: a slice's backend and the network planned for its shard.
-struct Replica {
-    slice: u32,
-    be: Box<dyn Backend>,
-    net: Network,
-    /// Where its shard starts in the global batch, and its rows.
-    offset: usize,
-    rows: usize,
-}
-
-/// What a replica's thread sends back.
-enum Reply {
-    Done,
-    Applied(f64),
-    Grads(Vec<f32>, f64),
-    Stats([f32; STATS_LEN]),
-    Eval(f64, f64),
-    Params(Vec<f32>),
-}
-
-type Task = Box<dyn FnOnce(&mut Replica) -> Result<Reply, TrialError> + Send>;
-
-/// The replicas' threads, each answering one task at a time in order.
-struct Crew {
-    slices: Vec<u32>,
-    tasks: Vec<Sender<Task>>,
-    replies: Vec<Receiver<Result<Reply, TrialError>>>,
-}
-
-impl Crew {
-    /// Gives every replica its task at once, then waits for all the answers.
-    fn all(&self, make: impl Fn(usize) -> Task) -> Result<Vec<Reply>, TrialError> {
-        for (i, tx) in self.tasks.iter().enumerate() {
-            tx.send(make(i)).map_err(|_| self.gone(i))?;
+/// What the slice plan did with the `sm` values of the job, in words: rounded on a GPU,
+/// unused on the CPU.
+pub fn sm_notes(
+    job: &Job,
+    split: SplitMode,
+    kind: BackendKind,
+    slices: &[SliceSpec],
+) -> Vec<String> {
+    let Some(defs) = &job.file.slices else {
+        if job.file.ratios.is_none() {
+            return Vec::new();
         }
-        let mut out = Vec::with_capacity(self.tasks.len());
-        let mut first_err = None;
-        // Every answer is collected, even after an error, so the replicas stay in step.
-        for (i, rx) in self.replies.iter().enumerate() {
-            match rx.recv() {
-                Ok(Ok(r)) => out.push(r),
-                Ok(Err(e)) => {
-                    first_err.get_or_insert(self.on_slice(i, e));
-                }
-                Err(_) => {
-                    first_err.get_or_insert(self.gone(i));
-                }
-            }
-        }
-        match first_err {
-            Some(e) => Err(e),
-            None => Ok(out),
-        }
-    }
-
-    /// Runs a task on replica `i` alone.
-    fn one(&self, i: usize, task: Task) -> Result<Reply, TrialError> {
-        self.tasks[i].send(task).map_err(|_| self.gone(i))?;
-        match self.replies[i].recv() {
-            Ok(r) => r.map_err(|e| self.on_slice(i, e)),
-            Err(_) => Err(self.gone(i)),
-        }
-    }
-
-    fn on_slice(&self, i: usize, e: TrialError) -> TrialError {
-        match e {
-            TrialError::Interrupted | TrialError::NonFiniteLoss { .. } => e,
-            other => TrialError::Slice {
-                slice: self.slices[i],
-                source: Box::new(other),
-            },
-        }
-    }
-
-    fn gone(&self, i: usize) -> TrialError {
-        TrialError::Slice {
-            slice: self.slices[i],
-            source: Box::new(TrialError::Engine(EngineError::Device(
-                "its thread has ended".into(),
-            ))),
-        }
-    }
-}
-
-/// Where each shard starts in the global batch.
-pub fn offsets(shards: &[usize]) -> Vec<usize> {
-    shards
+        return vec![match (kind, split) {
+            (BackendKind::Cpu, _) => "note: on the CPU backend ratios size the caps only: there are no SMs to split".into(),
+            (_, SplitMode::Green) => "note: ratios split the SMs in whole partitions (multiples of the device's granularity)".into(),
+            _ => format!("note: ratios size the caps; SMs are split in green mode only, and under split {split} every slice runs on all of them"),
+        }];
+    };
+    let given: Vec<(usize, u32)> = defs
         .iter()
-        .scan(0, |at, &n| {
-            let start = *at;
-            *at += n;
-            Some(start)
+        .enumerate()
+        .filter_map(|(i, d)| d.sm.map(|s| (i, s)))
+        .collect();
+    if given.is_empty() {
+        return Vec::new();
+    }
+    if kind == BackendKind::Cpu {
+        return vec!["note: `sm` sizes green partitions on a GPU; the CPU backend has no SMs, so only the slices' caps apply".into()];
+    }
+    if split != SplitMode::Green {
+        return vec![format!(
+            "note: `sm` applies in green mode; under split {split} every slice runs on all SMs"
+        )];
+    }
+    given
+        .into_iter()
+        .filter_map(|(i, asked)| {
+            let got = slices.get(i)?.sm_count?;
+            (got != asked).then(|| {
+                format!("note: slice {i}: {asked} SMs rounded up to {got} (the device's partition granularity)")
+            })
         })
         .collect()
 }
 
-/// Plans a network for `rows` rows on `be` and allocates its arena (from the slice's capped
-/// pool); fails with the cap error when it does not fit.
-pub(crate) fn plan_on(
-    be: &mut dyn Backend,
-    model: &ModelSpec,
-    input: [usize; 3],
-    classes: usize,
-    rows: usize,
-    h: &Hyper,
-) -> Result<Network, TrialError> {
-    let net = models::build(
-        model,
-        input,
-        classes,
-        rows,
-        h.dropout as f32,
-        h.optimizer,
-        &|s| be.conv_workspace_len(s),
-    )
-    .map_err(|message| EngineError::Shape {
-        op: "model",
-        message,
-    })?;
-    be.alloc_arena(net.plan.total)?;
-    Ok(net)
+/// Each slice's backend, in its partition when it has one.
+fn open_all(
+    devices: &Devices,
+    data: &Arc<Dataset>,
+    slices: &[SliceSpec],
+    parts: &[Option<Arc<GreenPartition>>],
+) -> Result<Vec<(u32, Box<dyn Backend>)>> {
+    slices
+        .iter()
+        .map(|s| {
+            let part = sched::partition_of(parts, s);
+            let be = sched::open_backend(devices.device(s.device)?, Arc::clone(data), s, part)?;
+            Ok((s.index, be))
+        })
+        .collect()
 }
 
-/// Trains one model mirrored on `backends` (one per slice, with its slice index), calling
-/// `on_epoch` after each epoch.
-pub fn train(
-    backends: Vec<(u32, Box<dyn Backend>)>,
-    cfg: &ParallelConfig,
-    on_epoch: &mut dyn FnMut(&ParallelEpoch),
-) -> Result<ParallelOutcome, TrialError> {
-    let started = Instant::now();
-    let shape = |message: String| {
-        TrialError::Engine(EngineError::Shape {
-            op: "parallel",
-            message,
-        })
-    };
-    if backends.len() != cfg.shards.len() || backends.is_empty() {
-        return Err(shape(format!(
-            "{} shards for {} slices",
-            cfg.shards.len(),
-            backends.len()
-        )));
-    }
-    if let Some(i) = cfg.shards.iter().position(|&n| n == 0) {
-        return Err(shape(format!("slice {i} has no rows of the global batch")));
-    }
-    let global: usize = cfg.shards.iter().sum();
-    let n_train = backends[0].1.split_len(Split::Train);
-    let n_test = backends[0].1.split_len(Split::Test);
-    if global > n_train {
-        return Err(shape(format!(
-            "the global batch of {global} is larger than the {n_train} training samples"
-        )));
-    }
-    let mut replicas = Vec::with_capacity(backends.len());
-    for ((slice, mut be), (&rows, offset)) in backends
+fn trial_error(e: TrialError) -> Error {
+    Error::from_trial("the parallel training", e)
+}
+
+fn joined<T: std::fmt::Display>(items: impl IntoIterator<Item = T>) -> String {
+    items
         .into_iter()
-        .zip(cfg.shards.iter().zip(offsets(&cfg.shards)))
-    {
-        let t = &cfg.trial;
-        let mut net =
-            plan_on(be.as_mut(), &t.model, t.input, t.classes, rows, &t.hyper).map_err(|e| {
-                TrialError::Slice {
-                    slice,
-                    source: Box::new(e),
-                }
-            })?;
-        // The same seed on every replica: identical initial weights.
-        net.init(be.as_mut(), seeds::init(t.seed))?;
-        // Each replica's dropout masks are its rows' part of the whole batch's.
-        net.first_row = offset;
-        replicas.push(Replica {
-            slice,
-            be,
-            net,
-            offset,
-            rows,
-        });
-    }
-    let slices: Vec<u32> = replicas.iter().map(|r| r.slice).collect();
-    let param_count = replicas[0].net.param_count() as u64;
-    let arena_bytes: u64 = replicas.iter().map(|r| r.be.allocated_bytes() as u64).sum();
-    let (tasks, task_rx): (Vec<_>, Vec<_>) = replicas.iter().map(|_| bounded::<Task>(1)).unzip();
-    let (reply_tx, replies): (Vec<_>, Vec<_>) = replicas
-        .iter()
-        .map(|_| bounded::<Result<Reply, TrialError>>(1))
-        .unzip();
-    std::thread::scope(|s| {
-        for ((mut rep, rx), tx) in replicas.into_iter().zip(task_rx).zip(reply_tx) {
-            s.spawn(move || serve(&mut rep, &rx, &tx));
-        }
-        let crew = Crew {
-            slices,
-            tasks,
-            replies,
-        };
-        // The crew is dropped when this returns, which ends the replicas' threads.
-        let sizes = Sizes {
-            global,
-            n_train,
-            n_test,
-            param_count,
-            arena_bytes,
-        };
-        drive(&crew, cfg, &sizes, started, on_epoch)
-    })
+        .map(|x| x.to_string())
+        .collect::<Vec<_>>()
+        .join(";")
 }
 
-/// A replica's thread: runs each task it is given, a panic included, and answers.
-fn serve(rep: &mut Replica, tasks: &Receiver<Task>, replies: &Sender<Result<Reply, TrialError>>) {
-    while let Ok(task) = tasks.recv() {
-        let answer = match catch_unwind(AssertUnwindSafe(|| task(rep))) {
-            Ok(r) => r,
-            Err(payload) => Err(TrialError::Panic(crate::sched::panic_text(
-                payload.as_ref(),
-            ))),
-        };
-        let failed = answer.is_err();
-        if replies.send(answer).is_err() || failed {
-            break;
-        }
-    }
-}
-
-/// What the training loop needs to know about the data and the replicas.
-struct Sizes {
-    global: usize,
-    n_train: usize,
-    n_test: usize,
-    param_count: u64,
-    arena_bytes: u64,
-}
-
-/// The training loop on the calling thread: [`epochs::train`], with the crew taking its steps.
-fn drive(
-    crew: &Crew,
-    cfg: &ParallelConfig,
-    sizes: &Sizes,
-    started: Instant,
-    on_epoch: &mut dyn FnMut(&ParallelEpoch),
-) -> Result<ParallelOutcome, TrialError> {
-    let t = &cfg.trial;
-    let global = sizes.global;
-    let plan = Schedule {
-        seed: t.seed,
-        epochs: t.epochs,
-        n_train: sizes.n_train,
-        batch: global,
-        max_steps: t.max_steps,
-    };
-    let mut mirrored = Mirrored {
-        crew,
-        hyper: &t.hyper,
-        weights: cfg
-            .shards
-            .iter()
-            .map(|&n| n as f64 / global as f64)
-            .collect(),
-        global,
-        steps_per_epoch: plan.steps_per_epoch(),
-        dropout_seed: seeds::dropout(t.seed),
-        done: 0,
-        busy: Vec::new(),
-        sizes,
-        params: Vec::new(),
-    };
-    let mut epochs = Vec::new();
-    let result = epochs::train(
-        &mut mirrored,
-        &plan,
-        &t.cancel,
-        started,
-        &mut |m: &mut Mirrored, e| {
-            let seen = (e.steps * global).max(1) as f64;
-            let pe = ParallelEpoch {
-                stats: e.stats.clone(),
-                train_s: e.train_s,
-                epoch_s: e.epoch_s,
-                steps: e.steps,
-                slices: crew
-                    .slices
-                    .iter()
-                    .zip(&cfg.shards)
-                    .zip(&m.busy)
-                    .map(|((&slice, &rows), &busy_s)| SliceSpeed {
-                        slice,
-                        rows,
-                        samples_per_s: (rows * e.steps) as f64 / e.train_s,
-                        busy_s,
-                    })
-                    .collect(),
-                samples_per_s: seen / e.train_s,
-            };
-            on_epoch(&pe);
-            epochs.push(pe);
-        },
+/// `gpumux parallel`: trains the job's model (trial 0's hyperparameters, `train.batch_size` as
+/// the global batch) mirrored on the slices of its plan.
+pub fn run(job: &Job, opts: &ParallelOptions, out: &mut dyn Write) -> Result<PathBuf> {
+    let model = job.model()?.clone();
+    let k = job.replicas()?;
+    let r = run::backend(job)?;
+    let split = opts.split.unwrap_or(job.file.split);
+    check_threads_split(split, &r)?;
+    let slices = plan::slices(job, k, split, &r.budgets)?;
+    let ratios = job
+        .file
+        .parallel
+        .as_ref()
+        .and_then(|p| p.ratios.clone())
+        .unwrap_or(BatchRatios::Even);
+    say(
+        out,
+        format!(
+            "slice plan: {k} slice{}, split {split}, on {}",
+            if k == 1 { "" } else { "s" },
+            r.device
+        ),
     )?;
-    let params = mirrored.params;
-    let replica_spread = params
-        .iter()
-        .flat_map(|p| p.iter().zip(&params[0]).map(|(a, b)| (a - b).abs()))
-        .fold(0f32, f32::max);
-    Ok(ParallelOutcome {
-        result,
-        epochs,
-        params: params.into_iter().next().unwrap_or_default(),
-        replica_spread,
-    })
-}
-
-/// The replicas taking the steps of one training loop.
-struct Mirrored<'a> {
-    crew: &'a Crew,
-    hyper: &'a Hyper,
-    /// Each shard's share of the global batch, `n_i / N`.
-    weights: Vec<f64>,
-    global: usize,
-    steps_per_epoch: usize,
-    dropout_seed: u64,
-    /// Steps taken so far: batch `done % steps_per_epoch` of the epoch's order comes next, as
-    /// the step counter picks it in single-slice training.
-    done: usize,
-    /// Seconds each replica computed this epoch.
-    busy: Vec<f64>,
-    sizes: &'a Sizes,
-    /// Every replica's final parameters, once finished.
-    params: Vec<Vec<f32>>,
-}
-
-impl Steps for Mirrored<'_> {
-    fn begin_epoch(&mut self, order: Vec<u32>) -> Result<(), TrialError> {
-        // The epoch's order, as a single-slice training of the same seed visits it.
-        let order = std::sync::Arc::new(order);
-        self.crew.all(|_| {
-            let order = std::sync::Arc::clone(&order);
-            Box::new(move |r: &mut Replica| {
-                r.be.set_train_order(&order)?;
-                r.be.fill(r.net.stats, 0.0)?;
-                Ok(Reply::Done)
-            })
-        })?;
-        self.busy = vec![0f64; self.weights.len()];
-        Ok(())
+    for line in slice_table(&slices) {
+        say(out, line)?;
     }
-
-    fn step(&mut self, at: StepAt) -> Result<(), TrialError> {
-        let start = (self.done % self.steps_per_epoch) * self.global;
-        self.done += 1;
-        let dropout_seed = self.dropout_seed;
-        let answers = self.crew.all(|_| compute(start, dropout_seed))?;
-        // g = Σ_i (n_i / N)·g_i, accumulated into the first replica's gradient.
-        let mut reduced: Vec<f32> = Vec::new();
-        for (i, a) in answers.into_iter().enumerate() {
-            let Reply::Grads(g, took) = a else {
-                return Err(TrialError::Worker("a replica answered out of turn".into()));
-            };
-            self.busy[i] += took;
-            let w = self.weights[i] as f32;
-            if reduced.is_empty() {
-                reduced = g;
-                reduced.iter_mut().for_each(|x| *x *= w);
+    for note in sm_notes(job, split, r.kind, &slices) {
+        say(out, note)?;
+    }
+    let h = job.hyper(0)?;
+    let global = h.batch_size as usize;
+    let data = run::load_data(job, opts.data_dir.as_deref())?;
+    if global > data.train.len() {
+        return Err(job
+            .invalid(
+                "train.batch_size",
+                format!(
+                    "the global batch of {global} is larger than the {} training samples of {}",
+                    data.train.len(),
+                    data.name
+                ),
+            )
+            .into());
+    }
+    let fixed = match &ratios {
+        BatchRatios::Even => Some(plan::shares(global, &vec![1.0; k as usize], false)),
+        BatchRatios::Weights(w) => {
+            let shards = plan::shares(global, w, false);
+            if let Some(i) = shards.iter().position(|&n| n == 0) {
+                return Err(job
+                    .invalid(
+                        "parallel.ratios",
+                        format!("give slice {i} no rows of the global batch of {global}: raise its ratio or the batch"),
+                    )
+                    .into());
+            }
+            Some(shards)
+        }
+        BatchRatios::Auto => None,
+    };
+    let ratio_words = match &ratios {
+        BatchRatios::Even => "even".to_string(),
+        BatchRatios::Auto => "auto".to_string(),
+        BatchRatios::Weights(w) => w
+            .iter()
+            .map(|x| x.to_string())
+            .collect::<Vec<_>>()
+            .join(":"),
+    };
+    let spec = plan::trials(job, 1)?
+        .pop()
+        .ok_or_else(|| Error::Internal("no trial".into()))?;
+    if opts.dry_run {
+        let shards = fixed
+            .as_ref()
+            .map(joined)
+            .unwrap_or_else(|| "measured at run time (ratios: auto)".into());
+        say(
+            out,
+            format!(
+                "{} on {}: global batch {global}, ratios {ratio_words}, shards {shards}; dry run, nothing trained",
+                model.kind, data.name
+            ),
+        )?;
+        return Ok(PathBuf::new());
+    }
+    let dir = run::out_dir(opts.out.as_deref(), &format!("{}-parallel", job.name));
+    let folder = OutFolder::lock_fresh(&dir, "parallel")?;
+    folder.record_command(&opts.command, &r.device)?;
+    let devices = r.device_for(&data)?;
+    let parts = sched::partitions(split, &slices, &devices).map_err(Error::NoDevice)?;
+    let cancel = run::cancel_on_signals(std::time::Duration::ZERO);
+    let mut cfg = ParallelConfig {
+        trial: crate::train::TrialConfig {
+            model: model.clone(),
+            hyper: h.clone(),
+            epochs: job.file.train.epochs,
+            seed: spec.seed,
+            input: data.shape,
+            classes: data.classes,
+            fault: None,
+            engine: job.engine_options(),
+            max_steps: None,
+            cancel,
+        },
+        shards: fixed.clone().unwrap_or_default(),
+    };
+    if fixed.is_none() {
+        cfg.shards = choose_ratios(&cfg, &devices, &data, &slices, &parts, &dir, out)?;
+    }
+    say(
+        out,
+        format!(
+            "{} on {}: {} epochs, global batch {global} split {} (ratios {ratio_words}), {} lr {}, seed {}",
+            model.kind,
+            data.name,
+            cfg.trial.epochs,
+            joined(&cfg.shards),
+            h.optimizer,
+            h.lr,
+            spec.seed
+        ),
+    )?;
+    let backends = open_all(&devices, &data, &slices, &parts)?;
+    let mut progress = CsvFile::create(dir.join(PROGRESS_CSV))?;
+    let mut write_err = None;
+    let outcome = train(backends, &cfg, &mut |e: &ParallelEpoch| {
+        let s = &e.stats;
+        let _ = writeln!(
+            out,
+            "epoch {:>3}  train loss {:.4}  train acc {:.4}  test loss {:.4}  test acc {:.4}  {:.2} s",
+            s.epoch, s.train_loss, s.train_acc, s.test_loss, s.test_acc, e.train_s
+        );
+        let samples = s.epoch as usize * e.steps * cfg.shards.iter().sum::<usize>();
+        let _ = writeln!(out, "after {samples} samples: {}", e.speed_line());
+        for row in progress_rows(e, split, k) {
+            if let Err(err) = progress.row(&row) {
+                write_err.get_or_insert(err);
+            }
+        }
+    })
+    .map_err(trial_error)?;
+    if let Some(e) = write_err {
+        return Err(e);
+    }
+    let row = summary_row(job, &data, &r, split, &cfg, &ratio_words, &outcome);
+    let mut summary = CsvFile::create(dir.join(PARALLEL_CSV))?;
+    summary.row(&row)?;
+    say(
+        out,
+        format!(
+            "done: test acc {:.4}, final loss {:.4}, {:.2} s per epoch, {:.2} s in all, {:.0} samples/s; replicas identical: {}",
+            row.test_acc,
+            row.final_loss,
+            row.time_per_epoch_s,
+            row.total_s,
+            row.samples_per_s,
+            if outcome.replica_spread == 0.0 {
+                "yes".to_string()
             } else {
-                for (s, x) in reduced.iter_mut().zip(&g) {
-                    *s += w * x;
-                }
+                format!("no (max |Δ| {:e})", outcome.replica_spread)
             }
-        }
-        if reduced.iter().any(|x| !x.is_finite()) {
-            return Err(TrialError::NonFiniteLoss {
-                value: f32::NAN,
-                epoch: at.epoch as usize,
-                step: at.step,
-            });
-        }
-        let reduced = std::sync::Arc::new(reduced);
-        let h = self.hyper.clone();
-        let applied = self.crew.all(|_| {
-            let (g, h) = (std::sync::Arc::clone(&reduced), h.clone());
-            Box::new(move |r: &mut Replica| {
-                let t = Instant::now();
-                r.be.write(r.net.grads(), &g)?;
-                r.net.update(r.be.as_mut(), &h)?;
-                r.be.advance(r.net.counter)?;
-                r.be.synchronize()?;
-                Ok(Reply::Applied(t.elapsed().as_secs_f64()))
-            })
+        ),
+    )?;
+    say(out, format!("results: {}", dir.display()))?;
+    Ok(dir)
+}
+
+/// `ratios: auto`: each slice trains alone for a moment on the even shard size; the batch is
+/// split in proportion to the samples/s measured. Says what it measured and chose, and writes
+/// `ratios.csv`.
+fn choose_ratios(
+    cfg: &ParallelConfig,
+    devices: &Devices,
+    data: &Arc<Dataset>,
+    slices: &[SliceSpec],
+    parts: &[Option<Arc<GreenPartition>>],
+    dir: &Path,
+    out: &mut dyn Write,
+) -> Result<Vec<usize>> {
+    let global = cfg.trial.hyper.batch_size as usize;
+    let rows = global.div_ceil(slices.len()).max(1);
+    let mut speeds = Vec::new();
+    for s in slices {
+        // Each probe has its own backend, dropped before the next slice runs: slices alone.
+        let part = sched::partition_of(parts, s);
+        let mut be = sched::open_backend(devices.device(s.device)?, Arc::clone(data), s, part)?;
+        let speed = probe::measure(be.as_mut(), cfg, rows, probe::TARGET_S).map_err(|e| {
+            Error::from_trial(&format!("ratios auto: the probe of slice {}", s.index), e)
         })?;
-        for (i, a) in applied.into_iter().enumerate() {
-            if let Reply::Applied(took) = a {
-                self.busy[i] += took;
-            }
-        }
-        Ok(())
+        speeds.push(speed);
     }
-
-    fn train_sums(&mut self) -> Result<[f64; STATS_LEN], TrialError> {
-        let mut stats = [0f64; STATS_LEN];
-        for a in self.crew.all(|_| {
-            Box::new(|r: &mut Replica| {
-                let mut s = [0f32; STATS_LEN];
-                r.be.read(r.net.stats, &mut s)?;
-                Ok(Reply::Stats(s))
-            })
-        })? {
-            if let Reply::Stats(s) = a {
-                for (t, x) in stats.iter_mut().zip(s) {
-                    *t += x as f64;
-                }
-            }
-        }
-        Ok(stats)
-    }
-
-    fn evaluate(&mut self, _epoch: u32) -> Result<(f64, f64), TrialError> {
-        let n_test = self.sizes.n_test;
-        let answer = self.crew.one(
-            0,
-            Box::new(move |r: &mut Replica| {
-                let (l, a) = crate::train::evaluate(
-                    r.be.as_mut(),
-                    &r.net,
-                    n_test,
-                    crate::train::Loads::Done,
-                )?;
-                Ok(Reply::Eval(l, a))
-            }),
-        )?;
-        Ok(match answer {
-            Reply::Eval(l, a) => (l, a),
-            _ => (f64::NAN, f64::NAN),
+    let weights = probe::ratios(&speeds.iter().map(|s| s.samples_per_s).collect::<Vec<_>>());
+    let shards = plan::shares(global, &weights, true);
+    let ints = probe::small_integers(&weights);
+    let measured: Vec<String> = speeds
+        .iter()
+        .zip(slices)
+        .map(|(sp, s)| {
+            format!(
+                "slice {} alone [{}] {:.0} sps",
+                s.index, sp.rows, sp.samples_per_s
+            )
         })
+        .collect();
+    say(out, format!("ratios auto: {}", measured.join(" · ")))?;
+    say(
+        out,
+        format!(
+            "ratios auto: chose {} (about {}), shards {} of the global batch {global}",
+            weights
+                .iter()
+                .map(|w| format!("{w:.3}"))
+                .collect::<Vec<_>>()
+                .join(":"),
+            ints.iter()
+                .map(u32::to_string)
+                .collect::<Vec<_>>()
+                .join(":"),
+            joined(&shards)
+        ),
+    )?;
+    let mut csv = CsvFile::create(dir.join(RATIOS_CSV))?;
+    for ((s, sp), (w, &n)) in slices.iter().zip(&speeds).zip(weights.iter().zip(&shards)) {
+        csv.row(&RatioRow {
+            slice: s.index,
+            sm_count: s.sm_count,
+            mem_cap_mib: s.cap_mib(),
+            probe_rows: sp.rows,
+            probe_steps: sp.steps,
+            probe_s: sp.seconds,
+            samples_per_s: sp.samples_per_s,
+            ratio: *w,
+            shard_rows: n,
+        })?;
     }
+    Ok(shards)
+}
 
-    fn finish(&mut self) -> Result<(), TrialError> {
-        self.params = self
-            .crew
-            .all(|_| {
-                Box::new(|r: &mut Replica| {
-                    r.be.synchronize()?;
-                    let mut p = vec![0f32; r.net.params.len];
-                    r.be.read(r.net.params, &mut p)?;
-                    Ok(Reply::Params(p))
-                })
-            })?
-            .into_iter()
-            .filter_map(|a| match a {
-                Reply::Params(p) => Some(p),
-                _ => None,
-            })
-            .collect();
-        Ok(())
+/// The `progress.csv` rows of one epoch: one per slice, then the total.
+fn progress_rows(e: &ParallelEpoch, split: SplitMode, k: u32) -> Vec<SliceProgressRow> {
+    let s = &e.stats;
+    let base = SliceProgressRow {
+        round: 0,
+        trial_id: "t000".into(),
+        split: split.to_string(),
+        n: k,
+        epoch: s.epoch,
+        train_loss: s.train_loss,
+        train_acc: s.train_acc,
+        test_loss: s.test_loss,
+        test_acc: s.test_acc,
+        wall_s: s.wall_s,
+        train_s: e.train_s,
+        ..Default::default()
+    };
+    let mut rows: Vec<SliceProgressRow> = e
+        .slices
+        .iter()
+        .map(|sl| SliceProgressRow {
+            slice: sl.slice.to_string(),
+            shard_rows: sl.rows,
+            samples_per_s: sl.samples_per_s,
+            busy_s: Some(sl.busy_s),
+            ..base.clone()
+        })
+        .collect();
+    rows.push(SliceProgressRow {
+        slice: "total".into(),
+        shard_rows: e.slices.iter().map(|s| s.rows).sum(),
+        samples_per_s: e.samples_per_s,
+        busy_s: None,
+        ..base
+    });
+    rows
+}
+
+fn median(mut xs: Vec<f64>) -> f64 {
+    if xs.is_empty() {
+        return f64::NAN;
     }
-
-    fn arena_bytes(&self) -> u64 {
-        self.sizes.arena_bytes
-    }
-
-    fn param_count(&self) -> u64 {
-        self.sizes.param_count
+    xs.sort_by(f64::total_cmp);
+    let m = xs.len() / 2;
+    if xs.len() % 2 == 1 {
+        xs[m]
+    } else {
+        (xs[m - 1] + xs[m]) / 2.0
     }
 }
 
-/// A replica's part of a step whose global batch starts at `batch_start` of the epoch's order:
-/// gather its shard, forward, loss, backward, and read its gradient.
-fn compute(batch_start: usize, dropout_seed: u64) -> Task {
-    Box::new(move |r: &mut Replica| {
-        let t = Instant::now();
-        let (be, net) = (r.be.as_mut(), &r.net);
-        be.gather(
-            Split::Train,
-            batch_start + r.offset,
-            r.rows,
-            net.input(),
-            net.labels,
-        )?;
-        net.forward(be, r.rows, true, dropout_seed)?;
-        net.loss(be, r.rows)?;
-        net.backward(be, r.rows, dropout_seed)?;
-        let mut g = vec![0f32; net.grads().len];
-        be.read(net.grads(), &mut g)?;
-        Ok(Reply::Grads(g, t.elapsed().as_secs_f64()))
-    })
+fn summary_row(
+    job: &Job,
+    data: &Dataset,
+    r: &Resolved,
+    split: SplitMode,
+    cfg: &ParallelConfig,
+    ratio_words: &str,
+    o: &ParallelOutcome,
+) -> ParallelRow {
+    let lengths = o.epochs.iter().map(|e| e.epoch_s).collect();
+    let train_s: f64 = o.epochs.iter().map(|e| e.train_s).sum::<f64>().max(1e-9);
+    let steps: usize = o.epochs.iter().map(|e| e.steps).sum();
+    let slice_sps = cfg
+        .shards
+        .iter()
+        .map(|&n| format!("{:.0}", (n * steps) as f64 / train_s));
+    let busy = (0..cfg.shards.len()).map(|i| {
+        let b: f64 = o
+            .epochs
+            .iter()
+            .filter_map(|e| e.slices.get(i))
+            .map(|s| s.busy_s)
+            .sum();
+        format!("{:.2}", b / train_s)
+    });
+    ParallelRow {
+        model: model_name(job),
+        dataset: data.name.clone(),
+        split: split.to_string(),
+        slices: cfg.shards.len() as u32,
+        shards: joined(&cfg.shards),
+        ratios: ratio_words.to_string(),
+        global_batch: cfg.shards.iter().sum(),
+        epochs: cfg.trial.epochs,
+        steps_per_epoch: o.epochs.first().map_or(0, |e| e.steps),
+        time_per_epoch_s: median(lengths),
+        total_s: o.result.wall_s,
+        samples_per_s: o.result.train_samples as f64 / train_s,
+        slice_samples_per_s: joined(slice_sps),
+        slice_busy: joined(busy),
+        test_acc: o.result.test_acc,
+        final_loss: o.result.final_loss,
+        replica_spread: o.replica_spread as f64,
+        lr: cfg.trial.hyper.lr,
+        optimizer: cfg.trial.hyper.optimizer.to_string(),
+        device: r.device.clone(),
+        backend: r.kind.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_slice_table_shows_devices_only_when_slices_span_several() {
+        let slice = |index, device| {
+            crate::plan::SliceSpec::at(index, device)
+                .capped(3 << 30)
+                .green(index, 64)
+        };
+        let one = slice_table(&[slice(0, 0), slice(1, 0)]);
+        assert!(!one[0].contains("device"), "{}", one[0]);
+        let two = slice_table(&[slice(0, 0), slice(1, 1)]);
+        assert!(two[0].contains("device"), "{}", two[0]);
+        let cells: Vec<&str> = two[2].split_whitespace().collect();
+        assert_eq!(cells, vec!["1", "1", "3072.0", "64", "1"]);
+    }
 }

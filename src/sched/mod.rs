@@ -550,17 +550,6 @@ pub(crate) fn epoch_event(
     });
 }
 
-/// The text of a panic's payload.
-pub(crate) fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
-    if let Some(s) = payload.downcast_ref::<&str>() {
-        (*s).to_string()
-    } else if let Some(s) = payload.downcast_ref::<String>() {
-        s.clone()
-    } else {
-        "unknown panic".into()
-    }
-}
-
 /// The outcome of a trial that ran to an end, good or bad.
 pub(crate) fn outcome(
     trial: TrialSpec,

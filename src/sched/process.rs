@@ -12,8 +12,7 @@ use crossbeam_channel::Sender;
 use super::child::{describe_exit, End, OnStderr, Supervised, Timing};
 use super::end::ChildKind;
 use super::{
-    epoch_event, open_backend, outcome, panic_text, Device, Event, Failure, RoundContext, Stop,
-    TrialOutcome,
+    epoch_event, open_backend, outcome, Device, Event, Failure, RoundContext, Stop, TrialOutcome,
 };
 use crate::data::DataSpec;
 use crate::engine::BackendKind;
@@ -239,7 +238,7 @@ pub fn worker_main(input: &mut dyn Read, output: &mut dyn Write) -> Result<(), S
         Ok(Ok(r)) => WorkerMessage::Done(r),
         Ok(Err(Stop::Failed(e))) => WorkerMessage::Failed(e),
         Ok(Err(Stop::Interrupted)) => WorkerMessage::Interrupted,
-        Err(p) => WorkerMessage::Failed(Failure::Panic(panic_text(p.as_ref()))),
+        Err(p) => WorkerMessage::Failed(Failure::Panic(crate::error::panic_text(p.as_ref()))),
     };
     send(output, &msg);
     Ok(())

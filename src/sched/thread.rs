@@ -6,10 +6,7 @@ use std::time::Instant;
 
 use crossbeam_channel::Sender;
 
-use super::{
-    epoch_event, open_backend, outcome, panic_text, Event, Failure, RoundContext, Stop,
-    TrialOutcome,
-};
+use super::{epoch_event, open_backend, outcome, Event, Failure, RoundContext, Stop, TrialOutcome};
 use crate::engine::cuda::GreenPartition;
 use crate::plan::{SliceSpec, TrialSpec};
 use crate::train::run_trial;
@@ -37,7 +34,7 @@ pub fn run(
     }));
     let res = match res {
         Ok(r) => r,
-        Err(payload) => Err(Failure::Panic(panic_text(payload.as_ref())).into()),
+        Err(payload) => Err(Failure::Panic(crate::error::panic_text(payload.as_ref())).into()),
     };
     outcome(trial, slice, res, started.elapsed().as_secs_f64())
 }

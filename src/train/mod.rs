@@ -1,8 +1,9 @@
-//! Training: what a trial trains and what it reports, one loop of epochs and steps ([`epochs`]) over one seed schedule ([`seeds`]), used by single trials ([`run_trial`]) and mirrored training ([`crate::parallel`]) alike.
+//! Training: what a trial trains and what it reports, one loop of epochs and steps ([`epochs`]) over one seed schedule ([`seeds`]), used by single trials ([`run_trial`]) and mirrored training ([`mirrored`]) alike.
 
 pub mod epochs;
 pub mod fault;
 pub mod fit;
+pub mod mirrored;
 pub mod seeds;
 mod single;
 

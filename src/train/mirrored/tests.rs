@@ -5,8 +5,8 @@ use std::sync::Arc;
 use super::*;
 use crate::data::{synthetic, Dataset};
 use crate::engine::cpu::CpuBackend;
-use crate::job::{ModelKind, Optimizer};
-use crate::plan::shares;
+use crate::models::{ModelKind, Optimizer};
+use crate::units::shares;
 
 /// Synthetic 1×12×12 images in 10 classes: big enough for 10 steps of a global batch of 50.
 fn data() -> Arc<Dataset> {
@@ -261,19 +261,4 @@ fn bad_shards_are_errors_not_panics() {
     .unwrap_err()
     .to_string();
     assert!(e.contains("slice 1") && e.contains("slice cap"), "{e}");
-}
-
-#[test]
-fn the_slice_table_shows_devices_only_when_slices_span_several() {
-    let slice = |index, device| {
-        crate::plan::SliceSpec::at(index, device)
-            .capped(3 << 30)
-            .green(index, 64)
-    };
-    let one = run::slice_table(&[slice(0, 0), slice(1, 0)]);
-    assert!(!one[0].contains("device"), "{}", one[0]);
-    let two = run::slice_table(&[slice(0, 0), slice(1, 1)]);
-    assert!(two[0].contains("device"), "{}", two[0]);
-    let cells: Vec<&str> = two[2].split_whitespace().collect();
-    assert_eq!(cells, vec!["1", "1", "3072.0", "64", "1"]);
 }

@@ -6,17 +6,16 @@ use std::sync::Arc;
 
 use serde::Serialize;
 
-use super::run::{check_split, CsvFile};
-use super::{plan_on, probe, ParallelConfig};
 use crate::engine::Backend;
 use crate::error::{EngineError, Error, Result, TrialError};
 use crate::job::{Job, SplitMode};
 use crate::models;
 use crate::plan::{self, MIB};
-use crate::rounds::say;
+use crate::rounds::{check_threads_split, say, CsvFile};
 use crate::run::{self, OutFolder};
 use crate::sched;
 use crate::train::largest_fitting;
+use crate::train::mirrored::{plan_on, probe, ParallelConfig};
 
 /// The file with one row per batch size tried.
 pub const SCAN_CSV: &str = "batch_scan.csv";
@@ -103,7 +102,7 @@ pub fn run(job: &Job, opts: &ScanOptions, out: &mut dyn Write) -> Result<PathBuf
     let cancel = run::cancel_on_signals(std::time::Duration::ZERO);
     let r = run::backend(job)?;
     let split = opts.split.unwrap_or(job.file.split);
-    check_split(split, &r)?;
+    check_threads_split(split, &r)?;
     let slices = plan::slices(job, 1, split, &r.budgets)?;
     let slice = slices.get(opts.slice as usize).cloned().ok_or_else(|| {
         Error::Usage(format!(
