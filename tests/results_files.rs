@@ -684,3 +684,42 @@ fn a_command_never_replaces_another_commands_results_and_sets_its_own_aside() {
     );
     assert_eq!(trials(&out).len(), 3);
 }
+
+#[test]
+fn a_merge_into_a_folder_of_other_results_sets_them_aside_and_a_remerge_replaces_its_own() {
+    let dir = sandbox();
+    let (a, b, c) = (dir.join("a"), dir.join("b"), dir.join("c"));
+    for (out, cap) in [(&a, 2), (&b, 3), (&c, 1)] {
+        let job = dir.job(
+            &format!("{}.yaml", out.file_name().unwrap().to_string_lossy()),
+            sweep_job(cap, 1, 256).seed(cap),
+        );
+        let o = dir.gpumux(&["sweep", s(&job), "--out", s(out)]);
+        assert_eq!(code(&o), Some(0), "{}", stderr(&o));
+    }
+    let earlier = |d: &Path| -> Vec<PathBuf> {
+        fs::read_dir(d)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| {
+                p.file_name()
+                    .unwrap()
+                    .to_string_lossy()
+                    .starts_with("earlier-")
+            })
+            .collect()
+    };
+    // A merge of a and b into c, which holds a sweep of its own: c's row is set aside, whole.
+    let c_rows = fs::read(c.join("trials.csv")).unwrap();
+    let o = dir.gpumux(&["merge", s(&a), s(&b), "--out", s(&c)]);
+    assert_eq!(code(&o), Some(0), "{}", stderr(&o));
+    assert_eq!(trials(&c).len(), 5);
+    let aside = earlier(&c);
+    assert_eq!(aside.len(), 1, "{aside:?}");
+    assert_eq!(fs::read(aside[0].join("trials.csv")).unwrap(), c_rows);
+    // The same merge again replaces its own earlier merge: nothing of it is lost.
+    let o = dir.gpumux(&["merge", s(&a), s(&b), "--out", s(&c)]);
+    assert_eq!(code(&o), Some(0), "{}", stderr(&o));
+    assert_eq!(trials(&c).len(), 5);
+    assert_eq!(earlier(&c).len(), 1, "no second folder set aside");
+}

@@ -66,6 +66,35 @@ pub const RESULTS_FILES: &[&str] = &[
     COMMAND_TXT,
 ];
 
+/// Moves the results files in `dir` (those of [`RESULTS_FILES`] that are there), whole, into a
+/// new `earlier-<seconds>/` folder beside them, and says so.
+pub fn set_aside(dir: &Path) -> Result<PathBuf> {
+    let present: Vec<&str> = RESULTS_FILES
+        .iter()
+        .copied()
+        .filter(|name| dir.join(name).symlink_metadata().is_ok())
+        .collect();
+    let aside = earlier_folder(dir)?;
+    for name in &present {
+        std::fs::rename(dir.join(name), aside.join(name)).map_err(|source| ReportError::Write {
+            path: aside.join(name),
+            source,
+        })?;
+    }
+    for d in [dir, aside.as_path()] {
+        outdir::sync_dir(d).map_err(|source| ReportError::Write {
+            path: d.to_path_buf(),
+            source,
+        })?;
+    }
+    crate::note!(
+        "note: {} held earlier results: moved to {}",
+        dir.display(),
+        aside.display()
+    );
+    Ok(aside)
+}
+
 /// A new, empty `earlier-<seconds>[-k]/` folder in `dir`, for results set aside.
 fn earlier_folder(dir: &Path) -> Result<PathBuf> {
     let secs = std::time::SystemTime::now()
@@ -144,26 +173,7 @@ impl OutFolder {
                 present.join(", ")
             )));
         }
-        let aside = earlier_folder(dir)?;
-        for name in &present {
-            std::fs::rename(dir.join(name), aside.join(name)).map_err(|source| {
-                ReportError::Write {
-                    path: aside.join(name),
-                    source,
-                }
-            })?;
-        }
-        for d in [dir, aside.as_path()] {
-            outdir::sync_dir(d).map_err(|source| ReportError::Write {
-                path: d.to_path_buf(),
-                source,
-            })?;
-        }
-        crate::note!(
-            "note: {} held earlier results of `gpumux {command}`: moved to {}",
-            dir.display(),
-            aside.display()
-        );
+        set_aside(dir)?;
         Ok(folder)
     }
 

@@ -73,9 +73,27 @@ pub fn merge(dirs: &[PathBuf]) -> Result<Merged> {
 }
 
 /// `gpumux merge DIR... --out OUT`: holds OUT's lock, merges, and replaces OUT's files whole.
+/// Results already in OUT with a COMPLETE trial the merge does not hold (OUT is no input, and
+/// not an earlier merge of the same folders) are first moved whole into `OUT/earlier-<seconds>/`.
 pub fn run(dirs: &[PathBuf], out_dir: &Path, goal: Goal, out: &mut dyn Write) -> Result<()> {
     let _lock = crate::outdir::lock(out_dir)?;
     let m = merge(dirs)?;
+    if out_dir.join(report::TRIALS_CSV).exists() {
+        // Results there that do not read are refused and left as they are.
+        let held = report::read_trials(out_dir)?;
+        let merged: HashSet<&str> = m
+            .trials
+            .iter()
+            .filter(|r| r.state == "COMPLETE")
+            .map(|r| r.trial_id.as_str())
+            .collect();
+        if held
+            .iter()
+            .any(|r| r.state == "COMPLETE" && !merged.contains(r.trial_id.as_str()))
+        {
+            crate::run::set_aside(out_dir)?;
+        }
+    }
     write(&m, out_dir, goal, out)
 }
 
