@@ -93,6 +93,28 @@ mod tests {
         assert_eq!(dx, want);
     }
 
+    /// Max pooling's input gradient against finite differences, on distinct inputs 0.1 apart
+    /// (> 2·EPS, so no perturbation changes a window's argmax); returns the gradient.
+    fn gradient_check(s: &PoolShape, seed: u64, name: &str) -> Vec<f32> {
+        let mut rng = HostRng::new(seed);
+        let x: Vec<f32> = rng
+            .permutation(s.x_len())
+            .iter()
+            .map(|&i| i as f32 * 0.1 - 5.0)
+            .collect();
+        let r = random(&mut rng, s.y_len(), -1.0, 1.0);
+        let pool = |x: &[f32]| {
+            let mut y = vec![f32::NAN; s.y_len()];
+            maxpool_fwd(s, x, &mut y);
+            y
+        };
+        let y = pool(&x);
+        let mut dx = vec![f32::NAN; s.x_len()];
+        maxpool_bwd(s, &x, &y, &r, &mut dx);
+        check_grad(name, &x, &dx, |x| dot(&r, &pool(x)));
+        dx
+    }
+
     #[test]
     fn maxpool_gradient_matches_finite_differences() {
         // Distinct values 0.1 apart (> 2·EPS), so no perturbation changes a window's argmax.
@@ -105,22 +127,7 @@ mod tests {
             stride: 2,
             pad: 0,
         };
-        let mut rng = HostRng::new(41);
-        let x: Vec<f32> = rng
-            .permutation(s.x_len())
-            .iter()
-            .map(|&i| i as f32 * 0.1 - 5.0)
-            .collect();
-        let r = random(&mut rng, s.y_len(), -1.0, 1.0);
-        let pool = |x: &[f32]| {
-            let mut y = vec![f32::NAN; s.y_len()];
-            maxpool_fwd(&s, x, &mut y);
-            y
-        };
-        let y = pool(&x);
-        let mut dx = vec![f32::NAN; s.x_len()];
-        maxpool_bwd(&s, &x, &y, &r, &mut dx);
-        check_grad("maxpool dx", &x, &dx, |x| dot(&r, &pool(x)));
+        let dx = gradient_check(&s, 41, "maxpool dx");
         // Exactly one nonzero per window; the dropped row 6 gets nothing.
         assert_eq!(dx.iter().filter(|&&d| d != 0.0).count(), s.y_len());
     }
@@ -168,21 +175,6 @@ mod tests {
             stride: 2,
             pad: 1,
         };
-        let mut rng = HostRng::new(42);
-        let x: Vec<f32> = rng
-            .permutation(s.x_len())
-            .iter()
-            .map(|&i| i as f32 * 0.1 - 5.0)
-            .collect();
-        let r = random(&mut rng, s.y_len(), -1.0, 1.0);
-        let pool = |x: &[f32]| {
-            let mut y = vec![f32::NAN; s.y_len()];
-            maxpool_fwd(&s, x, &mut y);
-            y
-        };
-        let y = pool(&x);
-        let mut dx = vec![f32::NAN; s.x_len()];
-        maxpool_bwd(&s, &x, &y, &r, &mut dx);
-        check_grad("overlapping maxpool dx", &x, &dx, |x| dot(&r, &pool(x)));
+        gradient_check(&s, 42, "overlapping maxpool dx");
     }
 }
