@@ -1,4 +1,4 @@
-//! External-command sweeps on the real binary: templates checked at load, a result without the metric, output in bounded memory, and daemons that try to outlive their trial.
+//! External-command sweeps on the real binary: templates checked at load and filled with the trial's own names, epochs and best.yaml of external trials, a result without the metric, output in bounded memory, and daemons that try to outlive their trial.
 
 mod support;
 use std::path::{Path, PathBuf};
@@ -67,6 +67,84 @@ fn an_unknown_placeholder_is_bad_input_at_load_even_in_a_dry_run() {
     );
     let o = dir.gpumux(&["sweep", s(&fine), "--dry-run"]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+}
+
+#[test]
+fn the_trials_names_reach_its_command_and_its_folder_survives_a_resume() {
+    let dir = sandbox();
+    // Trial lr=0.2 fails on its first run and leaves a mark in its folder; run again, it finds
+    // the mark and reports `epochs` itself. Both print three epoch lines.
+    script(
+        &dir,
+        "names.sh",
+        r#"echo "$2 $3 $4" > "$5/names.txt"
+echo '{"epoch": 1}'; echo '{"epoch": 2}'; echo '{"epoch": 3}'
+if [ "$1" = "0.2" ] && [ ! -e "$5/tried" ]; then touch "$5/tried"; echo boom >&2; exit 1; fi
+if [ "$1" = "0.2" ]; then echo '{"test_acc": 0.9, "epochs": 5}'; else echo '{"test_acc": 0.5}'; fi
+"#,
+    );
+    let job = command_job(
+        &dir,
+        "names",
+        "./names.sh {lr} {seed} {trial_id} {slice} {out_dir}",
+        2,
+    );
+    let out = dir.join("out");
+    let o = dir.run_into("sweep", &job, &out, &["--dry-run"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let o = dir.run_into("sweep", &job, &out, &[]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let o = dir.run_into("sweep", &job, &out, &["--resume"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let rows = trials_csv(&out);
+    let complete: Vec<&Row> = rows.iter().filter(|r| r["state"] == "COMPLETE").collect();
+    assert_eq!(complete.len(), 2, "{rows:?}");
+    for r in complete {
+        let id = &r["trial_id"];
+        let folder = out.join("trials").join(id);
+        let names = std::fs::read_to_string(folder.join("names.txt")).unwrap();
+        assert_eq!(
+            names.trim(),
+            format!("{} {id} {}", r["seed"], r["slice"]),
+            "{r:?}"
+        );
+        // Three epoch lines, or the `epochs` the result line gives.
+        let lr2 = folder.join("tried").exists();
+        assert_eq!(r["epochs"], if lr2 { "5" } else { "3" }, "{r:?}");
+    }
+    // best.yaml lists the one parameter the command received.
+    let best: serde_yaml::Value =
+        serde_yaml::from_str(&std::fs::read_to_string(out.join("best.yaml")).unwrap()).unwrap();
+    let params = best["parameters"].as_mapping().unwrap();
+    let names: Vec<&str> = params.keys().filter_map(|k| k.as_str()).collect();
+    assert_eq!(names, ["lr"], "{best:?}");
+    assert_eq!(best["parameters"]["lr"]["value"].as_f64(), Some(0.2));
+}
+
+#[test]
+fn a_parameter_named_like_a_trials_own_name_is_refused_at_load() {
+    let dir = sandbox();
+    for name in ["seed", "trial_id", "slice", "out_dir"] {
+        let job = dir.job(
+            &format!("{name}.yaml"),
+            JobYaml::new()
+                .name(name)
+                .command("echo {lr} {seed}")
+                .method("grid")
+                .param("lr", values(&["0.1"]))
+                .param(name, values(&["1"]))
+                .concurrency(1),
+        );
+        for extra in [&["--dry-run"][..], &[]] {
+            let out = dir.join(format!("out-{name}"));
+            let o = dir.run_into("sweep", &job, &out, extra);
+            let err = stderr(&o);
+            assert_eq!(o.status.code(), Some(2), "{name} {extra:?}: {err}");
+            assert!(err.contains(&format!("parameters.{name}")), "{err}");
+            assert!(err.contains("rename the parameter"), "{err}");
+            assert!(!out.exists(), "nothing is written");
+        }
+    }
 }
 
 #[test]

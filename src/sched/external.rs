@@ -9,9 +9,9 @@ use super::cancel::Cancel;
 use super::child::{describe_exit, End, Supervised, Timing};
 use super::end::{ChildKind, Failure, Stop};
 use super::watchdog::{margin_of, open_nvml, Open, WatchReport, Watchdog};
-use crate::plan::{SliceSpec, MIB};
+use crate::plan::{SliceSpec, TrialSpec, MIB};
 
-pub use super::template::{check_job, check_template, render};
+pub use super::template::{check_job, check_template, placeholders, received, render, TrialNames};
 pub use super::watchdog::DEFAULT_MARGIN;
 
 /// Where and how an external trial runs.
@@ -47,6 +47,35 @@ pub struct ExternalOutcome {
     pub metrics: BTreeMap<String, f64>,
     pub wall_s: f64,
     pub peak_mem_mib: Option<f64>,
+}
+
+/// The argv of `trial` on `slice`: `template` filled with its parameters and names (see
+/// [`render`]). Its folder, `trials_dir/<trial id>` (the same one when the trial runs again), is
+/// made first when the template names `{out_dir}`; it is given as an absolute path.
+pub fn command(
+    template: &str,
+    trial: &TrialSpec,
+    slice: &SliceSpec,
+    trials_dir: &std::path::Path,
+) -> Result<Vec<String>, Failure> {
+    let dir = trials_dir.join(&trial.id);
+    let cannot = |e: std::io::Error| {
+        Failure::Command(format!(
+            "cannot make the trial's folder {}: {e}",
+            dir.display()
+        ))
+    };
+    let out_dir = std::path::absolute(&dir).map_err(cannot)?;
+    if placeholders(template).is_ok_and(|names| names.iter().any(|n| n == "out_dir")) {
+        std::fs::create_dir_all(&out_dir).map_err(cannot)?;
+    }
+    let names = TrialNames {
+        seed: trial.seed,
+        trial_id: &trial.id,
+        slice: slice.index,
+        out_dir: &out_dir,
+    };
+    render(template, &trial.params, &names).map_err(Failure::Command)
 }
 
 /// Runs the command for one trial on one slice and waits for it.
@@ -549,9 +578,20 @@ mod tests {
     fn the_shipped_sweep_runs_the_fake_trainer() {
         let root = crate::test_root();
         let job = crate::job::Job::load(&root.join("jobs/sweep-external.yaml")).unwrap();
-        let argv = render(
+        let trial = TrialSpec {
+            id: "t0".into(),
+            index: 0,
+            hyper: job.hyper(0).unwrap(),
+            params: job.params(0).unwrap(),
+            seed: 7,
+            fault: None,
+        };
+        let out = tempfile::tempdir().unwrap();
+        let argv = command(
             job.file.command.as_deref().unwrap(),
-            &job.params(0).unwrap(),
+            &trial,
+            &SLICE,
+            out.path(),
         )
         .unwrap();
         assert_eq!(argv[..2], ["python3", "examples/fake_train.py"]);

@@ -135,6 +135,8 @@ pub struct RoundContext {
 #[derive(Clone, Debug)]
 pub struct ExternalTrials {
     pub template: String,
+    /// The folder of the trials' own folders: `{out_dir}` is `<trials_dir>/<trial id>`.
+    pub trials_dir: PathBuf,
     /// Where a trial runs, by the device of its slice.
     pub envs: PerDevice<external::ExternalEnv>,
 }
@@ -475,8 +477,10 @@ fn run_external(
         Ok(e) => e,
         Err(why) => return outcome(trial, slice, Err(Failure::NoSlice(why).into()), 0.0),
     };
-    let res = external::render(&ext.template, &trial.params)
-        .map_err(|e| Stop::from(Failure::Command(e)))
+    // The epochs the trial reported: its epoch lines passed on.
+    let mut reported: u32 = 0;
+    let res = external::command(&ext.template, &trial, slice, &ext.trials_dir)
+        .map_err(Stop::from)
         .and_then(|argv| {
             // Epochs go up: a line whose epoch is not above the last one passed on (the same
             // epoch printed twice, or an earlier one) is not a new epoch, and is dropped.
@@ -487,6 +491,7 @@ fn run_external(
                 };
                 if last_epoch.map_or(true, |e| stats.epoch > e) {
                     last_epoch = Some(stats.epoch);
+                    reported += 1;
                     epoch_event(events, &trial, slice.index, &stats);
                 }
             })
@@ -495,7 +500,12 @@ fn run_external(
     let res = res.map(|o| TrialResult {
         test_acc: o.metrics.get("test_acc").copied().unwrap_or(f64::NAN),
         final_loss: o.metrics.get("final_loss").copied().unwrap_or(f64::NAN),
-        epochs: o.metrics.get("epochs").map_or(0, |e| *e as u32),
+        // An `epochs` key in the result line wins over the count of its epoch lines.
+        epochs: o
+            .metrics
+            .get("epochs")
+            .filter(|e| e.is_finite() && **e >= 0.0)
+            .map_or(reported, |e| *e as u32),
         wall_s: o.wall_s,
         train_samples: 0,
         samples_per_s: 0.0,
@@ -625,6 +635,7 @@ mod tests {
         };
         let ext = ExternalTrials {
             template: "train".into(),
+            trials_dir: PathBuf::from("trials"),
             envs: PerDevice::with(env("GPU-a"), vec![(2, env("GPU-c"))]),
         };
         let uuid = |d: u32| ext.env_for(d).map(|e| e.cuda_visible_devices.clone());

@@ -1,54 +1,131 @@
-//! Command templates: a job's `command` with `{name}` placeholders, filled from a trial's parameters into argv, and checked against the parameters when the job loads.
+//! Command templates: a job's `command` with `{name}` placeholders, filled from a trial's parameters and its own names (`{seed}`, `{trial_id}`, `{slice}`, `{out_dir}`) into argv, and checked when the job loads.
 
 use std::collections::BTreeMap;
+use std::path::Path;
 
 use crate::error::JobError;
 use crate::job::Job;
 use crate::space::ParamValue;
 
+/// The names every trial fills besides its parameters; a parameter of the space may not take one.
+pub const TRIAL_NAMES: [&str; 4] = ["seed", "trial_id", "slice", "out_dir"];
+
+/// What a trial fills [`TRIAL_NAMES`] with.
+#[derive(Clone, Copy, Debug)]
+pub struct TrialNames<'a> {
+    /// The trial's seed, as `trials.csv` records it.
+    pub seed: u64,
+    pub trial_id: &'a str,
+    /// The index of the slice it runs on.
+    pub slice: u32,
+    /// Its own folder (`<out>/trials/<trial_id>`), made before the command starts.
+    pub out_dir: &'a Path,
+}
+
+impl TrialNames<'_> {
+    /// The value of `name`, when it is one of [`TRIAL_NAMES`].
+    fn get(&self, name: &str) -> Option<String> {
+        match name {
+            "seed" => Some(self.seed.to_string()),
+            "trial_id" => Some(self.trial_id.to_string()),
+            "slice" => Some(self.slice.to_string()),
+            "out_dir" => Some(self.out_dir.display().to_string()),
+            _ => None,
+        }
+    }
+}
+
 /// Fills `{name}` in the template from the trial's params (numbers printed as Rust's f64 Display,
-/// so 0.001 stays 0.001 and 64.0 prints as 64; words as they are; `{{`/`}}` are literal braces),
-/// splits it into words with shell-words (no shell runs), and returns argv. A `{name}` with no
-/// such parameter is an error naming it and listing the known names.
+/// so 0.001 stays 0.001 and 64.0 prints as 64; words as they are; `{{`/`}}` are literal braces)
+/// and from its [`TrialNames`], splits it into words with shell-words (no shell runs), and
+/// returns argv. A `{name}` that is neither is an error naming it and listing the known names.
 ///
 /// The template is split into words first and each word is then filled, so a value lands whole
 /// inside the word where its `{name}` stands: spaces or quotes in a value never split it.
 pub fn render(
     template: &str,
     params: &BTreeMap<String, ParamValue>,
+    trial: &TrialNames,
 ) -> Result<Vec<String>, String> {
-    let known: Vec<&str> = params.keys().map(String::as_str).collect();
-    fill_template(template, &mut |name| match params.get(name) {
-        Some(v) => Ok(v.to_string()),
-        None => Err(unknown(name, &known)),
+    let known = known_names(params.keys().map(String::as_str));
+    fill_template(template, &mut |name| match trial.get(name) {
+        Some(v) => Ok(v),
+        None => match params.get(name) {
+            Some(v) => Ok(v.to_string()),
+            None => Err(unknown(name, &known)),
+        },
     })
     .map_err(|e| format!("the command {e}"))
 }
 
+/// The names a template uses, each once, in the order they first appear.
+pub fn placeholders(template: &str) -> Result<Vec<String>, String> {
+    let mut names: Vec<String> = Vec::new();
+    fill_template(template, &mut |name| {
+        if !names.iter().any(|n| n == name) {
+            names.push(name.to_string());
+        }
+        Ok(String::new())
+    })?;
+    Ok(names)
+}
+
 /// Checks a template against the names its trials will have (a sweep checks its job's command
 /// with this when it loads it): its words split, its braces pair, and every `{name}` is one of
-/// `known`. The error says what is wrong, as in "uses `{lr_max}`, which is not a parameter
-/// (known: batch_size, lr)".
+/// `known` or of [`TRIAL_NAMES`]. The error says what is wrong, as in "uses `{lr_max}`, which
+/// is not a parameter (known: batch_size, lr, seed, trial_id, slice, out_dir)".
 pub fn check_template(template: &str, known: &[&str]) -> Result<(), String> {
+    let known = known_names(known.iter().copied());
     fill_template(template, &mut |name| {
-        if known.contains(&name) {
+        if known.iter().any(|k| k == name) {
             Ok(String::new())
         } else {
-            Err(unknown(name, known))
+            Err(unknown(name, &known))
         }
     })
     .map(|_| ())
 }
 
 /// Checks a job's `command` (when it has one) against the values its trials are given: an
-/// unknown `{name}` is a job error (exit 2) found before anything runs.
+/// unknown `{name}`, or a parameter of the space named like one of [`TRIAL_NAMES`], is a job
+/// error (exit 2) found before anything runs.
 pub fn check_job(job: &Job) -> Result<(), JobError> {
     let Some(template) = &job.file.command else {
         return Ok(());
     };
     let params = job.params(0)?;
+    if let Some(name) = TRIAL_NAMES.iter().find(|n| params.contains_key(**n)) {
+        return Err(job.invalid(
+            &format!("parameters.{name}"),
+            format!(
+                "is one of the names gpumux fills in the command for every trial ({}); rename the parameter",
+                TRIAL_NAMES.join(", ")
+            ),
+        ));
+    }
     let known: Vec<&str> = params.keys().map(String::as_str).collect();
     check_template(template, &known).map_err(|e| job.invalid("command", e))
+}
+
+/// The parameters of `params` that a command run from `template` receives: those its template
+/// names (gpumux passes parameters to a command through its placeholders only). A template that
+/// cannot be read gives them all.
+pub fn received(
+    template: &str,
+    params: BTreeMap<String, ParamValue>,
+) -> BTreeMap<String, ParamValue> {
+    match placeholders(template) {
+        Ok(used) => params
+            .into_iter()
+            .filter(|(k, _)| used.contains(k))
+            .collect(),
+        Err(_) => params,
+    }
+}
+
+/// The parameter names, then [`TRIAL_NAMES`].
+fn known_names<'a>(params: impl Iterator<Item = &'a str>) -> Vec<String> {
+    params.chain(TRIAL_NAMES).map(str::to_string).collect()
 }
 
 /// The template split into words, each filled with `value(name)` for its `{name}`s.
@@ -111,7 +188,7 @@ fn take_name(chars: &mut dyn Iterator<Item = char>) -> Option<String> {
 }
 
 /// The error for a `{name}` that is not a parameter, listing the known names.
-fn unknown(name: &str, known: &[&str]) -> String {
+fn unknown(name: &str, known: &[String]) -> String {
     let known = if known.is_empty() {
         "none".to_string()
     } else {
@@ -137,6 +214,19 @@ mod tests {
 
     fn word(s: &str) -> ParamValue {
         ParamValue::Word(s.into())
+    }
+
+    fn render(
+        template: &str,
+        params: &BTreeMap<String, ParamValue>,
+    ) -> Result<Vec<String>, String> {
+        let trial = TrialNames {
+            seed: 12345,
+            trial_id: "t3-ab12",
+            slice: 2,
+            out_dir: Path::new("/out/trials/t3-ab12"),
+        };
+        super::render(template, params, &trial)
     }
 
     #[test]
@@ -185,10 +275,59 @@ mod tests {
         let p = params(&[("lr", num(0.1)), ("batch_size", num(8.0))]);
         let e = render("train --m {momentum}", &p).unwrap_err();
         assert!(e.contains("{momentum}"), "{e}");
-        assert!(e.contains("known: batch_size, lr"), "{e}");
+        assert!(
+            e.contains("known: batch_size, lr, seed, trial_id, slice, out_dir"),
+            "{e}"
+        );
         assert!(render("train {lr", &p).unwrap_err().contains("unclosed"));
         assert!(render("train lr}", &p).unwrap_err().contains("unmatched"));
         assert!(render("train 'open", &p).unwrap_err().contains("split"));
         assert!(render("   ", &p).unwrap_err().contains("empty"));
+    }
+
+    #[test]
+    fn render_fills_the_names_of_the_trial() {
+        let p = params(&[("lr", num(0.5))]);
+        let argv = render(
+            "train --lr {lr} --seed={seed} --id {trial_id} --slice {slice} --ckpt {out_dir}/last.pt",
+            &p,
+        )
+        .unwrap();
+        assert_eq!(
+            argv,
+            [
+                "train",
+                "--lr",
+                "0.5",
+                "--seed=12345",
+                "--id",
+                "t3-ab12",
+                "--slice",
+                "2",
+                "--ckpt",
+                "/out/trials/t3-ab12/last.pt"
+            ]
+        );
+        assert!(check_template("train {seed} {trial_id} {slice} {out_dir} {lr}", &["lr"]).is_ok());
+        let e = check_template("train {sead}", &["lr"]).unwrap_err();
+        assert!(e.contains("{sead}") && e.contains("seed, trial_id"), "{e}");
+    }
+
+    #[test]
+    fn placeholders_lists_each_name_once_and_received_keeps_those_parameters() {
+        assert_eq!(
+            placeholders("t --a {lr} {seed} {{x}} --b={lr},{opt}").unwrap(),
+            ["lr", "seed", "opt"]
+        );
+        assert!(placeholders("t {lr").is_err());
+        let p = params(&[
+            ("lr", num(0.1)),
+            ("batch_size", num(64.0)),
+            ("opt", word("adam")),
+        ]);
+        let got = received("t --lr {lr} --opt {opt} --seed {seed}", p.clone());
+        assert_eq!(got.keys().collect::<Vec<_>>(), ["lr", "opt"]);
+        assert!(received("t --fixed", p.clone()).is_empty());
+        assert_eq!(received("t {lr", p.clone()), p);
     }
 }

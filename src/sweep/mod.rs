@@ -102,7 +102,8 @@ pub fn best(rows: &[TrialRow], goal: Goal) -> Option<&TrialRow> {
         .map(|(_, r)| r)
 }
 
-/// `best.yaml`: the best trial, with its parameters as a job's `parameters:` section.
+/// `best.yaml`: the best trial, with the parameters it received as a job's `parameters:`
+/// section (for an external command: those its template names).
 #[derive(Serialize)]
 struct BestFile<'a> {
     job: &'a str,
@@ -122,6 +123,12 @@ struct BestMetric<'a> {
 fn write_best(dir: &Path, job: &Job, row: &TrialRow) -> Result<PathBuf> {
     let params: BTreeMap<String, ParamValue> =
         serde_json::from_str(&row.params).unwrap_or_default();
+    // An external command receives only the parameters its template names; the built-in
+    // hyperparameters it never saw are left out.
+    let params = match &job.file.command {
+        Some(template) => crate::sched::external::received(template, params),
+        None => params,
+    };
     let file = BestFile {
         job: &job.name,
         trial_id: &row.trial_id,
@@ -231,7 +238,7 @@ pub fn run(job: &Job, opts: &SweepOptions, out: &mut dyn Write) -> Result<PathBu
     };
     let mut rows = previous.clone();
     if !todo.is_empty() {
-        let mut ctx = context(job, opts, &resolved, &cancel)?;
+        let mut ctx = context(job, opts, &resolved, &cancel, &dir)?;
         let n = match concurrency {
             Concurrency::Fixed(n) => Some(n),
             Concurrency::Auto(_) if ctx.external.is_some() => {
@@ -350,7 +357,13 @@ pub fn one_per_epoch(rows: impl IntoIterator<Item = ProgressRow>) -> Vec<Progres
 }
 
 /// The context every worker of the sweep shares.
-fn context(job: &Job, opts: &SweepOptions, r: &Resolved, cancel: &Cancel) -> Result<RoundContext> {
+fn context(
+    job: &Job,
+    opts: &SweepOptions,
+    r: &Resolved,
+    cancel: &Cancel,
+    dir: &Path,
+) -> Result<RoundContext> {
     match (&job.file.model, &job.file.command) {
         (Some(_), _) => {
             let data = run::load_data(job, opts.data_dir.as_deref())?;
@@ -363,7 +376,7 @@ fn context(job: &Job, opts: &SweepOptions, r: &Resolved, cancel: &Cancel) -> Res
                 cancel,
             )
         }
-        (None, Some(template)) => Ok(external_context(job, template, opts, r, cancel)),
+        (None, Some(template)) => Ok(external_context(job, template, opts, r, cancel, dir)),
         (None, None) => Err(job
             .invalid("model", "is missing: give model (with data), or command")
             .into()),
@@ -378,6 +391,7 @@ fn external_context(
     opts: &SweepOptions,
     r: &Resolved,
     cancel: &Cancel,
+    out: &Path,
 ) -> RoundContext {
     let env_of = |engine: Option<&Arc<CudaEngine>>| {
         let info = engine.map(|e| e.info());
@@ -412,6 +426,7 @@ fn external_context(
         max_steps: None,
         external: Some(ExternalTrials {
             template: template.to_string(),
+            trials_dir: out.join("trials"),
             envs,
         }),
         metric: None,
