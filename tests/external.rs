@@ -517,3 +517,62 @@ while :; do sleep 1; done
         assert!(gone_soon(pid), "process {pid} outlived gpumux");
     }
 }
+
+/// A Keras-like script: `fit(verbose=1)`'s progress bar (backspaces, carriage returns,
+/// colours) with an epoch line printed at each epoch's end under Keras' names, then a result
+/// printed as Python prints a dict of numpy and PyTorch scalars; `json.dumps`' `NaN` for lr 0.3.
+const KERAS_LIKE: &str = r#"import json, sys
+lr = float(sys.argv[1])
+w = sys.stdout.write
+for epoch in (1, 2):
+    print(f"Epoch {epoch}/2")
+    w("\x1b[1m1/2\x1b[0m \x1b[32m━━\x1b[0m 0s 1ms/step - accuracy: 0.5 - loss: 0.9")
+    w("\b" * 40 + "\r\x1b[1m2/2\x1b[0m \x1b[32m━━━━\x1b[0m 0s 1ms/step - accuracy: 0.6 - loss: 0.8")
+    print(json.dumps({"epoch": epoch, "loss": 0.8 / epoch, "accuracy": 0.6, "val_loss": 0.7, "val_accuracy": lr + epoch / 10}))
+    print("\b" * 40 + "\r\x1b[1m2/2\x1b[0m 1s 1ms/step - accuracy: 0.6 - loss: 0.8 - val_loss: 0.7", flush=True)
+if lr == 0.3:
+    print(json.dumps({"val_accuracy": float("nan")}))
+else:
+    print("{'val_accuracy': np.float32(%s), 'loss': tensor(0.1000, grad_fn=<MeanBackward0>)}" % (lr + 0.2))
+"#;
+
+#[test]
+fn keras_names_bars_and_numpy_scalars_are_read_and_the_metric_may_use_either_name() {
+    let dir = sandbox();
+    std::fs::write(dir.join("keras_like.py"), KERAS_LIKE).unwrap();
+    let job = dir.job(
+        "keras.yaml",
+        JobYaml::new()
+            .name("keras")
+            .command("python3 keras_like.py {lr}")
+            .method("grid")
+            .param("lr", values(&["0.1", "0.2", "0.3"]))
+            .set("metric", "{name: val_accuracy, goal: maximize}")
+            .concurrency(3),
+    );
+    let out = dir.join("out");
+    let o = dir.run_into("sweep", &job, &out, &[]);
+    assert_eq!(o.status.code(), Some(1), "one trial fails: {}", stderr(&o));
+    let mut rows = trials_csv(&out);
+    rows.sort_by(|a, b| a["params_lr"].cmp(&b["params_lr"]));
+    let states: Vec<&str> = rows.iter().map(|r| r["state"].as_str()).collect();
+    assert_eq!(states, ["COMPLETE", "COMPLETE", "FAIL"], "{rows:?}");
+    assert_eq!(
+        rows[2]["error"],
+        "no value for metric val_accuracy in the trial's result"
+    );
+    // gpumux's name is filled from Keras' one.
+    let acc: f64 = rows[1]["test_acc"].parse().unwrap();
+    assert!((acc - 0.4).abs() < 1e-6, "{rows:?}");
+    let progress = progress_csv(&out);
+    assert_eq!(progress.len(), 6, "two epochs for each trial: {progress:?}");
+    for r in &progress {
+        let num = |k: &str| r[k].parse::<f64>().unwrap();
+        let epoch = num("epoch");
+        assert!((num("train_loss") - 0.8 / epoch).abs() < 1e-9, "{r:?}");
+        assert_eq!((num("train_acc"), num("test_loss")), (0.6, 0.7), "{r:?}");
+        assert!(num("test_acc") > 0.1, "{r:?}");
+    }
+    let best = std::fs::read_to_string(out.join("best.yaml")).unwrap();
+    assert!(best.contains("0.2"), "{best}");
+}

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use super::cancel::Cancel;
 use super::child::{describe_exit, End, Supervised, Timing};
 use super::end::{ChildKind, Failure, Stop};
+use super::metric_line;
 use super::watchdog::{margin_of, open_nvml, Open, WatchReport, Watchdog};
 use crate::plan::{SliceSpec, TrialSpec, MIB};
 
@@ -85,7 +86,8 @@ pub fn command(
 /// memory, 3 decimals rounded down, when both are known; also as XLA_CLIENT_MEM_FRACTION, its
 /// newer name) and XLA_PYTHON_CLIENT_PREALLOCATE=false.
 /// Each stdout line goes to `on_line` as it comes (lines longer than [`super::child::LINE_MAX`] cut there);
-/// the metrics are the last non-empty stdout line, a JSON object whose numeric values are kept.
+/// the metrics are the last non-empty stdout line, an object whose numeric values are kept (see
+/// [`metric_line`]).
 /// Output is held in bounded memory (see [`super::child`]). A non-zero exit or a signal is a failure
 /// quoting the end of stderr. When `cancel.aborted()` turns true the trial is ended (SIGTERM,
 /// then SIGKILL [`super::child::TERM_GRACE`] later) and the result is [`Stop::Interrupted`]. With
@@ -147,8 +149,8 @@ fn run_with(
     let mut last = String::new();
     let mut feed = |line: String| {
         on_line(&line);
-        if !line.trim().is_empty() {
-            last = line;
+        if let Some(shown) = metric_line::shown(&line) {
+            last = shown;
         }
     };
     let end = child.supervise(cancel, &mut feed);
@@ -257,15 +259,10 @@ fn spawn(
     })
 }
 
-/// The metrics of the command's last non-empty stdout line: a JSON object's numeric values.
+/// The metrics of what shows of the command's last stdout line that shows anything (see
+/// [`metric_line`]): an object's numeric values.
 fn parse_metrics(last: &str) -> Result<BTreeMap<String, f64>, Failure> {
-    let bad = || Failure::NoMetrics { last: quote(last) };
-    let value: serde_json::Value = serde_json::from_str(last.trim()).map_err(|_| bad())?;
-    let obj = value.as_object().ok_or_else(bad)?;
-    Ok(obj
-        .iter()
-        .filter_map(|(k, v)| v.as_f64().map(|x| (k.clone(), x)))
-        .collect())
+    metric_line::numbers(last).ok_or_else(|| Failure::NoMetrics { last: quote(last) })
 }
 
 /// A line cut to a readable length for an error message.

@@ -5,6 +5,7 @@ pub mod child;
 pub mod end;
 pub mod external;
 pub mod lines;
+pub mod metric_line;
 pub mod process;
 pub mod reap;
 pub mod template;
@@ -460,7 +461,7 @@ pub fn run_round_with(
     }
 }
 
-/// Runs a trial as its external command; epoch lines it prints as JSON become progress rows,
+/// Runs a trial as its external command; epoch lines it prints (see [`metric_line`]) become progress rows,
 /// one per epoch, in increasing order (see the comment on `last_epoch`).
 fn run_external(
     ctx: &RoundContext,
@@ -486,13 +487,12 @@ fn run_external(
             // epoch printed twice, or an earlier one) is not a new epoch, and is dropped.
             let mut last_epoch: Option<u32> = None;
             external::run(&argv, &trial.id, slice, env, &ctx.cancel, &mut |line| {
-                let Some(stats) = epoch_line(line, started) else {
-                    return;
-                };
-                if last_epoch.map_or(true, |e| stats.epoch > e) {
-                    last_epoch = Some(stats.epoch);
-                    reported += 1;
-                    epoch_event(events, &trial, slice.index, &stats);
+                for stats in metric_line::epochs(line, started) {
+                    if last_epoch.map_or(true, |e| stats.epoch > e) {
+                        last_epoch = Some(stats.epoch);
+                        reported += 1;
+                        epoch_event(events, &trial, slice.index, &stats);
+                    }
                 }
             })
         });
@@ -529,21 +529,6 @@ fn require_metric(end: TrialEnd, metric: Option<&str>) -> TrialEnd {
         }
         (end, _) => end,
     }
-}
-
-/// A progress line of an external command: a JSON object with an `epoch` number.
-fn epoch_line(line: &str, started: Instant) -> Option<EpochStats> {
-    let v: serde_json::Value = serde_json::from_str(line.trim()).ok()?;
-    let num = |k: &str| v.get(k).and_then(|x| x.as_f64()).unwrap_or(f64::NAN);
-    let epoch = v.get("epoch")?.as_u64()?;
-    Some(EpochStats {
-        epoch: epoch as u32,
-        train_loss: num("train_loss"),
-        train_acc: num("train_acc"),
-        test_loss: num("test_loss"),
-        test_acc: num("test_acc"),
-        wall_s: started.elapsed().as_secs_f64(),
-    })
 }
 
 /// Sends an epoch event for a trial.
