@@ -69,6 +69,98 @@ fn an_unknown_placeholder_is_bad_input_at_load_even_in_a_dry_run() {
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
 }
 
+/// The thread-pool variables gpumux sets for every external trial.
+const THREAD_VARS: [&str; 8] = [
+    "OMP_NUM_THREADS",
+    "MKL_NUM_THREADS",
+    "OPENBLAS_NUM_THREADS",
+    "VECLIB_MAXIMUM_THREADS",
+    "NUMEXPR_NUM_THREADS",
+    "TF_NUM_INTRAOP_THREADS",
+    "TF_NUM_INTEROP_THREADS",
+    "PJRT_NPROC",
+];
+
+#[test]
+fn each_trial_gets_its_share_of_the_cores_and_no_gpu_variables_on_the_cpu() {
+    let dir = sandbox();
+    // The trial prints what it was given in its result line, and keeps it in a file by trial.
+    let keys: Vec<&str> = THREAD_VARS
+        .iter()
+        .copied()
+        .chain(["GPUMUX_THREADS", "XLA_FLAGS", "GPUMUX_MEM_CAP_MIB"])
+        .chain([
+            "XLA_PYTHON_CLIENT_MEM_FRACTION",
+            "XLA_PYTHON_CLIENT_PREALLOCATE",
+        ])
+        .collect();
+    let py = format!(
+        "import json, os\n\
+         got = {{k: os.environ.get(k) for k in {keys:?}}}\n\
+         with open('seen-' + os.environ['GPUMUX_TRIAL'] + '.json', 'w') as f:\n\
+         \x20   json.dump(got, f)\n\
+         print(json.dumps({{'test_acc': 0.5, 'omp_num_threads': int(got['OMP_NUM_THREADS'])}}))\n"
+    );
+    std::fs::write(dir.join("env.py"), py).unwrap();
+    let job = dir.job(
+        "threads.yaml",
+        JobYaml::new()
+            .name("threads")
+            .command("python3 env.py {lr}")
+            .method("grid")
+            .param("lr", values(&["0.1", "0.2", "0.3"]))
+            .backend("cpu")
+            .split("logical")
+            .memory("{mib_per_slice: 64}")
+            .concurrency(2),
+    );
+    let out = dir.join("out");
+    let mut run = dir
+        .run(&["sweep", s(&job), "--out", s(&out)])
+        .env("MKL_NUM_THREADS", "5")
+        .env("XLA_FLAGS", "--xla_cpu_enable_fast_math=false");
+    for name in THREAD_VARS.iter().filter(|n| **n != "MKL_NUM_THREADS") {
+        run = run.env_remove(name);
+    }
+    let o = run.output();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let share = (cores / 2).max(1).to_string();
+    let rows = trials_csv(&out);
+    assert_eq!(rows.len(), 3);
+    for r in &rows {
+        assert_eq!(r["state"], "COMPLETE", "{r:?}");
+        assert!(!r["mem_cap_mib"].is_empty(), "the slices are capped: {r:?}");
+        let seen = std::fs::read_to_string(dir.join(format!("seen-{}.json", r["trial_id"])));
+        let seen: std::collections::BTreeMap<String, Option<String>> =
+            serde_json::from_str(&seen.unwrap()).unwrap();
+        let got = |k: &str| seen[k].clone();
+        for name in THREAD_VARS.iter().chain(&["GPUMUX_THREADS"]) {
+            // The user's own setting wins over the share.
+            let want = if *name == "MKL_NUM_THREADS" {
+                "5"
+            } else {
+                share.as_str()
+            };
+            assert_eq!(got(name).as_deref(), Some(want), "{name}: {seen:?}");
+        }
+        let flags = got("XLA_FLAGS").unwrap_or_default();
+        assert!(
+            flags.starts_with("--xla_cpu_enable_fast_math=false "),
+            "{flags}"
+        );
+        assert!(
+            flags.ends_with(&format!("intra_op_parallelism_threads={share}")),
+            "{flags}"
+        );
+        // A memory cap means nothing to a command on the CPU.
+        for gpu_only in ["GPUMUX_MEM_CAP_MIB", "XLA_PYTHON_CLIENT_MEM_FRACTION"] {
+            assert_eq!(got(gpu_only), None, "{gpu_only}: {seen:?}");
+        }
+        assert_eq!(got("XLA_PYTHON_CLIENT_PREALLOCATE"), None, "{seen:?}");
+    }
+}
+
 #[test]
 fn the_trials_names_reach_its_command_and_its_folder_survives_a_resume() {
     let dir = sandbox();

@@ -72,8 +72,7 @@ pub fn discover() -> Discovery {
 
 fn nvml_gpus() -> Result<(Vec<GpuInfo>, Option<String>), String> {
     // NVML is loaded at run time; without a driver this is an error, not a panic.
-    let nvml =
-        nvml_wrapper::Nvml::init().map_err(|e| format!("no NVIDIA driver found (NVML: {e})"))?;
+    let nvml = nvml_wrapper::Nvml::init().map_err(absent_driver)?;
     let driver = nvml.sys_driver_version().ok();
     let count = nvml
         .device_count()
@@ -92,6 +91,19 @@ fn nvml_gpus() -> Result<(Vec<GpuInfo>, Option<String>), String> {
         });
     }
     Ok((gpus, driver))
+}
+
+/// Why NVML cannot start, in a few words. A machine with no driver library is the ordinary case
+/// on the CPU: its loader's message is kept for `--verbose` (a debug line), not for every run.
+fn absent_driver(e: nvml_wrapper::error::NvmlError) -> String {
+    use nvml_wrapper::error::NvmlError;
+    match e {
+        NvmlError::LibloadingError(why) => {
+            tracing::debug!("NVML: {why}");
+            "no NVIDIA driver found".into()
+        }
+        e => format!("no NVIDIA driver found (NVML: {e})"),
+    }
 }
 
 /// The GPU memory NVML reports for process `pid` on the device `uuid`, in MiB, when it says.

@@ -28,6 +28,43 @@ pub struct ExternalEnv {
     pub watchdog_margin: f64,
     /// Working directory for the command (default: the current one).
     pub cwd: Option<PathBuf>,
+    /// The trial runs on a GPU: only then does it get the GPU-only variables (its memory cap,
+    /// the XLA memory fraction and preallocation).
+    pub on_gpu: bool,
+    /// How many trials run at once, sharing the host's cores (see [`thread_share`]).
+    pub concurrency: u32,
+}
+
+impl ExternalEnv {
+    /// This environment for a trial that runs beside `concurrency - 1` others.
+    pub fn shared_by(&self, concurrency: u32) -> ExternalEnv {
+        ExternalEnv {
+            concurrency,
+            ..self.clone()
+        }
+    }
+}
+
+/// The variables that size a trial's CPU thread pools, each given [`thread_share`]: OpenMP (and
+/// so PyTorch's intra-op pool), MKL, OpenBLAS, Accelerate (vecLib), numexpr, TensorFlow's
+/// intra- and inter-op pools, and XLA's CPU client (JAX reads `PJRT_NPROC` for its pool size).
+pub const THREAD_VARS: [&str; 8] = [
+    "OMP_NUM_THREADS",
+    "MKL_NUM_THREADS",
+    "OPENBLAS_NUM_THREADS",
+    "VECLIB_MAXIMUM_THREADS",
+    "NUMEXPR_NUM_THREADS",
+    "TF_NUM_INTRAOP_THREADS",
+    "TF_NUM_INTEROP_THREADS",
+    "PJRT_NPROC",
+];
+
+/// A trial's share of the cores: the cores this process may use (affinity and cgroup limits
+/// count) divided by the trials that run at once, at least 1.
+pub fn thread_share(concurrency: u32) -> u32 {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let cores = u32::try_from(cores).unwrap_or(u32::MAX);
+    (cores / concurrency.max(1)).max(1)
 }
 
 impl Default for ExternalEnv {
@@ -38,6 +75,8 @@ impl Default for ExternalEnv {
             watch_uuid: None,
             watchdog_margin: DEFAULT_MARGIN,
             cwd: None,
+            on_gpu: false,
+            concurrency: 1,
         }
     }
 }
@@ -82,9 +121,12 @@ pub fn command(
 /// Runs the command for one trial on one slice and waits for it.
 ///
 /// Environment: CUDA_VISIBLE_DEVICES (when given), GPUMUX_SLICE (slice index), GPUMUX_TRIAL
-/// (trial id), GPUMUX_MEM_CAP_MIB (when capped), XLA_PYTHON_CLIENT_MEM_FRACTION (cap / device
-/// memory, 3 decimals rounded down, when both are known; also as XLA_CLIENT_MEM_FRACTION, its
-/// newer name) and XLA_PYTHON_CLIENT_PREALLOCATE=false.
+/// (trial id), GPUMUX_THREADS and the [`THREAD_VARS`] (the trial's [`thread_share`]; a variable
+/// already set in gpumux's own environment is left as it is there), XLA_FLAGS (one thread per
+/// XLA op pool beyond the share, after any flags already set); on a GPU only: GPUMUX_MEM_CAP_MIB
+/// (when capped), XLA_PYTHON_CLIENT_MEM_FRACTION (cap / device memory, 3 decimals rounded down,
+/// when both are known; also as XLA_CLIENT_MEM_FRACTION, its newer name) and
+/// XLA_PYTHON_CLIENT_PREALLOCATE=false.
 /// Each stdout line goes to `on_line` as it comes (lines longer than [`super::child::LINE_MAX`] cut there);
 /// the metrics are the last non-empty stdout line, an object whose numeric values are kept (see
 /// [`metric_line`]).
@@ -203,17 +245,37 @@ fn judge(
 
 /// The variables the command is given.
 fn env_vars(trial_id: &str, slice: &SliceSpec, env: &ExternalEnv) -> Vec<(String, String)> {
+    env_vars_over(trial_id, slice, env, &|k| std::env::var(k).ok())
+}
+
+/// [`env_vars`], where `inherited` reads a variable of the environment the command inherits
+/// (the user's settings, which gpumux's thread limits leave alone).
+fn env_vars_over(
+    trial_id: &str,
+    slice: &SliceSpec,
+    env: &ExternalEnv,
+    inherited: &dyn Fn(&str) -> Option<String>,
+) -> Vec<(String, String)> {
+    let threads = thread_share(env.concurrency);
     let mut vars = vec![
         ("GPUMUX_SLICE".to_string(), slice.index.to_string()),
         ("GPUMUX_TRIAL".to_string(), trial_id.to_string()),
-        (
-            "XLA_PYTHON_CLIENT_PREALLOCATE".to_string(),
-            "false".to_string(),
-        ),
+        ("GPUMUX_THREADS".to_string(), threads.to_string()),
     ];
+    for name in THREAD_VARS {
+        if inherited(name).is_none() {
+            vars.push((name.to_string(), threads.to_string()));
+        }
+    }
+    let user_flags = inherited("XLA_FLAGS").unwrap_or_default();
+    vars.push(("XLA_FLAGS".into(), xla_flags(&user_flags, threads)));
     if let Some(dev) = &env.cuda_visible_devices {
         vars.push(("CUDA_VISIBLE_DEVICES".into(), dev.clone()));
     }
+    if !env.on_gpu {
+        return vars;
+    }
+    vars.push(("XLA_PYTHON_CLIENT_PREALLOCATE".into(), "false".into()));
     if let Some(cap) = slice.mem_cap_bytes {
         vars.push((
             "GPUMUX_MEM_CAP_MIB".into(),
@@ -227,6 +289,21 @@ fn env_vars(trial_id: &str, slice: &SliceSpec, env: &ExternalEnv) -> Vec<(String
         vars.push(("XLA_PYTHON_CLIENT_MEM_FRACTION".into(), f));
     }
     vars
+}
+
+/// The user's XLA_FLAGS with the thread limits of XLA's CPU backend after them:
+/// `intra_op_parallelism_threads=N`, and with a share of one core also
+/// `--xla_cpu_multi_thread_eigen=false` (single-threaded Eigen calls). A limit the user's flags
+/// already name is not added again.
+fn xla_flags(user: &str, threads: u32) -> String {
+    let mut flags: Vec<String> = user.split_whitespace().map(str::to_string).collect();
+    if threads == 1 && !user.contains("xla_cpu_multi_thread_eigen") {
+        flags.push("--xla_cpu_multi_thread_eigen=false".into());
+    }
+    if !user.contains("intra_op_parallelism_threads") {
+        flags.push(format!("intra_op_parallelism_threads={threads}"));
+    }
+    flags.join(" ")
 }
 
 /// `cap / total` with 3 decimals, rounded down (so the framework stays under the cap), at least 0.001.
@@ -374,6 +451,7 @@ mod tests {
             cuda_visible_devices: Some("GPU-1234".into()),
             device_mem_bytes: Some(16 << 30),
             cwd: Some(dir.path().to_path_buf()),
+            on_gpu: true,
             ..ExternalEnv::default()
         };
         let (res, lines) = go(&argv, &SLICE.capped(3 << 30), &env);
@@ -402,6 +480,91 @@ mod tests {
         assert_eq!(mem_fraction(1 << 30, 80 << 30), "0.012");
         assert_eq!(mem_fraction(1, 80 << 30), "0.001");
         assert_eq!(mem_fraction(90 << 30, 80 << 30), "1.000");
+    }
+
+    /// The variables of a trial on `slice` when the inherited environment holds `user`.
+    fn vars_with(
+        slice: &SliceSpec,
+        env: &ExternalEnv,
+        user: &[(&str, &str)],
+    ) -> BTreeMap<String, String> {
+        let inherited = |k: &str| {
+            user.iter()
+                .find(|(name, _)| *name == k)
+                .map(|(_, v)| v.to_string())
+        };
+        env_vars_over("t1", slice, env, &inherited)
+            .into_iter()
+            .collect()
+    }
+
+    #[test]
+    fn on_the_cpu_a_capped_slice_gets_no_gpu_variables() {
+        let cpu = ExternalEnv::default();
+        let vars = vars_with(&SLICE.capped(3 << 30), &cpu, &[]);
+        for gpu_only in [
+            "GPUMUX_MEM_CAP_MIB",
+            "XLA_PYTHON_CLIENT_MEM_FRACTION",
+            "XLA_CLIENT_MEM_FRACTION",
+            "XLA_PYTHON_CLIENT_PREALLOCATE",
+            "CUDA_VISIBLE_DEVICES",
+        ] {
+            assert!(!vars.contains_key(gpu_only), "{gpu_only}: {vars:?}");
+        }
+        assert_eq!(vars["GPUMUX_SLICE"], "3");
+        let gpu = ExternalEnv {
+            on_gpu: true,
+            device_mem_bytes: Some(16 << 30),
+            ..ExternalEnv::default()
+        };
+        let vars = vars_with(&SLICE.capped(3 << 30), &gpu, &[]);
+        assert_eq!(vars["GPUMUX_MEM_CAP_MIB"], "3072");
+        assert_eq!(vars["XLA_PYTHON_CLIENT_PREALLOCATE"], "false");
+    }
+
+    #[test]
+    fn each_trial_gets_its_share_of_the_cores_unless_the_user_set_one() {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as u32;
+        assert_eq!(thread_share(1), cores);
+        assert_eq!(thread_share(cores * 2), 1);
+        assert_eq!(thread_share(0), cores);
+        let env = ExternalEnv::default().shared_by(2);
+        let share = (cores / 2).max(1).to_string();
+        let vars = vars_with(&SLICE, &env, &[("MKL_NUM_THREADS", "7")]);
+        assert_eq!(vars["GPUMUX_THREADS"], share);
+        for name in THREAD_VARS {
+            if name == "MKL_NUM_THREADS" {
+                // Inherited as the user set it.
+                assert!(!vars.contains_key(name), "{vars:?}");
+            } else {
+                assert_eq!(vars[name], share, "{name}");
+            }
+        }
+        let flags = &vars["XLA_FLAGS"];
+        assert!(
+            flags.ends_with(&format!("intra_op_parallelism_threads={share}")),
+            "{flags}"
+        );
+    }
+
+    #[test]
+    fn xla_flags_come_after_the_users_and_keep_its_limits() {
+        assert_eq!(
+            xla_flags("", 1),
+            "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
+        );
+        assert_eq!(xla_flags("", 4), "intra_op_parallelism_threads=4");
+        assert_eq!(
+            xla_flags(" --xla_dump_to=/tmp/d ", 2),
+            "--xla_dump_to=/tmp/d intra_op_parallelism_threads=2"
+        );
+        assert_eq!(
+            xla_flags(
+                "--xla_cpu_multi_thread_eigen=true intra_op_parallelism_threads=8",
+                1
+            ),
+            "--xla_cpu_multi_thread_eigen=true intra_op_parallelism_threads=8"
+        );
     }
 
     #[test]

@@ -417,7 +417,9 @@ pub fn run_round_with(
                         Err(e) => {
                             outcome(trial, slice, Err(Failure::NoSlice(e.clone()).into()), 0.0)
                         }
-                        Ok(_) if ctx.external.is_some() => run_external(ctx, slice, trial, &events),
+                        Ok(_) if ctx.external.is_some() => {
+                            run_external(ctx, slice, round, trial, &events)
+                        }
                         Ok(_) if split.one_process_per_trial() => {
                             process::run(ctx, slice, round, trial, &events)
                         }
@@ -466,6 +468,7 @@ pub fn run_round_with(
 fn run_external(
     ctx: &RoundContext,
     slice: &SliceSpec,
+    round: &Round,
     trial: TrialSpec,
     events: &Sender<Event>,
 ) -> TrialOutcome {
@@ -475,7 +478,8 @@ fn run_external(
         return outcome(trial, slice, Err(why.into()), 0.0);
     };
     let env = match ext.env_for(slice.device) {
-        Ok(e) => e,
+        // Every slice of the round runs a trial at once: they share the host's cores.
+        Ok(e) => e.shared_by(round.slices.len().try_into().unwrap_or(u32::MAX)),
         Err(why) => return outcome(trial, slice, Err(Failure::NoSlice(why).into()), 0.0),
     };
     // The epochs the trial reported: its epoch lines passed on.
@@ -486,7 +490,7 @@ fn run_external(
             // Epochs go up: a line whose epoch is not above the last one passed on (the same
             // epoch printed twice, or an earlier one) is not a new epoch, and is dropped.
             let mut last_epoch: Option<u32> = None;
-            external::run(&argv, &trial.id, slice, env, &ctx.cancel, &mut |line| {
+            external::run(&argv, &trial.id, slice, &env, &ctx.cancel, &mut |line| {
                 for stats in metric_line::epochs(line, started) {
                     if last_epoch.map_or(true, |e| stats.epoch > e) {
                         last_epoch = Some(stats.epoch);

@@ -400,6 +400,7 @@ fn external_context(
             device_mem_bytes: info.map(|i| i.total_mem_bytes),
             watch_uuid: info.map(|i| i.uuid.clone()),
             cwd: None,
+            on_gpu: info.is_some(),
             ..ExternalEnv::default()
         }
     };
