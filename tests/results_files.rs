@@ -631,6 +631,20 @@ fn a_full_disk_stops_the_sweep_with_exit_1_and_keeps_every_row_before() {
     }
 }
 
+/// The `earlier-*` folders a run set aside in `dir`.
+fn earlier_folders(dir: &Path) -> Vec<PathBuf> {
+    fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| {
+            p.file_name()
+                .unwrap()
+                .to_string_lossy()
+                .starts_with("earlier-")
+        })
+        .collect()
+}
+
 #[test]
 fn a_command_never_replaces_another_commands_results_and_sets_its_own_aside() {
     let dir = sandbox();
@@ -666,16 +680,7 @@ fn a_command_never_replaces_another_commands_results_and_sets_its_own_aside() {
         let o = dir.gpumux(&["fib", s(&fib), "--out", s(&out)]);
         assert_eq!(code(&o), Some(0), "{}", stderr(&o));
     }
-    let earlier: Vec<PathBuf> = fs::read_dir(&out)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| {
-            p.file_name()
-                .unwrap()
-                .to_string_lossy()
-                .starts_with("earlier-")
-        })
-        .collect();
+    let earlier = earlier_folders(&out);
     assert_eq!(earlier.len(), 1, "{earlier:?}");
     assert_eq!(
         trials(&earlier[0]).len(),
@@ -697,29 +702,17 @@ fn a_merge_into_a_folder_of_other_results_sets_them_aside_and_a_remerge_replaces
         let o = dir.gpumux(&["sweep", s(&job), "--out", s(out)]);
         assert_eq!(code(&o), Some(0), "{}", stderr(&o));
     }
-    let earlier = |d: &Path| -> Vec<PathBuf> {
-        fs::read_dir(d)
-            .unwrap()
-            .map(|e| e.unwrap().path())
-            .filter(|p| {
-                p.file_name()
-                    .unwrap()
-                    .to_string_lossy()
-                    .starts_with("earlier-")
-            })
-            .collect()
-    };
     // A merge of a and b into c, which holds a sweep of its own: c's row is set aside, whole.
     let c_rows = fs::read(c.join("trials.csv")).unwrap();
     let o = dir.gpumux(&["merge", s(&a), s(&b), "--out", s(&c)]);
     assert_eq!(code(&o), Some(0), "{}", stderr(&o));
     assert_eq!(trials(&c).len(), 5);
-    let aside = earlier(&c);
+    let aside = earlier_folders(&c);
     assert_eq!(aside.len(), 1, "{aside:?}");
     assert_eq!(fs::read(aside[0].join("trials.csv")).unwrap(), c_rows);
     // The same merge again replaces its own earlier merge: nothing of it is lost.
     let o = dir.gpumux(&["merge", s(&a), s(&b), "--out", s(&c)]);
     assert_eq!(code(&o), Some(0), "{}", stderr(&o));
     assert_eq!(trials(&c).len(), 5);
-    assert_eq!(earlier(&c).len(), 1, "no second folder set aside");
+    assert_eq!(earlier_folders(&c).len(), 1, "no second folder set aside");
 }

@@ -2,7 +2,7 @@
 
 mod support;
 use std::io::{BufRead, BufReader};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use support::*;
 
@@ -168,7 +168,13 @@ fn a_second_signal_stops_running_trials_at_once_despite_the_grace() {
     run.signal(libc::SIGTERM);
     let (code, said, err) = run.finish();
     assert_eq!(code, Some(3), "{err}");
-    let trials = trials_csv(&out);
+    two_running_trials_interrupted(&out, &said);
+}
+
+/// The sweep stopped with its two running trials INTERRUPTED, in trials.csv and in its summary,
+/// and the other two never started.
+fn two_running_trials_interrupted(out: &Path, said: &str) {
+    let trials = trials_csv(out);
     assert_eq!(trials.len(), 2, "the two running trials: {trials:?}");
     assert!(
         trials.iter().all(|t| t["state"] == "INTERRUPTED"),
@@ -402,16 +408,7 @@ fn sighup_stops_a_sweep_like_sigterm() {
         err.contains("SIGHUP: launching no more trials; running ones get 1 s"),
         "{err}"
     );
-    let trials = trials_csv(&out);
-    assert_eq!(trials.len(), 2, "the two running trials: {trials:?}");
-    assert!(
-        trials.iter().all(|t| t["state"] == "INTERRUPTED"),
-        "{trials:?}"
-    );
-    assert!(
-        said.contains("0 COMPLETE, 0 FAIL, 2 INTERRUPTED, 2 not started"),
-        "{said}"
-    );
+    two_running_trials_interrupted(&out, &said);
 }
 
 #[test]
