@@ -66,14 +66,19 @@ pub const RESULTS_FILES: &[&str] = &[
     COMMAND_TXT,
 ];
 
-/// Moves the results files in `dir` (those of [`RESULTS_FILES`] that are there), whole, into a
-/// new `earlier-<seconds>/` folder beside them, and says so.
-pub fn set_aside(dir: &Path) -> Result<PathBuf> {
-    let present: Vec<&str> = RESULTS_FILES
+/// The results files ([`RESULTS_FILES`]) that are in `dir`.
+fn results_in(dir: &Path) -> Vec<&'static str> {
+    RESULTS_FILES
         .iter()
         .copied()
         .filter(|name| dir.join(name).symlink_metadata().is_ok())
-        .collect();
+        .collect()
+}
+
+/// Moves the results files in `dir` (those of [`RESULTS_FILES`] that are there), whole, into a
+/// new `earlier-<seconds>/` folder beside them, and says so.
+pub fn set_aside(dir: &Path) -> Result<PathBuf> {
+    let present = results_in(dir);
     let aside = earlier_folder(dir)?;
     for name in &present {
         std::fs::rename(dir.join(name), aside.join(name)).map_err(|source| ReportError::Write {
@@ -148,11 +153,7 @@ impl OutFolder {
     /// (exit 2) and left as they are.
     pub fn lock_fresh(dir: &Path, command: &str) -> Result<OutFolder> {
         let folder = Self::lock(dir)?;
-        let present: Vec<&str> = RESULTS_FILES
-            .iter()
-            .copied()
-            .filter(|name| dir.join(name).symlink_metadata().is_ok())
-            .collect();
+        let present = results_in(dir);
         if present.iter().all(|name| *name == COMMAND_TXT) {
             return Ok(folder);
         }
