@@ -112,6 +112,7 @@ pub fn progress_row(
         test_loss: stats.test_loss,
         test_acc: stats.test_acc,
         wall_s: stats.wall_s,
+        extra: stats.extra.clone(),
     }
 }
 

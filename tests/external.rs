@@ -668,3 +668,61 @@ fn keras_names_bars_and_numpy_scalars_are_read_and_the_metric_may_use_either_nam
     let best = std::fs::read_to_string(out.join("best.yaml")).unwrap();
     assert!(best.contains("0.2"), "{best}");
 }
+
+/// Prints epoch lines with keys of its own (`lr`, and `grad_norm` from epoch 2 on), next to
+/// Keras' names, then its result.
+const EXTRA_KEYS: &str = r#"import json, sys
+lr = float(sys.argv[1])
+for epoch in (1, 2, 3):
+    line = {"epoch": epoch, "loss": 1 / epoch, "val_accuracy": lr, "lr": lr / epoch}
+    if epoch > 1:
+        line["grad_norm"] = 10 * lr + epoch
+    print(json.dumps(line), flush=True)
+print(json.dumps({"test_acc": lr}))
+"#;
+
+#[test]
+fn other_numeric_keys_of_epoch_lines_are_columns_of_progress_csv() {
+    let dir = sandbox();
+    std::fs::write(dir.join("extra_keys.py"), EXTRA_KEYS).unwrap();
+    let job = command_job(&dir, "extra", "python3 extra_keys.py {lr}", 2);
+    let out = dir.join("out");
+    let o = dir.run_into("sweep", &job, &out, &[]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let text = std::fs::read_to_string(out.join("progress.csv")).unwrap();
+    let header = text.lines().next().unwrap();
+    // The keys follow wall_s, in order of first appearance; the common names only fill the
+    // fixed columns.
+    assert_eq!(
+        header,
+        "round,trial_id,split,n,epoch,train_loss,train_acc,test_loss,test_acc,wall_s,lr,grad_norm,check"
+    );
+    let progress = progress_csv(&out);
+    assert_eq!(progress.len(), 6, "{progress:?}");
+    for r in &progress {
+        let lr: f64 = r["test_acc"].parse().unwrap();
+        let epoch: f64 = r["epoch"].parse().unwrap();
+        let got: f64 = r["lr"].parse().unwrap();
+        assert!((got - lr / epoch).abs() < 1e-12, "{r:?}");
+        if epoch == 1.0 {
+            assert_eq!(r["grad_norm"], "", "not reported in epoch 1: {r:?}");
+        } else {
+            let g: f64 = r["grad_norm"].parse().unwrap();
+            assert!((g - (10.0 * lr + epoch)).abs() < 1e-12, "{r:?}");
+        }
+    }
+    // The folder reads back whole with the one reader: `report` and `merge` take it, and the
+    // merged file keeps the columns.
+    let o = dir.gpumux(&["report", out.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let merged = dir.join("merged");
+    let o = dir.gpumux(&[
+        "merge",
+        out.to_str().unwrap(),
+        "--out",
+        merged.to_str().unwrap(),
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let again = std::fs::read_to_string(merged.join("progress.csv")).unwrap();
+    assert_eq!(again.lines().next(), Some(header));
+}

@@ -1,5 +1,6 @@
 //! Results files (`runs.csv`, `trials.csv`, `progress.csv`): rows appended one fsynced line at a time, whole files replaced atomically, and the one reader that drops a cut last line and refuses damage.
 
+use std::collections::BTreeMap;
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, BufRead, BufReader, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
@@ -7,6 +8,7 @@ use std::path::{Path, PathBuf};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
+use super::extra::{self, Dropped};
 use super::{ProgressRow, RunRow, TrialRow, STATES};
 use crate::error::ReportError;
 use crate::hash::fnv1a;
@@ -29,6 +31,19 @@ pub const MAX_LINE: usize = 1 << 20;
 pub trait ResultsRow: Serialize + DeserializeOwned + Default {
     /// Why this row cannot be a row of its file, if it cannot.
     fn invalid(&self) -> Option<String>;
+
+    /// Whether the file has extra columns after the row's own (see [`extra`]).
+    const EXTRA: bool = false;
+
+    /// The row's values of the extra columns, by name; None when the file has none.
+    fn extra(&self) -> Option<&BTreeMap<String, f64>> {
+        None
+    }
+
+    /// Where a reader puts the values of the extra columns; None when the file has none.
+    fn extra_mut(&mut self) -> Option<&mut BTreeMap<String, f64>> {
+        None
+    }
 }
 
 impl ResultsRow for RunRow {
@@ -59,6 +74,16 @@ impl ResultsRow for ProgressRow {
             .trim()
             .is_empty()
             .then(|| "the trial_id is empty".into())
+    }
+
+    const EXTRA: bool = true;
+
+    fn extra(&self) -> Option<&BTreeMap<String, f64>> {
+        Some(&self.extra)
+    }
+
+    fn extra_mut(&mut self) -> Option<&mut BTreeMap<String, f64>> {
+        Some(&mut self.extra)
     }
 }
 
@@ -101,9 +126,13 @@ fn columns_of<T: Serialize + Default>() -> Result<::csv::ByteRecord, ReportError
     Ok(reader.byte_headers().map_err(|e| invalid(&e))?.clone())
 }
 
-/// The header a results file of rows `T` is written with: the row's columns, then [`CHECK`].
-fn header_of<T: Serialize + Default>() -> Result<::csv::ByteRecord, ReportError> {
+/// The header a results file of rows `T` is written with: the row's columns, its `extra`
+/// columns, then [`CHECK`].
+fn header_of<T: Serialize + Default>(extra: &[String]) -> Result<::csv::ByteRecord, ReportError> {
     let mut header = columns_of::<T>()?;
+    for name in extra {
+        header.push_field(name.as_bytes());
+    }
     header.push_field(CHECK.as_bytes());
     Ok(header)
 }
@@ -120,14 +149,12 @@ fn check_of<'a>(cells: impl Iterator<Item = &'a [u8]>) -> String {
     format!("{:016x}", fnv1a(&joined))
 }
 
-/// One row as the bytes of one line: a line break inside a cell (a multi-line error message)
-/// is written as ` | `, so that every row is one line and a cut row is always the last line;
-/// with `checked`, the [`CHECK`] cell ends it.
-fn encode<T: Serialize>(path: &Path, row: &T, checked: bool) -> Result<Vec<u8>, ReportError> {
+/// The cells `value` serializes to.
+fn cells_of<S: Serialize>(path: &Path, value: &S) -> Result<::csv::ByteRecord, ReportError> {
     let mut writer = ::csv::WriterBuilder::new()
         .has_headers(false)
         .from_writer(Vec::new());
-    writer.serialize(row).map_err(csv_err(path))?;
+    writer.serialize(value).map_err(csv_err(path))?;
     let bytes = writer
         .into_inner()
         .map_err(|e| ReportError::Invalid(format!("{}: {e}", path.display())))?;
@@ -136,7 +163,30 @@ fn encode<T: Serialize>(path: &Path, row: &T, checked: bool) -> Result<Vec<u8>, 
         .from_reader(bytes.as_slice());
     let mut cells = ::csv::ByteRecord::new();
     reader.read_byte_record(&mut cells).map_err(csv_err(path))?;
+    Ok(cells)
+}
+
+/// One row as the bytes of one line: a line break inside a cell (a multi-line error message)
+/// is written as ` | `, so that every row is one line and a cut row is always the last line;
+/// the row's values of the `extra` columns follow its own cells (an empty cell where it has
+/// none); with `checked`, the [`CHECK`] cell ends it.
+fn encode<T: ResultsRow>(
+    path: &Path,
+    row: &T,
+    extra: &[String],
+    checked: bool,
+) -> Result<Vec<u8>, ReportError> {
+    let cells = cells_of(path, row)?;
     let mut record: ::csv::ByteRecord = cells.iter().map(one_line).collect();
+    if !extra.is_empty() {
+        let values: Vec<Option<f64>> = extra
+            .iter()
+            .map(|name| row.extra().and_then(|m| m.get(name).copied()))
+            .collect();
+        let more = cells_of(path, &values)?;
+        // A record of one empty cell is written `""`: the same empty cell.
+        more.iter().for_each(|c| record.push_field(c));
+    }
     if checked {
         let check = check_of(record.iter());
         record.push_field(check.as_bytes());
@@ -171,16 +221,23 @@ struct Sink {
     len: u64,
     /// Whether rows end with the [`CHECK`] cell (files written before it had none).
     checked: bool,
+    /// The row's own columns.
+    fixed: ::csv::ByteRecord,
+    /// The file's extra columns, in order (see [`extra`]); always empty for a row type
+    /// without them.
+    extra: Vec<String>,
+    /// The keys not kept as columns.
+    dropped: Dropped,
 }
 
 impl Sink {
-    fn open<T: Serialize + Default>(path: PathBuf, append: bool) -> Result<Self, ReportError> {
-        let header = header_of::<T>()?;
+    fn open<T: ResultsRow>(path: PathBuf, append: bool) -> Result<Self, ReportError> {
+        let fixed = columns_of::<T>()?;
         let existing = append && non_empty(&path)?;
-        let checked = if existing {
-            check_header(&path, &header)?
+        let (checked, extra) = if existing {
+            check_header::<T>(&path, &fixed)?
         } else {
-            true
+            (true, Vec::new())
         };
         let mut options = OpenOptions::new();
         if append {
@@ -199,8 +256,12 @@ impl Sink {
             file,
             len,
             checked,
+            fixed,
+            extra,
+            dropped: Dropped::default(),
         };
         if !existing {
+            let header = header_of::<T>(&[])?;
             let mut writer = ::csv::Writer::from_writer(Vec::new());
             writer
                 .write_byte_record(&header)
@@ -213,15 +274,17 @@ impl Sink {
         Ok(sink)
     }
 
-    fn write<T: Serialize>(&mut self, row: &T) -> Result<(), ReportError> {
-        let bytes = encode(&self.path, row, self.checked)?;
+    fn write<T: ResultsRow>(&mut self, row: &T) -> Result<(), ReportError> {
+        self.widen(row)?;
+        let bytes = encode(&self.path, row, &self.extra, self.checked)?;
         self.append(&bytes)
     }
 
     /// Appends one whole row without fsyncing it (see [`Sink::sync`]); on an error the file is
     /// cut back to its last whole row.
-    fn write_unsynced<T: Serialize>(&mut self, row: &T) -> Result<(), ReportError> {
-        let bytes = encode(&self.path, row, self.checked)?;
+    fn write_unsynced<T: ResultsRow>(&mut self, row: &T) -> Result<(), ReportError> {
+        self.widen(row)?;
+        let bytes = encode(&self.path, row, &self.extra, self.checked)?;
         match self.file.write_all(&bytes) {
             Ok(()) => {
                 self.len += bytes.len() as u64;
@@ -232,6 +295,44 @@ impl Sink {
                 Err(write_err(&self.path)(e))
             }
         }
+    }
+
+    /// When `row` has a value for a key the header lacks (and may name a column: see
+    /// [`extra`]), replaces the file whole with the wider header: its rows are read first with
+    /// the one reader, so a damaged file is refused, never rewritten; they get an empty cell
+    /// in each new column and a new check. Then the file is open for appending again.
+    fn widen<T: ResultsRow>(&mut self, row: &T) -> Result<(), ReportError> {
+        let Some(values) = row.extra() else {
+            return Ok(());
+        };
+        if values
+            .keys()
+            .all(|k| self.extra.contains(k) || self.dropped.has(k))
+        {
+            return Ok(());
+        }
+        let wider = extra::widened(
+            &self.path,
+            &self.extra,
+            [values],
+            &self.fixed,
+            &mut self.dropped,
+        );
+        if wider.len() == self.extra.len() {
+            return Ok(());
+        }
+        let rows = read_rows::<T>(&self.path)?;
+        write_rows_as(&self.path, &rows, &wider)?;
+        let mut file = OpenOptions::new()
+            .read(true)
+            .append(true)
+            .open(&self.path)
+            .map_err(write_err(&self.path))?;
+        self.len = file.seek(SeekFrom::End(0)).map_err(read_err(&self.path))?;
+        self.file = file;
+        self.checked = true;
+        self.extra = wider;
+        Ok(())
     }
 
     /// Fsyncs the rows written so far.
@@ -269,8 +370,12 @@ fn non_empty(path: &Path) -> Result<bool, ReportError> {
 }
 
 /// Appending to a file written with other columns would corrupt it: refuse instead. Returns
-/// whether its rows carry the [`CHECK`] cell (files written before it had none).
-fn check_header(path: &Path, expected: &::csv::ByteRecord) -> Result<bool, ReportError> {
+/// whether its rows carry the [`CHECK`] cell (files written before it had none), and its
+/// extra columns (a header with them has [`CHECK`]; see [`extra`]).
+fn check_header<T: ResultsRow>(
+    path: &Path,
+    fixed: &::csv::ByteRecord,
+) -> Result<(bool, Vec<String>), ReportError> {
     let file = File::open(path).map_err(read_err(path))?;
     let mut reader = ::csv::ReaderBuilder::new()
         .has_headers(false)
@@ -279,18 +384,42 @@ fn check_header(path: &Path, expected: &::csv::ByteRecord) -> Result<bool, Repor
     reader
         .read_byte_record(&mut found)
         .map_err(|e| damaged(path, 1, format!("the header does not parse: {e}")))?;
-    if &found == expected {
-        return Ok(true);
+    if &found == fixed {
+        return Ok((false, Vec::new()));
     }
-    let without: ::csv::ByteRecord = expected.iter().take(expected.len() - 1).collect();
-    if found == without {
-        return Ok(false);
+    let n = fixed.len();
+    let own = found.len() > n && found.iter().take(n).eq(fixed.iter());
+    if own && found.get(found.len() - 1) == Some(CHECK.as_bytes()) {
+        let more: Vec<&[u8]> = found.iter().skip(n).take(found.len() - n - 1).collect();
+        let names: Option<Vec<String>> = more
+            .iter()
+            .map(|c| std::str::from_utf8(c).ok().map(str::to_string))
+            .collect();
+        if let Some(names) = names {
+            let unique = names.iter().collect::<std::collections::HashSet<_>>().len();
+            let fine = names.is_empty()
+                || (T::EXTRA
+                    && names.len() <= extra::MAX_EXTRA
+                    && unique == names.len()
+                    && names
+                        .iter()
+                        .all(|c| extra::refusal(c, fixed.iter()).is_none()));
+            if fine {
+                return Ok((true, names));
+            }
+        }
     }
+    let expected = header_of::<T>(&[])?;
     Err(ReportError::Invalid(format!(
-        "{}: cannot append: its columns are `{}`, expected `{}`",
+        "{}: cannot append: its columns are `{}`, expected `{}`{}",
         path.display(),
         join(&found),
-        join(expected),
+        join(&expected),
+        if T::EXTRA {
+            " (and extra columns before the last)"
+        } else {
+            ""
+        },
     )))
 }
 
@@ -400,8 +529,67 @@ impl ReportWriter {
 
 /// Replaces the results file at `path` with `rows`, whole: a temporary file, one fsync, a
 /// rename (see [`crate::outdir::replace_file`]). The file is the old one or the whole new one.
+/// Rows with extra values (`progress.csv`'s) get the union of their keys as columns (see
+/// [`extra`]): the columns the file at `path` has already keep their place, new keys follow
+/// in the order they first appear.
 pub fn write_rows<T: ResultsRow>(path: &Path, rows: &[T]) -> Result<(), ReportError> {
-    let header = header_of::<T>()?;
+    let mut columns = Vec::new();
+    if T::EXTRA
+        && rows
+            .iter()
+            .any(|r| r.extra().is_some_and(|m| !m.is_empty()))
+    {
+        let fixed = columns_of::<T>()?;
+        let held = extra::widened(
+            path,
+            &[],
+            rows.iter().filter_map(ResultsRow::extra),
+            &fixed,
+            &mut Dropped::default(),
+        );
+        let before = existing_extra(path, &fixed);
+        columns = before
+            .into_iter()
+            .filter(|c| held.contains(c))
+            .collect::<Vec<_>>();
+        columns.extend(
+            held.into_iter()
+                .filter(|c| !columns.contains(c))
+                .collect::<Vec<_>>(),
+        );
+        columns.truncate(extra::MAX_EXTRA);
+    }
+    write_rows_as(path, rows, &columns)
+}
+
+/// The extra columns of the header of the file at `path`, if it has one that reads; none
+/// otherwise.
+fn existing_extra(path: &Path, fixed: &::csv::ByteRecord) -> Vec<String> {
+    let Ok(file) = File::open(path) else {
+        return Vec::new();
+    };
+    let mut reader = ::csv::ReaderBuilder::new()
+        .has_headers(false)
+        .from_reader(BufReader::new(file).take(MAX_LINE as u64));
+    let mut header = ::csv::ByteRecord::new();
+    if !matches!(reader.read_byte_record(&mut header), Ok(true)) {
+        return Vec::new();
+    }
+    header
+        .iter()
+        .filter_map(|c| std::str::from_utf8(c).ok())
+        .filter(|c| extra::refusal(c, fixed.iter()).is_none())
+        .map(str::to_string)
+        .collect()
+}
+
+/// [`write_rows`] with these extra columns.
+fn write_rows_as<T: ResultsRow>(
+    path: &Path,
+    rows: &[T],
+    extra: &[String],
+) -> Result<(), ReportError> {
+    let header = header_of::<T>(extra)?;
     let mut writer = ::csv::Writer::from_writer(Vec::new());
     writer.write_byte_record(&header).map_err(csv_err(path))?;
     let head = writer
@@ -412,7 +600,7 @@ pub fn write_rows<T: ResultsRow>(path: &Path, rows: &[T]) -> Result<(), ReportEr
     let written = crate::outdir::replace_file(path, |w| {
         w.write_all(&head)?;
         for row in rows {
-            match encode(path, row, true) {
+            match encode(path, row, extra, true) {
                 Ok(line) => w.write_all(&line)?,
                 Err(e) => {
                     bad_row = Some(e);
@@ -501,7 +689,12 @@ fn scan_lines(path: &Path, file: &File) -> Result<Lines, ReportError> {
     })
 }
 
-/// Checks a header against the row type, and returns the index of its [`CHECK`] column.
+/// The extra columns of a header: each one's index and name.
+type ExtraColumns = Vec<(usize, String)>;
+
+/// Checks a header against the row type, and returns the index of its [`CHECK`] column and its
+/// extra columns (a row type with them takes any name [`extra::refusal`] lets through, up to
+/// [`extra::MAX_EXTRA`]).
 /// Refused: a NUL byte, text that is not UTF-8, a name twice, a name the row does not know,
 /// [`CHECK`] anywhere but last, and a column the row needs missing. A header with [`CHECK`]
 /// (written since rows carry it) must name every column of the row; one without it (an
@@ -509,7 +702,7 @@ fn scan_lines(path: &Path, file: &File) -> Result<Lines, ReportError> {
 fn check_columns<T: ResultsRow>(
     path: &Path,
     header: &::csv::ByteRecord,
-) -> Result<Option<usize>, ReportError> {
+) -> Result<(Option<usize>, ExtraColumns), ReportError> {
     let bad = |m: String| damaged(path, 1, format!("the header {m}"));
     if header.iter().any(|c| c.contains(&0)) {
         return Err(bad("holds a NUL byte".into()));
@@ -528,11 +721,24 @@ fn check_columns<T: ResultsRow>(
         .iter()
         .filter_map(|c| std::str::from_utf8(c).ok())
         .collect();
-    if let Some(odd) = names.iter().find(|n| **n != CHECK && !known.contains(n)) {
-        return Err(bad(format!(
-            "names `{odd}`, which is no column of {}",
-            file_name(path)
-        )));
+    let mut extra_columns = Vec::new();
+    for (i, name) in names.iter().enumerate() {
+        if *name == CHECK || known.contains(name) {
+            continue;
+        }
+        let why = if T::EXTRA {
+            match extra::refusal(name, columns.iter()) {
+                None if extra_columns.len() < extra::MAX_EXTRA => {
+                    extra_columns.push((i, name.to_string()));
+                    continue;
+                }
+                None => format!("more than {} extra columns", extra::MAX_EXTRA),
+                Some(why) => why,
+            }
+        } else {
+            format!("which is no column of {}", file_name(path))
+        };
+        return Err(bad(format!("names `{name}`, {why}")));
     }
     let check = names.iter().position(|n| *n == CHECK);
     if check.is_some_and(|i| i + 1 != names.len()) {
@@ -548,7 +754,7 @@ fn check_columns<T: ResultsRow>(
     }
     // An older file: a row of defaults under this header deserializes only when every column
     // the row cannot do without is there.
-    let defaults = one_record(&encode(path, &T::default(), false)?)?;
+    let defaults = one_record(&encode(path, &T::default(), &[], false)?)?;
     let probe: ::csv::ByteRecord = header
         .iter()
         .map(|name| {
@@ -565,7 +771,7 @@ fn check_columns<T: ResultsRow>(
             missing.join(", ")
         )));
     }
-    Ok(check)
+    Ok((check, extra_columns))
 }
 
 fn file_name(path: &Path) -> String {
@@ -635,7 +841,7 @@ pub fn read_rows<T: ResultsRow>(path: &Path) -> Result<Vec<T>, ReportError> {
     if !reader.read_byte_record(&mut header).map_err(parse)? {
         return Ok(Vec::new());
     }
-    let check = check_columns::<T>(path, &header)?;
+    let (check, extra_columns) = check_columns::<T>(path, &header)?;
     let mut rows = Vec::new();
     let mut record = ::csv::ByteRecord::new();
     let mut last: Option<(u64, bool)> = None;
@@ -668,9 +874,25 @@ pub fn read_rows<T: ResultsRow>(path: &Path) -> Result<Vec<T>, ReportError> {
                 }
             }
         }
-        let row: T = record
+        let mut row: T = record
             .deserialize(Some(&header))
             .map_err(|e| damaged(path, line, cell_error(&header, &e)))?;
+        if let Some(values) = row.extra_mut() {
+            // An empty cell: the trial did not report the key in this epoch.
+            for (i, name) in &extra_columns {
+                let cell = record.get(*i).unwrap_or(b"");
+                if cell.is_empty() {
+                    continue;
+                }
+                let value = std::str::from_utf8(cell)
+                    .ok()
+                    .and_then(|c| c.parse::<f64>().ok())
+                    .ok_or_else(|| {
+                        damaged(path, line, format!("the cell `{name}` is no number"))
+                    })?;
+                values.insert(name.clone(), value);
+            }
+        }
         if let Some(why) = row.invalid() {
             return Err(damaged(path, line, why));
         }
@@ -798,6 +1020,7 @@ pub(crate) mod tests {
             test_loss: 0.7,
             test_acc: 0.1 / 3.0,
             wall_s: 2.0,
+            extra: BTreeMap::new(),
         }
     }
 
@@ -840,7 +1063,7 @@ pub(crate) mod tests {
 
     #[test]
     fn sm_clock_column_follows_power_in_the_header() {
-        let header = header_of::<RunRow>().unwrap();
+        let header = header_of::<RunRow>(&[]).unwrap();
         let names: Vec<&str> = header
             .iter()
             .map(|c| std::str::from_utf8(c).unwrap())

@@ -3,6 +3,7 @@
 use serde::{Deserialize, Serialize};
 
 pub mod csv;
+pub mod extra;
 pub mod merge;
 pub mod plot;
 pub mod summary;
@@ -135,4 +136,9 @@ pub struct ProgressRow {
     pub test_acc: f64,
     /// Seconds since the trial started.
     pub wall_s: f64,
+    /// Other numeric values the trial's epoch line reported (an external command's), by name:
+    /// one column each, after `wall_s` (see [`extra`]).
+    /// Not in serde's columns: the results file writes and reads them by name.
+    #[serde(skip)]
+    pub extra: std::collections::BTreeMap<String, f64>,
 }

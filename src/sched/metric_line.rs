@@ -80,8 +80,19 @@ pub fn numbers(part: &str) -> Option<BTreeMap<String, f64>> {
     Some(map)
 }
 
+/// The keys of an epoch line that are no value of their own: the epoch, and the names that
+/// fill `progress.csv`'s fixed columns (gpumux's and the common names mapped to them).
+fn fixed_key(key: &str) -> bool {
+    matches!(
+        key,
+        "epoch" | "epochs" | "train_loss" | "train_acc" | "test_loss" | "test_acc"
+    ) || COMMON_NAMES.iter().any(|(common, _)| *common == key)
+}
+
 /// The epoch lines in a line of output (one for each part that is an object with an `epoch`
-/// that is a whole number), with `wall_s` measured from `started`.
+/// that is a whole number), with `wall_s` measured from `started`. Every other numeric key
+/// (not the epoch, not a name of a fixed column or a common name mapped to one) is kept in
+/// [`EpochStats::extra`]: the results file decides which become columns.
 pub fn epochs(line: &str, started: Instant) -> Vec<EpochStats> {
     parts(line)
         .filter_map(|p| {
@@ -98,6 +109,11 @@ pub fn epochs(line: &str, started: Instant) -> Vec<EpochStats> {
                 test_loss: num("test_loss"),
                 test_acc: num("test_acc"),
                 wall_s: started.elapsed().as_secs_f64(),
+                extra: m
+                    .iter()
+                    .filter(|(k, _)| !fixed_key(k))
+                    .map(|(k, v)| (k.clone(), *v))
+                    .collect(),
             })
         })
         .collect()
@@ -380,6 +396,21 @@ mod tests {
         assert_eq!(
             (e.train_loss, e.train_acc, e.test_loss, e.test_acc),
             (0.3, 0.9, 0.4, 0.8)
+        );
+    }
+
+    #[test]
+    fn other_numeric_keys_of_an_epoch_line_are_kept_as_extras() {
+        let line = r#"{"epoch": 2, "loss": 0.3, "val_accuracy": 0.9, "lr": 0.001, "grad_norm": 1.7, "note": "x", "epochs": 5, "acc": 0.8, "test_loss": 0.2}"#;
+        let e = &epochs(line, Instant::now())[0];
+        let extra: Vec<(&str, f64)> = e.extra.iter().map(|(k, v)| (k.as_str(), *v)).collect();
+        assert_eq!(extra, [("grad_norm", 1.7), ("lr", 0.001)]);
+        assert_eq!((e.train_loss, e.test_acc, e.test_loss), (0.3, 0.9, 0.2));
+        // A built-in figure alone has none.
+        assert!(
+            epochs(r#"{"epoch": 1, "train_loss": 0.5}"#, Instant::now())[0]
+                .extra
+                .is_empty()
         );
     }
 

@@ -270,6 +270,9 @@ mod tests {
             test_loss: f64::NAN,
             test_acc: f64::NAN,
             wall_s: 0.1,
+            extra: [("lr".to_string(), f64::NAN), ("grad_norm".to_string(), 1.5)]
+                .into_iter()
+                .collect(),
         };
         let failed = Failure::NonFiniteLoss {
             value: f64::NAN,

@@ -114,6 +114,7 @@ pub fn train<S: Steps + ?Sized>(
                 test_loss,
                 test_acc,
                 wall_s: started.elapsed().as_secs_f64(),
+                extra: Default::default(),
             },
             train_s,
             epoch_s: epoch_start.elapsed().as_secs_f64(),

@@ -57,6 +57,14 @@ pub struct EpochStats {
     pub test_acc: f64,
     /// Seconds since the trial started.
     pub wall_s: f64,
+    /// Other numeric values an external command's epoch line reported, by name (each becomes a
+    /// column of `progress.csv`); empty for a built-in model.
+    #[serde(
+        default,
+        skip_serializing_if = "std::collections::BTreeMap::is_empty",
+        with = "json_float::map"
+    )]
+    pub extra: std::collections::BTreeMap<String, f64>,
 }
 
 /// A completed trial.
@@ -119,6 +127,30 @@ pub mod json_float {
                 ))),
             },
             None | Some(Repr::Null(())) => Ok(f64::NAN),
+        }
+    }
+
+    /// A map of such floats by name.
+    pub mod map {
+        use std::collections::BTreeMap;
+
+        use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+        #[derive(Serialize, Deserialize)]
+        struct Float(#[serde(with = "super")] f64);
+
+        pub fn serialize<S: Serializer>(
+            m: &BTreeMap<String, f64>,
+            s: S,
+        ) -> Result<S::Ok, S::Error> {
+            s.collect_map(m.iter().map(|(k, v)| (k, Float(*v))))
+        }
+
+        pub fn deserialize<'de, D: Deserializer<'de>>(
+            d: D,
+        ) -> Result<BTreeMap<String, f64>, D::Error> {
+            let m = BTreeMap::<String, Float>::deserialize(d)?;
+            Ok(m.into_iter().map(|(k, Float(v))| (k, v)).collect())
         }
     }
 }
