@@ -1,13 +1,16 @@
 #!/usr/bin/env python3
 """Trains an MLP on the MNIST-10k digits shipped with gpumux, as a sweep's external `command`.
 
-    python3 examples/torch_train.py --lr 0.001 --batch-size 64 --epochs 3 --hidden 128
+    pip install torch
+    python3 examples/torch_train.py --lr 0.001 --batch-size 64 --epochs 3 --seed 1 --out-dir /tmp/t1
 
 It reads data/mnist-10k/*.gz (IDX format), holds out 20% of the digits (chosen by --seed) as the
-test set, trains with Adam, and prints one JSON line per epoch, then the metrics as the last
-stdout line. Under gpumux on a GPU it keeps to its slice: GPUMUX_MEM_CAP_MIB becomes
+test set, trains with Adam, prints one JSON line per epoch, writes the weights (model.pt) and the
+metrics (metrics.json) into --out-dir, and prints the metrics as the last stdout line. Under
+gpumux it keeps to its slice: on a GPU, GPUMUX_MEM_CAP_MIB becomes
 torch.cuda.set_per_process_memory_fraction, less --reserve-mib for the CUDA context, which the
-caching allocator does not count but NVML (and so gpumux's watchdog) does.
+caching allocator does not count but NVML (and so gpumux's watchdog) does; on the CPU, its
+intra-op pool takes OMP_NUM_THREADS (or GPUMUX_THREADS) threads, and it reports them as `threads`.
 """
 
 import argparse
@@ -33,6 +36,7 @@ def parse_args(argv):
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--hidden", type=int, default=128, help="width of the hidden layer")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out-dir", type=Path, help="folder for model.pt and metrics.json")
     p.add_argument("--data", type=Path, default=DATA, help="folder with the two IDX .gz files")
     p.add_argument("--device", default="auto", help="auto, cpu or cuda")
     p.add_argument("--test-fraction", type=float, default=0.2)
@@ -89,6 +93,23 @@ def apply_cap(device, reserve_mib):
     return fraction
 
 
+def apply_threads():
+    """The CPU threads of the intra-op pool: OMP_NUM_THREADS (PyTorch reads it too), else
+    GPUMUX_THREADS, else PyTorch's default (one per core). Returns the count in use."""
+    want = os.environ.get("OMP_NUM_THREADS") or os.environ.get("GPUMUX_THREADS")
+    if want and int(want) > 0:
+        torch.set_num_threads(int(want))
+    return torch.get_num_threads()
+
+
+def os_threads():
+    """Threads of this process now (Linux), or 0."""
+    try:
+        return next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("Threads:"))
+    except (OSError, StopIteration):
+        return 0
+
+
 def evaluate(model, x, y, batch):
     model.eval()
     correct, loss_sum = 0, 0.0
@@ -125,15 +146,17 @@ def main(argv):
     if not (args.lr > 0 and args.batch_size > 0 and args.epochs > 0 and args.hidden > 0):
         print("torch_train: --lr, --batch-size, --epochs and --hidden must be positive", file=sys.stderr)
         return 2
-    torch.manual_seed(args.seed)
+    seed = args.seed % 2**32  # gpumux's {seed} is 64-bit; keep the seeds in a range all RNGs take
+    torch.manual_seed(seed)
+    threads = apply_threads()
     device = pick_device(args.device)
     fraction = apply_cap(device, args.reserve_mib)
     if fraction is not None:
         print(f"torch_train: allocator limited to {fraction:.3f} of the device", file=sys.stderr)
-    tx, ty, vx, vy = (t.to(device) for t in load(args.data, args.test_fraction, args.seed))
+    tx, ty, vx, vy = (t.to(device) for t in load(args.data, args.test_fraction, seed))
     model = nn.Sequential(nn.Linear(tx.shape[1], args.hidden), nn.ReLU(), nn.Linear(args.hidden, 10)).to(device)
     opt = torch.optim.Adam(model.parameters(), lr=args.lr)
-    gen = torch.Generator().manual_seed(args.seed + 1)
+    gen = torch.Generator().manual_seed(seed + 1)
     started = time.monotonic()
     loss = float("nan")
     for epoch in range(1, args.epochs + 1):
@@ -141,10 +164,15 @@ def main(argv):
         acc, test_loss = evaluate(model, vx, vy, 1024)
         emit({"epoch": epoch, "train_loss": loss, "test_acc": acc, "test_loss": test_loss,
               "wall_s": time.monotonic() - started})
-    metrics = {"test_acc": acc, "test_loss": test_loss, "final_loss": loss,
-               "wall_s": time.monotonic() - started}
+    metrics = {"test_acc": acc, "test_loss": test_loss, "final_loss": loss, "epochs": args.epochs,
+               "wall_s": time.monotonic() - started, "threads": threads, "os_threads": os_threads()}
     if device.type == "cuda":
         metrics["peak_alloc_mib"] = torch.cuda.max_memory_allocated(device) / MIB
+    if args.out_dir:
+        args.out_dir.mkdir(parents=True, exist_ok=True)
+        torch.save(model.state_dict(), args.out_dir / "model.pt")
+        env = {k: v for k, v in os.environ.items() if k.startswith("GPUMUX_") or k == "OMP_NUM_THREADS"}
+        (args.out_dir / "metrics.json").write_text(json.dumps({**metrics, "seed": args.seed, "env": env}, indent=1) + "\n")
     emit(metrics)
     return 0
 
