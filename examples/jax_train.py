@@ -8,7 +8,7 @@ Plain JAX, no other library: a hand-written Adam. It holds out 20% of the digits
 --seed) as the test set, prints one JSON line per epoch, writes the weights and the metrics into
 --out-dir, and prints the metrics as the last stdout line. Under gpumux it sets nothing itself:
 gpumux gives it XLA_PYTHON_CLIENT_MEM_FRACTION on a GPU (XLA's allocator keeps to the slice's cap)
-and, on the CPU, PJRT_NPROC and XLA_FLAGS (XLA's thread pools keep to the trial's share of the
+and, on the CPU, PJRT_NPROC (XLA's thread pools keep to the trial's share of the
 cores). It reports what it saw: `threads` (GPUMUX_THREADS) and `os_threads`, the threads the
 process holds after training.
 """

@@ -122,8 +122,8 @@ pub fn command(
 ///
 /// Environment: CUDA_VISIBLE_DEVICES (when given), GPUMUX_SLICE (slice index), GPUMUX_TRIAL
 /// (trial id), GPUMUX_THREADS and the [`THREAD_VARS`] (the trial's [`thread_share`]; a variable
-/// already set in gpumux's own environment is left as it is there), XLA_FLAGS (one thread per
-/// XLA op pool beyond the share, after any flags already set); on a GPU only: GPUMUX_MEM_CAP_MIB
+/// already set in gpumux's own environment is left as it is there; XLA_FLAGS is never touched:
+/// XLA aborts on words it does not know, and reads PJRT_NPROC for its pool); on a GPU only: GPUMUX_MEM_CAP_MIB
 /// (when capped), XLA_PYTHON_CLIENT_MEM_FRACTION (cap / device memory, 3 decimals rounded down,
 /// when both are known; also as XLA_CLIENT_MEM_FRACTION, its newer name) and
 /// XLA_PYTHON_CLIENT_PREALLOCATE=false.
@@ -267,8 +267,6 @@ fn env_vars_over(
             vars.push((name.to_string(), threads.to_string()));
         }
     }
-    let user_flags = inherited("XLA_FLAGS").unwrap_or_default();
-    vars.push(("XLA_FLAGS".into(), xla_flags(&user_flags, threads)));
     if let Some(dev) = &env.cuda_visible_devices {
         vars.push(("CUDA_VISIBLE_DEVICES".into(), dev.clone()));
     }
@@ -289,21 +287,6 @@ fn env_vars_over(
         vars.push(("XLA_PYTHON_CLIENT_MEM_FRACTION".into(), f));
     }
     vars
-}
-
-/// The user's XLA_FLAGS with the thread limits of XLA's CPU backend after them:
-/// `intra_op_parallelism_threads=N`, and with a share of one core also
-/// `--xla_cpu_multi_thread_eigen=false` (single-threaded Eigen calls). A limit the user's flags
-/// already name is not added again.
-fn xla_flags(user: &str, threads: u32) -> String {
-    let mut flags: Vec<String> = user.split_whitespace().map(str::to_string).collect();
-    if threads == 1 && !user.contains("xla_cpu_multi_thread_eigen") {
-        flags.push("--xla_cpu_multi_thread_eigen=false".into());
-    }
-    if !user.contains("intra_op_parallelism_threads") {
-        flags.push(format!("intra_op_parallelism_threads={threads}"));
-    }
-    flags.join(" ")
 }
 
 /// `cap / total` with 3 decimals, rounded down (so the framework stays under the cap), at least 0.001.
@@ -540,31 +523,8 @@ mod tests {
                 assert_eq!(vars[name], share, "{name}");
             }
         }
-        let flags = &vars["XLA_FLAGS"];
-        assert!(
-            flags.ends_with(&format!("intra_op_parallelism_threads={share}")),
-            "{flags}"
-        );
-    }
-
-    #[test]
-    fn xla_flags_come_after_the_users_and_keep_its_limits() {
-        assert_eq!(
-            xla_flags("", 1),
-            "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
-        );
-        assert_eq!(xla_flags("", 4), "intra_op_parallelism_threads=4");
-        assert_eq!(
-            xla_flags(" --xla_dump_to=/tmp/d ", 2),
-            "--xla_dump_to=/tmp/d intra_op_parallelism_threads=2"
-        );
-        assert_eq!(
-            xla_flags(
-                "--xla_cpu_multi_thread_eigen=true intra_op_parallelism_threads=8",
-                1
-            ),
-            "--xla_cpu_multi_thread_eigen=true intra_op_parallelism_threads=8"
-        );
+        // XLA reads PJRT_NPROC; gpumux adds nothing to XLA_FLAGS, whose words XLA may refuse.
+        assert!(!vars.contains_key("XLA_FLAGS"), "{vars:?}");
     }
 
     #[test]
