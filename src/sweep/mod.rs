@@ -44,6 +44,9 @@ pub struct SweepOptions {
     pub worker_exe: PathBuf,
     /// Show a progress bar (stderr is a terminal); otherwise log lines.
     pub progress: bool,
+    /// Show what every external trial prints as it comes (`--verbose`), not only when the
+    /// trials run one at a time.
+    pub verbose: bool,
 }
 
 /// Every trial of a job's sweep, each once: the grid's points (capped by `run_cap`), or
@@ -269,6 +272,10 @@ pub fn run(job: &Job, opts: &SweepOptions, out: &mut dyn Write) -> Result<PathBu
                 trials: todo.clone(),
             };
             ctx.metric = Some(job.file.metric.name.clone());
+            if let Some(ext) = ctx.external.as_mut() {
+                // One trial at a time, its lines cannot be mixed with another's: they show.
+                ext.stream = opts.verbose || n == 1;
+            }
             rows.extend(execute(job, &round, &ctx, &mut writer, opts.progress)?);
         }
     }
@@ -429,6 +436,8 @@ fn external_context(
             template: template.to_string(),
             trials_dir: out.join("trials"),
             envs,
+            // Set once the round's concurrency is known (see `run`).
+            stream: false,
         }),
         metric: None,
     }
@@ -557,6 +566,13 @@ fn execute(
                 let res = rec.trial(&row);
                 rows.push(row);
                 res
+            }
+            Event::Output { trial_id, line } => {
+                // Through the bar, so that it is not drawn over; on stderr, beside the log.
+                bar.suspend(|| {
+                    let _ = writeln!(std::io::stderr(), "[{trial_id}] {line}");
+                });
+                return;
             }
         };
         bar.set_message(format!("{running} running, {failed} failed"));
