@@ -109,3 +109,104 @@ echo '{"test_acc": 0.5}'
     assert!(shown_lines(&err).is_empty(), "{err}");
     assert!(!err.contains("epoch line"), "{err}");
 }
+
+/// The trials of `out/trials.csv` in each state.
+fn states(out: &std::path::Path) -> std::collections::BTreeMap<String, usize> {
+    let mut n = std::collections::BTreeMap::new();
+    for r in trials_csv(out) {
+        *n.entry(r["state"].clone()).or_insert(0) += 1;
+    }
+    n
+}
+
+#[test]
+fn a_sweep_whose_first_trials_fail_the_same_way_stops_and_resumes_after_the_fix() {
+    let dir = sandbox();
+    // Fails as a missing module does, until the file `fixed` is there; the traceback names the
+    // trial's own values.
+    script(
+        &dir,
+        "train.sh",
+        r#"if [ -e fixed ]; then echo "{\"test_acc\": $1}"; exit 0; fi
+sleep 0.3
+echo "Traceback (most recent call last):" >&2
+echo "  File \"train.py\", line 3, in <module>  # lr $1, trial $GPUMUX_TRIAL" >&2
+echo "ModuleNotFoundError: No module named 'torhc'" >&2
+exit 1
+"#,
+    );
+    let job = command_job(&dir, "typo", "./train.sh {lr}", 12, 2);
+    let out = dir.join("out");
+    let o = dir.run_into("sweep", &job, &out, &[]);
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert_eq!(
+        err.matches("stopped after 3 trials failed the same way before any completed")
+            .count(),
+        1,
+        "{err}"
+    );
+    assert!(err.contains("--resume"), "{err}");
+    let n = states(&out);
+    let failed = n.get("FAIL").copied().unwrap_or(0);
+    // A trial that ended by itself as the stop came is a FAIL of its own, said in full.
+    assert!((3..=4).contains(&failed), "{n:?}");
+    assert!(
+        failed + n.get("INTERRUPTED").copied().unwrap_or(0) <= 5,
+        "{n:?}"
+    );
+    assert!(!n.contains_key("COMPLETE"), "{n:?}");
+    // The error: in the first failure's line and in the stop's message, not once per trial.
+    assert_eq!(
+        err.matches("No module named 'torhc'").count(),
+        2 + failed - 3,
+        "{err}"
+    );
+    assert_eq!(err.matches("the same failure as").count(), 2, "{err}");
+    let rows = trials_csv(&out).len();
+    assert!(
+        stdout(&o).contains(&format!("{} not started", 12 - rows)),
+        "{}",
+        stdout(&o)
+    );
+    // Fixed, the sweep resumed runs every trial that did not complete.
+    std::fs::write(dir.join("fixed"), "").unwrap();
+    let o = dir.run_into("sweep", &job, &out, &["--resume"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(
+        stdout(&o).contains("0 already COMPLETE, 12 to run"),
+        "{}",
+        stdout(&o)
+    );
+    let latest: std::collections::BTreeMap<String, String> = trials_csv(&out)
+        .into_iter()
+        .map(|r| (r["trial_id"].clone(), r["state"].clone()))
+        .collect();
+    assert_eq!(latest.len(), 12);
+    assert!(latest.values().all(|s| s == "COMPLETE"), "{latest:?}");
+}
+
+#[test]
+fn a_sweep_that_fails_for_some_parameters_runs_to_its_end() {
+    let dir = sandbox();
+    // Half the learning rates fail, each slowly, the same way; the others complete at once.
+    script(
+        &dir,
+        "half.sh",
+        r#"case "$1" in
+  *[13579]) sleep 0.5; echo "ValueError: lr $1 is too large" >&2; exit 1 ;;
+esac
+echo "{\"test_acc\": $1}"
+"#,
+    );
+    let job = command_job(&dir, "half", "./half.sh {lr}", 12, 2);
+    let out = dir.join("out");
+    let o = dir.run_into("sweep", &job, &out, &[]);
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(!err.contains("stopped after"), "{err}");
+    let n = states(&out);
+    // 0.01, 0.03, ..., 0.11 and 0.1 (0.10 as the command gets it) fail.
+    assert_eq!(n.get("FAIL"), Some(&7), "{n:?}");
+    assert_eq!(n.get("COMPLETE"), Some(&5), "{n:?}");
+}

@@ -3,6 +3,7 @@
 pub mod identity;
 pub mod merge;
 pub mod probe;
+pub mod same_failure;
 
 use std::collections::{BTreeMap, HashSet};
 use std::io::Write;
@@ -25,6 +26,7 @@ use crate::sched::external::ExternalEnv;
 use crate::sched::{self, Device, Devices, Event, ExternalTrials, RoundContext, TrialState};
 use crate::space::ParamValue;
 pub use identity::{trial_key, Shard};
+use same_failure::{SameFailures, Seen, Stopped};
 
 /// Options of `gpumux sweep` beyond the job.
 #[derive(Clone, Debug)]
@@ -240,6 +242,7 @@ pub fn run(job: &Job, opts: &SweepOptions, out: &mut dyn Write) -> Result<PathBu
         None => report::ReportWriter::create(&dir)?,
     };
     let mut rows = previous.clone();
+    let mut stopped = None;
     if !todo.is_empty() {
         let mut ctx = context(job, opts, &resolved, &cancel, &dir)?;
         let n = match concurrency {
@@ -276,10 +279,12 @@ pub fn run(job: &Job, opts: &SweepOptions, out: &mut dyn Write) -> Result<PathBu
                 // One trial at a time, its lines cannot be mixed with another's: they show.
                 ext.stream = opts.verbose || n == 1;
             }
-            rows.extend(execute(job, &round, &ctx, &mut writer, opts.progress)?);
+            let (ran, stop) = execute(job, &round, &ctx, &mut writer, opts.progress)?;
+            rows.extend(ran);
+            stopped = stop;
         }
     }
-    finish(job, &dir, &mine, &rows, &cancel, out)?;
+    finish(job, &dir, &mine, &rows, &cancel, stopped.as_ref(), out)?;
     Ok(dir)
 }
 
@@ -499,14 +504,17 @@ impl Recorder<'_> {
     }
 }
 
-/// Runs the round of the sweep, writing each row as it comes; returns the trial rows written.
+/// Runs the round of the sweep, writing each row as it comes; returns the trial rows written,
+/// and why the sweep stopped early when it did: for an external command, once its first
+/// [`same_failure::SAME_FAILURES`] trials to end all failed the same way, no more are started
+/// and those running are ended (they are recorded INTERRUPTED, and `--resume` runs them).
 fn execute(
     job: &Job,
     round: &Round,
     ctx: &RoundContext,
     writer: &mut report::ReportWriter,
     progress: bool,
-) -> Result<Vec<TrialRow>> {
+) -> Result<(Vec<TrialRow>, Option<Stopped>)> {
     let total = round.trials.len() as u64;
     let bar = if progress {
         ProgressBar::new(total)
@@ -523,6 +531,8 @@ fn execute(
     let started = Instant::now();
     let (mut running, mut failed, mut finished) = (0u32, 0u32, 0u64);
     let mut rows = Vec::new();
+    let mut same = SameFailures::default();
+    let mut stopped = None;
     let recorder = std::cell::RefCell::new(Recorder {
         writer,
         unsynced: false,
@@ -546,16 +556,27 @@ fn execute(
                     failed += 1;
                 }
                 let row = trial_row(job, round.index, round.split, round.n, o);
+                let seen = if ctx.external.is_some() && !ctx.cancel.draining() {
+                    same.see(o)
+                } else {
+                    Seen::Nothing
+                };
+                // A failure the same as an earlier one is said once.
+                let error = match &seen {
+                    Seen::Same { first } => format!(": the same failure as {first}"),
+                    Seen::Stop(s) => format!(": the same failure as {}", s.trials[0]),
+                    _ if row.error.is_empty() => String::new(),
+                    _ => format!(": {}", row.error),
+                };
                 let metric = row
                     .metric
                     .map(|m| format!("{} {m:.4}", job.file.metric.name))
                     .unwrap_or_default();
                 let line = format!(
-                    "trial {finished}/{total} {} {} {metric} in {:.1} s ({running} running, {failed} failed){}",
+                    "trial {finished}/{total} {} {} {metric} in {:.1} s ({running} running, {failed} failed){error}",
                     row.trial_id,
                     row.state,
                     row.wall_s,
-                    if row.error.is_empty() { String::new() } else { format!(": {}", row.error) }
                 );
                 if progress {
                     bar.println(line);
@@ -563,6 +584,20 @@ fn execute(
                     tracing::info!("{line}");
                 }
                 bar.inc(1);
+                if let Seen::Stop(s) = seen {
+                    let line = format!(
+                        "stopping the sweep: its first {} trials to end failed the same way; \
+                         starting no more, ending the {running} running",
+                        s.trials.len()
+                    );
+                    if progress {
+                        bar.println(line);
+                    } else {
+                        tracing::warn!("{line}");
+                    }
+                    ctx.cancel.abort();
+                    stopped = Some(s);
+                }
                 let res = rec.trial(&row);
                 rows.push(row);
                 res
@@ -597,7 +632,7 @@ fn execute(
         started.elapsed().as_secs_f64(),
         round.n
     );
-    Ok(rows)
+    Ok((rows, stopped))
 }
 
 /// The end of a sweep: counts, the best trial and best.yaml, and the exit status.
@@ -607,6 +642,7 @@ fn finish(
     mine: &[TrialSpec],
     rows: &[TrialRow],
     cancel: &Cancel,
+    stopped: Option<&Stopped>,
     out: &mut dyn Write,
 ) -> Result<()> {
     let latest = latest_rows(rows);
@@ -637,6 +673,10 @@ fn finish(
                 path.display()
             ),
         )?;
+    }
+    // Stopped for its failures, not by a signal: exit 1, with the shared failure said once.
+    if let Some(s) = stopped {
+        return Err(Error::TrialsFailed(s.message()));
     }
     if cancel.draining() {
         return Err(Error::Interrupted(format!(
