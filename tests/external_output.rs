@@ -210,3 +210,28 @@ echo "{\"test_acc\": $1}"
     assert_eq!(n.get("FAIL"), Some(&7), "{n:?}");
     assert_eq!(n.get("COMPLETE"), Some(&5), "{n:?}");
 }
+
+#[test]
+fn the_best_trials_line_names_only_the_parameters_its_command_received() {
+    let dir = sandbox();
+    script(&dir, "acc.sh", "echo \"{\\\"test_acc\\\": $1}\"\n");
+    let job = dir.job(
+        "best.yaml",
+        JobYaml::new()
+            .name("best")
+            .command("./acc.sh {lr}")
+            .method("grid")
+            .param("lr", values(&["0.2", "0.7"]))
+            .param("opt", values(&["adam"]))
+            .concurrency(2),
+    );
+    let out = dir.join("out");
+    let o = dir.run_into("sweep", &job, &out, &[]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let text = stdout(&o);
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("best trial"))
+        .unwrap_or_else(|| panic!("{text}"));
+    assert!(line.contains(", params lr=0.7; written to"), "{line}");
+}

@@ -125,15 +125,28 @@ struct BestMetric<'a> {
     value: f64,
 }
 
-fn write_best(dir: &Path, job: &Job, row: &TrialRow) -> Result<PathBuf> {
+/// The parameters a trial received: for an external command, only those its template names
+/// (the built-in hyperparameters it never saw are left out); for a built-in model, all.
+fn received_params(job: &Job, row: &TrialRow) -> BTreeMap<String, ParamValue> {
     let params: BTreeMap<String, ParamValue> =
         serde_json::from_str(&row.params).unwrap_or_default();
-    // An external command receives only the parameters its template names; the built-in
-    // hyperparameters it never saw are left out.
-    let params = match &job.file.command {
+    match &job.file.command {
         Some(template) => crate::sched::external::received(template, params),
         None => params,
-    };
+    }
+}
+
+/// Parameters as the console shows them: `lr=0.01 opt=adam`.
+fn params_line(params: &BTreeMap<String, ParamValue>) -> String {
+    if params.is_empty() {
+        return "none".into();
+    }
+    let pairs: Vec<String> = params.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    pairs.join(" ")
+}
+
+fn write_best(dir: &Path, job: &Job, row: &TrialRow) -> Result<PathBuf> {
+    let params = received_params(job, row);
     let file = BestFile {
         job: &job.name,
         trial_id: &row.trial_id,
@@ -669,7 +682,7 @@ fn finish(
                 job.file.metric.name,
                 b.metric.unwrap_or(f64::NAN),
                 job.file.metric.goal,
-                b.params,
+                params_line(&received_params(job, b)),
                 path.display()
             ),
         )?;
