@@ -11,7 +11,8 @@ use gpumux::error::{exit, Error};
 #[command(name = "gpumux", version, about, long_about = None)]
 struct Cli {
     /// Print debug lines too: the cuDNN algorithm of each convolution, each process-mode
-    /// worker's start-up time and memory (also set by GPUMUX_VERBOSE=1).
+    /// worker's start-up time and memory, every external trial's output (also set by
+    /// GPUMUX_VERBOSE=1).
     #[arg(short, long, global = true)]
     verbose: bool,
     #[command(subcommand)]

@@ -25,7 +25,7 @@ pub fn main(
 ) -> ! {
     // Before any thread starts: the driver reads it in cuInit.
     gpumux::engine::cuda::choose_module_loading();
-    let verbose = verbose || std::env::var("GPUMUX_VERBOSE").is_ok_and(|v| v == "1");
+    let verbose = verbose || self::verbose();
     if verbose {
         // Process-mode workers are children of this process: they log as verbosely.
         std::env::set_var("GPUMUX_VERBOSE", "1");
@@ -75,6 +75,12 @@ pub fn main(
         }
     };
     std::process::exit(code);
+}
+
+/// Whether the command runs with `--verbose` (or GPUMUX_VERBOSE=1): [`main`] sets
+/// GPUMUX_VERBOSE=1 then, before the command starts.
+pub fn verbose() -> bool {
+    std::env::var("GPUMUX_VERBOSE").is_ok_and(|v| v == "1")
 }
 
 /// Standard output that goes quiet when its reader has gone away (`gpumux sweep ... | head -1`):

@@ -71,6 +71,7 @@ pub fn run(a: Args, out: &mut dyn Write) -> Result<(), Error> {
         split: a.split.map(Into::into),
         worker_exe: run::worker_exe()?,
         progress: std::io::stderr().is_terminal(),
+        verbose: super::verbose(),
     };
     gpumux::sweep::run(&job, &opts, out).map(|_| ())
 }

@@ -136,6 +136,8 @@ pub fn run(job: &Job, opts: &FibOptions, out: &mut dyn Write) -> Result<PathBuf>
                     trials.push(row);
                     res
                 }
+                // fib runs built-in models only: no external trial prints.
+                Event::Output { .. } => Ok(()),
             };
             if let Err(e) = res {
                 write_err.get_or_insert(e);

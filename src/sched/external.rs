@@ -6,7 +6,7 @@ use std::process::{Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 use super::cancel::Cancel;
-use super::child::{describe_exit, End, Supervised, Timing};
+use super::child::{describe_exit, End, OnStderr, Supervised, Timing};
 use super::end::{ChildKind, Failure, Stop};
 use super::metric_line;
 use super::watchdog::{margin_of, open_nvml, Open, WatchReport, Watchdog};
@@ -127,7 +127,8 @@ pub fn command(
 /// (when capped), XLA_PYTHON_CLIENT_MEM_FRACTION (cap / device memory, 3 decimals rounded down,
 /// when both are known; also as XLA_CLIENT_MEM_FRACTION, its newer name) and
 /// XLA_PYTHON_CLIENT_PREALLOCATE=false.
-/// Each stdout line goes to `on_line` as it comes (lines longer than [`super::child::LINE_MAX`] cut there);
+/// Each stdout line goes to `on_line` as it comes (lines longer than [`super::child::LINE_MAX`] cut there),
+/// and each stderr line to `on_stderr`, when given, on the thread that reads it;
 /// the metrics are the last non-empty stdout line, an object whose numeric values are kept (see
 /// [`metric_line`]).
 /// Output is held in bounded memory (see [`super::child`]). A non-zero exit or a signal is a failure
@@ -144,13 +145,15 @@ pub fn run(
     env: &ExternalEnv,
     cancel: &Cancel,
     on_line: &mut dyn FnMut(&str),
+    on_stderr: Option<OnStderr>,
 ) -> Result<ExternalOutcome, Stop> {
     let knobs = Knobs {
         timing: Timing::default(),
         watch_period: Duration::from_millis(200),
         open: open_nvml,
+        on_stderr,
     };
-    run_with(argv, trial_id, slice, env, cancel, on_line, &knobs)
+    run_with(argv, trial_id, slice, env, cancel, on_line, knobs)
 }
 
 /// The timings of [`run`] and where the watchdog reads the device (tests shorten and fake them).
@@ -161,6 +164,8 @@ struct Knobs {
     watch_period: Duration,
     /// Opens the device's process list (NVML), on the watchdog's thread.
     open: Open,
+    /// Sees each stderr line as it comes.
+    on_stderr: Option<OnStderr>,
 }
 
 fn run_with(
@@ -170,7 +175,7 @@ fn run_with(
     env: &ExternalEnv,
     cancel: &Cancel,
     on_line: &mut dyn FnMut(&str),
-    knobs: &Knobs,
+    mut knobs: Knobs,
 ) -> Result<ExternalOutcome, Stop> {
     if cancel.aborted() {
         return Err(Stop::Interrupted);
@@ -180,7 +185,7 @@ fn run_with(
         argv,
         &env_vars(trial_id, slice, env),
         env.cwd.as_ref(),
-        knobs,
+        &mut knobs,
     )?;
     let watchdog = env.watch_uuid.as_ref().map(|uuid| {
         let limit = slice
@@ -299,7 +304,7 @@ fn spawn(
     argv: &[String],
     vars: &[(String, String)],
     cwd: Option<&PathBuf>,
-    knobs: &Knobs,
+    knobs: &mut Knobs,
 ) -> Result<Supervised, Failure> {
     let (prog, args) = argv
         .split_first()
@@ -311,7 +316,7 @@ fn spawn(
     if let Some(dir) = cwd {
         cmd.current_dir(dir);
     }
-    Supervised::spawn(&mut cmd, knobs.timing, None).map_err(|e| Failure::Start {
+    Supervised::spawn(&mut cmd, knobs.timing, knobs.on_stderr.take()).map_err(|e| Failure::Start {
         child: ChildKind::Command,
         program: prog.clone(),
         cwd: cwd.map(|d| d.display().to_string()),
@@ -353,6 +358,7 @@ mod tests {
             },
             watch_period: Duration::from_millis(30),
             open: open_fake,
+            on_stderr: None,
         }
     }
 
@@ -392,7 +398,7 @@ mod tests {
             env,
             &Cancel::new(),
             &mut |l| lines.push(l.to_string()),
-            &knobs(),
+            knobs(),
         );
         (res, lines)
     }
@@ -569,7 +575,7 @@ mod tests {
             }
         };
         let env = ExternalEnv::default();
-        let res = run_with(argv, "t0", &SLICE, &env, &cancel, &mut on_line, &knobs());
+        let res = run_with(argv, "t0", &SLICE, &env, &cancel, &mut on_line, knobs());
         let took = aborted_at.expect("no line came").elapsed();
         (res, took, lines)
     }
@@ -634,7 +640,7 @@ mod tests {
             &ExternalEnv::default(),
             &cancel,
             &mut |_| {},
-            &knobs(),
+            knobs(),
         );
         assert_eq!(res.unwrap_err(), Stop::Interrupted);
     }
@@ -689,7 +695,7 @@ mod tests {
             &env,
             &Cancel::new(),
             &mut |_| {},
-            &k,
+            k,
         );
         assert_eq!(res.unwrap().peak_mem_mib, None);
     }

@@ -103,6 +103,12 @@ pub enum Event {
         stats: EpochStats,
     },
     Finished(Box<TrialOutcome>),
+    /// A line an external trial printed, on stdout or stderr, as it would show on a terminal
+    /// (see [`metric_line::shown`]); sent only when [`ExternalTrials::stream`] is set.
+    Output {
+        trial_id: String,
+        line: String,
+    },
 }
 
 /// Everything a worker needs besides its trial and slice.
@@ -140,6 +146,9 @@ pub struct ExternalTrials {
     pub trials_dir: PathBuf,
     /// Where a trial runs, by the device of its slice.
     pub envs: PerDevice<external::ExternalEnv>,
+    /// Pass every line the trials print (stdout and stderr) on as an [`Event::Output`] as it
+    /// comes; otherwise only stderr's last lines are kept, for the message of a failure.
+    pub stream: bool,
 }
 
 impl ExternalTrials {
@@ -484,13 +493,29 @@ fn run_external(
     };
     // The epochs the trial reported: its epoch lines passed on.
     let mut reported: u32 = 0;
+    // Stderr is read on a thread of its own: it reaches the events through this, until the
+    // trial is over (a reader that outlives its trial must not hold the round open).
+    let relay = Arc::new(std::sync::Mutex::new(ext.stream.then(|| events.clone())));
     let res = external::command(&ext.template, &trial, slice, &ext.trials_dir)
         .map_err(Stop::from)
         .and_then(|argv| {
             // Epochs go up: a line whose epoch is not above the last one passed on (the same
             // epoch printed twice, or an earlier one) is not a new epoch, and is dropped.
             let mut last_epoch: Option<u32> = None;
-            external::run(&argv, &trial.id, slice, &env, &ctx.cancel, &mut |line| {
+            let on_stderr: Option<child::OnStderr> = ext.stream.then(|| {
+                let relay = Arc::clone(&relay);
+                let id = trial.id.clone();
+                Box::new(move |line: &str| {
+                    let relay = relay.lock().unwrap_or_else(|p| p.into_inner());
+                    if let Some(events) = relay.as_ref() {
+                        output_event(events, &id, line);
+                    }
+                }) as child::OnStderr
+            });
+            let mut on_line = |line: &str| {
+                if ext.stream {
+                    output_event(events, &trial.id, line);
+                }
                 for stats in metric_line::epochs(line, started) {
                     if last_epoch.map_or(true, |e| stats.epoch > e) {
                         last_epoch = Some(stats.epoch);
@@ -498,8 +523,18 @@ fn run_external(
                         epoch_event(events, &trial, slice.index, &stats);
                     }
                 }
-            })
+            };
+            external::run(
+                &argv,
+                &trial.id,
+                slice,
+                &env,
+                &ctx.cancel,
+                &mut on_line,
+                on_stderr,
+            )
         });
+    relay.lock().unwrap_or_else(|p| p.into_inner()).take();
     let wall_s = started.elapsed().as_secs_f64();
     let res = res.map(|o| TrialResult {
         test_acc: o.metrics.get("test_acc").copied().unwrap_or(f64::NAN),
@@ -532,6 +567,16 @@ fn require_metric(end: TrialEnd, metric: Option<&str>) -> TrialEnd {
             })
         }
         (end, _) => end,
+    }
+}
+
+/// Sends what shows of a line a trial printed (nothing for a line that shows nothing).
+fn output_event(events: &Sender<Event>, trial_id: &str, line: &str) {
+    if let Some(line) = metric_line::shown(line) {
+        let _ = events.send(Event::Output {
+            trial_id: trial_id.to_string(),
+            line,
+        });
     }
 }
 
@@ -626,6 +671,7 @@ mod tests {
             template: "train".into(),
             trials_dir: PathBuf::from("trials"),
             envs: PerDevice::with(env("GPU-a"), vec![(2, env("GPU-c"))]),
+            stream: false,
         };
         let uuid = |d: u32| ext.env_for(d).map(|e| e.cuda_visible_devices.clone());
         assert_eq!(uuid(0), Ok(Some("GPU-a".into())));

@@ -3,6 +3,7 @@
 pub mod identity;
 pub mod merge;
 pub mod probe;
+pub mod same_failure;
 
 use std::collections::{BTreeMap, HashSet};
 use std::io::Write;
@@ -25,6 +26,7 @@ use crate::sched::external::ExternalEnv;
 use crate::sched::{self, Device, Devices, Event, ExternalTrials, RoundContext, TrialState};
 use crate::space::ParamValue;
 pub use identity::{trial_key, Shard};
+use same_failure::{SameFailures, Seen, Stopped};
 
 /// Options of `gpumux sweep` beyond the job.
 #[derive(Clone, Debug)]
@@ -44,6 +46,9 @@ pub struct SweepOptions {
     pub worker_exe: PathBuf,
     /// Show a progress bar (stderr is a terminal); otherwise log lines.
     pub progress: bool,
+    /// Show what every external trial prints as it comes (`--verbose`), not only when the
+    /// trials run one at a time.
+    pub verbose: bool,
 }
 
 /// Every trial of a job's sweep, each once: the grid's points (capped by `run_cap`), or
@@ -120,15 +125,28 @@ struct BestMetric<'a> {
     value: f64,
 }
 
-fn write_best(dir: &Path, job: &Job, row: &TrialRow) -> Result<PathBuf> {
+/// The parameters a trial received: for an external command, only those its template names
+/// (the built-in hyperparameters it never saw are left out); for a built-in model, all.
+fn received_params(job: &Job, row: &TrialRow) -> BTreeMap<String, ParamValue> {
     let params: BTreeMap<String, ParamValue> =
         serde_json::from_str(&row.params).unwrap_or_default();
-    // An external command receives only the parameters its template names; the built-in
-    // hyperparameters it never saw are left out.
-    let params = match &job.file.command {
+    match &job.file.command {
         Some(template) => crate::sched::external::received(template, params),
         None => params,
-    };
+    }
+}
+
+/// Parameters as the console shows them: `lr=0.01 opt=adam`.
+fn params_line(params: &BTreeMap<String, ParamValue>) -> String {
+    if params.is_empty() {
+        return "none".into();
+    }
+    let pairs: Vec<String> = params.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    pairs.join(" ")
+}
+
+fn write_best(dir: &Path, job: &Job, row: &TrialRow) -> Result<PathBuf> {
+    let params = received_params(job, row);
     let file = BestFile {
         job: &job.name,
         trial_id: &row.trial_id,
@@ -237,6 +255,7 @@ pub fn run(job: &Job, opts: &SweepOptions, out: &mut dyn Write) -> Result<PathBu
         None => report::ReportWriter::create(&dir)?,
     };
     let mut rows = previous.clone();
+    let mut stopped = None;
     if !todo.is_empty() {
         let mut ctx = context(job, opts, &resolved, &cancel, &dir)?;
         let n = match concurrency {
@@ -269,10 +288,16 @@ pub fn run(job: &Job, opts: &SweepOptions, out: &mut dyn Write) -> Result<PathBu
                 trials: todo.clone(),
             };
             ctx.metric = Some(job.file.metric.name.clone());
-            rows.extend(execute(job, &round, &ctx, &mut writer, opts.progress)?);
+            if let Some(ext) = ctx.external.as_mut() {
+                // One trial at a time, its lines cannot be mixed with another's: they show.
+                ext.stream = opts.verbose || n == 1;
+            }
+            let (ran, stop) = execute(job, &round, &ctx, &mut writer, opts.progress)?;
+            rows.extend(ran);
+            stopped = stop;
         }
     }
-    finish(job, &dir, &mine, &rows, &cancel, out)?;
+    finish(job, &dir, &mine, &rows, &cancel, stopped.as_ref(), out)?;
     Ok(dir)
 }
 
@@ -429,6 +454,8 @@ fn external_context(
             template: template.to_string(),
             trials_dir: out.join("trials"),
             envs,
+            // Set once the round's concurrency is known (see `run`).
+            stream: false,
         }),
         metric: None,
     }
@@ -490,14 +517,17 @@ impl Recorder<'_> {
     }
 }
 
-/// Runs the round of the sweep, writing each row as it comes; returns the trial rows written.
+/// Runs the round of the sweep, writing each row as it comes; returns the trial rows written,
+/// and why the sweep stopped early when it did: for an external command, once its first
+/// [`same_failure::SAME_FAILURES`] trials to end all failed the same way, no more are started
+/// and those running are ended (they are recorded INTERRUPTED, and `--resume` runs them).
 fn execute(
     job: &Job,
     round: &Round,
     ctx: &RoundContext,
     writer: &mut report::ReportWriter,
     progress: bool,
-) -> Result<Vec<TrialRow>> {
+) -> Result<(Vec<TrialRow>, Option<Stopped>)> {
     let total = round.trials.len() as u64;
     let bar = if progress {
         ProgressBar::new(total)
@@ -514,6 +544,8 @@ fn execute(
     let started = Instant::now();
     let (mut running, mut failed, mut finished) = (0u32, 0u32, 0u64);
     let mut rows = Vec::new();
+    let mut same = SameFailures::default();
+    let mut stopped = None;
     let recorder = std::cell::RefCell::new(Recorder {
         writer,
         unsynced: false,
@@ -537,16 +569,27 @@ fn execute(
                     failed += 1;
                 }
                 let row = trial_row(job, round.index, round.split, round.n, o);
+                let seen = if ctx.external.is_some() && !ctx.cancel.draining() {
+                    same.see(o)
+                } else {
+                    Seen::Nothing
+                };
+                // A failure the same as an earlier one is said once.
+                let error = match &seen {
+                    Seen::Same { first } => format!(": the same failure as {first}"),
+                    Seen::Stop(s) => format!(": the same failure as {}", s.trials[0]),
+                    _ if row.error.is_empty() => String::new(),
+                    _ => format!(": {}", row.error),
+                };
                 let metric = row
                     .metric
                     .map(|m| format!("{} {m:.4}", job.file.metric.name))
                     .unwrap_or_default();
                 let line = format!(
-                    "trial {finished}/{total} {} {} {metric} in {:.1} s ({running} running, {failed} failed){}",
+                    "trial {finished}/{total} {} {} {metric} in {:.1} s ({running} running, {failed} failed){error}",
                     row.trial_id,
                     row.state,
                     row.wall_s,
-                    if row.error.is_empty() { String::new() } else { format!(": {}", row.error) }
                 );
                 if progress {
                     bar.println(line);
@@ -554,9 +597,30 @@ fn execute(
                     tracing::info!("{line}");
                 }
                 bar.inc(1);
+                if let Seen::Stop(s) = seen {
+                    let line = format!(
+                        "stopping the sweep: its first {} trials to end failed the same way; \
+                         starting no more, ending the {running} running",
+                        s.trials.len()
+                    );
+                    if progress {
+                        bar.println(line);
+                    } else {
+                        tracing::warn!("{line}");
+                    }
+                    ctx.cancel.abort();
+                    stopped = Some(s);
+                }
                 let res = rec.trial(&row);
                 rows.push(row);
                 res
+            }
+            Event::Output { trial_id, line } => {
+                // Through the bar, so that it is not drawn over; on stderr, beside the log.
+                bar.suspend(|| {
+                    let _ = writeln!(std::io::stderr(), "[{trial_id}] {line}");
+                });
+                return;
             }
         };
         bar.set_message(format!("{running} running, {failed} failed"));
@@ -581,7 +645,7 @@ fn execute(
         started.elapsed().as_secs_f64(),
         round.n
     );
-    Ok(rows)
+    Ok((rows, stopped))
 }
 
 /// The end of a sweep: counts, the best trial and best.yaml, and the exit status.
@@ -591,6 +655,7 @@ fn finish(
     mine: &[TrialSpec],
     rows: &[TrialRow],
     cancel: &Cancel,
+    stopped: Option<&Stopped>,
     out: &mut dyn Write,
 ) -> Result<()> {
     let latest = latest_rows(rows);
@@ -617,10 +682,14 @@ fn finish(
                 job.file.metric.name,
                 b.metric.unwrap_or(f64::NAN),
                 job.file.metric.goal,
-                b.params,
+                params_line(&received_params(job, b)),
                 path.display()
             ),
         )?;
+    }
+    // Stopped for its failures, not by a signal: exit 1, with the shared failure said once.
+    if let Some(s) = stopped {
+        return Err(Error::TrialsFailed(s.message()));
     }
     if cancel.draining() {
         return Err(Error::Interrupted(format!(
