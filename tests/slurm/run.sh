@@ -315,11 +315,16 @@ export GPUMUX_OUT=out/together
 sed -e 's/run_cap: 8/run_cap: 2/' -e 's/name: slurm-test/name: slurm-test-two/' quick.yaml >two.yaml
 trial_ids two.yaml >two.ids
 # Watch merged/ while the tasks run: whenever its trials.csv is there, it holds both trials.
+# Once there, it stays.
 (
+    seen=0
     while [ ! -e watch.stop ]; do
         if [ -e out/together/merged/trials.csv ]; then
+            seen=1
             n=$(($(wc -l <out/together/merged/trials.csv) - 1))
             [ "$n" -ne 2 ] && echo "merged/trials.csv seen with $n rows" >>watch.bad
+        elif [ "$seen" = 1 ]; then
+            echo "merged/trials.csv went missing after it was made" >>watch.bad
         fi
         sleep 0.02
     done
