@@ -150,9 +150,11 @@ exit 1
     let n = states(&out);
     let failed = n.get("FAIL").copied().unwrap_or(0);
     // A trial that ended by itself as the stop came is a FAIL of its own, said in full.
-    assert!((3..=4).contains(&failed), "{n:?}");
+    assert!((3..=5).contains(&failed), "{n:?}");
+    // The slots freed by the first failures are filled before the stop reaches the scheduler:
+    // at most 2 trials a slot after the first 3 (of 12) were started.
     assert!(
-        failed + n.get("INTERRUPTED").copied().unwrap_or(0) <= 5,
+        failed + n.get("INTERRUPTED").copied().unwrap_or(0) <= 3 + 2 * 2,
         "{n:?}"
     );
     assert!(!n.contains_key("COMPLETE"), "{n:?}");

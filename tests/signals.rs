@@ -441,3 +441,34 @@ fn under_nohup_sighup_is_left_ignored() {
     let (code, _, err) = run.finish();
     assert_eq!(code, Some(3), "{err}");
 }
+
+#[test]
+fn a_signal_during_the_last_trials_gives_exit_0_when_they_all_complete() {
+    // A job array's task signalled while its shard's last trial runs: the trial finishes within
+    // the grace, and with every trial COMPLETE nothing is left to resume.
+    let dir = sandbox();
+    let job = dir.job(
+        "last.yaml",
+        mlp_job("last")
+            .train(epochs(400, 32))
+            .run_cap(1)
+            .param("lr", values(&["0.001"]))
+            .concurrency(1),
+    );
+    let out = dir.join("out");
+    let mut run = dir
+        .run(&["sweep", s(&job), "--out", s(&out), "--grace", "120"])
+        .watch();
+    assert!(
+        run.wait_for(&|_| rows_in(&out.join("progress.csv")) >= 2),
+        "no epoch ran"
+    );
+    run.signal(libc::SIGTERM);
+    let (code, said, err) = run.finish();
+    assert_eq!(code, Some(0), "{said}\n{err}");
+    assert!(
+        said.contains("a signal came while the last trials ran, but every trial is COMPLETE"),
+        "{said}"
+    );
+    assert!(said.contains("1 COMPLETE, 0 FAIL, 0 INTERRUPTED"), "{said}");
+}

@@ -58,9 +58,10 @@ pub fn main(
             Err(Error::Internal(format!("panic: {text}")))
         });
     let res = match ran {
-        // A signal came and the command ended without it (it was done, or watches none): it
-        // was interrupted all the same.
-        Ok(()) if gpumux::sched::cancel::signals_seen() > 0 => {
+        // A signal came and the command ended without it (it watches none, or the signal came
+        // after it was done): it was interrupted all the same, unless the command found all its
+        // work done after the signal (a sweep whose every trial is COMPLETE).
+        Ok(()) if gpumux::sched::cancel::unsettled_signals() > 0 => {
             Err(Error::Interrupted("a signal came before the end".into()))
         }
         other => other,

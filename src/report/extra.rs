@@ -44,21 +44,23 @@ pub fn refusal<'a>(name: &str, fixed: impl IntoIterator<Item = &'a [u8]>) -> Opt
     taken.then(|| "it is the name of one of the file's own columns".into())
 }
 
-/// The keys of one file that were dropped, each warned about once.
+/// The keys of one file that were dropped, each warned about once. Each is held as a hash: a
+/// key may be as long as a line (a MiB), and a thousand of them are remembered.
 #[derive(Debug, Default)]
 pub(crate) struct Dropped {
-    names: HashSet<String>,
+    names: HashSet<u64>,
 }
 
 impl Dropped {
     /// Whether `name` was dropped before.
     pub(crate) fn has(&self, name: &str) -> bool {
-        self.names.contains(name)
+        self.names.contains(&crate::hash::fnv1a(name.as_bytes()))
     }
 
     /// Drops `name`, warning the first time.
     pub(crate) fn drop_key(&mut self, path: &Path, name: &str, why: &str) {
-        if self.names.len() >= MAX_WARNED || !self.names.insert(name.to_string()) {
+        if self.names.len() >= MAX_WARNED || !self.names.insert(crate::hash::fnv1a(name.as_bytes()))
+        {
             return;
         }
         let shown: String = name.chars().take(MAX_NAME + 16).collect();

@@ -88,6 +88,22 @@ pub fn signals_seen() -> usize {
     WATCHER.seen.load(Ordering::SeqCst)
 }
 
+/// How many signals the command had seen when it found, after them, that all its work was done
+/// (see [`settle`]).
+static SETTLED: AtomicUsize = AtomicUsize::new(0);
+
+/// Says that every piece of work the command had was done, whatever signals came while it ran:
+/// those signals interrupted nothing, and the command may end as if they had not come. A signal
+/// after this call still counts (see [`unsettled_signals`]).
+pub fn settle() {
+    SETTLED.store(signals_seen(), Ordering::SeqCst);
+}
+
+/// The signals seen that no [`settle`] accounts for.
+pub fn unsettled_signals() -> usize {
+    signals_seen().saturating_sub(SETTLED.load(Ordering::SeqCst))
+}
+
 /// What one signal does (see [`watch_signals`]).
 fn on_signal(sig: i32) {
     let name = super::child::signal_name(sig);

@@ -17,7 +17,7 @@ use serde::Serialize;
 use crate::cancel::Cancel;
 use crate::engine::cuda::CudaEngine;
 use crate::error::{Error, ReportError, Result};
-use crate::job::{Concurrency, Goal, Job, SplitMode};
+use crate::job::{BackendChoice, Concurrency, Goal, Job, SplitMode};
 use crate::plan::{self, Round, TrialSpec};
 use crate::report::{self, ProgressRow, TrialRow};
 use crate::rounds::{builtin_context, progress_row, say, trial_row};
@@ -236,7 +236,12 @@ pub fn run(job: &Job, opts: &SweepOptions, out: &mut dyn Write) -> Result<PathBu
         job.file.metric.goal
     ))?;
     if opts.dry_run {
-        return dry_run(job, &todo, split, concurrency, &dir, out).map(|_| dir);
+        dry_run(job, &todo, split, concurrency, &dir, out)?;
+        if opts.shard.is_none() {
+            // Every trial of the job, done or not: the array's shape is the whole sweep's.
+            say(out, slurm_line(job, concurrency, mine.len()))?;
+        }
+        return Ok(dir);
     }
     let resolved = run::backend(job)?;
     match run::unavailable(split, &resolved) {
@@ -560,6 +565,7 @@ fn execute(
                 Ok(())
             }
             Event::Epoch { trial, stats, .. } => {
+                same.ran(&trial.id);
                 rec.progress(&progress_row(round, &trial.id, stats))
             }
             Event::Finished(o) => {
@@ -691,7 +697,15 @@ fn finish(
     if let Some(s) = stopped {
         return Err(Error::TrialsFailed(s.message()));
     }
-    if cancel.draining() {
+    // A signal that came while the last trials were finishing changes nothing when they all
+    // did: the sweep (or the shard) is done, and a job array must not wait for a requeue.
+    if cancel.draining() && complete == mine.len() {
+        sched::cancel::settle();
+        say(
+            out,
+            "a signal came while the last trials ran, but every trial is COMPLETE: nothing is left to do",
+        )?;
+    } else if cancel.draining() {
         return Err(Error::Interrupted(format!(
             "{complete} of {} trials COMPLETE; run again with --resume to finish",
             mine.len()
@@ -779,6 +793,38 @@ fn dry_run(
     Ok(())
 }
 
+/// The `sbatch` line of `jobs/slurm/sweep.sbatch` that fits a job with `trials` trials to run:
+/// up to [`SLURM_SHARDS`] array tasks (one per trial when there are fewer), one CPU per trial
+/// running at once (8 for `concurrency: auto`), and a GPU unless the job's backend is the CPU
+/// (or is `auto` on a machine without one).
+fn slurm_line(job: &Job, concurrency: Concurrency, trials: usize) -> String {
+    let shards = trials.clamp(1, SLURM_SHARDS);
+    let cpus = match concurrency {
+        Concurrency::Fixed(n) => n.max(1),
+        Concurrency::Auto(_) => 8,
+    };
+    let gpu = match job.file.backend {
+        BackendChoice::Cpu => false,
+        BackendChoice::Cuda => true,
+        BackendChoice::Auto => !crate::gpu::discover().gpus.is_empty(),
+    };
+    slurm_command(shards, cpus, gpu, &job.path)
+}
+
+/// The words of [`slurm_line`].
+fn slurm_command(shards: usize, cpus: u32, gpu: bool, job: &Path) -> String {
+    format!(
+        "on Slurm: mkdir -p logs && sbatch --array=0-{} --cpus-per-task={cpus} --gres={} jobs/slurm/sweep.sbatch {}{}",
+        shards - 1,
+        if gpu { "gpu:1" } else { "none" },
+        job.display(),
+        if gpu { "" } else { "   (--gres=gpu:1 on a GPU partition)" }
+    )
+}
+
+/// The most array tasks [`slurm_line`] proposes.
+pub const SLURM_SHARDS: usize = 4;
+
 /// The most trials `--dry-run` lists one by one; it counts the others.
 pub const DRY_RUN_LISTED: usize = 50;
 
@@ -794,6 +840,23 @@ mod tests {
             metric,
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn the_slurm_line_fits_the_shards_cpus_and_device() {
+        let line = slurm_command(4, 3, true, Path::new("jobs/a.yaml"));
+        assert!(
+            line.ends_with("sbatch --array=0-3 --cpus-per-task=3 --gres=gpu:1 jobs/slurm/sweep.sbatch jobs/a.yaml"),
+            "{line}"
+        );
+        let line = slurm_command(1, 1, false, Path::new("b.yaml"));
+        assert!(
+            line.contains(
+                "--array=0-0 --cpus-per-task=1 --gres=none jobs/slurm/sweep.sbatch b.yaml"
+            ),
+            "{line}"
+        );
+        assert!(line.contains("--gres=gpu:1 on a GPU partition"), "{line}");
     }
 
     #[test]

@@ -1,11 +1,19 @@
 //! A sweep of an external command whose first trials all fail the same way is stopped early: a typo in the command or a missing module would fail every trial, each with the same error.
 //!
-//! Two failures are the same when their texts are, once what is the trial's own is masked: its
-//! id (and so its folder), the values of its word parameters, and every word with a digit in it
-//! (numeric parameters, seeds, line numbers, process ids, addresses, timings). The text holds
-//! the failure's kind (an exit code, a signal, a missing metric) and stderr's last lines, where
-//! a Python traceback ends.
+//! Only a failure at once counts: the trial reported no epoch, and its command could not start,
+//! exited with a code, or printed no result. A failure that may come from the trial's own
+//! parameters (a memory-cap kill, a signal such as the OOM killer's, a missing or non-finite
+//! metric, a trial that trained for an epoch or more) ends the watch instead.
+//! Two failures are the same when they are of one kind, with one exit code, and their texts are
+//! the same once what is the trial's own is masked: its id (and so its folder), the values of
+//! its word parameters, and every word with a digit in it (numeric parameters, seeds, line
+//! numbers, process ids, addresses, timings). The text holds stderr's last lines, where a
+//! Python traceback ends.
 
+use std::collections::HashSet;
+
+use crate::sched::child::Exit;
+use crate::sched::end::Failure;
 use crate::sched::{TrialEnd, TrialOutcome};
 use crate::space::ParamValue;
 
@@ -58,31 +66,41 @@ pub struct SameFailures {
     trials: Vec<String>,
     /// A trial completed, or failed another way, or the sweep stopped: nothing more to watch.
     over: bool,
+    /// The trials that reported an epoch while the watch went on.
+    ran: HashSet<String>,
 }
 
 impl SameFailures {
+    /// Notes that trial `id` reported an epoch: its command runs, so its failure is no failure
+    /// at once.
+    pub fn ran(&mut self, id: &str) {
+        if !self.over && !self.ran.contains(id) {
+            self.ran.insert(id.to_string());
+        }
+    }
+
     /// Sees the end of one trial.
     pub fn see(&mut self, o: &TrialOutcome) -> Seen {
         if self.over {
             return Seen::Nothing;
         }
-        let error = match &o.end {
+        let failure = match &o.end {
             TrialEnd::Interrupted => return Seen::Nothing,
-            TrialEnd::Complete(_) => {
-                self.over = true;
-                return Seen::Nothing;
-            }
-            TrialEnd::Failed(f) => f.to_string(),
+            TrialEnd::Complete(_) => return self.end(),
+            TrialEnd::Failed(f) => f,
         };
-        let sig = signature(&error, o);
+        let Some(kind) = at_once(failure).filter(|_| !self.ran.contains(&o.trial.id)) else {
+            return self.end();
+        };
+        let error = failure.to_string();
+        let sig = format!("{kind}: {}", signature(&error, o));
         let Some((first, first_error, first_sig)) = &self.first else {
             self.first = Some((o.trial.id.clone(), error, sig));
             self.trials.push(o.trial.id.clone());
             return Seen::First;
         };
         if *first_sig != sig {
-            self.over = true;
-            return Seen::Nothing;
+            return self.end();
         }
         self.trials.push(o.trial.id.clone());
         if self.trials.len() < SAME_FAILURES {
@@ -94,8 +112,30 @@ impl SameFailures {
             trials: self.trials.clone(),
             error: first_error.clone(),
         };
-        self.over = true;
+        self.end();
         Seen::Stop(stopped)
+    }
+
+    /// Ends the watch.
+    fn end(&mut self) -> Seen {
+        self.over = true;
+        self.ran = HashSet::new();
+        Seen::Nothing
+    }
+}
+
+/// The kind of a failure that can come at once from a broken command, with its exit code; None
+/// for a failure that may come from the trial's own parameters.
+fn at_once(failure: &Failure) -> Option<String> {
+    match failure {
+        Failure::ChildExit {
+            exit: Exit::Code(code),
+            ..
+        } => Some(format!("exit {code}")),
+        Failure::Start { .. } => Some("start".into()),
+        Failure::NoMetrics { .. } => Some("no metrics".into()),
+        Failure::Command(_) => Some("command".into()),
+        _ => None,
     }
 }
 
@@ -255,5 +295,71 @@ mod tests {
         for id in ["t3", "t4", "t5"] {
             assert_eq!(w.see(&failed(id, 0.1, "sgd", &missing)), Seen::Nothing);
         }
+    }
+
+    fn ended(id: &str, failure: Failure) -> TrialOutcome {
+        TrialOutcome {
+            end: TrialEnd::Failed(failure),
+            ..failed(id, 0.1, "sgd", &[])
+        }
+    }
+
+    #[test]
+    fn failures_that_may_come_from_the_parameters_do_not_stop_the_sweep() {
+        // Large batches killed for their memory, by the OOM killer, or a NaN metric: the same
+        // text for every trial, but no broken command.
+        let kinds = [
+            Failure::MemoryCap {
+                used_mib: 900.0,
+                cap_mib: 512.0,
+                margin: 0.05,
+            },
+            Failure::ChildExit {
+                child: ChildKind::Command,
+                exit: Exit::Signal(9),
+                stderr: vec![],
+            },
+            Failure::MissingMetric {
+                metric: "test_acc".into(),
+            },
+        ];
+        for kind in kinds {
+            let mut w = SameFailures::default();
+            for id in ["t1", "t2", "t3", "t4"] {
+                assert_eq!(w.see(&ended(id, kind.clone())), Seen::Nothing, "{kind}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_trial_that_reported_an_epoch_did_not_fail_at_once() {
+        let oom = ["RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB"];
+        let mut w = SameFailures::default();
+        assert_eq!(w.see(&failed("t1", 0.1, "sgd", &oom)), Seen::First);
+        w.ran("t2");
+        assert_eq!(w.see(&failed("t2", 0.2, "sgd", &oom)), Seen::Nothing);
+        assert_eq!(w.see(&failed("t3", 0.3, "sgd", &oom)), Seen::Nothing);
+    }
+
+    #[test]
+    fn exit_codes_are_not_masked() {
+        let code = |id: &str, c: i32| {
+            ended(
+                id,
+                Failure::ChildExit {
+                    child: ChildKind::Command,
+                    exit: Exit::Code(c),
+                    stderr: vec!["error".into()],
+                },
+            )
+        };
+        let mut w = SameFailures::default();
+        assert_eq!(w.see(&code("t1", 1)), Seen::First);
+        assert_eq!(w.see(&code("t2", 2)), Seen::Nothing);
+        assert_eq!(w.see(&code("t3", 1)), Seen::Nothing);
+        let mut w = SameFailures::default();
+        w.see(&code("t1", 2));
+        w.see(&code("t2", 2));
+        assert!(matches!(w.see(&code("t3", 2)), Seen::Stop(_)));
     }
 }
