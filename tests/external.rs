@@ -6,26 +6,11 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 use support::*;
 
-/// A job running `command` (YAML-quoted here) for `trials` trials of parameter `lr`, all at once.
+/// A job running `command` (YAML-quoted here) for `trials` trials of parameter `lr` (0.1,
+/// 0.2, …), all at once.
 fn command_job(dir: &Sandbox, name: &str, command: &str, trials: usize) -> PathBuf {
     let lrs: Vec<String> = (1..=trials).map(|i| format!("0.{i}")).collect();
-    let lrs: Vec<&str> = lrs.iter().map(String::as_str).collect();
-    dir.job(
-        &format!("{name}.yaml"),
-        JobYaml::new()
-            .name(name)
-            .command(command)
-            .method("grid")
-            .param("lr", values(&lrs))
-            .concurrency(trials),
-    )
-}
-
-/// Writes an executable shell script.
-fn script(dir: &Sandbox, name: &str, body: &str) -> PathBuf {
-    let p = dir.join(name);
-    write_executable(&p, &format!("#!/bin/sh\n{body}"));
-    p
+    dir.command_job(name, command, &lrs, trials)
 }
 
 #[test]
@@ -164,8 +149,7 @@ fn the_trials_names_reach_its_command_and_its_folder_survives_a_resume() {
     let dir = sandbox();
     // Trial lr=0.2 fails on its first run and leaves a mark in its folder; run again, it finds
     // the mark and reports `epochs` itself. Both print three epoch lines.
-    script(
-        &dir,
+    dir.script(
         "names.sh",
         r#"echo "$2 $3 $4" > "$5/names.txt"
 echo '{"epoch": 1}'; echo '{"epoch": 2}'; echo '{"epoch": 3}'
@@ -246,7 +230,7 @@ fn a_result_without_the_sweeps_metric_is_a_failed_trial() {
         ("null", r#"echo "{\"test_acc\": null, \"loss\": $1}""#),
     ];
     for (name, body) in cases {
-        script(&dir, &format!("{name}.sh"), &format!("{body}\n"));
+        dir.script(&format!("{name}.sh"), &format!("{body}\n"));
         let job = command_job(&dir, name, &format!("./{name}.sh {{lr}}"), 2);
         let out = dir.join(name);
         let o = dir.run_into("sweep", &job, &out, &[]);
@@ -351,9 +335,7 @@ fn epochs_written(out: &Path) -> Vec<(String, u64)> {
 /// as fast as it can, then its result.
 fn epoch_flood(dir: &Sandbox, name: &str, count: Option<u64>) -> PathBuf {
     let until = count.map_or(String::new(), |n| format!("i <= {n}"));
-    script(
-        dir,
-        name,
+    dir.script(name,
         &format!(
             r#"awk 'BEGIN {{ for (i = 1; {until}; i++) printf "{{\"epoch\": %d, \"test_acc\": 0.5, \"train_loss\": 1}}\n", i }}'
 echo '{{"test_acc": 0.5}}'
@@ -415,8 +397,7 @@ fn sigterm_during_a_flood_of_epoch_lines_stops_within_the_grace() {
 #[test]
 fn an_epoch_printed_again_is_kept_once_as_first_printed() {
     let dir = sandbox();
-    script(
-        &dir,
+    dir.script(
         "again.sh",
         r#"echo '{"epoch": 1, "test_acc": 0.1}'
 echo '{"epoch": 1, "test_acc": 0.2}'
@@ -454,8 +435,7 @@ fn a_flood_of_output_or_one_endless_line_keeps_gpumux_small() {
         ("stderr", "head -c 300000000 /dev/zero | tr '\\0' y >&2"),
     ];
     for (name, flood) in floods {
-        script(
-            &dir,
+        dir.script(
             &format!("{name}.sh"),
             &format!("{flood}\necho '{{\"test_acc\": 0.5}}'\n"),
         );
@@ -508,9 +488,7 @@ fn a_setsid_daemon_does_not_outlive_its_trial() {
     // Each trial starts daemons that leave its process group and session: `setsid sleep 1000 &`
     // and one more that hold the trial's stdout, one double-forked with its output closed, one
     // that ignores SIGTERM; then it reports and exits.
-    script(
-        &dir,
-        "daemon.sh",
+    dir.script("daemon.sh",
         r#"setsid sleep 1000 &
 echo $! > "d0-$GPUMUX_TRIAL.pid"
 setsid sh -c 'echo $$ > "d1-$GPUMUX_TRIAL.pid"; exec sleep 1000' &
@@ -535,8 +513,7 @@ echo '{"test_acc": 0.5}'
 fn an_interrupted_trials_setsid_daemons_are_ended_with_it() {
     let dir = sandbox();
     let _cleanup = Cleanup(dir.path().to_path_buf());
-    script(
-        &dir,
+    dir.script(
         "long.sh",
         r#"setsid sh -c 'echo $$ > "d-$GPUMUX_TRIAL.pid"; exec sleep 1000' > /dev/null 2>&1 &
 echo '{"epoch": 1}'
@@ -566,9 +543,7 @@ fn a_third_signal_exits_at_once_and_takes_the_trials_processes_along() {
     let dir = sandbox();
     let _cleanup = Cleanup(dir.path().to_path_buf());
     // A trial that ignores SIGTERM, with a setsid daemon that ignores it too.
-    script(
-        &dir,
-        "stubborn.sh",
+    dir.script("stubborn.sh",
         r#"trap '' TERM
 setsid sh -c 'trap "" TERM; echo $$ > "d-$GPUMUX_TRIAL.pid"; while :; do sleep 1; done' > /dev/null 2>&1 &
 echo $$ > "c-$GPUMUX_TRIAL.pid"

@@ -4,8 +4,8 @@ mod support;
 use std::path::PathBuf;
 use support::*;
 
-/// A job running `command` (YAML-quoted here) for `trials` trials of parameter `lr`,
-/// `concurrency` at a time.
+/// A job running `command` (YAML-quoted here) for `trials` trials of parameter `lr` (0.01,
+/// 0.02, …), `concurrency` at a time.
 fn command_job(
     dir: &Sandbox,
     name: &str,
@@ -14,23 +14,7 @@ fn command_job(
     concurrency: usize,
 ) -> PathBuf {
     let lrs: Vec<String> = (1..=trials).map(|i| format!("0.{i:02}")).collect();
-    let lrs: Vec<&str> = lrs.iter().map(String::as_str).collect();
-    dir.job(
-        &format!("{name}.yaml"),
-        JobYaml::new()
-            .name(name)
-            .command(command)
-            .method("grid")
-            .param("lr", values(&lrs))
-            .concurrency(concurrency),
-    )
-}
-
-/// Writes an executable shell script.
-fn script(dir: &Sandbox, name: &str, body: &str) -> PathBuf {
-    let p = dir.join(name);
-    write_executable(&p, &format!("#!/bin/sh\n{body}"));
-    p
+    dir.command_job(name, command, &lrs, concurrency)
 }
 
 /// The lines of gpumux's stderr that are a trial's own, prefixed with its id.
@@ -43,8 +27,7 @@ fn shown_lines(err: &str) -> Vec<&str> {
 #[test]
 fn a_trials_output_is_shown_live_one_at_a_time_or_with_verbose() {
     let dir = sandbox();
-    script(
-        &dir,
+    dir.script(
         "talk.sh",
         r#"echo "epoch line $1"
 echo "a warning $1" >&2
@@ -124,8 +107,7 @@ fn a_sweep_whose_first_trials_fail_the_same_way_stops_and_resumes_after_the_fix(
     let dir = sandbox();
     // Fails as a missing module does, until the file `fixed` is there; the traceback names the
     // trial's own values.
-    script(
-        &dir,
+    dir.script(
         "train.sh",
         r#"if [ -e fixed ]; then echo "{\"test_acc\": $1}"; exit 0; fi
 sleep 0.3
@@ -192,8 +174,7 @@ exit 1
 fn a_sweep_that_fails_for_some_parameters_runs_to_its_end() {
     let dir = sandbox();
     // Half the learning rates fail, each slowly, the same way; the others complete at once.
-    script(
-        &dir,
+    dir.script(
         "half.sh",
         r#"case "$1" in
   *[13579]) sleep 0.5; echo "ValueError: lr $1 is too large" >&2; exit 1 ;;
@@ -216,7 +197,7 @@ echo "{\"test_acc\": $1}"
 #[test]
 fn the_best_trials_line_names_only_the_parameters_its_command_received() {
     let dir = sandbox();
-    script(&dir, "acc.sh", "echo \"{\\\"test_acc\\\": $1}\"\n");
+    dir.script("acc.sh", "echo \"{\\\"test_acc\\\": $1}\"\n");
     let job = dir.job(
         "best.yaml",
         JobYaml::new()

@@ -29,28 +29,23 @@ cores="$(nproc)"
 share=$((cores / 2))
 [ "$share" -ge 1 ] || share=1
 
-started=$SECONDS
-rc=0
-"$gpumux" sweep jobs/sweep-jax.yaml --out "$out/sweep" || rc=$?
-if [ "$rc" -ne 0 ]; then
-    echo "jax-sweep: gpumux sweep exited with $rc, expected 0" >&2
-    cat "$out/sweep/trials.csv" >&2 || true
-    exit 1
-fi
-python3 tests/frameworks/check_sweep.py "$out/sweep" --trials 4 --epochs 3 --threads "$share" \
-    --params batch_size,epochs,lr
-echo "jax-sweep: ok ($cores cores, $share threads a trial, $((SECONDS - started)) s)"
+# Runs the sweep with CONCURRENCY trials at a time into $out/NAME and checks that each trial had
+# THREADS threads: sweep NAME CONCURRENCY THREADS
+sweep() {
+    local name=$1 concurrency=$2 threads=$3 started=$SECONDS rc=0
+    "$gpumux" sweep jobs/sweep-jax.yaml --concurrency "$concurrency" --out "$out/$name" || rc=$?
+    if [ "$rc" -ne 0 ]; then
+        echo "jax-sweep: gpumux sweep --concurrency $concurrency exited with $rc, expected 0" >&2
+        cat "$out/$name/trials.csv" >&2 || true
+        exit 1
+    fi
+    python3 tests/frameworks/check_sweep.py "$out/$name" --trials 4 --epochs 3 --threads "$threads" \
+        --params batch_size,epochs,lr
+    echo "jax-sweep: ok, $concurrency at a time ($cores cores, $threads threads a trial, $((SECONDS - started)) s)"
+}
 
-# One trial at a time: each gets every core, so XLA's environment is the one of a trial that has
-# more than one thread (a word gpumux once added to XLA_FLAGS made JAX abort there).
-started=$SECONDS
-rc=0
-"$gpumux" sweep jobs/sweep-jax.yaml --concurrency 1 --out "$out/alone" || rc=$?
-if [ "$rc" -ne 0 ]; then
-    echo "jax-sweep: gpumux sweep --concurrency 1 exited with $rc, expected 0" >&2
-    cat "$out/alone/trials.csv" >&2 || true
-    exit 1
-fi
-python3 tests/frameworks/check_sweep.py "$out/alone" --trials 4 --epochs 3 --threads "$cores" \
-    --params batch_size,epochs,lr
-echo "jax-sweep: ok one at a time ($cores threads a trial, $((SECONDS - started)) s)"
+# As the job says, 2 at a time; then one at a time: each trial gets every core, so XLA's
+# environment is the one of a trial that has more than one thread (a word gpumux once added to
+# XLA_FLAGS made JAX abort there).
+sweep sweep 2 "$share"
+sweep alone 1 "$cores"

@@ -233,6 +233,34 @@ impl Sandbox {
         spawn(self.path(), args)
     }
 
+    /// Writes an executable shell script `name` here, with `body` after its `#!/bin/sh` line.
+    pub fn script(&self, name: &str, body: &str) -> PathBuf {
+        let p = self.join(name);
+        write_executable(&p, &format!("#!/bin/sh\n{body}"));
+        p
+    }
+
+    /// Writes a grid job `name` running `command` (YAML-quoted here) once for each value of
+    /// the parameter `lr` in `lrs`, `concurrency` trials at a time.
+    pub fn command_job(
+        &self,
+        name: &str,
+        command: &str,
+        lrs: &[String],
+        concurrency: usize,
+    ) -> PathBuf {
+        let lrs: Vec<&str> = lrs.iter().map(String::as_str).collect();
+        self.job(
+            &format!("{name}.yaml"),
+            JobYaml::new()
+                .name(name)
+                .command(command)
+                .method("grid")
+                .param("lr", values(&lrs))
+                .concurrency(concurrency),
+        )
+    }
+
     /// Runs `gpumux <command> <job> --out <out> <more…>` here to its end.
     pub fn run_into(&self, command: &str, job: &Path, out: &Path, more: &[&str]) -> Output {
         let mut args = vec![command, s(job), "--out", s(out)];
