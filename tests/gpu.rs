@@ -17,8 +17,8 @@ use gpumux::data::{synthetic, DataSpec, Dataset, Source};
 use gpumux::engine::cpu::CpuBackend;
 use gpumux::engine::cuda::{self, CudaEngine, DeviceData};
 use gpumux::engine::{
-    AdamParams, Backend, BnParams, Conv2dShape, DropoutMask, GemmShape, PlaneShape, PoolShape,
-    Region, SgdParams, Split,
+    AdamParams, Backend, BnParams, Conv2dShape, DropoutMask, GemmBatch, GemmShape, PlaneShape,
+    PoolShape, Region, SgdParams, Split,
 };
 use gpumux::error::EngineError;
 use gpumux::job::{ConvEngine, EngineOptions, Hyper, ModelKind, ModelSpec, Optimizer};
@@ -279,6 +279,58 @@ fn gemm_matches_the_cpu_in_every_transpose() {
             }
             p.both(|be| be.gemm(g, a, b, c));
             p.assert_close(c, 1e-4, 1e-4, &format!("gemm {trans_a}/{trans_b} β={beta}"));
+        }
+    }
+}
+
+fn batched_gemm_matches_the_cpu_with_shared_operands() {
+    let e = gpu_or_skip!();
+    let mut p = Pair::new(&e);
+    for (trans_a, trans_b) in [(false, false), (true, false), (false, true), (true, true)] {
+        let g = GemmShape {
+            trans_a,
+            trans_b,
+            m: 19,
+            n: 11,
+            k: 29,
+            alpha: 0.7,
+            beta: 0.3,
+        };
+        let packed = GemmBatch {
+            count: 5,
+            stride_a: g.a_len(),
+            stride_b: g.b_len(),
+            stride_c: g.c_len(),
+        };
+        let padded = GemmBatch {
+            stride_a: g.a_len() + 3,
+            stride_c: g.c_len() + 5,
+            ..packed
+        };
+        let shared_a = GemmBatch {
+            stride_a: 0,
+            ..packed
+        };
+        let shared_b = GemmBatch {
+            stride_b: 0,
+            ..padded
+        };
+        for (name, batch) in [
+            ("packed", packed),
+            ("padded", padded),
+            ("shared A", shared_a),
+            ("shared B", shared_b),
+        ] {
+            let a = p.random(batch.a_span(&g).unwrap(), -1.0, 1.0);
+            let b = p.random(batch.b_span(&g).unwrap(), -1.0, 1.0);
+            let c = p.random(batch.c_span(&g).unwrap(), -1.0, 1.0);
+            p.both(|be| be.gemm_batched(g, batch, a, b, c));
+            p.assert_close(
+                c,
+                1e-4,
+                1e-4,
+                &format!("gemm_batched {trans_a}/{trans_b} {name}"),
+            );
         }
     }
 }
@@ -1237,6 +1289,10 @@ fn tests() -> Vec<(String, Needs, Body)> {
         (
             "gemm_matches_the_cpu_in_every_transpose",
             gemm_matches_the_cpu_in_every_transpose,
+        ),
+        (
+            "batched_gemm_matches_the_cpu_with_shared_operands",
+            batched_gemm_matches_the_cpu_with_shared_operands,
         ),
         ("bias_and_relu_match_the_cpu", bias_and_relu_match_the_cpu),
         ("batch_norm_matches_the_cpu", batch_norm_matches_the_cpu),

@@ -1,6 +1,8 @@
 //! The backend contract: every shape, region and label check of the [`Backend`](super::Backend) ops, written once and called by both backends, so that they refuse the same inputs with the same errors.
 
-use super::{Conv2dShape, GemmShape, PlaneShape, PoolShape, Region, COUNTER_LEN, STATS_LEN};
+use super::{
+    Conv2dShape, GemmBatch, GemmShape, PlaneShape, PoolShape, Region, COUNTER_LEN, STATS_LEN,
+};
 use crate::error::EngineError;
 
 fn shape_error(op: &'static str, message: String) -> EngineError {
@@ -196,6 +198,49 @@ pub fn gemm(g: &GemmShape, a: Region, b: Region, c: Region) -> Result<[Region; 3
         need("gemm", "A", a, g.a_len())?,
         need("gemm", "B", b, g.b_len())?,
         need("gemm", "C", c, g.c_len())?,
+    ])
+}
+
+/// `gemm_batched`: `A`, `B` and `C` hold every operand of the batch (each region spans its
+/// operands, from the first's start to the last's end), and the outputs do not overlap.
+pub fn gemm_batched(
+    g: &GemmShape,
+    batch: &GemmBatch,
+    a: Region,
+    b: Region,
+    c: Region,
+) -> Result<[Region; 3], EngineError> {
+    let op = "gemm_batched";
+    let span = |what: &str, span: Option<usize>| {
+        span.ok_or_else(|| {
+            shape_error(
+                op,
+                format!(
+                    "{what} of {} GEMMs spans more elements than fit",
+                    batch.count
+                ),
+            )
+        })
+    };
+    let (sa, sb, sc) = (
+        span("A", batch.a_span(g))?,
+        span("B", batch.b_span(g))?,
+        span("C", batch.c_span(g))?,
+    );
+    if batch.count > 1 && g.c_len() > 0 && batch.stride_c < g.c_len() {
+        return Err(shape_error(
+            op,
+            format!(
+                "C's stride {} is shorter than C's {} elements: the outputs would overlap",
+                batch.stride_c,
+                g.c_len()
+            ),
+        ));
+    }
+    Ok([
+        need(op, "A", a, sa)?,
+        need(op, "B", b, sb)?,
+        need(op, "C", c, sc)?,
     ])
 }
 
@@ -530,6 +575,66 @@ mod tests {
         );
         let (x, y) = gather(0, 2, 3, 2, Region::new(0, 8), Region::new(8, 8)).unwrap();
         assert_eq!((x, y), (Region::new(0, 4), Region::new(8, 2)));
+    }
+
+    #[test]
+    fn batched_gemm_regions_span_every_operand() {
+        let g = GemmShape::nn(2, 3, 4);
+        let batch = GemmBatch {
+            count: 3,
+            stride_a: 10,
+            stride_b: 0,
+            stride_c: 6,
+        };
+        // A: 2·10 + 8, B: shared, 12; C: 2·6 + 6.
+        let [a, b, c] = gemm_batched(
+            &g,
+            &batch,
+            Region::new(0, 30),
+            Region::new(30, 12),
+            Region::new(42, 20),
+        )
+        .unwrap();
+        assert_eq!((a.len, b.len, c.len), (28, 12, 18));
+        let e = gemm_batched(
+            &g,
+            &batch,
+            Region::new(0, 27),
+            Region::new(30, 12),
+            Region::new(42, 20),
+        )
+        .unwrap_err();
+        assert_eq!(
+            message(e),
+            "shape mismatch in gemm_batched: A holds 27 elements, needs 28"
+        );
+        let e = gemm_batched(
+            &g,
+            &GemmBatch {
+                stride_c: 5,
+                ..batch
+            },
+            Region::new(0, 30),
+            Region::new(30, 12),
+            Region::new(42, 20),
+        )
+        .unwrap_err();
+        assert_eq!(
+            message(e),
+            "shape mismatch in gemm_batched: C's stride 5 is shorter than C's 6 elements: \
+             the outputs would overlap"
+        );
+        // One GEMM may have any C stride; none needs no room at all.
+        let one = GemmBatch { count: 1, ..batch };
+        assert!(gemm_batched(&g, &one, a, b, Region::new(42, 6)).is_ok());
+        let none = GemmBatch { count: 0, ..batch };
+        let empty = Region::new(0, 0);
+        assert!(gemm_batched(&g, &none, empty, empty, empty).is_ok());
+        let huge = GemmBatch {
+            count: usize::MAX,
+            ..batch
+        };
+        assert!(gemm_batched(&g, &huge, a, b, c).is_err());
     }
 
     #[test]

@@ -13,7 +13,7 @@ pub mod shapes;
 use crate::error::EngineError;
 pub use cuda::CaptureHold;
 pub use options::{ConvEngine, EngineOptions};
-pub use shapes::{BnParams, Conv2dShape, GemmShape, PlaneShape, PoolShape, Window};
+pub use shapes::{BnParams, Conv2dShape, GemmBatch, GemmShape, PlaneShape, PoolShape, Window};
 
 /// A span of `f32` elements inside a trial's arena.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default, serde::Serialize)]
@@ -165,6 +165,17 @@ pub trait Backend: Send {
 
     /// Row-major `C = alpha·op(A)·op(B) + beta·C`.
     fn gemm(&mut self, g: GemmShape, a: Region, b: Region, c: Region) -> Result<(), EngineError>;
+    /// [`Backend::gemm`] over a batch: `C_i = alpha·op(A_i)·op(B_i) + beta·C_i` for
+    /// `i < batch.count`, where `X_i` starts `i·stride_x` elements into region `X` (a stride of 0
+    /// shares the operand). Each GEMM computes what [`Backend::gemm`] computes on its operands.
+    fn gemm_batched(
+        &mut self,
+        g: GemmShape,
+        batch: GemmBatch,
+        a: Region,
+        b: Region,
+        c: Region,
+    ) -> Result<(), EngineError>;
     /// `y[r, c] += bias[c]` for `rows × cols`.
     fn bias_add(
         &mut self,

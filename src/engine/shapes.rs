@@ -36,6 +36,43 @@ impl GemmShape {
     }
 }
 
+/// A batch of `count` GEMMs of one [`GemmShape`] whose operands lie element strides apart:
+/// `C_i = alpha·op(A_i)·op(B_i) + beta·C_i` with `X_i = X + i·stride_x`, for `i < count`.
+///
+/// A stride of 0 shares one operand across the batch (a convolution's weights over its samples,
+/// an input batch that every trial of a fused group reads). The outputs must not overlap: with
+/// more than one GEMM, `stride_c` is at least `C`'s length (the backend contract checks).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GemmBatch {
+    pub count: usize,
+    pub stride_a: usize,
+    pub stride_b: usize,
+    pub stride_c: usize,
+}
+
+impl GemmBatch {
+    /// Elements from the first operand's start to the last one's end: `(count − 1)·stride + len`
+    /// (0 for an empty batch), or `None` when that overflows.
+    pub fn span(&self, stride: usize, len: usize) -> Option<usize> {
+        match self.count {
+            0 => Some(0),
+            n => (n - 1).checked_mul(stride)?.checked_add(len),
+        }
+    }
+    /// The span of the `A` operands of `g`.
+    pub fn a_span(&self, g: &GemmShape) -> Option<usize> {
+        self.span(self.stride_a, g.a_len())
+    }
+    /// The span of the `B` operands of `g`.
+    pub fn b_span(&self, g: &GemmShape) -> Option<usize> {
+        self.span(self.stride_b, g.b_len())
+    }
+    /// The span of the `C` operands of `g`.
+    pub fn c_span(&self, g: &GemmShape) -> Option<usize> {
+        self.span(self.stride_c, g.c_len())
+    }
+}
+
 /// A square window slid over a zero-padded plane: `k×k`, moved `stride` positions at a time, with
 /// `pad` positions each side. Convolutions and pooling share its arithmetic.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -9,7 +9,7 @@ use crate::data::Dataset;
 use crate::engine::contract::{self, need};
 use crate::engine::{
     dropout_stream, AdamParams, Backend, BackendKind, BnParams, Conv2dShape, DropoutMask,
-    GemmShape, PlaneShape, PoolShape, Region, SgdParams, Split, COUNTER_LEN,
+    GemmBatch, GemmShape, PlaneShape, PoolShape, Region, SgdParams, Split, COUNTER_LEN,
 };
 use crate::error::EngineError;
 use crate::units::MIB;
@@ -192,6 +192,20 @@ impl Backend for CpuBackend {
         let [a, b, c] = contract::gemm(&g, a, b, c)?;
         let ([a, b], [c]) = self.views("gemm", [a, b], [c])?;
         ops::gemm(&g, a, b, c);
+        Ok(())
+    }
+
+    fn gemm_batched(
+        &mut self,
+        g: GemmShape,
+        batch: GemmBatch,
+        a: Region,
+        b: Region,
+        c: Region,
+    ) -> Result<(), EngineError> {
+        let [a, b, c] = contract::gemm_batched(&g, &batch, a, b, c)?;
+        let ([a, b], [c]) = self.views("gemm_batched", [a, b], [c])?;
+        ops::gemm_batched(&g, &batch, a, b, c);
         Ok(())
     }
 

@@ -9,7 +9,7 @@ use super::check::{check_blas, to_i32};
 use super::context::Entered;
 use super::graph;
 use super::stream::Stream;
-use crate::engine::GemmShape;
+use crate::engine::{GemmBatch, GemmShape};
 use crate::error::EngineError;
 
 /// A column-major `sgemm` call: `C = alpha·op(first)·op(second) + beta·C`.
@@ -156,24 +156,15 @@ impl Blas {
     }
 }
 
-/// A batch of equal GEMMs whose operands lie `stride` floats apart (a stride of 0 shares one
-/// operand, e.g. a convolution's weights, across the batch).
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct Batched {
-    pub count: usize,
-    pub stride_a: usize,
-    pub stride_b: usize,
-    pub stride_c: usize,
-}
-
 impl Blas {
     /// Row-major `C_i = alpha·op(A_i)·op(B_i) + beta·C_i` for `i < batch.count`, where
-    /// `X_i = X + i·stride_x`; one `cublasSgemmStridedBatched` call.
+    /// `X_i = X + i·stride_x` (a stride of 0 shares the operand); one
+    /// `cublasSgemmStridedBatched` call.
     pub(crate) fn gemm_batched(
         &self,
         _in: &Entered,
         g: &GemmShape,
-        batch: Batched,
+        batch: GemmBatch,
         a: sys::CUdeviceptr,
         b: sys::CUdeviceptr,
         c: sys::CUdeviceptr,

@@ -3,11 +3,10 @@
 use cudarc::driver::sys;
 
 use super::backend::CudaBackend;
-use super::blas::Batched;
 use super::check::to_u32;
 use super::context::Entered;
 use super::launch::{Arg, MAX_BLOCKS};
-use crate::engine::{Conv2dShape, GemmShape};
+use crate::engine::{Conv2dShape, GemmBatch, GemmShape};
 use crate::error::EngineError;
 
 /// Threads of a `channel_sum` block (kernels/conv.cu's CHANNEL_SUM_THREADS).
@@ -204,7 +203,7 @@ impl CudaBackend {
         if s.is_pointwise() {
             // Per sample, Y_b[c_out × hw] = W[c_out × c_in] · X_b[c_in × hw], straight into NCHW.
             let hw = s.h * s.w;
-            let batch = Batched {
+            let batch = GemmBatch {
                 count: s.n,
                 stride_a: 0,
                 stride_b: s.c_in * hw,
@@ -309,7 +308,7 @@ impl CudaBackend {
         if s.is_pointwise() {
             // Per sample, dX_b[c_in × hw] = Wᵀ · dY_b[c_out × hw], from dy as it is (NCHW).
             let hw = s.h * s.w;
-            let batch = Batched {
+            let batch = GemmBatch {
                 count: s.n,
                 stride_a: 0,
                 stride_b: s.c_out * hw,

@@ -9,8 +9,8 @@ use super::graph::{self, CaptureHold};
 use super::launch::{Arg, BLOCK, MAX_BLOCKS};
 use crate::engine::contract::{self, need};
 use crate::engine::{
-    AdamParams, Backend, BackendKind, BnParams, Conv2dShape, DropoutMask, GemmShape, PlaneShape,
-    PoolShape, Region, SgdParams, Split,
+    AdamParams, Backend, BackendKind, BnParams, Conv2dShape, DropoutMask, GemmBatch, GemmShape,
+    PlaneShape, PoolShape, Region, SgdParams, Split,
 };
 use crate::error::EngineError;
 
@@ -287,6 +287,24 @@ impl Backend for CudaBackend {
         let e = self.ctx.enter()?;
         self.blas
             .gemm(&e, &g, at(base, a), at(base, b), at(base, c))
+    }
+
+    fn gemm_batched(
+        &mut self,
+        g: GemmShape,
+        batch: GemmBatch,
+        a: Region,
+        b: Region,
+        c: Region,
+    ) -> Result<(), EngineError> {
+        let [a, b, c] = contract::gemm_batched(&g, &batch, a, b, c)?;
+        let base = self.regions("gemm_batched", &[a, b], &[c])?;
+        if batch.count == 0 {
+            return Ok(());
+        }
+        let e = self.ctx.enter()?;
+        self.blas
+            .gemm_batched(&e, &g, batch, at(base, a), at(base, b), at(base, c))
     }
 
     fn bias_add(

@@ -209,3 +209,160 @@ mod tests {
         check_grad("dense db", &b, &db, |b| loss(&x, &w, b));
     }
 }
+
+/// [`gemm`] over a batch: `C_i = alpha·op(A_i)·op(B_i) + beta·C_i` for `i < batch.count`, where
+/// `X_i` starts `i·stride_x` elements into `X` (a stride of 0 shares the operand). Each GEMM is
+/// one call of [`gemm`], so its result is bit-identical to that call's. The slices hold the
+/// batch's spans ([`GemmBatch::a_span`](crate::engine::GemmBatch::a_span) …), and `C`'s
+/// operands do not overlap (the backend contract checks both).
+pub fn gemm_batched(
+    g: &GemmShape,
+    batch: &crate::engine::GemmBatch,
+    a: &[f32],
+    b: &[f32],
+    c: &mut [f32],
+) {
+    for i in 0..batch.count {
+        gemm(
+            g,
+            &a[i * batch.stride_a..],
+            &b[i * batch.stride_b..],
+            &mut c[i * batch.stride_c..],
+        );
+    }
+}
+
+#[cfg(test)]
+mod batched_tests {
+    use super::*;
+    use crate::engine::cpu::ops::testing::random;
+    use crate::engine::GemmBatch;
+    use crate::rng::HostRng;
+    use proptest::prelude::*;
+
+    /// Runs `gemm_batched` and `batch.count` calls of `gemm` on the same random operands (laid
+    /// out with the batch's strides behind an offset of `lead` elements) and asserts the results
+    /// are bit-identical, and that C's elements outside the outputs are left alone.
+    fn check_batched(g: &GemmShape, batch: &GemmBatch, lead: usize, seed: u64) {
+        let mut rng = HostRng::new(seed);
+        let a = random(&mut rng, lead + batch.a_span(g).unwrap(), -1.0, 1.0);
+        let b = random(&mut rng, lead + batch.b_span(g).unwrap(), -1.0, 1.0);
+        let c0 = random(&mut rng, lead + batch.c_span(g).unwrap(), -1.0, 1.0);
+        let mut got = c0.clone();
+        gemm_batched(g, batch, &a[lead..], &b[lead..], &mut got[lead..]);
+        let mut want = c0.clone();
+        for i in 0..batch.count {
+            let (ao, bo, co) = (
+                lead + i * batch.stride_a,
+                lead + i * batch.stride_b,
+                lead + i * batch.stride_c,
+            );
+            gemm(
+                g,
+                &a[ao..ao + g.a_len()],
+                &b[bo..bo + g.b_len()],
+                &mut want[co..co + g.c_len()],
+            );
+        }
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&got), bits(&want), "{g:?} {batch:?} lead {lead}");
+    }
+
+    fn shape(trans_a: bool, trans_b: bool, m: usize, n: usize, k: usize) -> GemmShape {
+        GemmShape {
+            trans_a,
+            trans_b,
+            m,
+            n,
+            k,
+            alpha: 0.75,
+            beta: -1.25,
+        }
+    }
+
+    #[test]
+    fn batched_gemm_is_bit_identical_to_one_call_per_gemm() {
+        for (ta, tb) in [(false, false), (false, true), (true, false), (true, true)] {
+            for (m, n, k) in [(7, 5, 9), (1, 13, 3), (33, 19, 65), (64, 10, 128)] {
+                let g = shape(ta, tb, m, n, k);
+                for (alpha, beta) in [(1.0, 0.0), (0.75, -1.25)] {
+                    let g = GemmShape { alpha, beta, ..g };
+                    // Packed, padded to odd strides, and each operand shared in turn.
+                    let packed = GemmBatch {
+                        count: 5,
+                        stride_a: g.a_len(),
+                        stride_b: g.b_len(),
+                        stride_c: g.c_len(),
+                    };
+                    let padded = GemmBatch {
+                        stride_a: g.a_len() + 3,
+                        stride_b: g.b_len() + 1,
+                        stride_c: g.c_len() + 7,
+                        ..packed
+                    };
+                    let shared_a = GemmBatch {
+                        stride_a: 0,
+                        ..padded
+                    };
+                    let shared_b = GemmBatch {
+                        stride_b: 0,
+                        ..packed
+                    };
+                    for (i, batch) in [packed, padded, shared_a, shared_b].iter().enumerate() {
+                        check_batched(&g, batch, i, (m * 131 + n * 7 + k + i) as u64);
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn batched_gemm_with_beta_zero_overwrites_nan_in_every_output() {
+        let g = GemmShape {
+            trans_a: true,
+            ..GemmShape::nn(6, 4, 5)
+        };
+        let batch = GemmBatch {
+            count: 3,
+            stride_a: g.a_len(),
+            stride_b: 0,
+            stride_c: g.c_len(),
+        };
+        let mut rng = HostRng::new(9);
+        let a = random(&mut rng, batch.a_span(&g).unwrap(), -1.0, 1.0);
+        let b = random(&mut rng, g.b_len(), -1.0, 1.0);
+        let mut c = vec![f32::NAN; batch.c_span(&g).unwrap()];
+        gemm_batched(&g, &batch, &a, &b, &mut c);
+        assert!(c.iter().all(|x| x.is_finite()), "{c:?}");
+    }
+
+    #[test]
+    fn an_empty_batch_touches_nothing() {
+        let g = GemmShape::nn(3, 3, 3);
+        let batch = GemmBatch {
+            count: 0,
+            stride_a: 9,
+            stride_b: 9,
+            stride_c: 9,
+        };
+        let mut c = [];
+        gemm_batched(&g, &batch, &[], &[], &mut c);
+    }
+
+    proptest! {
+        #[test]
+        fn batched_gemm_matches_single_calls_on_random_shapes(
+            ta: bool, tb: bool, m in 0usize..9, n in 0usize..9, k in 0usize..9,
+            count in 0usize..6, share in 0usize..3, pad in 0usize..4, seed: u64,
+        ) {
+            let g = shape(ta, tb, m, n, k);
+            let batch = GemmBatch {
+                count,
+                stride_a: if share == 1 { 0 } else { g.a_len() + pad },
+                stride_b: if share == 2 { 0 } else { g.b_len() + pad },
+                stride_c: g.c_len() + pad,
+            };
+            check_batched(&g, &batch, pad, seed);
+        }
+    }
+}

@@ -17,7 +17,7 @@ pub use elementwise::{
     add, add_assign, bias_add, bias_grad, dropout_bwd, dropout_fwd, dropout_keep, relu_bwd,
     relu_fwd,
 };
-pub use gemm::gemm;
+pub use gemm::{gemm, gemm_batched};
 pub use loss::{eval_xent, softmax_xent};
 pub use norm::{avgpool_bwd, avgpool_fwd, batchnorm_bwd, batchnorm_fwd};
 pub use optim::{adam_step, sgd_step};
