@@ -7,7 +7,8 @@ use super::epochs::{self, Schedule, StepAt, Steps};
 use super::fault::{FaultKind, FaultSpec};
 use super::fit::largest_fitting;
 use super::{seeds, EpochStats, TrialConfig, TrialResult};
-use crate::engine::{Backend, Split, STATS_LEN};
+use crate::engine::cpu::denormals::FlushGuard;
+use crate::engine::{Backend, BackendKind, Split, STATS_LEN};
 use crate::error::TrialError;
 use crate::models;
 use crate::units::MIB;
@@ -15,13 +16,15 @@ use crate::units::MIB;
 /// Trains one trial on `be`, calling `on_epoch` after each epoch.
 ///
 /// The arena is allocated from the backend's (capped) pool before step 0, so a trial that does not
-/// fit fails here, having done nothing.
+/// fit fails here, having done nothing. On the CPU backend the calling thread flushes subnormal
+/// floats to zero until this returns ([`FlushGuard`]).
 pub fn run_trial(
     be: &mut dyn Backend,
     cfg: &TrialConfig,
     on_epoch: &mut dyn FnMut(&EpochStats),
 ) -> Result<TrialResult, TrialError> {
     let started = Instant::now();
+    let _flush = FlushGuard::when(be.kind() == BackendKind::Cpu);
     let h = &cfg.hyper;
     let batch = h.batch_size as usize;
     let n_train = be.split_len(Split::Train);
@@ -418,5 +421,26 @@ mod tests {
             e.to_string().contains("no batch size fits (batch 1 needs"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn a_cpu_trial_flushes_subnormals_while_it_runs_and_restores_the_mode() {
+        use crate::engine::cpu::denormals::flushing;
+        let supported = cfg!(any(target_arch = "x86_64", target_arch = "aarch64"));
+        std::thread::spawn(move || {
+            assert!(!flushing());
+            let mut seen = Vec::new();
+            run_trial(&mut backend(64.0), &config(8), &mut |_| {
+                seen.push(flushing())
+            })
+            .unwrap();
+            assert!(
+                !seen.is_empty() && seen.iter().all(|&f| f == supported),
+                "{seen:?}"
+            );
+            assert!(!flushing(), "the trial's thread gets its mode back");
+        })
+        .join()
+        .unwrap();
     }
 }
