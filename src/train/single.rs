@@ -443,4 +443,67 @@ mod tests {
         .join()
         .unwrap();
     }
+
+    /// 20 epochs of an MLP with Adam, with and without flushing subnormals, on fresh threads.
+    #[test]
+    fn flushing_subnormals_keeps_a_trained_mlp_within_1e_6_of_training_without() {
+        use crate::data::synthetic;
+        use crate::engine::cpu::denormals::FlushGuard;
+        let (train, test) = synthetic::generate([1, 12, 12], 10, 600, 100, 7).unwrap();
+        let d = Arc::new(Dataset::in_memory(
+            "synthetic",
+            [1, 12, 12],
+            10,
+            train,
+            test,
+        ));
+        let run = |flush: bool| {
+            let d = Arc::clone(&d);
+            std::thread::spawn(move || {
+                let _g = FlushGuard::when(flush);
+                let mut spec = ModelSpec::of(ModelKind::Mlp);
+                spec.hidden = Some(vec![32]);
+                let h = Hyper {
+                    lr: 0.002,
+                    batch_size: 50,
+                    optimizer: Optimizer::Adam,
+                    momentum: 0.9,
+                    weight_decay: 0.0,
+                    dropout: 0.0,
+                };
+                let mut be = CpuBackend::new(d, None);
+                let mut net =
+                    crate::train::mirrored::plan_on(&mut be, &spec, [1, 12, 12], 10, 50, &h)
+                        .unwrap();
+                net.init(&mut be, seeds::init(3)).unwrap();
+                for epoch in 1..=20 {
+                    be.set_train_order(&seeds::epoch_order(3, epoch, 600))
+                        .unwrap();
+                    for _ in 0..12 {
+                        net.train_step(&mut be, 12, seeds::dropout(3), &h).unwrap();
+                    }
+                }
+                let mut p = vec![0f32; net.params.len];
+                be.read(net.params, &mut p).unwrap();
+                p
+            })
+            .join()
+            .unwrap()
+        };
+        let (flushed, kept) = (run(true), run(false));
+        assert!(flushed.iter().all(|x| x.is_finite() && !x.is_subnormal()));
+        let (mut d2, mut w2, mut worst) = (0f64, 0f64, 0f64);
+        for (&a, &b) in flushed.iter().zip(&kept) {
+            let (a, b) = (a as f64, b as f64);
+            d2 += (a - b).powi(2);
+            w2 += b * b;
+            worst = worst.max((a - b).abs());
+        }
+        let subnormal = kept.iter().filter(|x| x.is_subnormal()).count();
+        let rel = (d2 / w2).sqrt();
+        assert!(
+            rel < 1e-6 && worst < 1e-6,
+            "‖Δ‖/‖w‖ {rel:.2e}, worst {worst:.2e}, {subnormal} subnormal weights without flushing"
+        );
+    }
 }
