@@ -7,7 +7,8 @@ use super::epochs::{self, Schedule, StepAt, Steps};
 use super::fault::{FaultKind, FaultSpec};
 use super::fit::largest_fitting;
 use super::{seeds, EpochStats, TrialConfig, TrialResult};
-use crate::engine::{Backend, Split, STATS_LEN};
+use crate::engine::cpu::denormals::FlushGuard;
+use crate::engine::{Backend, BackendKind, Split, STATS_LEN};
 use crate::error::TrialError;
 use crate::models;
 use crate::units::MIB;
@@ -15,13 +16,15 @@ use crate::units::MIB;
 /// Trains one trial on `be`, calling `on_epoch` after each epoch.
 ///
 /// The arena is allocated from the backend's (capped) pool before step 0, so a trial that does not
-/// fit fails here, having done nothing.
+/// fit fails here, having done nothing. On the CPU backend the calling thread flushes subnormal
+/// floats to zero until this returns ([`FlushGuard`]).
 pub fn run_trial(
     be: &mut dyn Backend,
     cfg: &TrialConfig,
     on_epoch: &mut dyn FnMut(&EpochStats),
 ) -> Result<TrialResult, TrialError> {
     let started = Instant::now();
+    let _flush = FlushGuard::when(be.kind() == BackendKind::Cpu);
     let h = &cfg.hyper;
     let batch = h.batch_size as usize;
     let n_train = be.split_len(Split::Train);
@@ -417,6 +420,90 @@ mod tests {
         assert!(
             e.to_string().contains("no batch size fits (batch 1 needs"),
             "{e}"
+        );
+    }
+
+    #[test]
+    fn a_cpu_trial_flushes_subnormals_while_it_runs_and_restores_the_mode() {
+        use crate::engine::cpu::denormals::flushing;
+        let supported = cfg!(any(target_arch = "x86_64", target_arch = "aarch64"));
+        std::thread::spawn(move || {
+            assert!(!flushing());
+            let mut seen = Vec::new();
+            run_trial(&mut backend(64.0), &config(8), &mut |_| {
+                seen.push(flushing())
+            })
+            .unwrap();
+            assert!(
+                !seen.is_empty() && seen.iter().all(|&f| f == supported),
+                "{seen:?}"
+            );
+            assert!(!flushing(), "the trial's thread gets its mode back");
+        })
+        .join()
+        .unwrap();
+    }
+
+    /// 20 epochs of an MLP with Adam, with and without flushing subnormals, on fresh threads.
+    #[test]
+    fn flushing_subnormals_keeps_a_trained_mlp_within_1e_6_of_training_without() {
+        use crate::data::synthetic;
+        use crate::engine::cpu::denormals::FlushGuard;
+        let (train, test) = synthetic::generate([1, 12, 12], 10, 600, 100, 7).unwrap();
+        let d = Arc::new(Dataset::in_memory(
+            "synthetic",
+            [1, 12, 12],
+            10,
+            train,
+            test,
+        ));
+        let run = |flush: bool| {
+            let d = Arc::clone(&d);
+            std::thread::spawn(move || {
+                let _g = FlushGuard::when(flush);
+                let mut spec = ModelSpec::of(ModelKind::Mlp);
+                spec.hidden = Some(vec![32]);
+                let h = Hyper {
+                    lr: 0.002,
+                    batch_size: 50,
+                    optimizer: Optimizer::Adam,
+                    momentum: 0.9,
+                    weight_decay: 0.0,
+                    dropout: 0.0,
+                };
+                let mut be = CpuBackend::new(d, None);
+                let mut net =
+                    crate::train::mirrored::plan_on(&mut be, &spec, [1, 12, 12], 10, 50, &h)
+                        .unwrap();
+                net.init(&mut be, seeds::init(3)).unwrap();
+                for epoch in 1..=20 {
+                    be.set_train_order(&seeds::epoch_order(3, epoch, 600))
+                        .unwrap();
+                    for _ in 0..12 {
+                        net.train_step(&mut be, 12, seeds::dropout(3), &h).unwrap();
+                    }
+                }
+                let mut p = vec![0f32; net.params.len];
+                be.read(net.params, &mut p).unwrap();
+                p
+            })
+            .join()
+            .unwrap()
+        };
+        let (flushed, kept) = (run(true), run(false));
+        assert!(flushed.iter().all(|x| x.is_finite() && !x.is_subnormal()));
+        let (mut d2, mut w2, mut worst) = (0f64, 0f64, 0f64);
+        for (&a, &b) in flushed.iter().zip(&kept) {
+            let (a, b) = (a as f64, b as f64);
+            d2 += (a - b).powi(2);
+            w2 += b * b;
+            worst = worst.max((a - b).abs());
+        }
+        let subnormal = kept.iter().filter(|x| x.is_subnormal()).count();
+        let rel = (d2 / w2).sqrt();
+        assert!(
+            rel < 1e-6 && worst < 1e-6,
+            "‖Δ‖/‖w‖ {rel:.2e}, worst {worst:.2e}, {subnormal} subnormal weights without flushing"
         );
     }
 }

@@ -1,5 +1,6 @@
 //! The CPU reference backend: the arena is host memory, every op is a twin in [`ops`].
 
+pub mod denormals;
 mod im2col;
 pub mod ops;
 

@@ -3,7 +3,8 @@
 use std::time::Instant;
 
 use super::{plan_on, ParallelConfig};
-use crate::engine::{Backend, Split};
+use crate::engine::cpu::denormals::FlushGuard;
+use crate::engine::{Backend, BackendKind, Split};
 use crate::error::{EngineError, TrialError};
 
 /// Untimed steps first (kernels load, caches warm).
@@ -39,6 +40,8 @@ pub fn measure(
             message: format!("a batch of {rows} for {n} training samples"),
         }));
     }
+    // Timed as a trial trains: flushing subnormals on the CPU.
+    let _flush = FlushGuard::when(be.kind() == BackendKind::Cpu);
     let t = &cfg.trial;
     let (h, seed) = (&t.hyper, t.seed);
     let mut net = plan_on(be, &t.model, t.input, t.classes, rows, h)?;

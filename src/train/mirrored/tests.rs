@@ -75,6 +75,8 @@ fn config(
 
 /// `steps` single-slice training steps on the global batch, through `Network::train_step`.
 fn single(cfg: &ParallelConfig, steps: usize) -> Vec<f32> {
+    // As `run_trial` and the replicas' threads train.
+    let _flush = crate::engine::cpu::denormals::FlushGuard::new();
     let d = data();
     let global: usize = cfg.shards.iter().sum();
     let mut be = CpuBackend::new(Arc::clone(&d), None);
