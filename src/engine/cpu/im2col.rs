@@ -75,8 +75,15 @@ pub fn col2im(s: &Conv2dShape, col: &[f32], dx: &mut [f32]) {
     for_each_segment(s, |seg| {
         if let Some(x0) = seg.x {
             let src = &col[seg.col + seg.lo..seg.col + seg.hi];
-            for (d, &c) in dx[x0..].iter_mut().step_by(st).zip(src) {
-                *d += c;
+            if st == 1 {
+                // Contiguous: a plain slice add, which the compiler vectorises.
+                for (d, &c) in dx[x0..x0 + src.len()].iter_mut().zip(src) {
+                    *d += c;
+                }
+            } else {
+                for (d, &c) in dx[x0..].iter_mut().step_by(st).zip(src) {
+                    *d += c;
+                }
             }
         }
     });

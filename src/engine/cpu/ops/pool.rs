@@ -17,6 +17,61 @@ fn window(s: &PoolShape, oy: usize, ox: usize) -> impl Iterator<Item = usize> {
 
 /// Max over each window.
 pub fn maxpool_fwd(s: &PoolShape, x: &[f32], y: &mut [f32]) {
+    if s.pad == 0 {
+        maxpool_fwd_unpadded(s, x, y)
+    } else {
+        maxpool_fwd_windowed(s, x, y)
+    }
+}
+
+/// [`maxpool_fwd`] when `pad == 0`: every window lies inside the plane and is indexed directly,
+/// in the same row-major order.
+fn maxpool_fwd_unpadded(s: &PoolShape, x: &[f32], y: &mut [f32]) {
+    let (plane, ho, wo) = (s.h * s.w, s.h_out(), s.w_out());
+    let (k, st, w) = (s.k, s.stride.max(1), s.w);
+    for p in 0..s.n * s.c {
+        let xp = &x[p * plane..(p + 1) * plane];
+        let yp = &mut y[p * ho * wo..(p + 1) * ho * wo];
+        if k == 2 && st == 2 {
+            // The common 2×2/2 pool, one pair of input rows at a time.
+            for (oy, yr) in yp.chunks_exact_mut(wo).enumerate() {
+                let r0 = &xp[2 * oy * w..2 * oy * w + 2 * wo];
+                let r1 = &xp[(2 * oy + 1) * w..(2 * oy + 1) * w + 2 * wo];
+                for ((out, a), b) in yr
+                    .iter_mut()
+                    .zip(r0.chunks_exact(2))
+                    .zip(r1.chunks_exact(2))
+                {
+                    let mut max = a[0];
+                    for v in [a[1], b[0], b[1]] {
+                        if v > max {
+                            max = v;
+                        }
+                    }
+                    *out = max;
+                }
+            }
+            continue;
+        }
+        for oy in 0..ho {
+            for (ox, out) in yp[oy * wo..(oy + 1) * wo].iter_mut().enumerate() {
+                let base = oy * st * w + ox * st;
+                let mut max = xp[base];
+                for ky in 0..k {
+                    for &v in &xp[base + ky * w..base + ky * w + k] {
+                        if v > max {
+                            max = v;
+                        }
+                    }
+                }
+                *out = max;
+            }
+        }
+    }
+}
+
+/// [`maxpool_fwd`] for any padding, through [`window`].
+fn maxpool_fwd_windowed(s: &PoolShape, x: &[f32], y: &mut [f32]) {
     let (plane, ho, wo) = (s.h * s.w, s.h_out(), s.w_out());
     for p in 0..s.n * s.c {
         let xp = &x[p * plane..(p + 1) * plane];
@@ -38,8 +93,67 @@ pub fn maxpool_fwd(s: &PoolShape, x: &[f32], y: &mut [f32]) {
 /// elsewhere, including dropped trailing rows/columns). The max is the window's `y`; a window
 /// holding no element equal to it (a NaN max) routes nothing.
 pub fn maxpool_bwd(s: &PoolShape, x: &[f32], y: &[f32], dy: &[f32], dx: &mut [f32]) {
-    let (plane, ho, wo) = (s.h * s.w, s.h_out(), s.w_out());
     dx[..s.x_len()].fill(0.0);
+    if s.pad == 0 {
+        maxpool_bwd_unpadded(s, x, y, dy, dx)
+    } else {
+        maxpool_bwd_windowed(s, x, y, dy, dx)
+    }
+}
+
+/// [`maxpool_bwd`] into a zeroed `dx` when `pad == 0`, indexing each window directly in the same
+/// row-major order.
+fn maxpool_bwd_unpadded(s: &PoolShape, x: &[f32], y: &[f32], dy: &[f32], dx: &mut [f32]) {
+    let (plane, ho, wo) = (s.h * s.w, s.h_out(), s.w_out());
+    let (k, st, w) = (s.k, s.stride.max(1), s.w);
+    for p in 0..s.n * s.c {
+        let xp = &x[p * plane..(p + 1) * plane];
+        let dxp = &mut dx[p * plane..(p + 1) * plane];
+        if k == 2 && st == 2 {
+            // The common 2×2/2 pool: windows do not overlap, so each gradient lands alone.
+            for oy in 0..ho {
+                for ox in 0..wo {
+                    let o = p * ho * wo + oy * wo + ox;
+                    let (i0, i1) = (2 * oy * w + 2 * ox, (2 * oy + 1) * w + 2 * ox);
+                    let m = y[o];
+                    let i = if xp[i0] == m {
+                        i0
+                    } else if xp[i0 + 1] == m {
+                        i0 + 1
+                    } else if xp[i1] == m {
+                        i1
+                    } else if xp[i1 + 1] == m {
+                        i1 + 1
+                    } else {
+                        continue;
+                    };
+                    dxp[i] += dy[o];
+                }
+            }
+            continue;
+        }
+        for oy in 0..ho {
+            for ox in 0..wo {
+                let o = p * ho * wo + oy * wo + ox;
+                let base = oy * st * w + ox * st;
+                let hit = (0..k).find_map(|ky| {
+                    let row = base + ky * w;
+                    xp[row..row + k]
+                        .iter()
+                        .position(|&v| v == y[o])
+                        .map(|kx| row + kx)
+                });
+                if let Some(i) = hit {
+                    dxp[i] += dy[o];
+                }
+            }
+        }
+    }
+}
+
+/// [`maxpool_bwd`] into a zeroed `dx` for any padding, through [`window`].
+fn maxpool_bwd_windowed(s: &PoolShape, x: &[f32], y: &[f32], dy: &[f32], dx: &mut [f32]) {
+    let (plane, ho, wo) = (s.h * s.w, s.h_out(), s.w_out());
     for p in 0..s.n * s.c {
         let xp = &x[p * plane..(p + 1) * plane];
         let dxp = &mut dx[p * plane..(p + 1) * plane];
@@ -176,5 +290,46 @@ mod tests {
             pad: 1,
         };
         gradient_check(&s, 42, "overlapping maxpool dx");
+    }
+
+    #[test]
+    fn unpadded_paths_match_the_windowed_ones_bit_for_bit() {
+        // Coarse values give ties; a few NaNs test the comparison order.
+        let mut rng = HostRng::new(43);
+        for k in 1..=4 {
+            for stride in 1..=4 {
+                for (h, w) in [(4, 4), (7, 6), (9, 11)] {
+                    let s = PoolShape {
+                        n: 2,
+                        c: 2,
+                        h,
+                        w,
+                        k,
+                        stride,
+                        pad: 0,
+                    };
+                    if !s.fits() {
+                        continue;
+                    }
+                    let mut x: Vec<f32> = random(&mut rng, s.x_len(), -3.0, 3.0)
+                        .iter()
+                        .map(|v| v.round())
+                        .collect();
+                    for i in (0..x.len()).step_by(13) {
+                        x[i] = f32::NAN;
+                    }
+                    let dy = random(&mut rng, s.y_len(), -1.0, 1.0);
+                    let (mut y1, mut y2) = (vec![0.0; s.y_len()], vec![1.0; s.y_len()]);
+                    maxpool_fwd_unpadded(&s, &x, &mut y1);
+                    maxpool_fwd_windowed(&s, &x, &mut y2);
+                    let bits = |v: &[f32]| v.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+                    assert_eq!(bits(&y1), bits(&y2), "{s:?}");
+                    let (mut d1, mut d2) = (vec![0.0; s.x_len()], vec![0.0; s.x_len()]);
+                    maxpool_bwd_unpadded(&s, &x, &y1, &dy, &mut d1);
+                    maxpool_bwd_windowed(&s, &x, &y1, &dy, &mut d2);
+                    assert_eq!(bits(&d1), bits(&d2), "{s:?}");
+                }
+            }
+        }
     }
 }
