@@ -1,4 +1,5 @@
-// Optimiser steps, elementwise over the parameters. CPU twins: ops::sgd_step, ops::adam_step.
+// Optimiser steps, elementwise over the parameters. CPU twins: ops::sgd_step, ops::adam_step,
+// ops::sgd_step_batched, ops::adam_step_batched.
 // The module is compiled with --fmad=false, so each product and sum rounds separately in the
 // twin's order of operations.
 
@@ -46,6 +47,61 @@ extern "C" __global__ void adam_step(float* w, const float* g, float* m, float* 
     const float bc1 = 1.0f - powi(b1, t), bc2 = 1.0f - powi(b2, t);
     FOR_EACH(u64, i, n)
     {
+        const float gi = g[i] + wd * w[i];
+        const float mi = b1 * m[i] + (1.0f - b1) * gi;
+        const float vi = b2 * v[i] + (1.0f - b2) * gi * gi;
+        m[i] = mi;
+        v[i] = vi;
+        w[i] -= lr * (mi / bc1) / (sqrtf(vi / bc2) + eps);
+    }
+}
+
+// The hyper table of a fused group (src/engine/fused.rs): one row of HYPER_LEN floats per trial.
+#define HYPER_LR 0u
+#define HYPER_WD 1u
+#define HYPER_MOMENTUM 2u
+#define HYPER_BETA1 3u
+#define HYPER_BETA2 4u
+#define HYPER_EPS 5u
+#define HYPER_LIVE 6u
+#define HYPER_LEN 7u
+
+// sgd_step over n = trials·params elements: element i belongs to trial i / params and uses the
+// lr, momentum and wd of that trial's row of hyper; a trial with live == 0 is left untouched.
+extern "C" __global__ void sgd_step_batched(float* w, const float* g, float* v, unsigned int n,
+                                            unsigned int params, const float* hyper)
+{
+    FOR_EACH(u64, i, n)
+    {
+        const float* h = hyper + (i / params) * HYPER_LEN;
+        if (h[HYPER_LIVE] == 0.0f) {
+            continue;
+        }
+        const float lr = h[HYPER_LR], momentum = h[HYPER_MOMENTUM], wd = h[HYPER_WD];
+        const float gi = g[i] + wd * w[i];
+        const float vi = momentum == 0.0f ? gi : momentum * v[i] + gi;
+        v[i] = vi;
+        w[i] -= lr * vi;
+    }
+}
+
+// adam_step over n = trials·params elements at step t = *counter + 1, each trial with the lr,
+// betas, eps and wd of its row of hyper; a trial with live == 0 is left untouched.
+extern "C" __global__ void adam_step_batched(float* w, const float* g, float* m, float* v,
+                                             unsigned int n, unsigned int params,
+                                             const float* hyper, const unsigned int* counter)
+{
+    unsigned int t = *counter + 1u;
+    t = t > 0x7fffffffu ? 0x7fffffffu : t;
+    FOR_EACH(u64, i, n)
+    {
+        const float* h = hyper + (i / params) * HYPER_LEN;
+        if (h[HYPER_LIVE] == 0.0f) {
+            continue;
+        }
+        const float lr = h[HYPER_LR], b1 = h[HYPER_BETA1], b2 = h[HYPER_BETA2];
+        const float eps = h[HYPER_EPS], wd = h[HYPER_WD];
+        const float bc1 = 1.0f - powi(b1, t), bc2 = 1.0f - powi(b2, t);
         const float gi = g[i] + wd * w[i];
         const float mi = b1 * m[i] + (1.0f - b1) * gi;
         const float vi = b2 * v[i] + (1.0f - b2) * gi * gi;

@@ -685,6 +685,45 @@ fn optimisers_match_the_cpu() {
     p.assert_close(v, 1e-6, 1e-5, "adam v");
 }
 
+/// The batched SGD and Adam steps over 13 trials with mixed hyperparameters (momentum and weight
+/// decay 0 for some, differing betas, two trials dead) against the CPU's.
+fn batched_optimisers_match_the_cpu() {
+    use gpumux::engine::fused::*;
+    let e = gpu_or_skip!();
+    let mut p = Pair::new(&e);
+    let (trials, params) = (13, 1001);
+    let n = trials * params;
+    let mut table = vec![0.0f32; trials * HYPER_LEN];
+    for (i, row) in table.chunks_mut(HYPER_LEN).enumerate() {
+        let f = i as f32;
+        row[HYPER_LR] = 1e-3 * (1.0 + f);
+        row[HYPER_WD] = if i % 3 == 0 { 0.0 } else { 1e-4 * f };
+        row[HYPER_MOMENTUM] = if i % 2 == 0 { 0.0 } else { 0.9 };
+        row[HYPER_BETA1] = 0.9 - 0.01 * f;
+        row[HYPER_BETA2] = if i % 2 == 0 { 0.999 } else { 0.99 };
+        row[HYPER_EPS] = if i % 4 == 0 { 1e-8 } else { 1e-6 };
+        row[HYPER_LIVE] = if i == 4 || i == 12 { 0.0 } else { 1.0 };
+    }
+    let hyper = p.region(table.len());
+    p.set(hyper, &table);
+    let (w, g, v) = (
+        p.random(n, -1.0, 1.0),
+        p.random(n, -1.0, 1.0),
+        p.random(n, -0.1, 0.1),
+    );
+    p.both(|b| b.sgd_step_batched(w, g, v, hyper, trials));
+    p.assert_close(w, 1e-6, 1e-5, "batched sgd w");
+    p.assert_close(v, 1e-6, 1e-5, "batched sgd v");
+    let (w, g) = (p.random(n, -1.0, 1.0), p.random(n, -1.0, 1.0));
+    let (m, v) = (p.random(n, -0.1, 0.1), p.random(n, 0.0, 0.1));
+    let counter = p.region(1);
+    p.set(counter, &[f32::from_bits(4)]);
+    p.both(|b| b.adam_step_batched(w, g, m, v, hyper, trials, counter));
+    p.assert_close(w, 1e-6, 1e-5, "batched adam w");
+    p.assert_close(m, 1e-6, 1e-5, "batched adam m");
+    p.assert_close(v, 1e-6, 1e-5, "batched adam v");
+}
+
 fn gathers_follow_the_epoch_order_and_the_counter() {
     let e = gpu_or_skip!();
     let mut p = Pair::new(&e);
@@ -1313,6 +1352,10 @@ fn tests() -> Vec<(String, Needs, Body)> {
             softmax_cross_entropy_matches_the_cpu,
         ),
         ("optimisers_match_the_cpu", optimisers_match_the_cpu),
+        (
+            "batched_optimisers_match_the_cpu",
+            batched_optimisers_match_the_cpu,
+        ),
         (
             "gathers_follow_the_epoch_order_and_the_counter",
             gathers_follow_the_epoch_order_and_the_counter,

@@ -1,5 +1,6 @@
 //! The backend contract: every shape, region and label check of the [`Backend`](super::Backend) ops, written once and called by both backends, so that they refuse the same inputs with the same errors.
 
+use super::fused::HYPER_LEN;
 use super::{
     Conv2dShape, GemmBatch, GemmShape, PlaneShape, PoolShape, Region, COUNTER_LEN, STATS_LEN,
 };
@@ -281,6 +282,33 @@ pub fn elementwise<const N: usize>(
         *o = need(op, what, r, len)?;
     }
     Ok(out)
+}
+
+/// A batched optimizer step over `trials` trials: `w` splits into `trials` equal parts of `P`
+/// parameters, the `named` regions hold `w.len` elements each, and `hyper` holds one row of
+/// [`HYPER_LEN`] per trial. Returns `P` and the checked regions, `hyper` last.
+pub fn optim_batched<const N: usize>(
+    op: &'static str,
+    w: Region,
+    named: [(&str, Region); N],
+    hyper: Region,
+    trials: usize,
+) -> Result<(usize, [Region; N], Region), EngineError> {
+    if (trials == 0 && w.len > 0) || (trials > 0 && w.len % trials != 0) {
+        return Err(shape_error(
+            op,
+            format!("w's {} elements do not split into {trials} trials", w.len),
+        ));
+    }
+    let rows = trials
+        .checked_mul(HYPER_LEN)
+        .ok_or_else(|| shape_error(op, format!("a hyper table of {trials} trials does not fit")))?;
+    let params = w.len.checked_div(trials).unwrap_or(0);
+    Ok((
+        params,
+        elementwise(op, named, w.len)?,
+        need(op, "hyper", hyper, rows)?,
+    ))
 }
 
 /// The regions of `conv2d_fwd` (the workspace is the backend's to size).
@@ -635,6 +663,35 @@ mod tests {
             ..batch
         };
         assert!(gemm_batched(&g, &huge, a, b, c).is_err());
+    }
+
+    #[test]
+    fn batched_optimizer_regions_split_into_trials() {
+        use super::super::fused::HYPER_LEN;
+        let (w, g, h) = (Region::new(0, 12), Region::new(12, 12), Region::new(24, 40));
+        let (params, [g2], h2) = optim_batched("op", w, [("g", g)], h, 3).unwrap();
+        assert_eq!((params, g2, h2.len), (4, g, 3 * HYPER_LEN));
+        let e = optim_batched("op", w, [("g", g)], h, 5).unwrap_err();
+        assert_eq!(
+            message(e),
+            "shape mismatch in op: w's 12 elements do not split into 5 trials"
+        );
+        let e = optim_batched("op", w, [("g", g)], Region::new(24, 20), 3).unwrap_err();
+        assert_eq!(
+            message(e),
+            format!(
+                "shape mismatch in op: hyper holds 20 elements, needs {}",
+                3 * HYPER_LEN
+            )
+        );
+        let e = optim_batched("op", w, [("g", Region::new(12, 11))], h, 3).unwrap_err();
+        assert_eq!(
+            message(e),
+            "shape mismatch in op: g holds 11 elements, needs 12"
+        );
+        let empty = Region::new(0, 0);
+        assert!(optim_batched("op", empty, [("g", empty)], empty, 0).is_ok());
+        assert!(optim_batched("op", w, [("g", g)], h, 0).is_err());
     }
 
     #[test]

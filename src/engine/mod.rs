@@ -7,6 +7,7 @@
 pub mod contract;
 pub mod cpu;
 pub mod cuda;
+pub mod fused;
 pub mod options;
 pub mod shapes;
 
@@ -326,6 +327,32 @@ pub trait Backend: Send {
         m: Region,
         v: Region,
         p: AdamParams,
+        counter: Region,
+    ) -> Result<(), EngineError>;
+    /// [`Backend::sgd_step`] over a fused group of `trials` trials of `w.len / trials`
+    /// parameters each (trial `i`'s at `i·P` in `w`, `g` and `v`), each with the lr, momentum and
+    /// weight decay of its row of the hyper table `hyper` ([`fused`]); a trial whose `live` is 0
+    /// is left untouched. Each trial computes what [`Backend::sgd_step`] computes.
+    fn sgd_step_batched(
+        &mut self,
+        w: Region,
+        g: Region,
+        v: Region,
+        hyper: Region,
+        trials: usize,
+    ) -> Result<(), EngineError>;
+    /// [`Backend::adam_step`] over a fused group, as [`Backend::sgd_step_batched`] is over
+    /// [`Backend::sgd_step`]: one shared step counter, each trial's lr, betas, eps and weight
+    /// decay from its row of `hyper`.
+    #[allow(clippy::too_many_arguments)]
+    fn adam_step_batched(
+        &mut self,
+        w: Region,
+        g: Region,
+        m: Region,
+        v: Region,
+        hyper: Region,
+        trials: usize,
         counter: Region,
     ) -> Result<(), EngineError>;
     /// Waits until every op issued so far has finished.

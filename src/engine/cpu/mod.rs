@@ -501,6 +501,41 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
+    fn sgd_step_batched(
+        &mut self,
+        w: Region,
+        g: Region,
+        v: Region,
+        hyper: Region,
+        trials: usize,
+    ) -> Result<(), EngineError> {
+        let op = "sgd_step_batched";
+        let (_, [g, v], hyper) =
+            contract::optim_batched(op, w, [("g", g), ("v", v)], hyper, trials)?;
+        let ([g, hyper], [w, v]) = self.views(op, [g, hyper], [w, v])?;
+        ops::sgd_step_batched(w, g, v, hyper, trials);
+        Ok(())
+    }
+
+    fn adam_step_batched(
+        &mut self,
+        w: Region,
+        g: Region,
+        m: Region,
+        v: Region,
+        hyper: Region,
+        trials: usize,
+        counter: Region,
+    ) -> Result<(), EngineError> {
+        let op = "adam_step_batched";
+        let t = self.count(counter)?.wrapping_add(1);
+        let (_, [g, m, v], hyper) =
+            contract::optim_batched(op, w, [("g", g), ("m", m), ("v", v)], hyper, trials)?;
+        let ([g, hyper], [w, m, v]) = self.views(op, [g, hyper], [w, m, v])?;
+        ops::adam_step_batched(w, g, m, v, hyper, trials, t);
+        Ok(())
+    }
+
     fn synchronize(&mut self) -> Result<(), EngineError> {
         Ok(())
     }

@@ -104,7 +104,12 @@ pub const MODULES: &[KernelModule] = &[
     KernelModule {
         name: "optim",
         source: include_str!("../../../kernels/optim.cu"),
-        functions: &["sgd_step", "adam_step"],
+        functions: &[
+            "sgd_step",
+            "adam_step",
+            "sgd_step_batched",
+            "adam_step_batched",
+        ],
     },
     KernelModule {
         name: "data",
@@ -576,7 +581,7 @@ mod tests {
     #[test]
     fn every_kernel_of_the_readme_is_in_its_module() {
         let listed = readme_kernels();
-        assert_eq!(listed.len(), 30, "{listed:?}");
+        assert_eq!(listed.len(), 32, "{listed:?}");
         for (file, name) in &listed {
             let m = MODULES.iter().find(|m| m.name == file).unwrap();
             assert!(m.functions.contains(&name.as_str()), "{file}: {name}");

@@ -597,6 +597,59 @@ impl Backend for CudaBackend {
         self.elementwise(&e, "adam_step", w.len, &args)
     }
 
+    fn sgd_step_batched(
+        &mut self,
+        w: Region,
+        g: Region,
+        v: Region,
+        hyper: Region,
+        trials: usize,
+    ) -> Result<(), EngineError> {
+        let op = "sgd_step_batched";
+        let (params, [g, v], hyper) =
+            contract::optim_batched(op, w, [("g", g), ("v", v)], hyper, trials)?;
+        let base = self.regions(op, &[g, hyper], &[w, v])?;
+        let args = [
+            Arg::Ptr(at(base, w)),
+            Arg::Ptr(at(base, g)),
+            Arg::Ptr(at(base, v)),
+            Arg::U32(to_u32(op, "len", w.len)?),
+            Arg::U32(to_u32(op, "params", params)?),
+            Arg::Ptr(at(base, hyper)),
+        ];
+        let e = self.ctx.enter()?;
+        self.elementwise(&e, op, w.len, &args)
+    }
+
+    fn adam_step_batched(
+        &mut self,
+        w: Region,
+        g: Region,
+        m: Region,
+        v: Region,
+        hyper: Region,
+        trials: usize,
+        counter: Region,
+    ) -> Result<(), EngineError> {
+        let op = "adam_step_batched";
+        let counter = contract::counter(counter)?;
+        let (params, [g, m, v], hyper) =
+            contract::optim_batched(op, w, [("g", g), ("m", m), ("v", v)], hyper, trials)?;
+        let base = self.regions(op, &[g, hyper, counter], &[w, m, v])?;
+        let args = [
+            Arg::Ptr(at(base, w)),
+            Arg::Ptr(at(base, g)),
+            Arg::Ptr(at(base, m)),
+            Arg::Ptr(at(base, v)),
+            Arg::U32(to_u32(op, "len", w.len)?),
+            Arg::U32(to_u32(op, "params", params)?),
+            Arg::Ptr(at(base, hyper)),
+            Arg::Ptr(at(base, counter)),
+        ];
+        let e = self.ctx.enter()?;
+        self.elementwise(&e, op, w.len, &args)
+    }
+
     fn synchronize(&mut self) -> Result<(), EngineError> {
         self.not_capturing("synchronize")?;
         self.stream.wait()

@@ -20,7 +20,7 @@ pub use elementwise::{
 pub use gemm::{gemm, gemm_batched};
 pub use loss::{eval_xent, softmax_xent};
 pub use norm::{avgpool_bwd, avgpool_fwd, batchnorm_bwd, batchnorm_fwd};
-pub use optim::{adam_step, sgd_step};
+pub use optim::{adam_step, adam_step_batched, sgd_step, sgd_step_batched};
 pub use pool::{maxpool_bwd, maxpool_fwd};
 
 /// What the twins' tests share: random data and the gradient check.

@@ -126,3 +126,181 @@ mod tests {
         assert_close("v", v, 0.00121);
     }
 }
+
+/// The hyperparameters in trial `i`'s row of the hyper table, or `None` when it is dead.
+fn trial_row(hyper: &[f32], i: usize) -> Option<&[f32]> {
+    use crate::engine::fused::{HYPER_LEN, HYPER_LIVE};
+    let row = &hyper[i * HYPER_LEN..(i + 1) * HYPER_LEN];
+    (row[HYPER_LIVE] != 0.0).then_some(row)
+}
+
+/// [`sgd_step`] over `trials` trials of `w.len() / trials` parameters each (trial `i`'s at
+/// `i·P`), each with the lr, momentum and weight decay of its row of `hyper`
+/// ([`crate::engine::fused`]). Each trial is one call of [`sgd_step`], so it is bit-identical to
+/// that call; a dead trial (`live == 0`) is left untouched.
+pub fn sgd_step_batched(w: &mut [f32], g: &[f32], v: &mut [f32], hyper: &[f32], trials: usize) {
+    use crate::engine::fused::{HYPER_LR, HYPER_MOMENTUM, HYPER_WD};
+    if trials == 0 {
+        return;
+    }
+    let p = w.len() / trials;
+    for i in 0..trials {
+        let Some(h) = trial_row(hyper, i) else {
+            continue;
+        };
+        let at = i * p..(i + 1) * p;
+        sgd_step(
+            &mut w[at.clone()],
+            &g[at.clone()],
+            &mut v[at],
+            h[HYPER_LR],
+            h[HYPER_MOMENTUM],
+            h[HYPER_WD],
+        );
+    }
+}
+
+/// [`adam_step`] at step `t` over `trials` trials of `w.len() / trials` parameters each, as
+/// [`sgd_step_batched`] is over [`sgd_step`]: each trial reads lr, β1, β2, eps and weight decay
+/// from its row of `hyper`, and a dead trial is left untouched.
+#[allow(clippy::too_many_arguments)]
+pub fn adam_step_batched(
+    w: &mut [f32],
+    g: &[f32],
+    m: &mut [f32],
+    v: &mut [f32],
+    hyper: &[f32],
+    trials: usize,
+    t: u32,
+) {
+    use crate::engine::fused::{HYPER_BETA1, HYPER_BETA2, HYPER_EPS, HYPER_LR, HYPER_WD};
+    if trials == 0 {
+        return;
+    }
+    let p = w.len() / trials;
+    for i in 0..trials {
+        let Some(h) = trial_row(hyper, i) else {
+            continue;
+        };
+        let at = i * p..(i + 1) * p;
+        adam_step(
+            &mut w[at.clone()],
+            &g[at.clone()],
+            &mut m[at.clone()],
+            &mut v[at],
+            h[HYPER_LR],
+            h[HYPER_BETA1],
+            h[HYPER_BETA2],
+            h[HYPER_EPS],
+            h[HYPER_WD],
+            t,
+        );
+    }
+}
+
+#[cfg(test)]
+mod batched_tests {
+    use super::*;
+    use crate::engine::cpu::ops::testing::random;
+    use crate::engine::fused::*;
+    use crate::rng::HostRng;
+
+    const P: usize = 37;
+
+    fn bits(v: &[f32]) -> Vec<u32> {
+        v.iter().map(|x| x.to_bits()).collect()
+    }
+
+    /// A hyper table of `n` trials with mixed values (momentum and weight decay 0 for some, betas
+    /// differing), trial 3 (when there is one) dead.
+    fn table(n: usize) -> Vec<f32> {
+        let mut h = vec![0.0; n * HYPER_LEN];
+        for (i, row) in h.chunks_mut(HYPER_LEN).enumerate() {
+            let f = i as f32;
+            row[HYPER_LR] = 0.01 + 0.013 * f;
+            row[HYPER_WD] = if i % 3 == 0 { 0.0 } else { 1e-3 * f };
+            row[HYPER_MOMENTUM] = if i % 2 == 0 { 0.0 } else { 0.9 - 0.01 * f };
+            row[HYPER_BETA1] = 0.9 - 0.02 * f;
+            row[HYPER_BETA2] = if i % 2 == 0 { 0.999 } else { 0.99 };
+            row[HYPER_EPS] = if i % 4 == 0 { 1e-8 } else { 1e-6 };
+            row[HYPER_LIVE] = if i == 3 { 0.0 } else { 1.0 };
+        }
+        h
+    }
+
+    #[test]
+    fn batched_sgd_is_bit_identical_to_one_step_per_trial() {
+        for n in [1, 2, 5, 13] {
+            let mut rng = HostRng::new(n as u64);
+            let hyper = table(n);
+            let g = random(&mut rng, n * P, -1.0, 1.0);
+            let w0 = random(&mut rng, n * P, -1.0, 1.0);
+            let v0 = random(&mut rng, n * P, -1.0, 1.0);
+            let (mut w, mut v) = (w0.clone(), v0.clone());
+            for _ in 0..3 {
+                sgd_step_batched(&mut w, &g, &mut v, &hyper, n);
+            }
+            for (i, h) in hyper.chunks(HYPER_LEN).enumerate() {
+                let at = i * P..(i + 1) * P;
+                let (mut wi, mut vi) = (w0[at.clone()].to_vec(), v0[at.clone()].to_vec());
+                if h[HYPER_LIVE] != 0.0 {
+                    for _ in 0..3 {
+                        let (lr, mu, wd) = (h[HYPER_LR], h[HYPER_MOMENTUM], h[HYPER_WD]);
+                        sgd_step(&mut wi, &g[at.clone()], &mut vi, lr, mu, wd);
+                    }
+                }
+                assert_eq!(bits(&w[at.clone()]), bits(&wi), "w of trial {i} of {n}");
+                assert_eq!(bits(&v[at]), bits(&vi), "v of trial {i} of {n}");
+            }
+        }
+    }
+
+    #[test]
+    fn batched_adam_is_bit_identical_to_one_step_per_trial() {
+        for n in [1, 2, 5, 13] {
+            let mut rng = HostRng::new(100 + n as u64);
+            let hyper = table(n);
+            let g = random(&mut rng, n * P, -1.0, 1.0);
+            let w0 = random(&mut rng, n * P, -1.0, 1.0);
+            let m0 = random(&mut rng, n * P, -0.1, 0.1);
+            let v0 = random(&mut rng, n * P, 0.0, 0.1);
+            let (mut w, mut m, mut v) = (w0.clone(), m0.clone(), v0.clone());
+            for t in 1..=3 {
+                adam_step_batched(&mut w, &g, &mut m, &mut v, &hyper, n, t);
+            }
+            for (i, h) in hyper.chunks(HYPER_LEN).enumerate() {
+                let at = i * P..(i + 1) * P;
+                let mut wi = w0[at.clone()].to_vec();
+                let (mut mi, mut vi) = (m0[at.clone()].to_vec(), v0[at.clone()].to_vec());
+                if h[HYPER_LIVE] != 0.0 {
+                    for t in 1..=3 {
+                        let gi = &g[at.clone()];
+                        let (lr, b1, b2) = (h[HYPER_LR], h[HYPER_BETA1], h[HYPER_BETA2]);
+                        let (eps, wd) = (h[HYPER_EPS], h[HYPER_WD]);
+                        adam_step(&mut wi, gi, &mut mi, &mut vi, lr, b1, b2, eps, wd, t);
+                    }
+                }
+                assert_eq!(bits(&w[at.clone()]), bits(&wi), "w of trial {i} of {n}");
+                assert_eq!(bits(&m[at.clone()]), bits(&mi), "m of trial {i} of {n}");
+                assert_eq!(bits(&v[at]), bits(&vi), "v of trial {i} of {n}");
+            }
+        }
+    }
+
+    #[test]
+    fn dead_trials_keep_even_nan_untouched() {
+        let n = 5;
+        let mut hyper = table(n);
+        for row in hyper.chunks_mut(HYPER_LEN) {
+            row[HYPER_LIVE] = 0.0;
+        }
+        let g = vec![f32::NAN; n * P];
+        let (mut w, mut m, mut v) = (vec![1.5; n * P], vec![0.25; n * P], vec![f32::NAN; n * P]);
+        sgd_step_batched(&mut w, &g, &mut v, &hyper, n);
+        adam_step_batched(&mut w, &g, &mut m, &mut v, &hyper, n, 1);
+        assert!(w.iter().all(|&x| x == 1.5) && m.iter().all(|&x| x == 0.25));
+        assert!(v.iter().all(|x| x.is_nan()));
+        // No trials, no parameters: nothing to do.
+        sgd_step_batched(&mut [], &[], &mut [], &[], 0);
+    }
+}
