@@ -3,6 +3,7 @@
 pub mod epochs;
 pub mod fault;
 pub mod fit;
+pub mod fused;
 pub mod mirrored;
 pub mod seeds;
 mod single;
