@@ -1,5 +1,5 @@
-// Batch gathers from the resident dataset into a trial's arena. CPU twins: CpuBackend::gather and
-// CpuBackend::gather_train (src/engine/cpu/mod.rs).
+// Batch gathers from the resident dataset into a trial's arena. CPU twins: CpuBackend::gather,
+// CpuBackend::gather_train and CpuBackend::gather_train_fused (src/engine/cpu/mod.rs).
 
 #include "common.cuh"
 
@@ -48,4 +48,61 @@ extern "C" __global__ void gather_train(const float* images, const float* labels
     }
     const u64 start = (u64)(*counter % steps_per_epoch) * batch;
     gather_from(images, labels, order, x, y, row_len, start, batch);
+}
+
+// Sample index of row r (of trials·batch) of a fused gather: trial t = r / batch reads element
+// start + r % batch of its order, which starts t·n_train into `orders`.
+template <typename I>
+__device__ __forceinline__ unsigned int fused_index(const unsigned int* orders, I r, I batch,
+                                                    unsigned int n_train, u64 start)
+{
+    const I t = r / batch, b = r - t * batch;
+    return orders[(u64)t * n_train + start + b];
+}
+
+// One thread per x element over trials·batch·row_len, the first trials·batch of them also copying
+// a label. An index ≥ n_train writes zeros rather than reading out of bounds: the host checks the
+// orders before writing them into the arena, and this keeps a bad one from reaching past the
+// dataset.
+template <typename I>
+__device__ void gather_fused_body(const float* images, const float* labels,
+                                  const unsigned int* orders, float* x, float* y, I row_len,
+                                  unsigned int n_train, u64 start, I batch, I trials)
+{
+    FOR_EACH(I, e, trials * batch * row_len)
+    {
+        const I r = e / row_len, j = e - r * row_len;
+        const unsigned int i = fused_index(orders, r, batch, n_train, start);
+        x[e] = i < n_train ? images[(u64)i * row_len + j] : 0.0f;
+    }
+    FOR_EACH(I, r, trials * batch)
+    {
+        const unsigned int i = fused_index(orders, r, batch, n_train, start);
+        y[r] = i < n_train ? labels[i] : 0.0f;
+    }
+}
+
+// gather_train for each of `trials` trials of a fused group, each from its own order: `orders`
+// holds the trials' permutations of the n_train training samples one after another (u32 indices
+// stored in the arena as float bits). Trial t's batch number (*counter % steps_per_epoch) goes to
+// x at t·batch·row_len and its labels to y at t·batch.
+extern "C" __global__ void gather_train_fused(const float* images, const float* labels,
+                                              const unsigned int* orders,
+                                              const unsigned int* counter, float* x, float* y,
+                                              unsigned int row_len, unsigned int n_train,
+                                              unsigned int steps_per_epoch, unsigned int batch,
+                                              unsigned int trials)
+{
+    if (steps_per_epoch == 0 || batch == 0) {
+        return;
+    }
+    const u64 start = (u64)(*counter % steps_per_epoch) * batch;
+    const u64 rows = (u64)trials * batch;
+    if (row_len != 0 && fits32(rows * row_len)) {
+        gather_fused_body<unsigned int>(images, labels, orders, x, y, row_len, n_train, start,
+                                        batch, trials);
+    } else {
+        gather_fused_body<u64>(images, labels, orders, x, y, row_len, n_train, start, batch,
+                               trials);
+    }
 }

@@ -748,6 +748,63 @@ fn gathers_follow_the_epoch_order_and_the_counter() {
     assert_eq!(p.gpu.split_len(Split::Test), 7);
 }
 
+fn fused_gathers_follow_each_trials_order() {
+    let e = gpu_or_skip!();
+    let mut p = Pair::new(&e);
+    let (trials, len, batch) = (3, 16, 5);
+    let mut orders: Vec<f32> = (0..trials)
+        .flat_map(|t| HostRng::new(30 + t as u64).permutation(20))
+        .map(f32::from_bits)
+        .collect();
+    let ord = p.region(orders.len());
+    p.set(ord, &orders);
+    let (x, y) = (p.region(trials * batch * len), p.region(trials * batch));
+    let counter = p.region(1);
+    for count in [0u32, 7, 8] {
+        p.set(counter, &[f32::from_bits(count)]);
+        p.both(|b| b.gather_train_fused(counter, ord, 3, batch, x, y, trials));
+        p.assert_exact(x, &format!("gather_train_fused x at {count}"));
+        p.assert_exact(y, &format!("gather_train_fused y at {count}"));
+    }
+    // Captured, the op reads the counter where it runs: the second replay gathers at 5.
+    p.set(counter, &[f32::from_bits(4)]);
+    let gpu = p.gpu.as_mut();
+    gpu.begin_capture().expect("begin");
+    gpu.gather_train_fused(counter, ord, 3, batch, x, y, trials)
+        .expect("gather captured");
+    gpu.advance(counter).expect("advance captured");
+    gpu.end_capture().expect("end");
+    for _ in 0..2 {
+        gpu.replay().expect("replay");
+    }
+    p.cpu
+        .write(counter, &[f32::from_bits(5)])
+        .expect("cpu counter");
+    p.cpu
+        .gather_train_fused(counter, ord, 3, batch, x, y, trials)
+        .expect("cpu gather");
+    p.assert_exact(x, "replayed gather_train_fused x");
+    p.assert_exact(y, "replayed gather_train_fused y");
+    // An index beyond the split: the CPU refuses it, the GPU writes zeros for its row.
+    let (bad_trial, bad_row) = (1, 2);
+    orders[bad_trial * 20 + 2 * batch + bad_row] = f32::from_bits(1000);
+    p.set(ord, &orders);
+    p.set(counter, &[f32::from_bits(2)]);
+    assert!(p
+        .cpu
+        .gather_train_fused(counter, ord, 3, batch, x, y, trials)
+        .is_err());
+    p.gpu
+        .gather_train_fused(counter, ord, 3, batch, x, y, trials)
+        .expect("gpu gather of a bad index");
+    let (mut xs, mut ys) = (vec![1.0; x.len], vec![1.0; y.len]);
+    p.gpu.read(x, &mut xs).expect("read x");
+    p.gpu.read(y, &mut ys).expect("read y");
+    let row = bad_trial * batch + bad_row;
+    assert!(xs[row * len..(row + 1) * len].iter().all(|&v| v == 0.0));
+    assert_eq!(ys[row], 0.0);
+}
+
 fn graphs_replay_what_was_captured() {
     let e = gpu_or_skip!();
     let mut p = Pair::new(&e);
@@ -1359,6 +1416,10 @@ fn tests() -> Vec<(String, Needs, Body)> {
         (
             "gathers_follow_the_epoch_order_and_the_counter",
             gathers_follow_the_epoch_order_and_the_counter,
+        ),
+        (
+            "fused_gathers_follow_each_trials_order",
+            fused_gathers_follow_each_trials_order,
         ),
         (
             "graphs_replay_what_was_captured",

@@ -165,22 +165,95 @@ pub fn gather_train(
     x: Region,
     y: Region,
 ) -> Result<(Region, Region), EngineError> {
-    if steps_per_epoch == 0 {
-        return Err(shape_error(
-            "gather_train",
-            "an epoch needs at least one step".into(),
-        ));
-    }
-    if steps_per_epoch * batch > n {
-        return Err(shape_error(
-            "gather_train",
-            format!("{steps_per_epoch} batches of {batch} are beyond {n} samples"),
-        ));
-    }
+    epoch_batches("gather_train", steps_per_epoch, batch, n)?;
     Ok((
         need("gather_train", "x", x, batch * sample_len)?,
         need("gather_train", "y", y, batch)?,
     ))
+}
+
+/// An epoch of `steps_per_epoch` batches of `batch` has at least one step and lies within the
+/// `n` training samples.
+fn epoch_batches(
+    op: &'static str,
+    steps_per_epoch: usize,
+    batch: usize,
+    n: usize,
+) -> Result<(), EngineError> {
+    if steps_per_epoch == 0 {
+        return Err(shape_error(op, "an epoch needs at least one step".into()));
+    }
+    if steps_per_epoch.checked_mul(batch).map_or(true, |s| s > n) {
+        return Err(shape_error(
+            op,
+            format!("{steps_per_epoch} batches of {batch} are beyond {n} samples"),
+        ));
+    }
+    Ok(())
+}
+
+/// The regions of `gather_train_fused`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct GatherFused {
+    /// `trials × n` order elements.
+    pub orders: Region,
+    /// `trials × batch × sample_len`.
+    pub x: Region,
+    /// `trials × batch`.
+    pub y: Region,
+}
+
+/// `gather_train_fused`: `gather_train`'s epoch for each of `trials` trials, `orders` holds one
+/// order of the `n` training samples per trial, and `x` and `y` one batch per trial.
+pub fn gather_train_fused(
+    steps_per_epoch: usize,
+    batch: usize,
+    n: usize,
+    sample_len: usize,
+    trials: usize,
+    [orders, x, y]: [Region; 3],
+) -> Result<GatherFused, EngineError> {
+    let op = "gather_train_fused";
+    epoch_batches(op, steps_per_epoch, batch, n)?;
+    let too_big = |what: &str| {
+        shape_error(
+            op,
+            format!("{what} of {trials} trials spans more elements than fit"),
+        )
+    };
+    let rows = trials
+        .checked_mul(batch)
+        .ok_or_else(|| too_big("the batches"))?;
+    Ok(GatherFused {
+        orders: need(
+            op,
+            "orders",
+            orders,
+            trials.checked_mul(n).ok_or_else(|| too_big("the orders"))?,
+        )?,
+        x: need(
+            op,
+            "x",
+            x,
+            rows.checked_mul(sample_len)
+                .ok_or_else(|| too_big("the batches"))?,
+        )?,
+        y: need(op, "y", y, rows)?,
+    })
+}
+
+/// One element of trial `trial`'s order in a fused group's `orders` (a `u32` stored as the bits
+/// of an `f32`): a training sample's index below `n`. The orders live in the arena, so the
+/// backend checks each one it reads.
+pub fn fused_order_index(trial: usize, bits: f32, n: usize) -> Result<usize, EngineError> {
+    let i = bits.to_bits() as usize;
+    if i >= n {
+        return Err(shape_error(
+            "gather_train_fused",
+            format!("trial {trial}'s order holds sample {i}, beyond {n} training samples"),
+        ));
+    }
+    Ok(i)
 }
 
 /// `write`: the destination holds the `len` values written.
@@ -596,6 +669,7 @@ mod tests {
         assert!(gather_train(3, 4, 10, 2, x, y).is_err());
         assert!(gather_train(2, 5, 10, 3, x, y).is_err());
         assert_eq!(gather_train(2, 5, 10, 2, x, y).unwrap(), (x, y));
+        assert!(gather_train(2, usize::MAX, 10, 2, x, y).is_err());
         let e = gather(2, 2, 3, 1, Region::new(0, 2), Region::new(2, 2)).unwrap_err();
         assert_eq!(
             message(e),
@@ -603,6 +677,59 @@ mod tests {
         );
         let (x, y) = gather(0, 2, 3, 2, Region::new(0, 8), Region::new(8, 8)).unwrap();
         assert_eq!((x, y), (Region::new(0, 4), Region::new(8, 2)));
+    }
+
+    #[test]
+    fn fused_gathers_hold_every_trial() {
+        // 3 trials of 10 samples of 2, batches of 4 over 2 steps.
+        let (o, x, y) = (Region::new(0, 40), Region::new(40, 30), Region::new(70, 20));
+        let got = gather_train_fused(2, 4, 10, 2, 3, [o, x, y]).unwrap();
+        assert_eq!(
+            got,
+            GatherFused {
+                orders: Region::new(0, 30),
+                x: Region::new(40, 24),
+                y: Region::new(70, 12),
+            }
+        );
+        let e = gather_train_fused(2, 4, 10, 2, 3, [Region::new(0, 29), x, y]).unwrap_err();
+        assert_eq!(
+            message(e),
+            "shape mismatch in gather_train_fused: orders holds 29 elements, needs 30"
+        );
+        let e = gather_train_fused(2, 4, 10, 2, 3, [o, Region::new(40, 23), y]).unwrap_err();
+        assert_eq!(
+            message(e),
+            "shape mismatch in gather_train_fused: x holds 23 elements, needs 24"
+        );
+        let e = gather_train_fused(2, 4, 10, 2, 3, [o, x, Region::new(70, 11)]).unwrap_err();
+        assert_eq!(
+            message(e),
+            "shape mismatch in gather_train_fused: y holds 11 elements, needs 12"
+        );
+        let e = gather_train_fused(3, 4, 10, 2, 3, [o, x, y]).unwrap_err();
+        assert_eq!(
+            message(e),
+            "shape mismatch in gather_train_fused: 3 batches of 4 are beyond 10 samples"
+        );
+        let e = gather_train_fused(0, 4, 10, 2, 3, [o, x, y]).unwrap_err();
+        assert_eq!(
+            message(e),
+            "shape mismatch in gather_train_fused: an epoch needs at least one step"
+        );
+        let e = gather_train_fused(1, 4, 10, 2, usize::MAX, [o, x, y]).unwrap_err();
+        assert!(message(e).contains("spans more elements than fit"));
+        let e = gather_train_fused(1, 4, 10, usize::MAX, 3, [o, x, y]).unwrap_err();
+        assert!(message(e).contains("spans more elements than fit"));
+        let empty = Region::new(0, 0);
+        assert!(gather_train_fused(1, 4, 10, 2, 0, [empty, empty, empty]).is_ok());
+        assert_eq!(fused_order_index(1, f32::from_bits(9), 10).unwrap(), 9);
+        let e = fused_order_index(2, f32::from_bits(10), 10).unwrap_err();
+        assert_eq!(
+            message(e),
+            "shape mismatch in gather_train_fused: trial 2's order holds sample 10, beyond 10 \
+             training samples"
+        );
     }
 
     #[test]

@@ -156,6 +156,24 @@ pub trait Backend: Send {
         x: Region,
         y: Region,
     ) -> Result<(), EngineError>;
+    /// [`Backend::gather_train`] for a fused group of `trials` trials, each from its own order:
+    /// `orders` holds `trials` permutations of the training split one after another (trial `i`'s
+    /// starts `i·n_train` elements in), each element a `u32` stored as the bits of an `f32`
+    /// (written with `f32::from_bits`). Trial `i`'s batch `count % steps_per_epoch` (count read
+    /// from the step counter) goes into `x` at `i·batch·sample_len` and its labels into `y` at
+    /// `i·batch`. Each trial gathers what `gather_train` gathers after `set_train_order` with its
+    /// order.
+    #[allow(clippy::too_many_arguments)]
+    fn gather_train_fused(
+        &mut self,
+        counter: Region,
+        orders: Region,
+        steps_per_epoch: usize,
+        batch: usize,
+        x: Region,
+        y: Region,
+        trials: usize,
+    ) -> Result<(), EngineError>;
     /// Adds one to the step counter.
     fn advance(&mut self, counter: Region) -> Result<(), EngineError>;
     /// Elements of convolution workspace the backend needs for `s` (the CPU lowers one sample at a

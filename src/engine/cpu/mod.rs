@@ -6,7 +6,7 @@ pub mod ops;
 
 use std::sync::Arc;
 
-use crate::data::Dataset;
+use crate::data::{Dataset, Samples};
 use crate::engine::contract::{self, need};
 use crate::engine::{
     dropout_stream, AdamParams, Backend, BackendKind, BnParams, Conv2dShape, DropoutMask,
@@ -62,6 +62,21 @@ impl CpuBackend {
         let w =
             writes.map(|g| unsafe { std::slice::from_raw_parts_mut(base.add(g.offset), g.len) });
         Ok((r, w))
+    }
+}
+
+/// Copies samples `rows` of `samples` (each `len` elements) into consecutive rows of `xs`, and
+/// their labels, as `f32`, into `ys`.
+fn copy_samples(
+    samples: &Samples,
+    len: usize,
+    rows: impl IntoIterator<Item = usize>,
+    xs: &mut [f32],
+    ys: &mut [f32],
+) {
+    for (r, i) in rows.into_iter().enumerate() {
+        xs[r * len..(r + 1) * len].copy_from_slice(&samples.images[i * len..(i + 1) * len]);
+        ys[r] = samples.labels[i] as f32;
     }
 }
 
@@ -148,14 +163,11 @@ impl Backend for CpuBackend {
         let order = std::mem::take(&mut self.order);
         let result = (|| {
             let ([], [xs, ys]) = self.views("gather", [], [x, y])?;
-            for r in 0..rows {
-                let i = match split {
-                    Split::Train => order[start + r] as usize,
-                    Split::Test => start + r,
-                };
-                xs[r * len..(r + 1) * len].copy_from_slice(&samples.images[i * len..(i + 1) * len]);
-                ys[r] = samples.labels[i] as f32;
-            }
+            let rows = (start..start + rows).map(|k| match split {
+                Split::Train => order[k] as usize,
+                Split::Test => k,
+            });
+            copy_samples(samples, len, rows, xs, ys);
             Ok(())
         })();
         self.order = order;
@@ -180,6 +192,35 @@ impl Backend for CpuBackend {
         )?;
         let count = self.count(counter)? as usize;
         self.gather(Split::Train, (count % steps_per_epoch) * batch, batch, x, y)
+    }
+
+    fn gather_train_fused(
+        &mut self,
+        counter: Region,
+        orders: Region,
+        steps_per_epoch: usize,
+        batch: usize,
+        x: Region,
+        y: Region,
+        trials: usize,
+    ) -> Result<(), EngineError> {
+        let data = Arc::clone(&self.data);
+        let (n, len) = (data.train.len(), data.sample_len());
+        let r =
+            contract::gather_train_fused(steps_per_epoch, batch, n, len, trials, [orders, x, y])?;
+        let counter = contract::counter(counter)?;
+        let ([c, orders], [xs, ys]) =
+            self.views("gather_train_fused", [counter, r.orders], [r.x, r.y])?;
+        let start = (c[0].to_bits() as usize % steps_per_epoch) * batch;
+        // Every index is checked before anything is written.
+        let mut rows = Vec::with_capacity(trials * batch);
+        for (t, order) in orders.chunks_exact(n.max(1)).take(trials).enumerate() {
+            for &bits in &order[start..start + batch] {
+                rows.push(contract::fused_order_index(t, bits, n)?);
+            }
+        }
+        copy_samples(&data.train, len, rows, xs, ys);
+        Ok(())
     }
 
     fn advance(&mut self, counter: Region) -> Result<(), EngineError> {
@@ -597,5 +638,104 @@ mod tests {
         assert!(b
             .gather(Split::Test, 0, 2, Region::new(0, 4), Region::new(4, 2))
             .is_err());
+    }
+
+    /// 20 training samples of 1×2×3, 5 classes.
+    fn twenty() -> Arc<Dataset> {
+        let mut rng = crate::rng::HostRng::new(3);
+        let images = (0..20 * 6).map(|_| rng.uniform_f32(-1.0, 1.0)).collect();
+        let labels = (0..20).map(|i| i % 5).collect();
+        let test = Samples::of(vec![0.0; 6], vec![0]);
+        Arc::new(Dataset::in_memory(
+            "twenty",
+            [1, 2, 3],
+            5,
+            Samples::of(images, labels),
+            test,
+        ))
+    }
+
+    /// The orders of `trials` trials as a fused group's `orders` region holds them.
+    fn order_bits(orders: &[Vec<u32>]) -> Vec<f32> {
+        orders
+            .iter()
+            .flatten()
+            .map(|&i| f32::from_bits(i))
+            .collect()
+    }
+
+    #[test]
+    fn a_fused_gather_is_each_trials_own_gather() {
+        let (trials, steps, batch, len) = (3, 3, 6, 6);
+        let orders: Vec<Vec<u32>> = (0..trials)
+            .map(|t| crate::rng::HostRng::new(40 + t as u64).permutation(20))
+            .collect();
+        assert_ne!(orders[0], orders[1]);
+        let (counter, ord) = (Region::new(0, 1), Region::new(1, trials * 20));
+        let x = Region::new(64, trials * batch * len);
+        let y = Region::new(192, trials * batch);
+        // Past one epoch: batch 7 % 3 = 1 of each order.
+        let count = [f32::from_bits(7)];
+        let mut fused = CpuBackend::new(twenty(), None);
+        fused.alloc_arena(256).unwrap();
+        fused.write(counter, &count).unwrap();
+        fused.write(ord, &order_bits(&orders)).unwrap();
+        fused
+            .gather_train_fused(counter, ord, steps, batch, x, y, trials)
+            .unwrap();
+        let (mut xs, mut ys) = (vec![0.0; x.len], vec![0.0; y.len]);
+        fused.read(x, &mut xs).unwrap();
+        fused.read(y, &mut ys).unwrap();
+        for (t, order) in orders.iter().enumerate() {
+            let mut one = CpuBackend::new(twenty(), None);
+            one.alloc_arena(64).unwrap();
+            one.write(counter, &count).unwrap();
+            one.set_train_order(order).unwrap();
+            let (x1, y1) = (Region::new(8, batch * len), Region::new(48, batch));
+            one.gather_train(counter, steps, batch, x1, y1).unwrap();
+            let (mut want_x, mut want_y) = (vec![0.0f32; x1.len], vec![0.0f32; y1.len]);
+            one.read(x1, &mut want_x).unwrap();
+            one.read(y1, &mut want_y).unwrap();
+            let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+            let got_x = &xs[t * batch * len..(t + 1) * batch * len];
+            assert_eq!(bits(got_x), bits(&want_x), "trial {t}'s x");
+            assert_eq!(
+                bits(&ys[t * batch..(t + 1) * batch]),
+                bits(&want_y),
+                "trial {t}'s y"
+            );
+        }
+    }
+
+    #[test]
+    fn a_fused_gather_refuses_an_index_beyond_the_split() {
+        let mut b = CpuBackend::new(twenty(), None);
+        b.alloc_arena(256).unwrap();
+        let mut orders = vec![(0..20).collect::<Vec<u32>>(); 2];
+        orders[1][5] = 20;
+        let (counter, ord) = (Region::new(0, 1), Region::new(1, 40));
+        let (x, y) = (Region::new(64, 2 * 4 * 6), Region::new(128, 8));
+        b.write(counter, &[f32::from_bits(1)]).unwrap();
+        b.write(ord, &order_bits(&orders)).unwrap();
+        b.fill(x, 7.0).unwrap();
+        let e = b
+            .gather_train_fused(counter, ord, 2, 4, x, y, 2)
+            .unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "shape mismatch in gather_train_fused: trial 1's order holds sample 20, beyond 20 \
+             training samples"
+        );
+        let mut xs = vec![0.0; x.len];
+        b.read(x, &mut xs).unwrap();
+        assert!(xs.iter().all(|&v| v == 7.0), "nothing is written");
+        // Batch 0 does not reach the bad index.
+        b.write(counter, &[f32::from_bits(2)]).unwrap();
+        b.gather_train_fused(counter, ord, 2, 4, x, y, 2).unwrap();
+        // Nor do the orders overlap what is written.
+        let e = b
+            .gather_train_fused(counter, ord, 2, 4, Region::new(30, 48), y, 2)
+            .unwrap_err();
+        assert!(e.to_string().contains("overlaps"), "{e}");
     }
 }

@@ -270,6 +270,39 @@ impl Backend for CudaBackend {
         self.elementwise(&e, "gather_train", batch * len, &args)
     }
 
+    fn gather_train_fused(
+        &mut self,
+        counter: Region,
+        orders: Region,
+        steps_per_epoch: usize,
+        batch: usize,
+        x: Region,
+        y: Region,
+        trials: usize,
+    ) -> Result<(), EngineError> {
+        let op = "gather_train_fused";
+        let (n, len) = (self.data.train.len, self.data.sample_len);
+        let r =
+            contract::gather_train_fused(steps_per_epoch, batch, n, len, trials, [orders, x, y])?;
+        let counter = contract::counter(counter)?;
+        let base = self.regions(op, &[counter, r.orders], &[r.x, r.y])?;
+        let args = [
+            Arg::Ptr(self.data.train.images.ptr()),
+            Arg::Ptr(self.data.train.labels.ptr()),
+            Arg::Ptr(at(base, r.orders)),
+            Arg::Ptr(at(base, counter)),
+            Arg::Ptr(at(base, r.x)),
+            Arg::Ptr(at(base, r.y)),
+            Arg::U32(to_u32(op, "sample length", len)?),
+            Arg::U32(to_u32(op, "training samples", n)?),
+            Arg::U32(to_u32(op, "steps per epoch", steps_per_epoch)?),
+            Arg::U32(to_u32(op, "batch", batch)?),
+            Arg::U32(to_u32(op, "trials", trials)?),
+        ];
+        let e = self.ctx.enter()?;
+        self.elementwise(&e, op, r.x.len, &args)
+    }
+
     fn advance(&mut self, counter: Region) -> Result<(), EngineError> {
         let counter = contract::counter(counter)?;
         let base = self.regions("advance", &[], &[counter])?;
