@@ -64,7 +64,7 @@ pub enum DataError {
 }
 
 /// Errors raised by a backend or a model on it.
-#[derive(Debug, thiserror::Error)]
+#[derive(Clone, Debug, thiserror::Error)]
 pub enum EngineError {
     /// The trial's static memory plan does not fit under its slice's cap; it never starts.
     #[error("needs {need_mib:.1} MiB, slice cap {cap_mib:.1} MiB")]

@@ -8,7 +8,7 @@ pub mod resnet;
 pub mod spec;
 
 pub use memplan::{MemKind, MemoryPlan};
-pub use network::{LayerDef, Network, Node};
+pub use network::{FusedNetwork, LayerDef, Network, Node};
 pub use spec::{Hyper, ModelKind, ModelSpec, Optimizer, Padding, Stem};
 
 use crate::engine::Conv2dShape;

@@ -75,6 +75,26 @@ pub struct Epoch {
     pub steps: usize,
 }
 
+/// Epoch `epoch`'s figures from its training sums and its test `(loss, accuracy)`.
+pub fn epoch_stats(
+    epoch: u32,
+    plan: &Schedule,
+    sums: [f64; STATS_LEN],
+    (test_loss, test_acc): (f64, f64),
+    started: Instant,
+) -> EpochStats {
+    let seen = (plan.steps() * plan.batch).max(1) as f64;
+    EpochStats {
+        epoch,
+        train_loss: sums[0] / seen,
+        train_acc: sums[1] / seen,
+        test_loss,
+        test_acc,
+        wall_s: started.elapsed().as_secs_f64(),
+        extra: Default::default(),
+    }
+}
+
 /// Trains: for each epoch, its order from the seed schedule, its steps (checking `cancel`
 /// before each), its training figures and, unless the steps are capped, an evaluation; then
 /// `on_epoch`, which sees the steps as well. `started` is when the trial started.
@@ -99,23 +119,14 @@ pub fn train<S: Steps + ?Sized>(
         }
         let train_s = steps_start.elapsed().as_secs_f64().max(1e-9);
         let sums = s.train_sums()?;
-        let seen = (steps * plan.batch).max(1) as f64;
         // Short runs (max_steps) time training alone and skip evaluation.
-        let (test_loss, test_acc) = if plan.max_steps.is_some() {
+        let test = if plan.max_steps.is_some() {
             (f64::NAN, f64::NAN)
         } else {
             s.evaluate(epoch)?
         };
         let e = Epoch {
-            stats: EpochStats {
-                epoch,
-                train_loss: sums[0] / seen,
-                train_acc: sums[1] / seen,
-                test_loss,
-                test_acc,
-                wall_s: started.elapsed().as_secs_f64(),
-                extra: Default::default(),
-            },
+            stats: epoch_stats(epoch, plan, sums, test, started),
             train_s,
             epoch_s: epoch_start.elapsed().as_secs_f64(),
             steps,
@@ -124,9 +135,26 @@ pub fn train<S: Steps + ?Sized>(
         last = Some(e.stats);
     }
     s.finish()?;
-    let wall_s = started.elapsed().as_secs_f64();
     let last = last.ok_or_else(|| TrialError::Worker("no epoch ran".into()))?;
-    let train_samples = (steps * plan.batch) as u64 * plan.epochs as u64;
+    Ok(result(
+        last,
+        plan,
+        started.elapsed().as_secs_f64(),
+        s.arena_bytes(),
+        s.param_count(),
+    ))
+}
+
+/// A training's result from its last epoch's figures: `wall_s` seconds in all, `arena_bytes`
+/// of memory, `param_count` parameters.
+pub fn result(
+    last: EpochStats,
+    plan: &Schedule,
+    wall_s: f64,
+    arena_bytes: u64,
+    param_count: u64,
+) -> TrialResult {
+    let train_samples = (plan.steps() * plan.batch) as u64 * plan.epochs as u64;
     let metrics = [
         ("test_acc", last.test_acc),
         ("test_loss", last.test_loss),
@@ -137,7 +165,7 @@ pub fn train<S: Steps + ?Sized>(
     .filter(|(_, v)| v.is_finite())
     .map(|(k, v)| (k.to_string(), v))
     .collect();
-    Ok(TrialResult {
+    TrialResult {
         metrics,
         test_acc: last.test_acc,
         final_loss: last.train_loss,
@@ -145,7 +173,7 @@ pub fn train<S: Steps + ?Sized>(
         wall_s,
         train_samples,
         samples_per_s: train_samples as f64 / wall_s.max(1e-9),
-        peak_mem_bytes: s.arena_bytes(),
-        param_count: s.param_count(),
-    })
+        peak_mem_bytes: arena_bytes,
+        param_count,
+    }
 }

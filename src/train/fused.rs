@@ -1,8 +1,16 @@
 //! Fused groups: N compatible trials trained as one batched model on one backend (`split: fused`), each with its own hyperparameters, seed, data order, results and failure.
 
-use super::{EpochStats, TrialConfig, TrialResult};
-use crate::engine::Backend;
-use crate::error::TrialError;
+use std::time::Instant;
+
+use super::epochs::{self, Schedule};
+use super::single::{evaluate, inject, Loads, StepGraph};
+use super::{run_trial, seeds, EpochStats, TrialConfig, TrialResult};
+use crate::engine::cpu::denormals::FlushGuard;
+use crate::engine::fused::HYPER_LEN;
+use crate::engine::{Backend, BackendKind, Split, STATS_LEN};
+use crate::error::{EngineError, TrialError};
+use crate::models::{self, FusedNetwork};
+use crate::units::MIB;
 
 /// What trials must share to train in one fused group: the model and its shape, the batch, the
 /// optimizer, whether dropout is on (a rate above 0 adds a layer), the data's shape, the
@@ -24,17 +32,264 @@ pub fn group_key(cfg: &TrialConfig) -> String {
     .to_string()
 }
 
+/// Each trial's end, in the group's order.
+pub type GroupEnds = Vec<Result<TrialResult, TrialError>>;
+
 /// Trains `cfgs` (trials of one [`group_key`]) as one fused group on `be`, calling
-/// `on_epoch(i, stats)` after each epoch of trial `i`. Returns each trial's end, in order: a
-/// trial that fails (a non-finite loss) fails alone while the others go on.
+/// `on_epoch(i, stats)` after each epoch of trial `i`. Returns each trial's end, in order.
+///
+/// Each trial computes what it computes alone ([`run_trial`]): on the CPU backend bit for bit.
+/// A trial whose loss turns non-finite fails alone and the others go on. A group whose arena
+/// does not fit under the backend's cap trains in parts that fit, one after another; a trial
+/// that does not fit alone fails as it would alone.
 pub fn run_group(
     be: &mut dyn Backend,
     cfgs: &[TrialConfig],
     on_epoch: &mut dyn FnMut(usize, &EpochStats),
-) -> Vec<Result<TrialResult, TrialError>> {
-    // One after another on the same backend until the fused step lands.
-    cfgs.iter()
-        .enumerate()
-        .map(|(i, cfg)| super::run_trial(be, cfg, &mut |s| on_epoch(i, s)))
+) -> GroupEnds {
+    let Some(first) = cfgs.first() else {
+        return Vec::new();
+    };
+    let key = group_key(first);
+    if let Some(odd) = cfgs.iter().position(|c| group_key(c) != key) {
+        let why = format!("trial {odd} of a fused group does not share the first one's model, batch, optimizer or epochs");
+        return cfgs
+            .iter()
+            .map(|_| Err(TrialError::Worker(why.clone())))
+            .collect();
+    }
+    let _flush = FlushGuard::when(be.kind() == BackendKind::Cpu);
+    let started = Instant::now();
+    let alone = |be: &mut dyn Backend, on_epoch: &mut dyn FnMut(usize, &EpochStats)| {
+        cfgs.iter()
+            .enumerate()
+            .map(|(i, cfg)| run_trial(be, cfg, &mut |s| on_epoch(i, s)))
+            .collect::<GroupEnds>()
+    };
+    let n_train = be.split_len(Split::Train);
+    let batch = first.hyper.batch_size as usize;
+    let single = match models::build(
+        &first.model,
+        first.input,
+        first.classes,
+        batch,
+        first.hyper.dropout as f32,
+        first.hyper.optimizer,
+        &|s| be.conv_workspace_len(s),
+    ) {
+        Ok(net) if batch <= n_train => net,
+        // Each trial fails alone with the error it meets alone.
+        _ => return alone(be, on_epoch),
+    };
+    let dropout: Vec<f32> = cfgs.iter().map(|c| c.hyper.dropout as f32).collect();
+    let fused = match FusedNetwork::new(&single, &dropout, n_train) {
+        Ok(f) => f,
+        Err(message) => {
+            let e = EngineError::Shape {
+                op: "fused",
+                message,
+            };
+            return cfgs.iter().map(|_| Err(e.clone().into())).collect();
+        }
+    };
+    match be.alloc_arena(fused.plan.total) {
+        Ok(()) => {}
+        Err(EngineError::CapExceeded { need_mib, cap_mib }) => {
+            // What the backend adds to the plan does not depend on the group's width.
+            let extra = need_mib * MIB - fused.plan.bytes() as f64;
+            let per_trial = (fused.plan.bytes() / cfgs.len()) as f64;
+            let width = ((cap_mib * MIB - extra) / per_trial).floor().max(0.0) as usize;
+            if width == 0 {
+                return alone(be, on_epoch);
+            }
+            let width = width.min(cfgs.len() - 1);
+            tracing::info!(
+                "a fused group of {} trials needs {need_mib:.1} MiB, above the cap of \
+                 {cap_mib:.1} MiB: it trains as groups of {width}",
+                cfgs.len()
+            );
+            let mut ends = Vec::with_capacity(cfgs.len());
+            for (k, part) in cfgs.chunks(width).enumerate() {
+                ends.extend(run_group(be, part, &mut |i, s| on_epoch(k * width + i, s)));
+            }
+            return ends;
+        }
+        Err(e) => return cfgs.iter().map(|_| Err(e.clone().into())).collect(),
+    }
+    let mut group = Group {
+        fused,
+        cfgs,
+        ends: cfgs.iter().map(|_| None).collect(),
+        last: cfgs.iter().map(|_| None).collect(),
+    };
+    if let Err(e) = group.train(be, started, on_epoch) {
+        group.end_all(&e);
+    }
+    let wall_s = started.elapsed().as_secs_f64();
+    let arena = (be.allocated_bytes() / cfgs.len()) as u64;
+    let params = single.param_count() as u64;
+    let Group { ends, last, .. } = group;
+    ends.into_iter()
+        .zip(last)
+        .zip(cfgs)
+        .map(|((end, last), cfg)| match (end, last) {
+            (Some(end), _) => end,
+            (None, Some(last)) => Ok(epochs::result(
+                last,
+                &schedule(cfg, n_train),
+                wall_s,
+                arena,
+                params,
+            )),
+            (None, None) => Err(TrialError::Worker("no epoch ran".into())),
+        })
         .collect()
+}
+
+/// A trial's epochs and steps.
+fn schedule(cfg: &TrialConfig, n_train: usize) -> Schedule {
+    Schedule {
+        seed: cfg.seed,
+        epochs: cfg.epochs,
+        n_train,
+        batch: cfg.hyper.batch_size as usize,
+        max_steps: cfg.max_steps,
+    }
+}
+
+/// A group in training: its network, and each trial's end once it has one.
+struct Group<'a> {
+    fused: FusedNetwork,
+    cfgs: &'a [TrialConfig],
+    /// `Some` once the trial has ended (failed or interrupted); a trial still `None` at the end
+    /// has completed.
+    ends: Vec<Option<Result<TrialResult, TrialError>>>,
+    /// Each trial's last epoch's figures.
+    last: Vec<Option<EpochStats>>,
+}
+
+impl Group<'_> {
+    fn live(&self, i: usize) -> bool {
+        self.ends[i].is_none()
+    }
+
+    fn any_live(&self) -> bool {
+        self.ends.iter().any(Option::is_none)
+    }
+
+    /// Ends every trial still training with (a copy of) `e`.
+    fn end_all(&mut self, e: &TrialError) {
+        for end in self.ends.iter_mut().filter(|e| e.is_none()) {
+            *end = Some(Err(copy_error(e)));
+        }
+    }
+
+    /// Every epoch of every trial; returns early once no trial is live. An error not of one
+    /// trial (the device's, a cancel) is returned for [`Group::end_all`].
+    fn train(
+        &mut self,
+        be: &mut dyn Backend,
+        started: Instant,
+        on_epoch: &mut dyn FnMut(usize, &EpochStats),
+    ) -> Result<(), TrialError> {
+        let first = &self.cfgs[0];
+        let n = self.cfgs.len();
+        let n_train = self.fused.n_train;
+        let n_test = be.split_len(Split::Test);
+        for (m, cfg) in self.fused.members.iter_mut().zip(self.cfgs) {
+            m.init(be, seeds::init(cfg.seed))?;
+        }
+        let hypers: Vec<_> = self.cfgs.iter().map(|c| c.hyper.clone()).collect();
+        self.fused.write_hyper(be, &hypers)?;
+        debug_assert_eq!(self.fused.hyper.len, n * HYPER_LEN);
+        let plan = schedule(first, n_train);
+        let (steps, steps_per_epoch) = (plan.steps(), plan.steps_per_epoch());
+        let dropout_seeds: Vec<u64> = self.cfgs.iter().map(|c| seeds::dropout(c.seed)).collect();
+        let graphs = first.engine.graphs && be.supports_graphs();
+        let mut graph = StepGraph::new(graphs);
+        let check_every = first.engine.check_every.max(1);
+        let mut stats = vec![0f32; n * STATS_LEN];
+        for epoch in 1..=plan.epochs {
+            for (i, cfg) in self.cfgs.iter().enumerate() {
+                if self.live(i) {
+                    let order = seeds::epoch_order(cfg.seed, epoch, n_train);
+                    self.fused.write_order(be, i, &order)?;
+                }
+            }
+            be.fill(self.fused.stats(), 0.0)?;
+            for step in 0..steps {
+                if first.cancel.aborted() {
+                    return Err(TrialError::Interrupted);
+                }
+                if epoch == 1 {
+                    for (m, cfg) in self.fused.members.iter().zip(self.cfgs) {
+                        inject(be, m, cfg.fault.as_ref(), step)?;
+                    }
+                }
+                let warm_up = epoch == 1 && step == 0;
+                if graph.wants_capture(warm_up) {
+                    be.begin_capture()?;
+                    let body = self.fused.train_step(be, steps_per_epoch, &dropout_seeds);
+                    let end = be.end_capture();
+                    graph.outcome(body.and(end).map_err(TrialError::from))?;
+                }
+                if graph.captured {
+                    be.replay()?;
+                } else {
+                    let _hold = graph.eager_holds(warm_up).then(|| be.hold_captures());
+                    self.fused.train_step(be, steps_per_epoch, &dropout_seeds)?;
+                }
+                // A diverged trial stops soon, alone; the others go on.
+                if (step + 1) % check_every == 0 || step + 1 == steps {
+                    be.read(self.fused.stats(), &mut stats)?;
+                    for i in 0..n {
+                        let loss = stats[i * STATS_LEN];
+                        if self.live(i) && !loss.is_finite() {
+                            self.ends[i] = Some(Err(TrialError::NonFiniteLoss {
+                                value: loss,
+                                epoch: epoch as usize,
+                                step,
+                            }));
+                            self.fused.kill(be, i)?;
+                        }
+                    }
+                    if !self.any_live() {
+                        return Ok(());
+                    }
+                }
+            }
+            for i in 0..n {
+                if !self.live(i) {
+                    continue;
+                }
+                let sums = [stats[i * STATS_LEN] as f64, stats[i * STATS_LEN + 1] as f64];
+                let test = if plan.max_steps.is_some() {
+                    (f64::NAN, f64::NAN)
+                } else {
+                    let loads = if graphs && epoch == 1 {
+                        Loads::HoldCaptures
+                    } else {
+                        Loads::Done
+                    };
+                    evaluate(be, &self.fused.members[i], n_test, loads)?
+                };
+                let e = epochs::epoch_stats(epoch, &plan, sums, test, started);
+                on_epoch(i, &e);
+                self.last[i] = Some(e);
+            }
+        }
+        be.synchronize()?;
+        Ok(())
+    }
+}
+
+/// An error that ends every trial of a group, for each of them.
+fn copy_error(e: &TrialError) -> TrialError {
+    match e {
+        TrialError::Engine(e) => TrialError::Engine(e.clone()),
+        TrialError::Interrupted => TrialError::Interrupted,
+        TrialError::Panic(s) => TrialError::Panic(s.clone()),
+        TrialError::Injected(s) => TrialError::Injected(s.clone()),
+        other => TrialError::Worker(other.to_string()),
+    }
 }

@@ -186,14 +186,14 @@ impl Steps for Single<'_> {
 /// then on. A capture that fails (one invalidated by something outside the trial) is followed by
 /// an eager step and tried once more; a second failure fails the trial.
 #[derive(Debug)]
-struct StepGraph {
+pub(super) struct StepGraph {
     enabled: bool,
-    captured: bool,
+    pub(super) captured: bool,
     failed: bool,
 }
 
 impl StepGraph {
-    fn new(enabled: bool) -> StepGraph {
+    pub(super) fn new(enabled: bool) -> StepGraph {
         StepGraph {
             enabled,
             captured: false,
@@ -202,13 +202,13 @@ impl StepGraph {
     }
 
     /// Whether this step is to be captured.
-    fn wants_capture(&self, warm_up: bool) -> bool {
+    pub(super) fn wants_capture(&self, warm_up: bool) -> bool {
         self.enabled && !warm_up && !self.captured
     }
 
     /// Takes a capture's outcome: `Ok` when the step goes on (replayed, or run eagerly after a
     /// first failure), the error after a second failure.
-    fn outcome(&mut self, captured: Result<(), TrialError>) -> Result<(), TrialError> {
+    pub(super) fn outcome(&mut self, captured: Result<(), TrialError>) -> Result<(), TrialError> {
         match captured {
             Ok(()) => {
                 self.captured = true;
@@ -229,7 +229,7 @@ impl StepGraph {
     /// Whether an eager step holds every capture of the process off: the first step, and the
     /// eager step after a failed capture (both may load kernels). Without graphs nothing in the
     /// process captures (every trial of a job has the same engine options), so nothing is held.
-    fn eager_holds(&self, warm_up: bool) -> bool {
+    pub(super) fn eager_holds(&self, warm_up: bool) -> bool {
         self.enabled && (warm_up || (self.failed && !self.captured))
     }
 }
@@ -294,7 +294,7 @@ pub(crate) fn evaluate(
 }
 
 /// Carries out an injected fault at its step.
-fn inject(
+pub(super) fn inject(
     be: &mut dyn Backend,
     net: &models::Network,
     fault: Option<&FaultSpec>,

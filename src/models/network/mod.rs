@@ -18,9 +18,15 @@ use crate::rng::{derive, HostRng};
 
 use super::memplan::MemoryPlan;
 
+pub mod fused;
 #[cfg(test)]
 mod graph_tests;
 mod plan;
+
+pub use fused::FusedNetwork;
+
+/// The plan entry holding the gradients of values, laid out by liveness.
+const GRADIENT_BLOCK: &str = "activation gradients";
 
 /// The most `f32` values a memory plan may hold in its parameters, or in its activations
 /// (2^40, 4 TiB: more than any device has); every size of a plan is a product of the batch
@@ -256,43 +262,57 @@ impl Network {
         train: bool,
         seed: u64,
     ) -> Result<Region, EngineError> {
-        for (i, l) in self.layers.iter().enumerate() {
-            let (x, y) = (self.acts[l.src], self.acts[i + 1]);
-            match l.def {
-                LayerDef::Dense { inputs, outputs } => {
-                    let g = GemmShape {
-                        trans_b: true,
-                        ..GemmShape::nn(rows, outputs, inputs)
-                    };
-                    be.gemm(g, x, l.w, y)?;
-                    be.bias_add(y, l.b, rows, outputs)?;
-                }
-                LayerDef::Conv { shape, bias } => {
-                    let b = bias.then_some(l.b);
-                    be.conv2d_fwd(&shape.with_n(rows), x, l.w, b, y, self.ws)?;
-                }
-                LayerDef::Relu => be.relu_fwd(x, y, rows * l.out_len)?,
-                LayerDef::MaxPool(p) => be.maxpool_fwd(&p.with_n(rows), x, y)?,
-                LayerDef::Dropout { p } => {
-                    let p = if train { p } else { 0.0 };
-                    let mask = self.dropout_mask(p, seed, i, l.out_len);
-                    be.dropout_fwd(x, y, rows * l.out_len, mask)?;
-                }
-                LayerDef::BatchNorm(p) => {
-                    let bn = BnParams {
-                        train,
-                        ..BnParams::default()
-                    };
-                    let s = p.with_n(rows);
-                    be.batchnorm_fwd(&s, x, l.w, l.b, l.running, l.saved, y, bn)?;
-                }
-                LayerDef::GlobalAvgPool(p) => be.avgpool_fwd(&p.with_n(rows), x, y)?,
-                LayerDef::Add { other } => {
-                    be.add(x, self.acts[other], y, rows * l.out_len)?;
-                }
-            }
+        for i in 0..self.layers.len() {
+            self.forward_layer(be, i, rows, train, seed)?;
         }
         Ok(self.logits())
+    }
+
+    /// Runs layer `i` of [`Network::forward`].
+    fn forward_layer(
+        &self,
+        be: &mut dyn Backend,
+        i: usize,
+        rows: usize,
+        train: bool,
+        seed: u64,
+    ) -> Result<(), EngineError> {
+        let l = &self.layers[i];
+        let (x, y) = (self.acts[l.src], self.acts[i + 1]);
+        match l.def {
+            LayerDef::Dense { inputs, outputs } => {
+                let g = GemmShape {
+                    trans_b: true,
+                    ..GemmShape::nn(rows, outputs, inputs)
+                };
+                be.gemm(g, x, l.w, y)?;
+                be.bias_add(y, l.b, rows, outputs)?;
+            }
+            LayerDef::Conv { shape, bias } => {
+                let b = bias.then_some(l.b);
+                be.conv2d_fwd(&shape.with_n(rows), x, l.w, b, y, self.ws)?;
+            }
+            LayerDef::Relu => be.relu_fwd(x, y, rows * l.out_len)?,
+            LayerDef::MaxPool(p) => be.maxpool_fwd(&p.with_n(rows), x, y)?,
+            LayerDef::Dropout { p } => {
+                let p = if train { p } else { 0.0 };
+                let mask = self.dropout_mask(p, seed, i, l.out_len);
+                be.dropout_fwd(x, y, rows * l.out_len, mask)?;
+            }
+            LayerDef::BatchNorm(p) => {
+                let bn = BnParams {
+                    train,
+                    ..BnParams::default()
+                };
+                let s = p.with_n(rows);
+                be.batchnorm_fwd(&s, x, l.w, l.b, l.running, l.saved, y, bn)?;
+            }
+            LayerDef::GlobalAvgPool(p) => be.avgpool_fwd(&p.with_n(rows), x, y)?,
+            LayerDef::Add { other } => {
+                be.add(x, self.acts[other], y, rows * l.out_len)?;
+            }
+        }
+        Ok(())
     }
 
     fn logits(&self) -> Region {
@@ -319,71 +339,84 @@ impl Network {
         rows: usize,
         seed: u64,
     ) -> Result<(), EngineError> {
-        for (i, l) in self.layers.iter().enumerate().rev() {
-            let (x, y, dy) = (self.acts[l.src], self.acts[i + 1], self.dacts[i + 1]);
-            let n_in = rows * l.in_len;
-            // Where this layer writes its input's gradient, and what to add afterwards.
-            let (dx, then_add) = match l.dsrc {
-                Deliver::None | Deliver::Alias => (None, None),
-                Deliver::Write(r) => (Some(r), None),
-                Deliver::Add(r) => (Some(self.scratch), Some(r)),
-            };
-            match l.def {
-                LayerDef::Dense { inputs, outputs } => {
-                    let gw = GemmShape {
-                        trans_a: true,
-                        ..GemmShape::nn(outputs, inputs, rows)
-                    };
-                    be.gemm(gw, dy, x, l.dw)?;
-                    be.bias_grad(dy, l.db, rows, outputs)?;
-                    if let Some(dx) = dx {
-                        be.gemm(GemmShape::nn(rows, inputs, outputs), dy, l.w, dx)?;
-                    }
+        for i in (0..self.layers.len()).rev() {
+            self.backward_layer(be, i, rows, seed)?;
+        }
+        Ok(())
+    }
+
+    /// Runs layer `i` of [`Network::backward`].
+    fn backward_layer(
+        &self,
+        be: &mut dyn Backend,
+        i: usize,
+        rows: usize,
+        seed: u64,
+    ) -> Result<(), EngineError> {
+        let l = &self.layers[i];
+        let (x, y, dy) = (self.acts[l.src], self.acts[i + 1], self.dacts[i + 1]);
+        let n_in = rows * l.in_len;
+        // Where this layer writes its input's gradient, and what to add afterwards.
+        let (dx, then_add) = match l.dsrc {
+            Deliver::None | Deliver::Alias => (None, None),
+            Deliver::Write(r) => (Some(r), None),
+            Deliver::Add(r) => (Some(self.scratch), Some(r)),
+        };
+        match l.def {
+            LayerDef::Dense { inputs, outputs } => {
+                let gw = GemmShape {
+                    trans_a: true,
+                    ..GemmShape::nn(outputs, inputs, rows)
+                };
+                be.gemm(gw, dy, x, l.dw)?;
+                be.bias_grad(dy, l.db, rows, outputs)?;
+                if let Some(dx) = dx {
+                    be.gemm(GemmShape::nn(rows, inputs, outputs), dy, l.w, dx)?;
                 }
-                LayerDef::Conv { shape, bias } => {
-                    let db = bias.then_some(l.db);
-                    be.conv2d_bwd(&shape.with_n(rows), x, l.w, dy, dx, l.dw, db, self.ws)?;
+            }
+            LayerDef::Conv { shape, bias } => {
+                let db = bias.then_some(l.db);
+                be.conv2d_bwd(&shape.with_n(rows), x, l.w, dy, dx, l.dw, db, self.ws)?;
+            }
+            LayerDef::Relu => {
+                if let Some(dx) = dx {
+                    be.relu_bwd(y, dy, dx, n_in)?;
                 }
-                LayerDef::Relu => {
-                    if let Some(dx) = dx {
-                        be.relu_bwd(y, dy, dx, n_in)?;
-                    }
+            }
+            LayerDef::MaxPool(p) => {
+                if let Some(dx) = dx {
+                    be.maxpool_bwd(&p.with_n(rows), x, y, dy, dx)?;
                 }
-                LayerDef::MaxPool(p) => {
-                    if let Some(dx) = dx {
-                        be.maxpool_bwd(&p.with_n(rows), x, y, dy, dx)?;
-                    }
+            }
+            LayerDef::Dropout { p } => {
+                if let Some(dx) = dx {
+                    let mask = self.dropout_mask(p, seed, i, l.in_len);
+                    be.dropout_bwd(dy, dx, n_in, mask)?;
                 }
-                LayerDef::Dropout { p } => {
-                    if let Some(dx) = dx {
-                        let mask = self.dropout_mask(p, seed, i, l.in_len);
-                        be.dropout_bwd(dy, dx, n_in, mask)?;
-                    }
+            }
+            LayerDef::BatchNorm(p) => {
+                // γ and β need the pass even when the input (the network's) has no gradient.
+                let dx = dx.unwrap_or(self.scratch);
+                let s = p.with_n(rows);
+                be.batchnorm_bwd(&s, x, l.w, l.saved, dy, dx, l.dw, l.db)?;
+            }
+            LayerDef::GlobalAvgPool(p) => {
+                if let Some(dx) = dx {
+                    be.avgpool_bwd(&p.with_n(rows), dy, dx)?;
                 }
-                LayerDef::BatchNorm(p) => {
-                    // γ and β need the pass even when the input (the network's) has no gradient.
-                    let dx = dx.unwrap_or(self.scratch);
-                    let s = p.with_n(rows);
-                    be.batchnorm_bwd(&s, x, l.w, l.saved, dy, dx, l.dw, l.db)?;
-                }
-                LayerDef::GlobalAvgPool(p) => {
-                    if let Some(dx) = dx {
-                        be.avgpool_bwd(&p.with_n(rows), dy, dx)?;
-                    }
-                }
-                LayerDef::Add { .. } => {
-                    for d in [l.dsrc, l.dother] {
-                        match d {
-                            Deliver::Write(r) => be.copy(dy, r, n_in)?,
-                            Deliver::Add(r) => be.add_assign(r, dy, n_in)?,
-                            Deliver::None | Deliver::Alias => {}
-                        }
+            }
+            LayerDef::Add { .. } => {
+                for d in [l.dsrc, l.dother] {
+                    match d {
+                        Deliver::Write(r) => be.copy(dy, r, n_in)?,
+                        Deliver::Add(r) => be.add_assign(r, dy, n_in)?,
+                        Deliver::None | Deliver::Alias => {}
                     }
                 }
             }
-            if let (Some(r), false) = (then_add, matches!(l.def, LayerDef::Add { .. })) {
-                be.add_assign(r, self.scratch, n_in)?;
-            }
+        }
+        if let (Some(r), false) = (then_add, matches!(l.def, LayerDef::Add { .. })) {
+            be.add_assign(r, self.scratch, n_in)?;
         }
         Ok(())
     }

@@ -391,7 +391,7 @@ fn place_gradients(
     lens: &[usize],
     batch: usize,
 ) -> (Vec<Region>, Region) {
-    let block = plan.add("activation gradients", MemKind::Activations, grads.peak);
+    let block = plan.add(super::GRADIENT_BLOCK, MemKind::Activations, grads.peak);
     let scratch = plan.add("gradient scratch", MemKind::Workspace, grads.scratch_len);
     let place = |r: Region| Region::new(block.offset + r.offset, r.len);
     let deliver = |d: Deliver| match d {

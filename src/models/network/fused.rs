@@ -1,0 +1,500 @@
+//! A fused group's network: N copies of one trial's network in one arena, each trial's tensors side by side, trained by batched ops where the engine has them and the single ops trial by trial elsewhere.
+//!
+//! Layout. The fused plan is the single trial's plan with every tensor repeated N times in
+//! place: the plan entry `(o, L)` becomes `(o·N, N·L)`, and trial `i`'s copy of a region inside it
+//! sits `i·L` further on, at the same place within its copy. A parameter block therefore holds
+//! every trial's parameters one trial after another (what the batched optimizer steps expect),
+//! and a whole-batch activation holds the N trials' batches one after another (what a flat
+//! elementwise op over `N·L` needs). The gradients of values share one block by liveness, where
+//! regions of values never alive at once overlap: there each region `(o, L)` becomes
+//! `(o·N, N·L)` on its own, which keeps the regions alive at the same time disjoint across trials.
+//! The step counter is one for the group. After the copies come the hyper table
+//! ([`crate::engine::fused`]) and the trials' data orders.
+//!
+//! Each trial's copy is a whole [`Network`] whose regions point into the fused arena, so every
+//! op of a trial is the op it would run alone, on its own operands: the CPU backend computes
+//! bit for bit what the trial computes alone.
+
+use crate::engine::fused::{
+    HYPER_BETA1, HYPER_BETA2, HYPER_EPS, HYPER_LEN, HYPER_LIVE, HYPER_LR, HYPER_MOMENTUM, HYPER_WD,
+};
+use crate::engine::{Backend, GemmBatch, GemmShape, Region};
+use crate::error::EngineError;
+use crate::models::memplan::{MemKind, MemoryPlan, PlanEntry};
+use crate::models::{Hyper, Optimizer};
+
+use super::{Deliver, LayerDef, Network, OptState, GRADIENT_BLOCK};
+
+/// The networks of a fused group's trials, in one arena.
+#[derive(Clone, Debug)]
+pub struct FusedNetwork {
+    /// The plan of the whole group's arena.
+    pub plan: MemoryPlan,
+    /// Trial `i`'s network, its regions in the group's arena.
+    pub members: Vec<Network>,
+    /// The hyper table: [`HYPER_LEN`] values per trial.
+    pub hyper: Region,
+    /// Every trial's order of the training split this epoch, `n_train` `u32` each.
+    pub orders: Region,
+    pub n_train: usize,
+    /// Adam's or SGD's state.
+    optimizer: Optimizer,
+}
+
+impl FusedNetwork {
+    /// The group of `dropout.len()` trials of `single`'s network, trial `i` with dropout rate
+    /// `dropout[i]` in every dropout layer, over a training split of `n_train` samples.
+    pub fn new(single: &Network, dropout: &[f32], n_train: usize) -> Result<Self, String> {
+        let n = dropout.len();
+        if n == 0 {
+            return Err("a fused group needs at least one trial".into());
+        }
+        let too_big = || format!("a fused group of {n} trials does not fit in memory");
+        let mut plan = MemoryPlan::default();
+        for e in &single.plan.entries {
+            let len = e.region.len.checked_mul(n).ok_or_else(too_big)?;
+            let region = Region::new(e.region.offset.checked_mul(n).ok_or_else(too_big)?, len);
+            plan.entries.push(PlanEntry {
+                name: e.name.clone(),
+                kind: e.kind,
+                region,
+            });
+        }
+        plan.total = single.plan.total.checked_mul(n).ok_or_else(too_big)?;
+        let hyper = plan.add("hyper table", MemKind::Workspace, n * HYPER_LEN);
+        let orders_len = n_train.checked_mul(n).ok_or_else(too_big)?;
+        let orders = plan.add("data orders", MemKind::Workspace, orders_len);
+        let optimizer = match single.opt {
+            OptState::Sgd { .. } => Optimizer::Sgd,
+            OptState::Adam { .. } => Optimizer::Adam,
+        };
+        let map = Mapper::new(single, n);
+        let members = dropout
+            .iter()
+            .enumerate()
+            .map(|(i, &p)| map.member(single, i, p))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(FusedNetwork {
+            plan,
+            members,
+            hyper,
+            orders,
+            n_train,
+            optimizer,
+        })
+    }
+
+    /// Trials in the group.
+    pub fn trials(&self) -> usize {
+        self.members.len()
+    }
+
+    fn first(&self) -> &Network {
+        &self.members[0]
+    }
+
+    /// Writes each trial's row of the hyper table, every trial live.
+    pub fn write_hyper(&self, be: &mut dyn Backend, hypers: &[Hyper]) -> Result<(), EngineError> {
+        let mut table = vec![0f32; self.hyper.len];
+        for (row, h) in table.chunks_exact_mut(HYPER_LEN).zip(hypers) {
+            row[HYPER_LR] = h.lr as f32;
+            row[HYPER_WD] = h.weight_decay as f32;
+            row[HYPER_MOMENTUM] = h.momentum as f32;
+            // What `Network::update` gives Adam.
+            row[HYPER_BETA1] = 0.9;
+            row[HYPER_BETA2] = 0.999;
+            row[HYPER_EPS] = 1e-8;
+            row[HYPER_LIVE] = 1.0;
+        }
+        be.write(self.hyper, &table)
+    }
+
+    /// Marks trial `i` dead: from the next step on, the optimizer leaves its parameters alone.
+    pub fn kill(&self, be: &mut dyn Backend, i: usize) -> Result<(), EngineError> {
+        let at = Region::new(self.hyper.offset + i * HYPER_LEN + HYPER_LIVE, 1);
+        be.write(at, &[0.0])
+    }
+
+    /// Writes trial `i`'s order of the training split for this epoch.
+    pub fn write_order(
+        &self,
+        be: &mut dyn Backend,
+        i: usize,
+        order: &[u32],
+    ) -> Result<(), EngineError> {
+        crate::engine::contract::train_order(order, self.n_train)?;
+        let bits: Vec<f32> = order.iter().map(|&o| f32::from_bits(o)).collect();
+        be.write(
+            Region::new(self.orders.offset + i * self.n_train, self.n_train),
+            &bits,
+        )
+    }
+
+    /// Every trial's `[Σ loss, #correct]`, one after another.
+    pub fn stats(&self) -> Region {
+        let first = self.first().stats;
+        Region::new(first.offset, first.len * self.trials())
+    }
+
+    /// The region spanning every trial's copy of `pick`'s region, and the stride between copies.
+    fn span(&self, pick: impl Fn(&Network) -> Region) -> (Region, usize) {
+        let first = pick(self.first());
+        let last = pick(&self.members[self.trials() - 1]);
+        let stride = match self.members.get(1) {
+            Some(m) => pick(m).offset - first.offset,
+            None => 0,
+        };
+        (Region::new(first.offset, last.end() - first.offset), stride)
+    }
+
+    /// The region covering the first `len` elements of every trial's copy of `pick`'s region
+    /// when they lie one right after another (so that one elementwise op covers them all);
+    /// `None` when they do not.
+    fn flat(&self, pick: impl Fn(&Network) -> Region, len: usize) -> Option<Region> {
+        let first = pick(self.first()).offset;
+        let contiguous = self.members.iter().enumerate().all(|(i, m)| {
+            let r = pick(m);
+            r.len >= len && r.offset == first + i * len
+        });
+        contiguous.then(|| Region::new(first, len * self.trials()))
+    }
+
+    /// One training step of every trial: gather each trial's batch from its own order, forward,
+    /// loss, backward, the optimizer over every trial's row of the hyper table, and the step
+    /// counter advanced. `seeds[i]` is trial `i`'s dropout seed. Every argument is the same from
+    /// step to step, so the step can be captured once as a graph.
+    pub fn train_step(
+        &self,
+        be: &mut dyn Backend,
+        steps_per_epoch: usize,
+        seeds: &[u64],
+    ) -> Result<(), EngineError> {
+        let net = self.first();
+        let rows = net.batch;
+        be.gather_train_fused(
+            net.counter,
+            self.orders,
+            steps_per_epoch,
+            rows,
+            self.span(|m| m.input()).0,
+            self.span(|m| m.labels).0,
+            self.trials(),
+        )?;
+        for i in 0..net.layers.len() {
+            self.forward_layer(be, i, rows, seeds)?;
+        }
+        for m in &self.members {
+            m.loss(be, rows)?;
+        }
+        for i in (0..net.layers.len()).rev() {
+            self.backward_layer(be, i, rows, seeds)?;
+        }
+        self.update(be)?;
+        be.advance(net.counter)
+    }
+
+    /// Layer `i` of every trial's training forward pass.
+    fn forward_layer(
+        &self,
+        be: &mut dyn Backend,
+        i: usize,
+        rows: usize,
+        seeds: &[u64],
+    ) -> Result<(), EngineError> {
+        let l = &self.first().layers[i];
+        let n = self.trials();
+        let out = rows * l.out_len;
+        let src = l.src;
+        match l.def {
+            LayerDef::Dense { inputs, outputs } => {
+                let g = GemmShape {
+                    trans_b: true,
+                    ..GemmShape::nn(rows, outputs, inputs)
+                };
+                let (x, sx) = self.span(|m| m.acts[src]);
+                let (w, sw) = self.span(|m| m.layers[i].w);
+                let (y, sy) = self.span(|m| m.acts[i + 1]);
+                let batch = GemmBatch {
+                    count: n,
+                    stride_a: sx,
+                    stride_b: sw,
+                    stride_c: sy,
+                };
+                be.gemm_batched(g, batch, x, w, y)?;
+                for m in &self.members {
+                    be.bias_add(m.acts[i + 1], m.layers[i].b, rows, outputs)?;
+                }
+                return Ok(());
+            }
+            LayerDef::Relu => {
+                let x = self.flat(|m| m.acts[src], out);
+                let y = self.flat(|m| m.acts[i + 1], out);
+                if let (Some(x), Some(y)) = (x, y) {
+                    return be.relu_fwd(x, y, out * n);
+                }
+            }
+            LayerDef::MaxPool(p) => {
+                let x = self.flat(|m| m.acts[src], rows * l.in_len);
+                let y = self.flat(|m| m.acts[i + 1], out);
+                if let (Some(x), Some(y)) = (x, y) {
+                    return be.maxpool_fwd(&p.with_n(rows * n), x, y);
+                }
+            }
+            LayerDef::GlobalAvgPool(p) => {
+                let x = self.flat(|m| m.acts[src], rows * l.in_len);
+                let y = self.flat(|m| m.acts[i + 1], out);
+                if let (Some(x), Some(y)) = (x, y) {
+                    return be.avgpool_fwd(&p.with_n(rows * n), x, y);
+                }
+            }
+            LayerDef::Add { other } => {
+                let a = self.flat(|m| m.acts[src], out);
+                let b = self.flat(|m| m.acts[other], out);
+                let y = self.flat(|m| m.acts[i + 1], out);
+                if let (Some(a), Some(b), Some(y)) = (a, b, y) {
+                    return be.add(a, b, y, out * n);
+                }
+            }
+            LayerDef::Conv { .. } | LayerDef::Dropout { .. } | LayerDef::BatchNorm(_) => {}
+        }
+        for (m, &seed) in self.members.iter().zip(seeds) {
+            m.forward_layer(be, i, rows, true, seed)?;
+        }
+        Ok(())
+    }
+
+    /// Layer `i` of every trial's backward pass.
+    fn backward_layer(
+        &self,
+        be: &mut dyn Backend,
+        i: usize,
+        rows: usize,
+        seeds: &[u64],
+    ) -> Result<(), EngineError> {
+        let l = &self.first().layers[i];
+        let n = self.trials();
+        let n_in = rows * l.in_len;
+        let src = l.src;
+        match (l.def, l.dsrc) {
+            (LayerDef::Dense { inputs, outputs }, dsrc) => {
+                let gw = GemmShape {
+                    trans_a: true,
+                    ..GemmShape::nn(outputs, inputs, rows)
+                };
+                let (dy, sdy) = self.span(|m| m.dacts[i + 1]);
+                let (x, sx) = self.span(|m| m.acts[src]);
+                let (dw, sdw) = self.span(|m| m.layers[i].dw);
+                let batch = GemmBatch {
+                    count: n,
+                    stride_a: sdy,
+                    stride_b: sx,
+                    stride_c: sdw,
+                };
+                be.gemm_batched(gw, batch, dy, x, dw)?;
+                for m in &self.members {
+                    be.bias_grad(m.dacts[i + 1], m.layers[i].db, rows, outputs)?;
+                }
+                let to = |m: &Network| match m.layers[i].dsrc {
+                    Deliver::Write(r) => r,
+                    _ => m.scratch,
+                };
+                if matches!(dsrc, Deliver::Write(_) | Deliver::Add(_)) {
+                    let (w, sw) = self.span(|m| m.layers[i].w);
+                    let (dx, sdx) = self.span(to);
+                    let batch = GemmBatch {
+                        count: n,
+                        stride_a: sdy,
+                        stride_b: sw,
+                        stride_c: sdx,
+                    };
+                    be.gemm_batched(GemmShape::nn(rows, inputs, outputs), batch, dy, w, dx)?;
+                    if let Deliver::Add(_) = dsrc {
+                        for m in &self.members {
+                            if let Deliver::Add(r) = m.layers[i].dsrc {
+                                be.add_assign(r, m.scratch, n_in)?;
+                            }
+                        }
+                    }
+                }
+                return Ok(());
+            }
+            (LayerDef::Relu, Deliver::Write(_)) => {
+                let y = self.flat(|m| m.acts[i + 1], n_in);
+                let dy = self.flat(|m| m.dacts[i + 1], n_in);
+                let dx = self.flat(|m| deliver_region(m, i), n_in);
+                if let (Some(y), Some(dy), Some(dx)) = (y, dy, dx) {
+                    return be.relu_bwd(y, dy, dx, n_in * n);
+                }
+            }
+            (LayerDef::MaxPool(p), Deliver::Write(_)) => {
+                let out = rows * l.out_len;
+                let x = self.flat(|m| m.acts[src], n_in);
+                let y = self.flat(|m| m.acts[i + 1], out);
+                let dy = self.flat(|m| m.dacts[i + 1], out);
+                let dx = self.flat(|m| deliver_region(m, i), n_in);
+                if let (Some(x), Some(y), Some(dy), Some(dx)) = (x, y, dy, dx) {
+                    return be.maxpool_bwd(&p.with_n(rows * n), x, y, dy, dx);
+                }
+            }
+            _ => {}
+        }
+        for (m, &seed) in self.members.iter().zip(seeds) {
+            m.backward_layer(be, i, rows, seed)?;
+        }
+        Ok(())
+    }
+
+    /// One optimizer step of every trial, each with its row of the hyper table (a dead trial's
+    /// parameters stay as they are).
+    fn update(&self, be: &mut dyn Backend) -> Result<(), EngineError> {
+        let n = self.trials();
+        let whole = |pick: &dyn Fn(&Network) -> Region| self.span(pick).0;
+        match self.optimizer {
+            Optimizer::Sgd => be.sgd_step_batched(
+                whole(&|m| m.params),
+                whole(&|m| m.grads),
+                whole(&|net| match net.opt {
+                    OptState::Sgd { v } | OptState::Adam { v, .. } => v,
+                }),
+                self.hyper,
+                n,
+            ),
+            Optimizer::Adam => be.adam_step_batched(
+                whole(&|m| m.params),
+                whole(&|m| m.grads),
+                whole(&|net| match net.opt {
+                    OptState::Adam { m, .. } | OptState::Sgd { v: m } => m,
+                }),
+                whole(&|net| match net.opt {
+                    OptState::Sgd { v } | OptState::Adam { v, .. } => v,
+                }),
+                self.hyper,
+                n,
+                self.first().counter,
+            ),
+        }
+    }
+}
+
+/// Where layer `i` of `m` writes its input's gradient (its own region, or the scratch it then
+/// adds from).
+fn deliver_region(m: &Network, i: usize) -> Region {
+    match m.layers[i].dsrc {
+        Deliver::Write(r) => r,
+        _ => m.scratch,
+    }
+}
+
+/// Maps a single trial's regions to trial `i`'s copies in the fused arena.
+struct Mapper {
+    trials: usize,
+    /// The single plan's entries with a length, by offset.
+    entries: Vec<Region>,
+    /// The gradient block, mapped region by region.
+    gradients: Option<Region>,
+    counter: Region,
+}
+
+impl Mapper {
+    fn new(single: &Network, trials: usize) -> Mapper {
+        let mut entries: Vec<Region> = single
+            .plan
+            .entries
+            .iter()
+            .filter(|e| e.region.len > 0)
+            .map(|e| e.region)
+            .collect();
+        entries.sort_by_key(|r| r.offset);
+        let gradients = single
+            .plan
+            .entries
+            .iter()
+            .find(|e| e.name == GRADIENT_BLOCK)
+            .map(|e| e.region);
+        Mapper {
+            trials,
+            entries,
+            gradients,
+            counter: single.counter,
+        }
+    }
+
+    /// Trial `i`'s copy of `r`.
+    fn region(&self, r: Region, i: usize) -> Result<Region, String> {
+        if r.len == 0 {
+            return Ok(Region::new(r.offset * self.trials, 0));
+        }
+        if r == self.counter {
+            // One counter for the group.
+            return Ok(Region::new(r.offset * self.trials, r.len));
+        }
+        if self
+            .gradients
+            .is_some_and(|g| g.offset <= r.offset && r.end() <= g.end())
+        {
+            return Ok(Region::new(r.offset * self.trials + i * r.len, r.len));
+        }
+        let at = self.entries.partition_point(|e| e.offset <= r.offset);
+        let e = at
+            .checked_sub(1)
+            .map(|k| self.entries[k])
+            .filter(|e| r.end() <= e.end())
+            .ok_or_else(|| format!("region {r:?} lies in no tensor of the plan"))?;
+        Ok(Region::new(
+            e.offset * self.trials + i * e.len + (r.offset - e.offset),
+            r.len,
+        ))
+    }
+
+    /// Trial `i`'s network: `single` with every region mapped, and dropout rate `p`.
+    fn member(&self, single: &Network, i: usize, p: f32) -> Result<Network, String> {
+        let map = |r: Region| self.region(r, i);
+        let deliver = |d: Deliver| -> Result<Deliver, String> {
+            Ok(match d {
+                Deliver::Write(r) => Deliver::Write(map(r)?),
+                Deliver::Add(r) => Deliver::Add(map(r)?),
+                d => d,
+            })
+        };
+        let mut m = single.clone();
+        for l in &mut m.layers {
+            for r in [
+                &mut l.w,
+                &mut l.b,
+                &mut l.dw,
+                &mut l.db,
+                &mut l.running,
+                &mut l.saved,
+            ] {
+                *r = map(*r)?;
+            }
+            l.dsrc = deliver(l.dsrc)?;
+            l.dother = deliver(l.dother)?;
+            if let LayerDef::Dropout { .. } = l.def {
+                l.def = LayerDef::Dropout { p };
+            }
+        }
+        for r in m.acts.iter_mut().chain(m.dacts.iter_mut()) {
+            *r = map(*r)?;
+        }
+        for r in [
+            &mut m.scratch,
+            &mut m.ws,
+            &mut m.labels,
+            &mut m.stats,
+            &mut m.params,
+            &mut m.grads,
+            &mut m.counter,
+        ] {
+            *r = map(*r)?;
+        }
+        m.opt = match m.opt {
+            OptState::Sgd { v } => OptState::Sgd { v: map(v)? },
+            OptState::Adam { m: am, v } => OptState::Adam {
+                m: map(am)?,
+                v: map(v)?,
+            },
+        };
+        Ok(m)
+    }
+}
