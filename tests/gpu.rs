@@ -24,6 +24,7 @@ use gpumux::error::EngineError;
 use gpumux::job::{ConvEngine, EngineOptions, Hyper, ModelKind, ModelSpec, Optimizer};
 use gpumux::models::network::{LayerDef, Network, Node};
 use gpumux::rng::HostRng;
+use gpumux::train::fused::run_group;
 use gpumux::train::mirrored::{train as train_mirrored, ParallelConfig};
 use gpumux::train::{run_trial, TrialConfig};
 use libtest_mimic::{Arguments, Trial};
@@ -1029,6 +1030,52 @@ fn mlp_training_reaches_the_cpu_accuracy_with_and_without_graphs() {
     }
 }
 
+/// A fused group of three MLP trials on the GPU (graphs on) against each trial alone on the GPU,
+/// after one epoch: the stated tolerance of `split: fused` on CUDA is a final training loss within
+/// 1e-4 relative and a test accuracy within 2 samples (the batched GEMMs may choose other
+/// algorithms than the single ones).
+fn fused_mlp_trials_match_their_runs_alone() {
+    let e = gpu_or_skip!();
+    let spec = DataSpec {
+        train_limit: Some(4096),
+        test_limit: Some(1000),
+        ..DataSpec::of(Source::Mnist10k)
+    };
+    let data = Arc::new(spec.load(None, 0).expect("mnist-10k"));
+    let dev = e.upload(&data).expect("upload");
+    let cfgs: Vec<TrialConfig> = (0..3)
+        .map(|i| {
+            let mut c = trial(ModelSpec::of(ModelKind::Mlp), Optimizer::Adam, true, &data);
+            c.epochs = 1;
+            c.seed = 10 + i as u64;
+            c.hyper.lr = [1e-3, 3e-3, 5e-4][i];
+            c.hyper.dropout = [0.2, 0.1, 0.3][i];
+            c
+        })
+        .collect();
+    let mut be = e.backend(Arc::clone(&dev), None, None).expect("backend");
+    let ends = run_group(be.as_mut(), &cfgs, &mut |_, _| {});
+    let n_test = data.test.len() as f64;
+    for (i, (cfg, end)) in cfgs.iter().zip(&ends).enumerate() {
+        let fused = end
+            .as_ref()
+            .unwrap_or_else(|e| panic!("fused trial {i}: {e}"));
+        let mut be = e.backend(Arc::clone(&dev), None, None).expect("backend");
+        let alone = run_trial(be.as_mut(), cfg, &mut |_| {}).expect("trial alone");
+        let rel = (fused.final_loss - alone.final_loss).abs() / alone.final_loss.abs();
+        println!(
+            "trial {i}: loss fused {:.6} alone {:.6} (rel {rel:.2e}), acc fused {:.4} alone {:.4}",
+            fused.final_loss, alone.final_loss, fused.test_acc, alone.test_acc
+        );
+        assert!(rel <= 1e-4, "trial {i}: relative loss difference {rel:.2e}");
+        let samples = (fused.test_acc - alone.test_acc).abs() * n_test;
+        assert!(
+            samples <= 2.0 + 1e-6,
+            "trial {i}: accuracies {samples} samples apart"
+        );
+    }
+}
+
 fn cnn_training_runs_with_graphs() {
     let e = gpu_or_skip!();
     let spec = DataSpec {
@@ -1452,6 +1499,10 @@ fn tests() -> Vec<(String, Needs, Body)> {
         (
             "cnn_training_runs_with_graphs",
             cnn_training_runs_with_graphs,
+        ),
+        (
+            "fused_mlp_trials_match_their_runs_alone",
+            fused_mlp_trials_match_their_runs_alone,
         ),
     ];
     let mut all: Vec<(String, Needs, Body)> = plain
