@@ -190,6 +190,11 @@ pub fn check_threads_split(split: SplitMode, r: &Resolved) -> Result<()> {
             "parallel runs its replicas as threads of one process: split {split} does not apply (use shared, logical or green)"
         )));
     }
+    if split == SplitMode::Fused {
+        return Err(Error::Usage(
+            "parallel trains one model across its slices: split fused, which trains several trials as one model, does not apply (use shared, logical or green)".into(),
+        ));
+    }
     match run::unavailable(split, r) {
         None => Ok(()),
         Some(Unavailable::NeedsGpu) => Err(Error::Usage(format!(
