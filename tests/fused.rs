@@ -136,3 +136,12 @@ fn an_external_command_cannot_be_fused() {
     let o = dir.gpumux(&["sweep", s(&job), "--split", "fused", "--out", "y"]);
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
 }
+
+#[test]
+fn parallel_trains_one_model_and_refuses_fused() {
+    let dir = sandbox();
+    let job = dir.job("one.yaml", tiny().name("one").split("fused"));
+    let o = dir.gpumux(&["parallel", s(&job), "--out", s(&dir.join("p"))]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("split fused"), "{}", stderr(&o));
+}

@@ -748,7 +748,7 @@ fn dry_run(
         mem_granularity: None,
     };
     // NVML's numbers stand in for CUDA's here: nothing is opened in a dry run.
-    let budget = plan::Budgets {
+    let mut budget = plan::Budgets {
         first: memory(
             found
                 .gpus
@@ -766,6 +766,12 @@ fn dry_run(
         .gpus
         .first()
         .map_or_else(|| found.host.device_line(), |g| g.name.clone());
+    if split == SplitMode::Fused && job.file.backend != BackendChoice::Cpu {
+        // A fused round on a GPU has one slice (see `plan::fused_slices`): mark the GPU as one.
+        if let Some(g) = found.gpus.first() {
+            budget.first.sm_count = Some(g.sm_count.unwrap_or(0));
+        }
+    }
     match concurrency {
         Concurrency::Fixed(n) => {
             let n = n.min(todo.len().max(1) as u32);
