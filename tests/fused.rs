@@ -145,3 +145,34 @@ fn parallel_trains_one_model_and_refuses_fused() {
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
     assert!(stderr(&o).contains("split fused"), "{}", stderr(&o));
 }
+
+#[test]
+fn fused_runs_beside_other_split_modes_and_its_trials_end_as_they_do_alone() {
+    let dir = sandbox();
+    let job = dir.job(
+        "mixed.yaml",
+        tiny()
+            .name("mixed")
+            .param("lr", values(&["0.001", "0.003", "0.01"]))
+            .method("grid")
+            .n("[3]")
+            .splits("[shared, logical, fused]"),
+    );
+    let out = dir.join("out");
+    let o = dir.run_into("fib", &job, &out, &[]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let splits: Vec<String> = runs_csv(&out).iter().map(|r| r["split"].clone()).collect();
+    assert_eq!(splits, ["shared", "logical", "fused"]);
+    let trials = trials_csv(&out);
+    assert_eq!(trials.len(), 9);
+    let acc = |split: &str, id: &str| {
+        trials
+            .iter()
+            .find(|r| r["split"] == split && r["trial_id"] == id)
+            .map(|r| r["test_acc"].clone())
+    };
+    for r in trials.iter().filter(|r| r["split"] == "fused") {
+        assert_eq!(r["state"], "COMPLETE", "{r:?}");
+        assert_eq!(acc("fused", &r["trial_id"]), acc("shared", &r["trial_id"]));
+    }
+}
