@@ -425,7 +425,9 @@ pub fn run_round_with(
                     if ctx.cancel.draining() {
                         break;
                     }
-                    if let (Ok(p), true) = (&part, group.len() > 1 && ctx.external.is_none()) {
+                    // Only `fused` queues groups of several (of built-in trials, in threads).
+                    let fused = group.len() > 1 && ctx.external.is_none();
+                    if let (true, Ok(p)) = (fused, &part) {
                         for t in &group {
                             let _ = events.send(Event::Started {
                                 trial: t.clone(),
