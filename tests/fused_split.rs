@@ -1,4 +1,4 @@
-//! `split: fused` end to end on the CPU: fib rounds and a sweep whose compatible trials train as fused groups, and the jobs it refuses.
+//! `split: fused` end to end: fib and sweep group compatible trials, every trial gets its rows, and what cannot be fused is refused.
 
 mod support;
 use std::collections::BTreeMap;
