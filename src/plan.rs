@@ -245,6 +245,12 @@ pub fn slices(
         return Ok(plan);
     }
     let dev = &budgets.first;
+    // A fused round runs its trials as groups on fewer slices: the budget is split over those.
+    let n = if split == SplitMode::Fused {
+        n.min(fused_slices(dev))
+    } else {
+        n
+    };
     let cap = if split.capped() {
         Some(slice_cap(job, n, dev)?)
     } else {
@@ -263,6 +269,22 @@ pub fn slices(
             partition: parts.as_ref().map(|p| i % p.count),
         })
         .collect())
+}
+
+/// How many slices a fused round uses at most: one per available core on the CPU (each trains
+/// its groups on one thread), one on a GPU (its group is one batched model).
+pub fn fused_slices(dev: &DeviceBudget) -> u32 {
+    if dev.sm_count.is_some() {
+        1
+    } else {
+        std::thread::available_parallelism().map_or(1, |c| c.get() as u32)
+    }
+}
+
+/// The most trials a fused group of a round of `n` trials on `slices` slices holds: ⌈n/slices⌉,
+/// at least 1.
+pub fn fused_width(n: usize, slices: usize) -> usize {
+    n.div_ceil(slices.max(1)).max(1)
 }
 
 /// The cap of each slice under the job's memory policy; a cap above the device's memory is an error.
@@ -760,5 +782,44 @@ mod tests {
         // An equal plan stays on device 0.
         let eq = slices(&mlp_job(""), 3, SplitMode::Logical, &both).unwrap();
         assert!(eq.iter().all(|s| s.device == 0));
+    }
+
+    #[test]
+    fn a_fused_group_holds_at_most_the_trials_over_the_slices() {
+        assert_eq!(fused_width(12, 3), 4);
+        assert_eq!(fused_width(13, 3), 5);
+        assert_eq!(fused_width(3, 2), 2);
+        assert_eq!(fused_width(1, 16), 1);
+        assert_eq!(fused_width(0, 2), 1);
+        assert_eq!(fused_width(5, 0), 5);
+    }
+
+    #[test]
+    fn a_fused_round_splits_the_budget_over_its_slices() {
+        let gpu = DeviceBudget {
+            memory_bytes: 80 << 30,
+            sm_count: Some(132),
+            sm_granularity: Some(8),
+            sm_groups: None,
+            mem_granularity: None,
+        };
+        let j = mlp_job("memory: {fraction: 0.8}\n");
+        // One slice on a GPU, holding the whole budget.
+        let s = slices(&j, 8, SplitMode::Fused, &one(&gpu)).unwrap();
+        assert_eq!(s.len(), 1);
+        assert_eq!(
+            s[0].mem_cap_bytes,
+            Some(((80u64 << 30) as f64 * 0.8) as u64)
+        );
+        assert!(s[0].partition.is_none() && s[0].sm_count.is_none());
+        // One per core on the CPU, never more than the trials.
+        let cores = fused_slices(&DEV);
+        let s = slices(&j, 1000, SplitMode::Fused, &one(&DEV)).unwrap();
+        assert_eq!(s.len() as u32, cores);
+        assert!(s.iter().all(|s| s.mem_cap_bytes.is_some()));
+        assert_eq!(
+            slices(&j, 1, SplitMode::Fused, &one(&DEV)).unwrap().len(),
+            1
+        );
     }
 }

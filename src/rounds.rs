@@ -190,6 +190,11 @@ pub fn check_threads_split(split: SplitMode, r: &Resolved) -> Result<()> {
             "parallel runs its replicas as threads of one process: split {split} does not apply (use shared, logical or green)"
         )));
     }
+    if split == SplitMode::Fused {
+        return Err(Error::Usage(
+            "parallel trains one model across its slices: split fused, which trains several trials as one model, does not apply (use shared, logical or green)".into(),
+        ));
+    }
     match run::unavailable(split, r) {
         None => Ok(()),
         Some(Unavailable::NeedsGpu) => Err(Error::Usage(format!(
@@ -262,5 +267,67 @@ mod tests {
         assert!(out.outcomes.iter().all(|o| o.state() == TrialState::Fail
             && o.error()
                 .is_some_and(|e| e.contains("device 2 was not opened"))));
+    }
+
+    #[test]
+    fn a_fused_round_runs_its_groups_and_a_panic_fails_its_whole_group() {
+        use crate::sched::{group::queued, Event};
+        let job = Job::parse(
+            "model: {kind: mlp, hidden: [8]}\ndata: {source: synthetic, train_samples: 256, test_samples: 64}\ntrain: {epochs: 2, batch_size: 64}\nfaults: [{trial: 1, kind: panic}]\n",
+            std::path::Path::new("j.yaml"),
+        )
+        .unwrap();
+        let data = load_data(&job, None).unwrap();
+        let found = crate::gpu::discover();
+        let r = resolve_backend(BackendChoice::Cpu, &found, &job.file.engine).unwrap();
+        let ctx = builtin_context(
+            &job,
+            &data,
+            &r,
+            None,
+            std::path::Path::new("gpumux"),
+            &Cancel::new(),
+        )
+        .unwrap();
+        // Four trials on two slices: groups [t0, t1] and [t2, t3].
+        let round = Round {
+            index: 0,
+            n: 4,
+            split: SplitMode::Fused,
+            slices: vec![
+                SliceSpec::at(0, 0).capped(64 << 20),
+                SliceSpec::at(1, 0).capped(64 << 20),
+            ],
+            trials: crate::plan::trials(&job, 4).unwrap(),
+        };
+        let ids: Vec<Vec<u32>> = queued(&round, &ctx)
+            .iter()
+            .map(|g| g.iter().map(|t| t.index).collect())
+            .collect();
+        assert_eq!(ids, vec![vec![0, 1], vec![2, 3]]);
+        let (mut started, mut epochs, mut finished) = (0, 0, 0);
+        let out = run_round(&round, &ctx, &mut |e| match e {
+            Event::Started { .. } => started += 1,
+            Event::Epoch { .. } => epochs += 1,
+            Event::Finished(_) => finished += 1,
+            Event::Output { .. } => {}
+        });
+        assert_eq!((started, finished), (4, 4));
+        assert!(epochs >= 4, "t2 and t3 report both their epochs: {epochs}");
+        let o = &out.outcomes;
+        assert_eq!(o.len(), 4);
+        for failed in &o[..2] {
+            assert_eq!(failed.state(), TrialState::Fail);
+            assert!(
+                failed.error().is_some_and(|e| e.contains("panic")),
+                "{:?}",
+                failed.error()
+            );
+        }
+        for done in &o[2..] {
+            assert_eq!(done.state(), TrialState::Complete, "{:?}", done.error());
+            assert_eq!(done.result().map(|r| r.epochs), Some(2));
+        }
+        assert_eq!(o[2].wall_s, o[3].wall_s, "a group's members share its time");
     }
 }

@@ -76,6 +76,7 @@ flag_enum!(
         Logical => SplitMode::Logical,
         Green => SplitMode::Green,
         Mps => SplitMode::Mps,
+        Fused => SplitMode::Fused,
     }
 );
 

@@ -16,15 +16,19 @@ pub enum SplitMode {
     Green,
     /// `process` under a running MPS daemon (GPU only).
     Mps,
+    /// One process; compatible trials train together as one batched model, a fused group per
+    /// slice at a time, each slice with a capped memory pool.
+    Fused,
 }
 
 impl SplitMode {
-    pub const ALL: [SplitMode; 5] = [
+    pub const ALL: [SplitMode; 6] = [
         SplitMode::Shared,
         SplitMode::Process,
         SplitMode::Logical,
         SplitMode::Green,
         SplitMode::Mps,
+        SplitMode::Fused,
     ];
     pub fn name(&self) -> &'static str {
         match self {
@@ -33,11 +37,15 @@ impl SplitMode {
             SplitMode::Logical => "logical",
             SplitMode::Green => "green",
             SplitMode::Mps => "mps",
+            SplitMode::Fused => "fused",
         }
     }
     /// Whether each slice gets a memory cap (the seed's "split").
     pub fn capped(&self) -> bool {
-        matches!(self, SplitMode::Logical | SplitMode::Green | SplitMode::Mps)
+        matches!(
+            self,
+            SplitMode::Logical | SplitMode::Green | SplitMode::Mps | SplitMode::Fused
+        )
     }
     /// Whether the mode exists only on a GPU.
     pub fn gpu_only(&self) -> bool {
@@ -64,7 +72,7 @@ impl std::str::FromStr for SplitMode {
             .copied()
             .ok_or_else(|| {
                 format!(
-                    "unknown split mode `{s}` (expected shared, process, logical, green or mps)"
+                    "unknown split mode `{s}` (expected shared, process, logical, green, mps or fused)"
                 )
             })
     }

@@ -28,7 +28,7 @@ pub const COMPLETE: &str = "COMPLETE";
 pub const STATES: [&str; 5] = [COMPLETE, "FAIL", "FAILED", "INTERRUPTED", "PRUNED"];
 
 /// The split modes in the order reports list them; others follow, by name.
-const SPLIT_ORDER: [&str; 5] = ["shared", "process", "logical", "green", "mps"];
+const SPLIT_ORDER: [&str; 6] = ["shared", "process", "logical", "green", "mps", "fused"];
 
 /// A sort key that puts split modes in report order.
 pub(crate) fn split_rank(split: &str) -> (usize, &str) {

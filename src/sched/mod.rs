@@ -4,6 +4,7 @@ pub mod cancel;
 pub mod child;
 pub mod end;
 pub mod external;
+pub mod group;
 pub mod lines;
 pub mod metric_line;
 pub mod process;
@@ -393,10 +394,10 @@ pub fn run_round_with(
     sink: &mut dyn FnMut(&Event),
     idle: &mut dyn FnMut(),
 ) -> RoundOutcome {
-    let (queue_tx, queue_rx) = unbounded::<TrialSpec>();
-    for t in &round.trials {
+    let (queue_tx, queue_rx) = unbounded::<Vec<TrialSpec>>();
+    for g in group::queued(round, ctx) {
         // The receiver lives until the end of this function, so sending cannot fail.
-        let _ = queue_tx.send(t.clone());
+        let _ = queue_tx.send(g);
     }
     drop(queue_tx);
     let (event_tx, event_rx) = bounded::<Event>(EVENT_QUEUE);
@@ -414,29 +415,47 @@ pub fn run_round_with(
                 Err(e) => Err(e.clone()),
             };
             s.spawn(move || {
-                while let Ok(trial) = queue.recv() {
-                    if ctx.cancel.draining() {
-                        break; // Left queued: a resumed run picks it up.
-                    }
-                    let _ = events.send(Event::Started {
-                        trial: trial.clone(),
-                        slice: slice.index,
-                    });
-                    let mut outcome = match &part {
-                        Err(e) => {
-                            outcome(trial, slice, Err(Failure::NoSlice(e.clone()).into()), 0.0)
-                        }
-                        Ok(_) if ctx.external.is_some() => {
-                            run_external(ctx, slice, round, trial, &events)
-                        }
-                        Ok(_) if split.one_process_per_trial() => {
-                            process::run(ctx, slice, round, trial, &events)
-                        }
-                        Ok(p) => thread::run(ctx, slice, p.clone(), trial, &events),
-                    };
+                let finish = |mut outcome: TrialOutcome| {
                     outcome.end =
                         require_metric(outcome.end, ctx.metric.as_deref()).settle(&ctx.cancel);
                     let _ = events.send(Event::Finished(Box::new(outcome)));
+                };
+                // A group not started stays queued, all its members: a resumed run picks them up.
+                while let Ok(group) = queue.recv() {
+                    if ctx.cancel.draining() {
+                        break;
+                    }
+                    // Only `fused` queues groups of several (of built-in trials, in threads).
+                    let fused = group.len() > 1 && ctx.external.is_none();
+                    if let (true, Ok(p)) = (fused, &part) {
+                        for t in &group {
+                            let _ = events.send(Event::Started {
+                                trial: t.clone(),
+                                slice: slice.index,
+                            });
+                        }
+                        let ends = thread::run_group(ctx, slice, p.clone(), group, &events);
+                        ends.into_iter().for_each(&finish);
+                        continue;
+                    }
+                    for trial in group {
+                        let _ = events.send(Event::Started {
+                            trial: trial.clone(),
+                            slice: slice.index,
+                        });
+                        finish(match &part {
+                            Err(e) => {
+                                outcome(trial, slice, Err(Failure::NoSlice(e.clone()).into()), 0.0)
+                            }
+                            Ok(_) if ctx.external.is_some() => {
+                                run_external(ctx, slice, round, trial, &events)
+                            }
+                            Ok(_) if split.one_process_per_trial() => {
+                                process::run(ctx, slice, round, trial, &events)
+                            }
+                            Ok(p) => thread::run(ctx, slice, p.clone(), trial, &events),
+                        });
+                    }
                 }
             });
         }

@@ -1,4 +1,4 @@
-//! Thread workers (`shared` and `logical`): a trial runs on its slice's thread; a panic fails that trial alone.
+//! Thread workers (`shared`, `logical`, `green` and `fused`): a trial, or a fused group of trials, runs on its slice's thread; a panic fails that trial (or every member of that group) alone.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
@@ -10,6 +10,7 @@ use super::{epoch_event, open_backend, outcome, Event, Failure, RoundContext, St
 use crate::engine::cuda::GreenPartition;
 use crate::plan::{SliceSpec, TrialSpec};
 use crate::train::run_trial;
+use crate::train::TrialResult;
 
 /// Runs one trial in this thread.
 pub fn run(
@@ -37,4 +38,54 @@ pub fn run(
         Err(payload) => Err(Failure::Panic(crate::error::panic_text(payload.as_ref())).into()),
     };
     outcome(trial, slice, res, started.elapsed().as_secs_f64())
+}
+
+/// Runs a fused group of compatible trials in this thread, on one backend opened for the group:
+/// each member gets its own epoch events and its own end, and each outcome's `wall_s` is the
+/// group's. A failure to open the backend, or a panic, ends every member alike.
+pub fn run_group(
+    ctx: &RoundContext,
+    slice: &SliceSpec,
+    partition: Option<Arc<GreenPartition>>,
+    trials: Vec<TrialSpec>,
+    events: &Sender<Event>,
+) -> Vec<TrialOutcome> {
+    let started = Instant::now();
+    let cfgs: Vec<_> = trials.iter().map(|t| ctx.config(t)).collect();
+    let res = catch_unwind(AssertUnwindSafe(|| -> Result<_, Stop> {
+        let device = ctx
+            .devices
+            .device(slice.device)
+            .map_err(|e| Failure::NoSlice(e.to_string()))?;
+        let mut be =
+            open_backend(device, Arc::clone(&ctx.data), slice, partition).map_err(Failure::from)?;
+        Ok(crate::train::fused::run_group(
+            be.as_mut(),
+            &cfgs,
+            &mut |i, s| {
+                if let Some(t) = trials.get(i) {
+                    epoch_event(events, t, slice.index, s)
+                }
+            },
+        ))
+    }));
+    let ends: Vec<Result<TrialResult, Stop>> = match res {
+        Ok(Ok(ends)) => ends.into_iter().map(|r| r.map_err(Stop::from)).collect(),
+        Ok(Err(stop)) => vec![Err(stop); trials.len()],
+        Err(payload) => {
+            let why = Failure::Panic(crate::error::panic_text(payload.as_ref()));
+            vec![Err(why.into()); trials.len()]
+        }
+    };
+    let wall_s = started.elapsed().as_secs_f64();
+    let mut ends = ends.into_iter();
+    trials
+        .into_iter()
+        .map(|t| {
+            let end = ends.next().unwrap_or_else(|| {
+                Err(Failure::Panic("the fused group returned no end for this trial".into()).into())
+            });
+            outcome(t, slice, end, wall_s)
+        })
+        .collect()
 }

@@ -220,6 +220,12 @@ pub fn run(job: &Job, opts: &SweepOptions, out: &mut dyn Write) -> Result<PathBu
         .cloned()
         .collect();
     let split = opts.split.unwrap_or(job.file.split);
+    if split == SplitMode::Fused && job.file.command.is_some() {
+        return Err(Error::Usage(format!(
+            "{}: split fused trains built-in models only; a sweep with `command:` runs each trial as its own command (use shared, process, logical, green or mps)",
+            job.path.display()
+        )));
+    }
     let concurrency = opts.concurrency.unwrap_or(job.file.concurrency);
     let shard_note = opts
         .shard
@@ -263,26 +269,29 @@ pub fn run(job: &Job, opts: &SweepOptions, out: &mut dyn Write) -> Result<PathBu
     let mut stopped = None;
     if !todo.is_empty() {
         let mut ctx = context(job, opts, &resolved, &cancel, &dir)?;
-        let n = match concurrency {
-            Concurrency::Fixed(n) => Some(n),
-            Concurrency::Auto(_) if ctx.external.is_some() => {
-                return Err(job
+        let n =
+            match concurrency {
+                Concurrency::Fixed(n) => Some(n),
+                Concurrency::Auto(_) if ctx.external.is_some() => return Err(job
                     .invalid(
                         "concurrency",
                         "auto probes built-in models only; give a number for an external command",
                     )
-                    .into())
-            }
-            Concurrency::Auto(_) => match probe::choose(job, &todo, &ctx, &resolved, split, out) {
-                Ok(n) => Some(n),
-                // A signal during the probe: no trial ran; the end below says so (exit 3).
-                Err(Error::Interrupted(why)) => {
-                    tracing::warn!("{why}");
-                    None
+                    .into()),
+                // Under fused the probe measures logical slices for now: the N it picks is the
+                // number of trials that train at once, in groups over the fused slices.
+                Concurrency::Auto(_) => {
+                    match probe::choose(job, &todo, &ctx, &resolved, probe_split(split), out) {
+                        Ok(n) => Some(n),
+                        // A signal during the probe: no trial ran; the end below says so (exit 3).
+                        Err(Error::Interrupted(why)) => {
+                            tracing::warn!("{why}");
+                            None
+                        }
+                        Err(e) => return Err(e),
+                    }
                 }
-                Err(e) => return Err(e),
-            },
-        };
+            };
         if let Some(n) = n {
             let n = n.min(todo.len() as u32).max(1);
             let round = Round {
@@ -739,7 +748,7 @@ fn dry_run(
         mem_granularity: None,
     };
     // NVML's numbers stand in for CUDA's here: nothing is opened in a dry run.
-    let budget = plan::Budgets {
+    let mut budget = plan::Budgets {
         first: memory(
             found
                 .gpus
@@ -757,12 +766,23 @@ fn dry_run(
         .gpus
         .first()
         .map_or_else(|| found.host.device_line(), |g| g.name.clone());
+    if split == SplitMode::Fused && job.file.backend != BackendChoice::Cpu {
+        // A fused round on a GPU has one slice (see `plan::fused_slices`): mark the GPU as one.
+        if let Some(g) = found.gpus.first() {
+            budget.first.sm_count = Some(g.sm_count.unwrap_or(0));
+        }
+    }
     match concurrency {
         Concurrency::Fixed(n) => {
             let n = n.min(todo.len().max(1) as u32);
             let slices = plan::slices(job, n, split, &budget)?;
             let cap = slices.first().and_then(|s| s.cap_mib()).map_or("none".into(), |c| format!("{c:.0} MiB"));
-            say(out, format!("{n} slices at a time on {device}, split {split}, cap per slice {cap}"))?;
+            // Under fused, N trials train at once in groups on fewer slices.
+            let what = if split == SplitMode::Fused { "trials" } else { "slices" };
+            say(out, format!("{n} {what} at a time on {device}, split {split}, cap per slice {cap}"))?;
+            if split == SplitMode::Fused {
+                say(out, fused_groups(job, todo, n, slices.len())?)?;
+            }
         }
         Concurrency::Auto(_) => say(out, format!(
             "concurrency auto: a short probe over N = 1, 2, 3, 5, 8, ... picks it on {device}, split {split}"
@@ -791,6 +811,39 @@ fn dry_run(
         )?;
     }
     Ok(())
+}
+
+/// The split mode `concurrency: auto` probes under `split`: logical for fused (its groups are
+/// not probed yet), the split itself otherwise.
+fn probe_split(split: SplitMode) -> SplitMode {
+    match split {
+        SplitMode::Fused => SplitMode::Logical,
+        s => s,
+    }
+}
+
+/// How `todo` gathers into fused groups, `n` at a time on `slices` slices, in words. The data is
+/// not loaded in a dry run: its shape, the same for every trial, is left out of the keys.
+fn fused_groups(job: &Job, todo: &[TrialSpec], n: u32, slices: usize) -> Result<String> {
+    let model = job.model()?;
+    let keys = todo
+        .iter()
+        .map(|t| {
+            crate::train::fused::group_key(&crate::train::TrialConfig {
+                model: model.clone(),
+                hyper: t.hyper.clone(),
+                epochs: job.file.train.epochs,
+                seed: t.seed,
+                input: [0; 3],
+                classes: 0,
+                fault: None,
+                engine: job.file.engine.clone(),
+                max_steps: None,
+                cancel: Default::default(),
+            })
+        })
+        .collect();
+    Ok(crate::sched::group::describe(keys, n as usize, slices))
 }
 
 /// The `sbatch` line of `jobs/slurm/sweep.sbatch` that fits a job with `trials` trials to run:
