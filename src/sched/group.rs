@@ -12,7 +12,8 @@ pub fn queued(round: &Round, ctx: &RoundContext) -> Vec<Vec<TrialSpec>> {
     if round.split != SplitMode::Fused {
         return round.trials.iter().map(|t| vec![t.clone()]).collect();
     }
-    let width = fused_width(round.n as usize, round.slices.len());
+    let cpu = ctx.devices.kind() == crate::engine::BackendKind::Cpu;
+    let width = fused_width(round.n as usize, round.slices.len(), cpu);
     chunked(round.trials.clone(), width, |t| {
         crate::train::fused::group_key(&ctx.config(t))
     })
@@ -41,9 +42,9 @@ pub fn chunked<T, K: PartialEq>(items: Vec<T>, width: usize, key: impl Fn(&T) ->
 }
 
 /// What a dry run says of how trials with these group keys gather under `fused`, `n` at a time
-/// on `slices` slices, as "fused: 12 trials in 3 groups of up to 4 on 2 slices".
-pub fn describe(keys: Vec<String>, n: usize, slices: usize) -> String {
-    let width = fused_width(n, slices);
+/// on `slices` slices (of the CPU when `cpu`), as "fused: 12 trials in 3 groups of up to 4 on 2 slices".
+pub fn describe(keys: Vec<String>, n: usize, slices: usize, cpu: bool) -> String {
+    let width = fused_width(n, slices, cpu);
     let n = keys.len();
     let groups = chunked(keys, width, |k| k.clone()).len();
     let s = |k: usize| if k == 1 { "" } else { "s" };
@@ -91,21 +92,26 @@ mod tests {
     fn a_dry_run_says_how_the_trials_group() {
         let keys = |k: &[&str]| k.iter().map(|s| s.to_string()).collect::<Vec<_>>();
         assert_eq!(
-            describe(keys(&["a"; 12]), 12, 3),
+            describe(keys(&["a"; 12]), 12, 3, false),
             "fused: 12 trials in 3 groups of up to 4 on 3 slices"
         );
         assert_eq!(
-            describe(keys(&["a", "b", "a", "b"]), 4, 2),
+            describe(keys(&["a", "b", "a", "b"]), 4, 2, false),
             "fused: 4 trials in 2 groups of up to 2 on 2 slices"
         );
         assert_eq!(
-            describe(keys(&["a"]), 1, 1),
+            describe(keys(&["a"]), 1, 1, false),
             "fused: 1 trial in 1 group of up to 1 on 1 slice"
         );
         // 8 at a time on 2 slices: groups of up to 4.
         assert_eq!(
-            describe(keys(&["a"; 12]), 8, 2),
+            describe(keys(&["a"; 12]), 8, 2, false),
             "fused: 12 trials in 3 groups of up to 4 on 2 slices"
+        );
+        // On the CPU, at most CPU_FUSED_WIDTH a group.
+        assert_eq!(
+            describe(keys(&["a"; 34]), 34, 2, true),
+            "fused: 34 trials in 9 groups of up to 4 on 2 slices"
         );
     }
 }

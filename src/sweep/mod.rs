@@ -781,7 +781,8 @@ fn dry_run(
             let what = if split == SplitMode::Fused { "trials" } else { "slices" };
             say(out, format!("{n} {what} at a time on {device}, split {split}, cap per slice {cap}"))?;
             if split == SplitMode::Fused {
-                say(out, fused_groups(job, todo, n, slices.len())?)?;
+                let cpu = budget.first.sm_count.is_none();
+                say(out, fused_groups(job, todo, n, slices.len(), cpu)?)?;
             }
         }
         Concurrency::Auto(_) => say(out, format!(
@@ -824,7 +825,7 @@ fn probe_split(split: SplitMode) -> SplitMode {
 
 /// How `todo` gathers into fused groups, `n` at a time on `slices` slices, in words. The data is
 /// not loaded in a dry run: its shape, the same for every trial, is left out of the keys.
-fn fused_groups(job: &Job, todo: &[TrialSpec], n: u32, slices: usize) -> Result<String> {
+fn fused_groups(job: &Job, todo: &[TrialSpec], n: u32, slices: usize, cpu: bool) -> Result<String> {
     let model = job.model()?;
     let keys = todo
         .iter()
@@ -843,7 +844,7 @@ fn fused_groups(job: &Job, todo: &[TrialSpec], n: u32, slices: usize) -> Result<
             })
         })
         .collect();
-    Ok(crate::sched::group::describe(keys, n as usize, slices))
+    Ok(crate::sched::group::describe(keys, n as usize, slices, cpu))
 }
 
 /// The `sbatch` line of `jobs/slurm/sweep.sbatch` that fits a job with `trials` trials to run:
