@@ -92,6 +92,43 @@ extern "C" __global__ void bias_grad(const float* dy, float* db, unsigned int ro
     }
 }
 
+template <typename I>
+__device__ void bias_add_fused_body(float* y, const float* b, I rows, I cols, I trials, I stride)
+{
+    const I per = rows * cols;
+    FOR_EACH(I, i, per * trials) { y[i] += b[(i / per) * stride + i % cols]; }
+}
+
+// bias_add per trial t: y + t·rows·cols gets the bias at b + t·stride (ops::bias_add_fused).
+extern "C" __global__ void bias_add_fused(float* y, const float* b, unsigned int rows,
+                                          unsigned int cols, unsigned int trials,
+                                          unsigned int stride)
+{
+    if (fits32((u64)rows * cols * trials) && fits32((u64)trials * stride)) {
+        bias_add_fused_body<unsigned int>(y, b, rows, cols, trials, stride);
+    } else {
+        bias_add_fused_body<u64>(y, b, rows, cols, trials, stride);
+    }
+}
+
+// bias_grad per trial t, one thread per (trial, column), rows summed in order from 0: the
+// gradient of dy + t·rows·cols into db + t·stride (ops::bias_grad_fused).
+extern "C" __global__ void bias_grad_fused(const float* dy, float* db, unsigned int rows,
+                                           unsigned int cols, unsigned int trials,
+                                           unsigned int stride)
+{
+    FOR_EACH(u64, j, (u64)cols * trials)
+    {
+        const u64 t = j / cols, c = j % cols;
+        const float* d = dy + t * rows * cols;
+        float s = 0.0f;
+        for (u64 r = 0; r < rows; ++r) {
+            s += d[r * cols + c];
+        }
+        db[t * stride + c] = s;
+    }
+}
+
 // Element i applies element first + i of the mask (a data-parallel shard's place in the batch).
 extern "C" __global__ void dropout_fwd(const float* x, float* y, unsigned int n, float p,
                                        u64 seed, const unsigned int* counter, unsigned int layer,

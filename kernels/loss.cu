@@ -1,9 +1,10 @@
 // Softmax cross-entropy over rows × classes logits with f32 labels, accumulated into stats[0..2] =
-// [Σ loss, #correct]. CPU twins: ops::softmax_xent, ops::eval_xent (per-row loss in f32, summed in
-// f64 as the twin's XentStats does).
-// Launch: one block of any size up to 1024 threads along x (other blocks return at once); each
-// thread takes rows tid, tid + blockDim.x, ... and a fixed-order shared-memory tree adds the
-// per-thread sums, so the result is the same on every run with the same blockDim.
+// [Σ loss, #correct]. CPU twins: ops::softmax_xent, ops::softmax_xent_fused, ops::eval_xent
+// (per-row loss in f32, summed in f64 as the twin's XentStats does).
+// Launch: one block of any size up to 1024 threads along x (other blocks return at once; the
+// fused kernel takes a block per trial); each thread takes rows tid, tid + blockDim.x, ... and a
+// fixed-order shared-memory tree adds the per-thread sums, so the result is the same on every
+// run with the same blockDim.
 
 #include "common.cuh"
 
@@ -54,13 +55,11 @@ __device__ void block_add_stats(float* stats, double loss, unsigned int correct)
     }
 }
 
-// Writes dlogits = (softmax − onehot)/rows and adds [Σ loss, #correct] into stats.
-extern "C" __global__ void __launch_bounds__(MAX_THREADS) softmax_xent(const float* logits, const float* labels, float* dlogits,
-                                        float* stats, unsigned int rows, unsigned int classes)
+// One block's softmax_xent over one trial's operands: dlogits = (softmax − onehot)/rows, and
+// [Σ loss, #correct] added into stats. Every thread of the block calls it.
+__device__ void xent_block(const float* logits, const float* labels, float* dlogits, float* stats,
+                           unsigned int rows, unsigned int classes)
 {
-    if (blockIdx.x != 0 || blockIdx.y != 0 || blockIdx.z != 0 || classes == 0) {
-        return;
-    }
     double loss = 0.0;
     unsigned int correct = 0;
     for (u64 r = threadIdx.x; r < rows; r += blockDim.x) {
@@ -75,6 +74,33 @@ extern "C" __global__ void __launch_bounds__(MAX_THREADS) softmax_xent(const flo
         correct += x.correct ? 1u : 0u;
     }
     block_add_stats(stats, loss, correct);
+}
+
+// Writes dlogits = (softmax − onehot)/rows and adds [Σ loss, #correct] into stats.
+extern "C" __global__ void __launch_bounds__(MAX_THREADS) softmax_xent(const float* logits, const float* labels, float* dlogits,
+                                        float* stats, unsigned int rows, unsigned int classes)
+{
+    if (blockIdx.x != 0 || blockIdx.y != 0 || blockIdx.z != 0 || classes == 0) {
+        return;
+    }
+    xent_block(logits, labels, dlogits, stats, rows, classes);
+}
+
+// softmax_xent per trial t of a fused group (ops::softmax_xent_fused): block b takes trials b,
+// b + gridDim.x, ..., each as softmax_xent's one block does (the same fixed-order reduction), on
+// logits and dlogits at t·rows·classes, labels at t·rows and stats at t·2.
+extern "C" __global__ void __launch_bounds__(MAX_THREADS) softmax_xent_fused(const float* logits, const float* labels,
+                                              float* dlogits, float* stats, unsigned int rows,
+                                              unsigned int classes, unsigned int trials)
+{
+    if (blockIdx.y != 0 || blockIdx.z != 0 || classes == 0) {
+        return;
+    }
+    const u64 per = (u64)rows * classes;
+    for (u64 t = blockIdx.x; t < trials; t += gridDim.x) {
+        xent_block(logits + t * per, labels + t * rows, dlogits + t * per, stats + t * 2, rows,
+                   classes);
+    }
 }
 
 // The sums of softmax_xent without the gradient.

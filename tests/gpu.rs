@@ -356,6 +356,43 @@ fn bias_and_relu_match_the_cpu() {
     p.assert_exact(dx, "relu_bwd");
 }
 
+/// The fused bias ops over 5 trials with an odd bias stride (the gaps between the gradients
+/// left as they are), and the fused softmax cross-entropy over 13 trials, against the CPU's.
+fn fused_bias_and_softmax_match_the_cpu() {
+    let e = gpu_or_skip!();
+    let mut p = Pair::new(&e);
+    let (trials, rows, cols, stride) = (5, 33, 70, 77);
+    let span = (trials - 1) * stride + cols;
+    let y = p.random(trials * rows * cols, -1.0, 1.0);
+    let bias = p.random(span, -1.0, 1.0);
+    p.both(|b| b.bias_add_fused(y, bias, rows, cols, trials, stride));
+    p.assert_exact(y, "bias_add_fused");
+    let db = p.random(span, -1.0, 1.0);
+    p.both(|b| b.bias_grad_fused(y, db, rows, cols, trials, stride));
+    p.assert_close(db, 1e-5, 1e-5, "bias_grad_fused");
+    let (trials, rows, classes) = (13, 37, 10);
+    let logits = p.random(trials * rows * classes, -4.0, 4.0);
+    let labels = p.region(trials * rows);
+    let l: Vec<f32> = (0..trials * rows)
+        .map(|_| p.rng.below(classes) as f32)
+        .collect();
+    p.set(labels, &l);
+    let dlogits = p.region(trials * rows * classes);
+    let stats = p.random(trials * 2, 0.0, 3.0);
+    let (stats0, _) = p.outputs(stats);
+    p.both(|b| b.softmax_xent_fused(logits, labels, dlogits, stats, rows, classes, trials));
+    p.assert_close(dlogits, 1e-6, 1e-5, "fused dlogits");
+    let (c, g) = p.outputs(stats);
+    for t in 0..trials {
+        let (cl, gl) = (c[2 * t] - stats0[2 * t], g[2 * t] - stats0[2 * t]);
+        assert!(
+            (c[2 * t] - g[2 * t]).abs() <= 1e-5 * c[2 * t].abs(),
+            "loss of trial {t}: {gl} vs {cl}"
+        );
+        assert_eq!(c[2 * t + 1], g[2 * t + 1], "correct count of trial {t}");
+    }
+}
+
 /// Convolution shapes: valid and padded, strided, pointwise, and a strided 1×1 (a ResNet shortcut).
 fn conv_shapes() -> Vec<Conv2dShape> {
     let base = Conv2dShape {
@@ -1438,6 +1475,10 @@ fn tests() -> Vec<(String, Needs, Body)> {
             batched_gemm_matches_the_cpu_with_shared_operands,
         ),
         ("bias_and_relu_match_the_cpu", bias_and_relu_match_the_cpu),
+        (
+            "fused_bias_and_softmax_match_the_cpu",
+            fused_bias_and_softmax_match_the_cpu,
+        ),
         ("batch_norm_matches_the_cpu", batch_norm_matches_the_cpu),
         (
             "average_pooling_adds_and_copies_are_bit_identical",

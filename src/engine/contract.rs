@@ -344,6 +344,84 @@ pub fn bias_grad(
     ])
 }
 
+/// Elements spanned by `trials` copies of `per` elements one right after another, or a shape
+/// error when that does not fit.
+fn fused_len(
+    op: &'static str,
+    what: &str,
+    trials: usize,
+    per: Option<usize>,
+) -> Result<usize, EngineError> {
+    per.and_then(|p| p.checked_mul(trials)).ok_or_else(|| {
+        shape_error(
+            op,
+            format!("{what} of {trials} trials spans more elements than fit"),
+        )
+    })
+}
+
+/// Elements spanned by `trials` copies of `len` elements, copy `i` starting `i·stride` elements
+/// in: `(trials − 1)·stride + len` (0 for no trial). A shape error when that does not fit, or
+/// when, with several trials, the stride is shorter than a copy.
+fn strided_len(
+    op: &'static str,
+    what: &str,
+    trials: usize,
+    stride: usize,
+    len: usize,
+) -> Result<usize, EngineError> {
+    if trials == 0 {
+        return Ok(0);
+    }
+    if trials > 1 && stride < len {
+        return Err(shape_error(
+            op,
+            format!("{what}'s stride {stride} is shorter than its {len} elements"),
+        ));
+    }
+    (trials - 1)
+        .checked_mul(stride)
+        .and_then(|s| s.checked_add(len))
+        .ok_or_else(|| {
+            shape_error(
+                op,
+                format!("{what} of {trials} trials spans more elements than fit"),
+            )
+        })
+}
+
+/// `bias_add_fused`: `y` holds `trials` blocks of `rows × cols` one after another, `bias` one
+/// bias of `cols` every `bias_stride` elements.
+pub fn bias_add_fused(
+    y: Region,
+    bias: Region,
+    rows: usize,
+    cols: usize,
+    trials: usize,
+    bias_stride: usize,
+) -> Result<[Region; 2], EngineError> {
+    let op = "bias_add_fused";
+    let y_len = fused_len(op, "y", trials, rows.checked_mul(cols))?;
+    let b_len = strided_len(op, "bias", trials, bias_stride, cols)?;
+    Ok([need(op, "y", y, y_len)?, need(op, "bias", bias, b_len)?])
+}
+
+/// `bias_grad_fused`: `dy` holds `trials` blocks of `rows × cols` one after another, `db` one
+/// gradient of `cols` every `db_stride` elements.
+pub fn bias_grad_fused(
+    dy: Region,
+    db: Region,
+    rows: usize,
+    cols: usize,
+    trials: usize,
+    db_stride: usize,
+) -> Result<[Region; 2], EngineError> {
+    let op = "bias_grad_fused";
+    let dy_len = fused_len(op, "dy", trials, rows.checked_mul(cols))?;
+    let db_len = strided_len(op, "db", trials, db_stride, cols)?;
+    Ok([need(op, "dy", dy, dy_len)?, need(op, "db", db, db_len)?])
+}
+
 /// An element-wise op over `len` elements of each named region, in order.
 pub fn elementwise<const N: usize>(
     op: &'static str,
@@ -546,6 +624,31 @@ pub fn softmax_xent(
         need(op, "labels", labels, rows)?,
         need(op, "dlogits", dlogits, rows * classes)?,
         need(op, "stats", stats, STATS_LEN)?,
+    ])
+}
+
+/// `softmax_xent_fused`: `[logits, labels, dlogits, stats]`, each holding `trials` copies of
+/// what `softmax_xent` needs one after another.
+#[allow(clippy::too_many_arguments)]
+pub fn softmax_xent_fused(
+    logits: Region,
+    labels: Region,
+    dlogits: Region,
+    stats: Region,
+    rows: usize,
+    classes: usize,
+    trials: usize,
+) -> Result<[Region; 4], EngineError> {
+    let op = "softmax_xent_fused";
+    let per_logits = rows.checked_mul(classes);
+    let logits_len = fused_len(op, "logits", trials, per_logits)?;
+    let labels_len = fused_len(op, "labels", trials, Some(rows))?;
+    let stats_len = fused_len(op, "stats", trials, Some(STATS_LEN))?;
+    Ok([
+        need(op, "logits", logits, logits_len)?,
+        need(op, "labels", labels, labels_len)?,
+        need(op, "dlogits", dlogits, logits_len)?,
+        need(op, "stats", stats, stats_len)?,
     ])
 }
 
@@ -819,6 +922,114 @@ mod tests {
         let empty = Region::new(0, 0);
         assert!(optim_batched("op", empty, [("g", empty)], empty, 0).is_ok());
         assert!(optim_batched("op", w, [("g", g)], h, 0).is_err());
+    }
+
+    #[test]
+    fn fused_bias_regions_span_every_trial() {
+        // 3 trials of 4 × 5, biases every 7 elements: y 60, bias 2·7 + 5 = 19.
+        let (y, b) = (Region::new(0, 70), Region::new(70, 30));
+        let [y2, b2] = bias_add_fused(y, b, 4, 5, 3, 7).unwrap();
+        assert_eq!((y2, b2), (Region::new(0, 60), Region::new(70, 19)));
+        let [dy2, db2] = bias_grad_fused(y, b, 4, 5, 3, 5).unwrap();
+        assert_eq!((dy2, db2), (Region::new(0, 60), Region::new(70, 15)));
+        let e = bias_add_fused(Region::new(0, 59), b, 4, 5, 3, 7).unwrap_err();
+        assert_eq!(
+            message(e),
+            "shape mismatch in bias_add_fused: y holds 59 elements, needs 60"
+        );
+        let e = bias_add_fused(y, Region::new(70, 18), 4, 5, 3, 7).unwrap_err();
+        assert_eq!(
+            message(e),
+            "shape mismatch in bias_add_fused: bias holds 18 elements, needs 19"
+        );
+        let e = bias_grad_fused(y, b, 4, 5, 3, 4).unwrap_err();
+        assert_eq!(
+            message(e),
+            "shape mismatch in bias_grad_fused: db's stride 4 is shorter than its 5 elements"
+        );
+        let e = bias_add_fused(y, b, 4, 5, 3, 4).unwrap_err();
+        assert!(message(e).contains("bias's stride 4 is shorter"));
+        let e = bias_grad_fused(Region::new(0, 59), b, 4, 5, 3, 5).unwrap_err();
+        assert_eq!(
+            message(e),
+            "shape mismatch in bias_grad_fused: dy holds 59 elements, needs 60"
+        );
+        // One trial may have any stride; none needs no room.
+        let [_, b1] = bias_add_fused(y, b, 4, 5, 1, 0).unwrap();
+        assert_eq!(b1, Region::new(70, 5));
+        let empty = Region::new(0, 0);
+        assert!(bias_grad_fused(empty, empty, 4, 5, 0, 0).is_ok());
+        for (rows, trials, stride) in [(usize::MAX, 3, 7), (4, usize::MAX, 7), (4, 3, usize::MAX)] {
+            let e = bias_add_fused(y, b, rows, 5, trials, stride).unwrap_err();
+            assert!(message(e).contains("spans more elements than fit"));
+            let e = bias_grad_fused(y, b, rows, 5, trials, stride).unwrap_err();
+            assert!(message(e).contains("spans more elements than fit"));
+        }
+    }
+
+    #[test]
+    fn fused_softmax_regions_hold_every_trial() {
+        // 3 trials of 2 rows × 4 classes: logits 24, labels 6, stats 6.
+        let (l, y, d, s) = (
+            Region::new(0, 30),
+            Region::new(30, 10),
+            Region::new(40, 30),
+            Region::new(70, 10),
+        );
+        let got = softmax_xent_fused(l, y, d, s, 2, 4, 3).unwrap();
+        assert_eq!(
+            got,
+            [
+                Region::new(0, 24),
+                Region::new(30, 6),
+                Region::new(40, 24),
+                Region::new(70, 6)
+            ]
+        );
+        let short = [
+            (
+                Region::new(0, 23),
+                y,
+                d,
+                s,
+                "logits holds 23 elements, needs 24",
+            ),
+            (
+                l,
+                Region::new(30, 5),
+                d,
+                s,
+                "labels holds 5 elements, needs 6",
+            ),
+            (
+                l,
+                y,
+                Region::new(40, 23),
+                s,
+                "dlogits holds 23 elements, needs 24",
+            ),
+            (
+                l,
+                y,
+                d,
+                Region::new(70, 5),
+                "stats holds 5 elements, needs 6",
+            ),
+        ];
+        for (l, y, d, s, want) in short {
+            let e = softmax_xent_fused(l, y, d, s, 2, 4, 3).unwrap_err();
+            assert_eq!(
+                message(e),
+                format!("shape mismatch in softmax_xent_fused: {want}")
+            );
+        }
+        for (rows, classes, trials) in [(usize::MAX, 4, 3), (2, usize::MAX, 3), (2, 4, usize::MAX)]
+        {
+            let e = softmax_xent_fused(l, y, d, s, rows, classes, trials).unwrap_err();
+            assert!(message(e).contains("spans more elements than fit"));
+        }
+        let empty = Region::new(0, 0);
+        assert!(softmax_xent_fused(empty, empty, empty, empty, 2, 4, 0).is_ok());
     }
 
     #[test]

@@ -211,6 +211,33 @@ pub trait Backend: Send {
         rows: usize,
         cols: usize,
     ) -> Result<(), EngineError>;
+    /// [`Backend::bias_add`] over a fused group of `trials` trials: trial `i`'s `rows × cols`
+    /// block of `y` starts `i·rows·cols` elements in, and its bias `i·bias_stride` elements into
+    /// `bias` (`bias_stride ≥ cols` when there are several trials). Each trial computes what
+    /// [`Backend::bias_add`] computes on its operands.
+    fn bias_add_fused(
+        &mut self,
+        y: Region,
+        bias: Region,
+        rows: usize,
+        cols: usize,
+        trials: usize,
+        bias_stride: usize,
+    ) -> Result<(), EngineError>;
+    /// [`Backend::bias_grad`] over a fused group of `trials` trials: trial `i`'s `rows × cols`
+    /// block of `dy` starts `i·rows·cols` elements in, and its gradient `i·db_stride` elements
+    /// into `db` (`db_stride ≥ cols` when there are several trials; the elements between the
+    /// trials' gradients are left as they are). Each trial computes what [`Backend::bias_grad`]
+    /// computes on its operands.
+    fn bias_grad_fused(
+        &mut self,
+        dy: Region,
+        db: Region,
+        rows: usize,
+        cols: usize,
+        trials: usize,
+        db_stride: usize,
+    ) -> Result<(), EngineError>;
     /// `y = max(x, 0)` on the first `len` elements.
     fn relu_fwd(&mut self, x: Region, y: Region, len: usize) -> Result<(), EngineError>;
     /// `dx = dy · [y > 0]`.
@@ -319,6 +346,22 @@ pub trait Backend: Send {
         stats: Region,
         rows: usize,
         classes: usize,
+    ) -> Result<(), EngineError>;
+    /// [`Backend::softmax_xent`] over a fused group of `trials` trials, each operand's copies one
+    /// right after another: trial `i`'s logits and dlogits start `i·rows·classes` elements in,
+    /// its labels `i·rows` and its stats `i·STATS_LEN`. Each trial computes what
+    /// [`Backend::softmax_xent`] computes on its operands (dlogits scaled by `1/rows`, its own
+    /// stats).
+    #[allow(clippy::too_many_arguments)]
+    fn softmax_xent_fused(
+        &mut self,
+        logits: Region,
+        labels: Region,
+        dlogits: Region,
+        stats: Region,
+        rows: usize,
+        classes: usize,
+        trials: usize,
     ) -> Result<(), EngineError>;
     /// Counts correct predictions (and sums the loss) without a gradient: adds into `stats`.
     fn eval_xent(

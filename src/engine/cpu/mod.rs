@@ -277,6 +277,38 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
+    fn bias_add_fused(
+        &mut self,
+        y: Region,
+        bias: Region,
+        rows: usize,
+        cols: usize,
+        trials: usize,
+        bias_stride: usize,
+    ) -> Result<(), EngineError> {
+        let op = "bias_add_fused";
+        let [y, bias] = contract::bias_add_fused(y, bias, rows, cols, trials, bias_stride)?;
+        let ([b], [y]) = self.views(op, [bias], [y])?;
+        ops::bias_add_fused(y, b, rows, cols, trials, bias_stride);
+        Ok(())
+    }
+
+    fn bias_grad_fused(
+        &mut self,
+        dy: Region,
+        db: Region,
+        rows: usize,
+        cols: usize,
+        trials: usize,
+        db_stride: usize,
+    ) -> Result<(), EngineError> {
+        let op = "bias_grad_fused";
+        let [dy, db] = contract::bias_grad_fused(dy, db, rows, cols, trials, db_stride)?;
+        let ([dy], [db]) = self.views(op, [dy], [db])?;
+        ops::bias_grad_fused(dy, db, rows, cols, trials, db_stride);
+        Ok(())
+    }
+
     fn relu_fwd(&mut self, x: Region, y: Region, len: usize) -> Result<(), EngineError> {
         let [x, y] = contract::elementwise("relu_fwd", [("x", x), ("y", y)], len)?;
         let ([x], [y]) = self.views("relu_fwd", [x], [y])?;
@@ -492,6 +524,25 @@ impl Backend for CpuBackend {
         let (loss, correct) = ops::softmax_xent(l, y, d, rows, classes);
         s[0] += loss;
         s[1] += correct;
+        Ok(())
+    }
+
+    fn softmax_xent_fused(
+        &mut self,
+        logits: Region,
+        labels: Region,
+        dlogits: Region,
+        stats: Region,
+        rows: usize,
+        classes: usize,
+        trials: usize,
+    ) -> Result<(), EngineError> {
+        let op = "softmax_xent_fused";
+        let [logits, labels, dlogits, stats] =
+            contract::softmax_xent_fused(logits, labels, dlogits, stats, rows, classes, trials)?;
+        let ([l, y], [d, s]) = self.views(op, [logits, labels], [dlogits, stats])?;
+        contract::labels(y, classes)?;
+        ops::softmax_xent_fused(l, y, d, s, rows, classes, trials);
         Ok(())
     }
 

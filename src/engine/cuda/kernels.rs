@@ -63,6 +63,8 @@ pub const MODULES: &[KernelModule] = &[
             "add_assign",
             "bias_add",
             "bias_grad",
+            "bias_add_fused",
+            "bias_grad_fused",
             "dropout_fwd",
             "dropout_bwd",
             "advance",
@@ -99,7 +101,7 @@ pub const MODULES: &[KernelModule] = &[
     KernelModule {
         name: "loss",
         source: include_str!("../../../kernels/loss.cu"),
-        functions: &["softmax_xent", "eval_xent"],
+        functions: &["softmax_xent", "softmax_xent_fused", "eval_xent"],
     },
     KernelModule {
         name: "optim",
@@ -581,7 +583,7 @@ mod tests {
     #[test]
     fn every_kernel_of_the_readme_is_in_its_module() {
         let listed = readme_kernels();
-        assert_eq!(listed.len(), 33, "{listed:?}");
+        assert_eq!(listed.len(), 36, "{listed:?}");
         for (file, name) in &listed {
             let m = MODULES.iter().find(|m| m.name == file).unwrap();
             assert!(m.functions.contains(&name.as_str()), "{file}: {name}");
@@ -713,7 +715,7 @@ mod tests {
         assert!(matches!(module("loss").unwrap().image, Image::Ptx(_)));
         assert_eq!(
             module("loss").unwrap().functions,
-            ["softmax_xent", "eval_xent"]
+            ["softmax_xent", "softmax_xent_fused", "eval_xent"]
         );
         assert!(module("nope").is_err());
         // The PTX a refused CUBIN falls back to.

@@ -381,6 +381,55 @@ impl Backend for CudaBackend {
         self.elementwise(&e, "bias_grad", cols, &args)
     }
 
+    fn bias_add_fused(
+        &mut self,
+        y: Region,
+        bias: Region,
+        rows: usize,
+        cols: usize,
+        trials: usize,
+        bias_stride: usize,
+    ) -> Result<(), EngineError> {
+        let op = "bias_add_fused";
+        let [y, bias] = contract::bias_add_fused(y, bias, rows, cols, trials, bias_stride)?;
+        let base = self.regions(op, &[bias], &[y])?;
+        let args = [
+            Arg::Ptr(at(base, y)),
+            Arg::Ptr(at(base, bias)),
+            Arg::U32(to_u32(op, "rows", rows)?),
+            Arg::U32(to_u32(op, "cols", cols)?),
+            Arg::U32(to_u32(op, "trials", trials)?),
+            Arg::U32(to_u32(op, "bias stride", bias_stride)?),
+        ];
+        let e = self.ctx.enter()?;
+        self.elementwise(&e, op, y.len, &args)
+    }
+
+    fn bias_grad_fused(
+        &mut self,
+        dy: Region,
+        db: Region,
+        rows: usize,
+        cols: usize,
+        trials: usize,
+        db_stride: usize,
+    ) -> Result<(), EngineError> {
+        let op = "bias_grad_fused";
+        let [dy, db] = contract::bias_grad_fused(dy, db, rows, cols, trials, db_stride)?;
+        let base = self.regions(op, &[dy], &[db])?;
+        let args = [
+            Arg::Ptr(at(base, dy)),
+            Arg::Ptr(at(base, db)),
+            Arg::U32(to_u32(op, "rows", rows)?),
+            Arg::U32(to_u32(op, "cols", cols)?),
+            Arg::U32(to_u32(op, "trials", trials)?),
+            Arg::U32(to_u32(op, "db stride", db_stride)?),
+        ];
+        let e = self.ctx.enter()?;
+        // One thread per (trial, column).
+        self.elementwise(&e, op, cols * trials, &args)
+    }
+
     fn relu_fwd(&mut self, x: Region, y: Region, len: usize) -> Result<(), EngineError> {
         let [x, y] = contract::elementwise("relu_fwd", [("x", x), ("y", y)], len)?;
         let base = self.regions("relu_fwd", &[x], &[y])?;
@@ -552,6 +601,40 @@ impl Backend for CudaBackend {
         let e = self.ctx.enter()?;
         // One block: its fixed-order reduction makes the sums deterministic.
         self.kernel(&e, op, (1, BLOCK), &args)
+    }
+
+    fn softmax_xent_fused(
+        &mut self,
+        logits: Region,
+        labels: Region,
+        dlogits: Region,
+        stats: Region,
+        rows: usize,
+        classes: usize,
+        trials: usize,
+    ) -> Result<(), EngineError> {
+        let op = "softmax_xent_fused";
+        let [logits, labels, dlogits, stats] =
+            contract::softmax_xent_fused(logits, labels, dlogits, stats, rows, classes, trials)?;
+        let base = self.regions(op, &[logits, labels], &[dlogits, stats])?;
+        self.check_labels(base, labels, classes)?;
+        let args = [
+            Arg::Ptr(at(base, logits)),
+            Arg::Ptr(at(base, labels)),
+            Arg::Ptr(at(base, dlogits)),
+            Arg::Ptr(at(base, stats)),
+            Arg::U32(to_u32(op, "rows", rows)?),
+            Arg::U32(to_u32(op, "classes", classes)?),
+            Arg::U32(to_u32(op, "trials", trials)?),
+        ];
+        if trials == 0 {
+            return Ok(());
+        }
+        let e = self.ctx.enter()?;
+        // One block per trial (blocks loop over trials beyond the grid), each with the single
+        // op's fixed-order reduction, so the sums are deterministic.
+        let grid = trials.min(MAX_BLOCKS as usize) as u32;
+        self.kernel(&e, op, (grid, BLOCK), &args)
     }
 
     fn eval_xent(

@@ -177,7 +177,7 @@ mod tests {
             );
             seen += 1;
         }
-        assert_eq!(seen, 33);
+        assert_eq!(seen, 36);
     }
 
     #[test]

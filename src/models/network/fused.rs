@@ -18,7 +18,7 @@
 use crate::engine::fused::{
     HYPER_BETA1, HYPER_BETA2, HYPER_EPS, HYPER_LEN, HYPER_LIVE, HYPER_LR, HYPER_MOMENTUM, HYPER_WD,
 };
-use crate::engine::{Backend, GemmBatch, GemmShape, Region};
+use crate::engine::{Backend, GemmBatch, GemmShape, Region, STATS_LEN};
 use crate::error::EngineError;
 use crate::models::memplan::{MemKind, MemoryPlan, PlanEntry};
 use crate::models::{Hyper, Optimizer};
@@ -183,14 +183,30 @@ impl FusedNetwork {
         for i in 0..net.layers.len() {
             self.forward_layer(be, i, rows, seeds)?;
         }
-        for m in &self.members {
-            m.loss(be, rows)?;
-        }
+        self.loss(be, rows)?;
         for i in (0..net.layers.len()).rev() {
             self.backward_layer(be, i, rows, seeds)?;
         }
         self.update(be)?;
         be.advance(net.counter)
+    }
+
+    /// Every trial's softmax cross-entropy: one fused op when each operand's copies lie one
+    /// right after another, else one op per trial.
+    fn loss(&self, be: &mut dyn Backend, rows: usize) -> Result<(), EngineError> {
+        let net = self.first();
+        let (last, classes) = (net.layers.len(), net.classes);
+        let logits = self.flat(|m| m.acts[last], rows * classes);
+        let labels = self.flat(|m| m.labels, rows);
+        let dlogits = self.flat(|m| m.dacts[last], rows * classes);
+        let stats = self.flat(|m| m.stats, STATS_LEN);
+        if let (Some(l), Some(y), Some(d), Some(s)) = (logits, labels, dlogits, stats) {
+            return be.softmax_xent_fused(l, y, d, s, rows, classes, self.trials());
+        }
+        for m in &self.members {
+            m.loss(be, rows)?;
+        }
+        Ok(())
     }
 
     /// Layer `i` of every trial's training forward pass.
@@ -221,8 +237,14 @@ impl FusedNetwork {
                     stride_c: sy,
                 };
                 be.gemm_batched(g, batch, x, w, y)?;
-                for m in &self.members {
-                    be.bias_add(m.acts[i + 1], m.layers[i].b, rows, outputs)?;
+                let (b, sb) = self.span(|m| m.layers[i].b);
+                match self.flat(|m| m.acts[i + 1], rows * outputs) {
+                    Some(y) => be.bias_add_fused(y, b, rows, outputs, n, sb)?,
+                    None => {
+                        for m in &self.members {
+                            be.bias_add(m.acts[i + 1], m.layers[i].b, rows, outputs)?;
+                        }
+                    }
                 }
                 return Ok(());
             }
@@ -291,8 +313,14 @@ impl FusedNetwork {
                     stride_c: sdw,
                 };
                 be.gemm_batched(gw, batch, dy, x, dw)?;
-                for m in &self.members {
-                    be.bias_grad(m.dacts[i + 1], m.layers[i].db, rows, outputs)?;
+                let (db, sdb) = self.span(|m| m.layers[i].db);
+                match self.flat(|m| m.dacts[i + 1], rows * outputs) {
+                    Some(dy) => be.bias_grad_fused(dy, db, rows, outputs, n, sdb)?,
+                    None => {
+                        for m in &self.members {
+                            be.bias_grad(m.dacts[i + 1], m.layers[i].db, rows, outputs)?;
+                        }
+                    }
                 }
                 let to = |m: &Network| match m.layers[i].dsrc {
                     Deliver::Write(r) => r,

@@ -23,6 +23,42 @@ pub fn bias_grad(dy: &[f32], db: &mut [f32], rows: usize, cols: usize) {
     }
 }
 
+/// [`bias_add`] over `trials` trials: trial `i`'s `rows × cols` block of `y` at `i·rows·cols`,
+/// its bias at `i·bias_stride`. Each trial is one call of [`bias_add`], so it is bit-identical
+/// to that call.
+pub fn bias_add_fused(
+    y: &mut [f32],
+    bias: &[f32],
+    rows: usize,
+    cols: usize,
+    trials: usize,
+    bias_stride: usize,
+) {
+    let per = rows * cols;
+    for i in 0..trials {
+        let b = &bias[i * bias_stride..i * bias_stride + cols];
+        bias_add(&mut y[i * per..(i + 1) * per], b, rows, cols);
+    }
+}
+
+/// [`bias_grad`] over `trials` trials: trial `i`'s `rows × cols` block of `dy` at `i·rows·cols`,
+/// its gradient at `i·db_stride` (the elements between the gradients are left as they are).
+/// Each trial is one call of [`bias_grad`], so it is bit-identical to that call.
+pub fn bias_grad_fused(
+    dy: &[f32],
+    db: &mut [f32],
+    rows: usize,
+    cols: usize,
+    trials: usize,
+    db_stride: usize,
+) {
+    let per = rows * cols;
+    for i in 0..trials {
+        let d = &mut db[i * db_stride..i * db_stride + cols];
+        bias_grad(&dy[i * per..(i + 1) * per], d, rows, cols);
+    }
+}
+
 /// `y = max(x, 0)` over `y.len()` elements.
 pub fn relu_fwd(x: &[f32], y: &mut [f32]) {
     let x = &x[..y.len()];
@@ -104,6 +140,44 @@ mod tests {
         let mut db = vec![f32::NAN; 3];
         bias_grad(&[1.0, 2.0, 3.0, 4.0, 5.0, 6.0], &mut db, 2, 3);
         assert_eq!(db, [5.0, 7.0, 9.0]);
+    }
+
+    /// Odd shapes and strides, trial counts 1, 2, 5 and 13: each trial bit for bit one call of
+    /// the single op, and the elements between the gradients untouched.
+    #[test]
+    fn fused_bias_ops_are_bit_identical_to_one_call_per_trial() {
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        let mut rng = HostRng::new(77);
+        for (k, trials) in [1, 2, 5, 13].into_iter().enumerate() {
+            let (rows, cols) = (1 + rng.below(9), 1 + rng.below(11));
+            let stride = cols + [0, 1, 3, 7][k];
+            let per = rows * cols;
+            let span = (trials - 1) * stride + cols;
+            let y0 = random(&mut rng, trials * per, -1.0, 1.0);
+            let bias = random(&mut rng, span, -1.0, 1.0);
+            let mut y = y0.clone();
+            bias_add_fused(&mut y, &bias, rows, cols, trials, stride);
+            let mut db = vec![f32::NAN; span];
+            bias_grad_fused(&y0, &mut db, rows, cols, trials, stride);
+            for i in 0..trials {
+                let at = i * per..(i + 1) * per;
+                let b = i * stride..i * stride + cols;
+                let mut yi = y0[at.clone()].to_vec();
+                bias_add(&mut yi, &bias[b.clone()], rows, cols);
+                assert_eq!(
+                    bits(&y[at.clone()]),
+                    bits(&yi),
+                    "y of trial {i} of {trials}"
+                );
+                let mut dbi = vec![0.0; cols];
+                bias_grad(&y0[at], &mut dbi, rows, cols);
+                assert_eq!(bits(&db[b.clone()]), bits(&dbi), "db of trial {i}");
+                if i + 1 < trials {
+                    let gap = &db[b.end..(i + 1) * stride];
+                    assert!(gap.iter().all(|v| v.is_nan()), "gap after trial {i}");
+                }
+            }
+        }
     }
 
     #[test]

@@ -56,6 +56,31 @@ pub fn softmax_xent(
     stats.finish()
 }
 
+/// [`softmax_xent`] over `trials` trials, each operand's copies one after another: trial `i`'s
+/// logits and dlogits at `i·rows·classes`, labels at `i·rows`, and its `[Σ loss, #correct]`
+/// added into `stats[2i..2i + 2]`. Each trial is one call of [`softmax_xent`], so it is
+/// bit-identical to that call.
+pub fn softmax_xent_fused(
+    logits: &[f32],
+    labels: &[f32],
+    dlogits: &mut [f32],
+    stats: &mut [f32],
+    rows: usize,
+    classes: usize,
+    trials: usize,
+) {
+    use crate::engine::STATS_LEN;
+    let per = rows * classes;
+    for i in 0..trials {
+        let at = i * per..(i + 1) * per;
+        let y = &labels[i * rows..(i + 1) * rows];
+        let (loss, correct) = softmax_xent(&logits[at.clone()], y, &mut dlogits[at], rows, classes);
+        let s = &mut stats[i * STATS_LEN..(i + 1) * STATS_LEN];
+        s[0] += loss;
+        s[1] += correct;
+    }
+}
+
 /// The loss sum and correct count of [`softmax_xent`] without the gradient.
 pub fn eval_xent(logits: &[f32], labels: &[f32], rows: usize, classes: usize) -> (f32, f32) {
     let mut stats = XentStats::default();
@@ -136,6 +161,39 @@ mod tests {
         check_grad("softmax_xent dlogits", &logits, &d, |l| {
             eval_xent(l, &labels, rows, classes).0 as f64 / rows as f64
         });
+    }
+
+    /// Trial counts 1, 2, 5 and 13 over odd shapes, stats starting from non-zero values: each
+    /// trial bit for bit one call of the single op.
+    #[test]
+    fn fused_softmax_xent_is_bit_identical_to_one_call_per_trial() {
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        let mut rng = HostRng::new(72);
+        for trials in [1, 2, 5, 13] {
+            let (rows, classes) = (1 + rng.below(9), 1 + rng.below(12));
+            let per = rows * classes;
+            let logits = random(&mut rng, trials * per, -4.0, 4.0);
+            let labels: Vec<f32> = (0..trials * rows)
+                .map(|_| rng.below(classes) as f32)
+                .collect();
+            let stats0 = random(&mut rng, trials * 2, 0.0, 5.0);
+            let mut d = vec![f32::NAN; trials * per];
+            let mut stats = stats0.clone();
+            softmax_xent_fused(&logits, &labels, &mut d, &mut stats, rows, classes, trials);
+            for i in 0..trials {
+                let at = i * per..(i + 1) * per;
+                let mut di = vec![f32::NAN; per];
+                let y = &labels[i * rows..(i + 1) * rows];
+                let (loss, correct) = softmax_xent(&logits[at.clone()], y, &mut di, rows, classes);
+                assert_eq!(bits(&d[at]), bits(&di), "dlogits of trial {i} of {trials}");
+                let want = [stats0[2 * i] + loss, stats0[2 * i + 1] + correct];
+                assert_eq!(
+                    bits(&stats[2 * i..2 * i + 2]),
+                    bits(&want),
+                    "stats of trial {i}"
+                );
+            }
+        }
     }
 
     // ---- optimisers ----

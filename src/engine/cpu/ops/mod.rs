@@ -14,11 +14,11 @@ mod pool;
 
 pub use conv::{conv2d_bwd, conv2d_fwd};
 pub use elementwise::{
-    add, add_assign, bias_add, bias_grad, dropout_bwd, dropout_fwd, dropout_keep, relu_bwd,
-    relu_fwd,
+    add, add_assign, bias_add, bias_add_fused, bias_grad, bias_grad_fused, dropout_bwd,
+    dropout_fwd, dropout_keep, relu_bwd, relu_fwd,
 };
 pub use gemm::{gemm, gemm_batched};
-pub use loss::{eval_xent, softmax_xent};
+pub use loss::{eval_xent, softmax_xent, softmax_xent_fused};
 pub use norm::{avgpool_bwd, avgpool_fwd, batchnorm_bwd, batchnorm_fwd};
 pub use optim::{adam_step, adam_step_batched, sgd_step, sgd_step_batched};
 pub use pool::{maxpool_bwd, maxpool_fwd};
