@@ -278,10 +278,10 @@ pub fn run(job: &Job, opts: &SweepOptions, out: &mut dyn Write) -> Result<PathBu
                         "auto probes built-in models only; give a number for an external command",
                     )
                     .into()),
-                // Under fused the probe measures logical slices for now: the N it picks is the
-                // number of trials that train at once, in groups over the fused slices.
+                // Under fused the probe times fused rounds: the N it picks is the number of
+                // trials that train at once, in groups over the fused slices.
                 Concurrency::Auto(_) => {
-                    match probe::choose(job, &todo, &ctx, &resolved, probe_split(split), out) {
+                    match probe::choose(job, &todo, &ctx, &resolved, split, out) {
                         Ok(n) => Some(n),
                         // A signal during the probe: no trial ran; the end below says so (exit 3).
                         Err(Error::Interrupted(why)) => {
@@ -812,15 +812,6 @@ fn dry_run(
         )?;
     }
     Ok(())
-}
-
-/// The split mode `concurrency: auto` probes under `split`: logical for fused (its groups are
-/// not probed yet), the split itself otherwise.
-fn probe_split(split: SplitMode) -> SplitMode {
-    match split {
-        SplitMode::Fused => SplitMode::Logical,
-        s => s,
-    }
 }
 
 /// How `todo` gathers into fused groups, `n` at a time on `slices` slices, in words. The data is
