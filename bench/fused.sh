@@ -11,6 +11,7 @@
 #   MODELS="mlp cnn"        which jobs to run
 #   N=1,2,3,5,8,13,21,34    the N list
 #   MLP_EPOCHS=2 CNN_EPOCHS=1 REPS=3
+#   CNN_TRAIN=2000          the CNN trains on this many MNIST-10k samples (and tests on a quarter)
 # Output in OUT: <model>/rep<k>/ (each fib run's own files: runs.csv, trials.csv, plots),
 # summary.md, command.txt (the commands, the machine, its load at the start and the end).
 set -euo pipefail
@@ -24,7 +25,17 @@ reps="${REPS:-3}"
 backend="$("$bin" devices 2>/dev/null | grep -q '^backend: cuda' && echo gpu || echo cpu)"
 out="${1:-results/fused-$backend}"
 mkdir -p "$out"
-job_of() { case "$1" in mlp) echo jobs/mnist-fib.yaml ;; cnn) echo jobs/cnn-fib.yaml ;; *) return 1 ;; esac; }
+# The CNN job on fewer samples, so that 34 CNN trainings under three modes take minutes on a CPU.
+cnn_train="${CNN_TRAIN:-2000}"
+python3 - "$out/cnn-fib.yaml" "$cnn_train" <<'PY'
+import sys
+text = open("jobs/cnn-fib.yaml").read()
+n = int(sys.argv[2])
+limits = f"  train_limit: {n}\n  test_limit: {max(1, n // 4)}\n"
+text = text.replace("  source: mnist-10k\n", "  source: mnist-10k\n" + limits, 1)
+open(sys.argv[1], "w").write(text)
+PY
+job_of() { case "$1" in mlp) echo jobs/mnist-fib.yaml ;; cnn) echo "$out/cnn-fib.yaml" ;; *) return 1 ;; esac; }
 epochs_of() { case "$1" in mlp) echo "${MLP_EPOCHS:-2}" ;; cnn) echo "${CNN_EPOCHS:-1}" ;; esac; }
 
 {
