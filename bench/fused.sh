@@ -50,6 +50,7 @@ for rep in $(seq 1 "$reps"); do
         job="$(job_of "$m")" || { echo "fused: unknown model $m" >&2; exit 2; }
         dir="$out/$m/rep$rep"
         rm -rf "$dir"
+        mkdir -p "$out/$m"
         cmd=("$bin" fib "$job" --splits shared,logical,fused --n "$ns" --epochs "$(epochs_of "$m")" --out "$dir")
         echo "${cmd[*]}" >>"$out/command.txt"
         echo "fused: $m, repetition $rep of $reps" >&2
