@@ -536,9 +536,9 @@ YAML
 }
 
 phase_results() {
-    local n=1,2,3,5,8,13,21,34 splits=shared,process,logical,green epochs=() m
+    local n=1,2,3,5,8,13,21,34 splits=shared,process,logical,green,fused epochs=() m
     if [ "$rehearse" = 1 ]; then
-        n=1,2 splits=shared,process epochs=(--epochs 1)
+        n=1,2 splits=shared,process,fused epochs=(--epochs 1)
     fi
     for m in mnist cnn; do
         local model=MLP
