@@ -147,6 +147,27 @@ impl FusedNetwork {
         (Region::new(first.offset, last.end() - first.offset), stride)
     }
 
+    /// [`Backend::gemm_batched`] over the group: trial `i` computes `g` on its copies of the
+    /// regions `a`, `b` and `c` pick.
+    fn gemm(
+        &self,
+        be: &mut dyn Backend,
+        g: GemmShape,
+        a: impl Fn(&Network) -> Region,
+        b: impl Fn(&Network) -> Region,
+        c: impl Fn(&Network) -> Region,
+    ) -> Result<(), EngineError> {
+        let ((a, stride_a), (b, stride_b), (c, stride_c)) =
+            (self.span(a), self.span(b), self.span(c));
+        let batch = GemmBatch {
+            count: self.trials(),
+            stride_a,
+            stride_b,
+            stride_c,
+        };
+        be.gemm_batched(g, batch, a, b, c)
+    }
+
     /// The region covering the first `len` elements of every trial's copy of `pick`'s region
     /// when they lie one right after another (so that one elementwise op covers them all);
     /// `None` when they do not.
@@ -227,16 +248,7 @@ impl FusedNetwork {
                     trans_b: true,
                     ..GemmShape::nn(rows, outputs, inputs)
                 };
-                let (x, sx) = self.span(|m| m.acts[src]);
-                let (w, sw) = self.span(|m| m.layers[i].w);
-                let (y, sy) = self.span(|m| m.acts[i + 1]);
-                let batch = GemmBatch {
-                    count: n,
-                    stride_a: sx,
-                    stride_b: sw,
-                    stride_c: sy,
-                };
-                be.gemm_batched(g, batch, x, w, y)?;
+                self.gemm(be, g, |m| m.acts[src], |m| m.layers[i].w, |m| m.acts[i + 1])?;
                 let (b, sb) = self.span(|m| m.layers[i].b);
                 match self.flat(|m| m.acts[i + 1], rows * outputs) {
                     Some(y) => be.bias_add_fused(y, b, rows, outputs, n, sb)?,
@@ -303,16 +315,8 @@ impl FusedNetwork {
                     trans_a: true,
                     ..GemmShape::nn(outputs, inputs, rows)
                 };
-                let (dy, sdy) = self.span(|m| m.dacts[i + 1]);
-                let (x, sx) = self.span(|m| m.acts[src]);
-                let (dw, sdw) = self.span(|m| m.layers[i].dw);
-                let batch = GemmBatch {
-                    count: n,
-                    stride_a: sdy,
-                    stride_b: sx,
-                    stride_c: sdw,
-                };
-                be.gemm_batched(gw, batch, dy, x, dw)?;
+                let dy = |m: &Network| m.dacts[i + 1];
+                self.gemm(be, gw, dy, |m| m.acts[src], |m| m.layers[i].dw)?;
                 let (db, sdb) = self.span(|m| m.layers[i].db);
                 match self.flat(|m| m.dacts[i + 1], rows * outputs) {
                     Some(dy) => be.bias_grad_fused(dy, db, rows, outputs, n, sdb)?,
@@ -322,20 +326,9 @@ impl FusedNetwork {
                         }
                     }
                 }
-                let to = |m: &Network| match m.layers[i].dsrc {
-                    Deliver::Write(r) => r,
-                    _ => m.scratch,
-                };
                 if matches!(dsrc, Deliver::Write(_) | Deliver::Add(_)) {
-                    let (w, sw) = self.span(|m| m.layers[i].w);
-                    let (dx, sdx) = self.span(to);
-                    let batch = GemmBatch {
-                        count: n,
-                        stride_a: sdy,
-                        stride_b: sw,
-                        stride_c: sdx,
-                    };
-                    be.gemm_batched(GemmShape::nn(rows, inputs, outputs), batch, dy, w, dx)?;
+                    let g = GemmShape::nn(rows, inputs, outputs);
+                    self.gemm(be, g, dy, |m| m.layers[i].w, |m| deliver_region(m, i))?;
                     if let Deliver::Add(_) = dsrc {
                         for m in &self.members {
                             if let Deliver::Add(r) = m.layers[i].dsrc {
