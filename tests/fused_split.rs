@@ -176,3 +176,64 @@ fn fused_runs_beside_other_split_modes_and_its_trials_end_as_they_do_alone() {
         assert_eq!(acc("fused", &r["trial_id"]), acc("shared", &r["trial_id"]));
     }
 }
+
+#[test]
+fn sigterm_interrupts_every_running_fused_trial_and_exits_3() {
+    let dir = sandbox();
+    let job = dir.job(
+        "fused-long.yaml",
+        tiny()
+            .name("fused-long")
+            .train(epochs(5000, 32))
+            .run_cap(4)
+            .param("lr", values(&["0.001", "0.002", "0.003", "0.004"]))
+            .concurrency(4)
+            .split("fused"),
+    );
+    let out = dir.join("out");
+    let mut run = dir
+        .run(&["sweep", s(&job), "--out", s(&out), "--grace", "1"])
+        .watch();
+    assert!(
+        run.wait_for(&|_| rows_in(&out.join("progress.csv")) >= 4),
+        "no epoch ran"
+    );
+    run.signal(libc::SIGTERM);
+    let (code, said, err) = run.finish();
+    assert_eq!(code, Some(3), "{err}");
+    let trials = trials_csv(&out);
+    assert_eq!(trials.len(), 4, "every trial was running: {trials:?}");
+    assert!(
+        trials.iter().all(|t| t["state"] == "INTERRUPTED"),
+        "{trials:?}"
+    );
+    assert!(said.contains("0 COMPLETE, 0 FAIL, 4 INTERRUPTED"), "{said}");
+}
+
+#[test]
+fn a_diverging_fused_trial_fails_alone_and_the_sweep_exits_1() {
+    let dir = sandbox();
+    let job = dir.job(
+        "fused-nan.yaml",
+        tiny()
+            .name("fused-nan")
+            .run_cap(4)
+            .param("lr", values(&["0.001", "1e30", "0.003", "0.01"]))
+            .method("grid")
+            .concurrency(4)
+            .split("fused"),
+    );
+    let out = dir.join("out");
+    let o = dir.run_into("sweep", &job, &out, &[]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let trials = trials_csv(&out);
+    assert_eq!(trials.len(), 4, "{trials:?}");
+    let failed: Vec<_> = trials.iter().filter(|t| t["state"] == "FAIL").collect();
+    assert_eq!(failed.len(), 1, "{trials:?}");
+    assert!(failed[0]["error"].contains("loss is"), "{:?}", failed[0]);
+    assert_eq!(
+        trials.iter().filter(|t| t["state"] == "COMPLETE").count(),
+        3,
+        "{trials:?}"
+    );
+}
