@@ -178,11 +178,20 @@ pub fn trial_seed(job_seed: u64, index: u32) -> u64 {
 
 /// Trial `i` of a job, computed from its index alone (no other trial is built).
 pub fn trial(job: &Job, i: u32) -> Result<TrialSpec, JobError> {
+    trial_at(job, i, &job.space.point(job.file.seed, i as usize))
+}
+
+/// Trial `i` of a job given its point of the space (a point a sampler proposed).
+pub fn trial_at(
+    job: &Job,
+    i: u32,
+    point: &std::collections::BTreeMap<String, crate::space::ParamValue>,
+) -> Result<TrialSpec, JobError> {
     Ok(TrialSpec {
         id: format!("t{i:03}"),
         index: i,
-        hyper: job.hyper(i as usize)?,
-        params: job.params(i as usize)?,
+        hyper: job.hyper_at(i as usize, point)?,
+        params: job.params_at(i as usize, point)?,
         seed: trial_seed(job.file.seed, i),
         fault: job.file.faults.iter().find(|f| f.trial == i).cloned(),
     })

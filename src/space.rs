@@ -11,6 +11,8 @@ use std::collections::BTreeMap;
 
 use crate::rng::{derive, HostRng};
 
+pub mod tpe;
+
 /// How trials are drawn from the space.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -20,6 +22,9 @@ pub enum Method {
     Random,
     /// Trial `i` takes the `i`-th point of the Cartesian product of the `values` (cycling).
     Grid,
+    /// Trial `i` is proposed by a Tree-structured Parzen Estimator from the results so far
+    /// (see [`tpe`]); its first trials take the points of `random`.
+    Bayes,
 }
 
 /// One parameter's entry under `parameters:`, as written in the job.
@@ -460,15 +465,8 @@ impl Space {
     /// no list of points is ever built, whatever the size of the space.
     pub fn point(&self, seed: u64, index: usize) -> BTreeMap<String, ParamValue> {
         match self.method {
-            Method::Random => self
-                .dists
-                .iter()
-                .enumerate()
-                .map(|(k, (name, d))| {
-                    let mut rng = HostRng::new(derive(derive(seed, index as u64), k as u64));
-                    (name.clone(), d.sample(&mut rng))
-                })
-                .collect(),
+            // A bayes sweep's points come from its sampler: by index alone, its random ones.
+            Method::Random | Method::Bayes => self.random_point(seed, index),
             Method::Grid => {
                 // Past the end the grid cycles; a grid too large to count never gets there.
                 let mut rest = match self.grid_size() {
@@ -486,6 +484,19 @@ impl Space {
                 out
             }
         }
+    }
+
+    /// The random point of trial `index`: each parameter drawn from a stream seeded by
+    /// `(seed, index, its place in name order)`.
+    pub fn random_point(&self, seed: u64, index: usize) -> BTreeMap<String, ParamValue> {
+        self.dists
+            .iter()
+            .enumerate()
+            .map(|(k, (name, d))| {
+                let mut rng = HostRng::new(derive(derive(seed, index as u64), k as u64));
+                (name.clone(), d.sample(&mut rng))
+            })
+            .collect()
     }
 
     /// The points of trials `0, 1, 2, ...`, each computed when asked for (see [`Space::point`]).

@@ -278,6 +278,25 @@ impl Job {
                 ),
             ));
         }
+        if self.space.method == Method::Bayes {
+            if self.file.run_cap.is_none() {
+                return Err(self.invalid(
+                    "run_cap",
+                    "is missing: a bayes sweep needs the number of trials to propose",
+                ));
+            }
+            if self
+                .space
+                .dists
+                .values()
+                .all(|d| matches!(d, Dist::Constant(_)))
+            {
+                return Err(self.invalid(
+                    "method",
+                    "bayes needs at least one parameter with `values` or a range to search",
+                ));
+            }
+        }
         Ok(())
     }
 
@@ -492,5 +511,25 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(e.contains("grid"), "{e}");
+    }
+
+    #[test]
+    fn bayes_needs_a_run_cap_and_something_to_search() {
+        let e = parse(&format!(
+            "{OK}method: bayes\nparameters:\n  lr: {{min: 0.1, max: 0.2}}\n"
+        ))
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("run_cap") && e.contains("bayes"), "{e}");
+        let e = parse(&format!(
+            "{OK}method: bayes\nrun_cap: 8\nparameters:\n  lr: {{value: 0.1}}\n"
+        ))
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("method") && e.contains("line"), "{e}");
+        parse(&format!(
+            "{OK}method: bayes\nrun_cap: 8\nparameters:\n  lr: {{min: 0.1, max: 0.2}}\n"
+        ))
+        .unwrap();
     }
 }

@@ -120,7 +120,16 @@ impl Hyper {
 impl Job {
     /// The hyperparameters of trial `index` (names an external command invents are left out).
     pub fn hyper(&self, index: usize) -> Result<Hyper, JobError> {
-        let mut point = self.space.point(self.file.seed, index);
+        self.hyper_at(index, &self.space.point(self.file.seed, index))
+    }
+
+    /// The hyperparameters of trial `index` given its point of the space.
+    pub fn hyper_at(
+        &self,
+        index: usize,
+        point: &BTreeMap<String, ParamValue>,
+    ) -> Result<Hyper, JobError> {
+        let mut point = point.clone();
         point.retain(|name, _| PARAMETERS.contains(&name.as_str()));
         Hyper::from_point(&self.file.train, &point).map_err(|(k, m)| {
             let key = if k.starts_with("parameters.") {
@@ -135,7 +144,16 @@ impl Job {
     /// Every value trial `index` is given: the built-in hyperparameters (drawn or default),
     /// `epochs`, and any other parameter of the space (for an external command's template).
     pub fn params(&self, index: usize) -> Result<BTreeMap<String, ParamValue>, JobError> {
-        let h = self.hyper(index)?;
+        self.params_at(index, &self.space.point(self.file.seed, index))
+    }
+
+    /// Every value trial `index` is given (see [`Job::params`]), given its point of the space.
+    pub fn params_at(
+        &self,
+        index: usize,
+        point: &BTreeMap<String, ParamValue>,
+    ) -> Result<BTreeMap<String, ParamValue>, JobError> {
+        let h = self.hyper_at(index, point)?;
         let mut out = BTreeMap::new();
         out.insert("lr".into(), ParamValue::Num(h.lr));
         out.insert("batch_size".into(), ParamValue::Num(h.batch_size as f64));
@@ -150,7 +168,7 @@ impl Job {
             "epochs".into(),
             ParamValue::Num(self.file.train.epochs as f64),
         );
-        out.extend(self.space.point(self.file.seed, index));
+        out.extend(point.clone());
         Ok(out)
     }
 }

@@ -394,12 +394,57 @@ pub fn run_round_with(
     sink: &mut dyn FnMut(&Event),
     idle: &mut dyn FnMut(),
 ) -> RoundOutcome {
+    run_round_core(round, ctx, sink, idle, None)
+}
+
+/// What hands a fed round its trials: `feed(None)` for each of the first, and
+/// `feed(Some(outcome))` after each trial ends; `None` back means no more.
+pub type Feed<'a> = &'a mut dyn FnMut(Option<&TrialOutcome>) -> Option<TrialSpec>;
+
+/// [`run_round_with`] for trials not known in advance (a sampler proposing each from the
+/// results so far): `round.trials` is not read; the queue starts with one trial from
+/// `feed(None)` per slice, and each trial's end is passed to `feed`, whose answer is queued
+/// next. Once `feed` answers `None`, or the round drains, nothing more is queued.
+pub fn run_round_fed(
+    round: &Round,
+    ctx: &RoundContext,
+    sink: &mut dyn FnMut(&Event),
+    idle: &mut dyn FnMut(),
+    feed: Feed,
+) -> RoundOutcome {
+    run_round_core(round, ctx, sink, idle, Some(feed))
+}
+
+fn run_round_core(
+    round: &Round,
+    ctx: &RoundContext,
+    sink: &mut dyn FnMut(&Event),
+    idle: &mut dyn FnMut(),
+    mut feed: Option<Feed>,
+) -> RoundOutcome {
     let (queue_tx, queue_rx) = unbounded::<Vec<TrialSpec>>();
-    for g in group::queued(round, ctx) {
-        // The receiver lives until the end of this function, so sending cannot fail.
-        let _ = queue_tx.send(g);
-    }
-    drop(queue_tx);
+    // The receiver lives until the end of this function, so sending cannot fail.
+    let mut queue_tx = match feed.as_mut() {
+        None => {
+            for g in group::queued(round, ctx) {
+                let _ = queue_tx.send(g);
+            }
+            drop(queue_tx);
+            None
+        }
+        Some(feed) => {
+            let mut open = Some(queue_tx);
+            for _ in 0..round.slices.len().max(1) {
+                match (feed(None), &open) {
+                    (Some(t), Some(tx)) => {
+                        let _ = tx.send(vec![t]);
+                    }
+                    _ => open = None,
+                }
+            }
+            open
+        }
+    };
     let (event_tx, event_rx) = bounded::<Event>(EVENT_QUEUE);
     let started = Instant::now();
     let mut outcomes = Vec::new();
@@ -461,6 +506,9 @@ pub fn run_round_with(
         }
         drop(event_tx);
         loop {
+            if ctx.cancel.draining() {
+                queue_tx = None;
+            }
             let ev = match event_rx.recv_timeout(IDLE_TICK) {
                 Ok(ev) => ev,
                 Err(RecvTimeoutError::Timeout) => {
@@ -474,6 +522,14 @@ pub fn run_round_with(
                 if outcomes.len() == round.trials.len() {
                     makespan_s = started.elapsed().as_secs_f64();
                 }
+                if let (Some(feed), Some(tx)) = (feed.as_mut(), &queue_tx) {
+                    match feed(Some(o)) {
+                        Some(t) if !ctx.cancel.draining() => {
+                            let _ = tx.send(vec![t]);
+                        }
+                        _ => queue_tx = None,
+                    }
+                }
             }
             sink(&ev);
             if event_rx.is_empty() {
@@ -481,7 +537,7 @@ pub fn run_round_with(
             }
         }
     });
-    if outcomes.len() < round.trials.len() {
+    if feed.is_some() || outcomes.len() < round.trials.len() {
         makespan_s = started.elapsed().as_secs_f64();
     }
     outcomes.sort_by_key(|o| o.trial.index);

@@ -1,5 +1,6 @@
 //! The sweep runner: every trial of a job's parameter space, `concurrency` at a time under one split mode; resumable, shardable and interruptible.
 
+pub mod bayes;
 pub mod identity;
 pub mod merge;
 pub mod probe;
@@ -24,7 +25,7 @@ use crate::rounds::{builtin_context, progress_row, say, trial_row};
 use crate::run::{self, OutFolder, Resolved, Unavailable};
 use crate::sched::external::ExternalEnv;
 use crate::sched::{self, Device, Devices, Event, ExternalTrials, RoundContext, TrialState};
-use crate::space::ParamValue;
+use crate::space::{Method, ParamValue};
 pub use identity::{trial_key, Shard};
 use same_failure::{SameFailures, Seen, Stopped};
 
@@ -175,7 +176,14 @@ fn write_best(dir: &Path, job: &Job, row: &TrialRow) -> Result<PathBuf> {
 /// `gpumux sweep`: runs the trials of this shard that are not COMPLETE yet.
 pub fn run(job: &Job, opts: &SweepOptions, out: &mut dyn Write) -> Result<PathBuf> {
     crate::sched::external::check_job(job)?;
-    let all = sweep_trials(job)?;
+    let is_bayes = job.space.method == Method::Bayes;
+    // A bayes sweep's trials are proposed as it runs: none is built in advance.
+    let all = if is_bayes {
+        plan::sweep_count(job)?;
+        Vec::new()
+    } else {
+        sweep_trials(job)?
+    };
     let mine: Vec<TrialSpec> = match opts.shard {
         Some(s) => all.iter().filter(|t| s.contains(&t.id)).cloned().collect(),
         None => all.clone(),
@@ -214,11 +222,17 @@ pub fn run(job: &Job, opts: &SweepOptions, out: &mut dyn Write) -> Result<PathBu
         .filter(|r| r.state == "COMPLETE")
         .map(|r| r.trial_id.as_str())
         .collect();
-    let todo: Vec<TrialSpec> = mine
-        .iter()
-        .filter(|t| !done.contains(t.id.as_str()))
-        .cloned()
-        .collect();
+    let mut proposer = is_bayes.then(|| bayes::Proposer::new(job, opts.shard, &previous));
+    let todo: Vec<TrialSpec> = match &proposer {
+        // What a dry run lists of a bayes sweep: its random startup trials.
+        Some(p) if opts.dry_run => p.startup_trials()?,
+        Some(_) => Vec::new(),
+        None => mine
+            .iter()
+            .filter(|t| !done.contains(t.id.as_str()))
+            .cloned()
+            .collect(),
+    };
     let split = opts.split.unwrap_or(job.file.split);
     if split == SplitMode::Fused && job.file.command.is_some() {
         return Err(Error::Usage(format!(
@@ -231,21 +245,36 @@ pub fn run(job: &Job, opts: &SweepOptions, out: &mut dyn Write) -> Result<PathBu
         .shard
         .map(|s| format!(", shard {s}"))
         .unwrap_or_default();
-    say(out, format!(
-        "sweep {}: {} trials in the space{shard_note}: {} here, {} already COMPLETE, {} to run; split {split}; metric {} ({:?})",
-        job.name,
-        all.len(),
-        mine.len(),
-        mine.len() - todo.len(),
-        todo.len(),
-        job.file.metric.name,
-        job.file.metric.goal
-    ))?;
+    match &proposer {
+        Some(p) => say(out, format!(
+            "sweep {}: bayes, {} trials{shard_note}: {} already COMPLETE, {} to propose; split {split}; metric {} ({:?})",
+            job.name,
+            p.planned,
+            p.observed(),
+            p.left,
+            job.file.metric.name,
+            job.file.metric.goal
+        ))?,
+        None => say(out, format!(
+            "sweep {}: {} trials in the space{shard_note}: {} here, {} already COMPLETE, {} to run; split {split}; metric {} ({:?})",
+            job.name,
+            all.len(),
+            mine.len(),
+            mine.len() - todo.len(),
+            todo.len(),
+            job.file.metric.name,
+            job.file.metric.goal
+        ))?,
+    }
     if opts.dry_run {
+        if let Some(p) = &proposer {
+            say(out, bayes::plan_line(p))?;
+        }
         dry_run(job, &todo, split, concurrency, &dir, out)?;
         if opts.shard.is_none() {
             // Every trial of the job, done or not: the array's shape is the whole sweep's.
-            say(out, slurm_line(job, concurrency, mine.len()))?;
+            let count = proposer.as_ref().map_or(mine.len(), |p| p.planned as usize);
+            say(out, slurm_line(job, concurrency, count))?;
         }
         return Ok(dir);
     }
@@ -267,11 +296,18 @@ pub fn run(job: &Job, opts: &SweepOptions, out: &mut dyn Write) -> Result<PathBu
     };
     let mut rows = previous.clone();
     let mut stopped = None;
-    if !todo.is_empty() {
+    let to_run = proposer.as_ref().map_or(todo.len(), |p| p.left as usize);
+    if to_run > 0 {
         let mut ctx = context(job, opts, &resolved, &cancel, &dir)?;
         let n =
             match concurrency {
                 Concurrency::Fixed(n) => Some(n),
+                Concurrency::Auto(_) if is_bayes => return Err(job
+                    .invalid(
+                        "concurrency",
+                        "auto is not available with method: bayes (its trials are proposed as it runs); give a number",
+                    )
+                    .into()),
                 Concurrency::Auto(_) if ctx.external.is_some() => return Err(job
                     .invalid(
                         "concurrency",
@@ -293,7 +329,7 @@ pub fn run(job: &Job, opts: &SweepOptions, out: &mut dyn Write) -> Result<PathBu
                 }
             };
         if let Some(n) = n {
-            let n = n.min(todo.len() as u32).max(1);
+            let n = n.min(to_run as u32).max(1);
             let round = Round {
                 index: 0,
                 n,
@@ -306,12 +342,41 @@ pub fn run(job: &Job, opts: &SweepOptions, out: &mut dyn Write) -> Result<PathBu
                 // One trial at a time, its lines cannot be mixed with another's: they show.
                 ext.stream = opts.verbose || n == 1;
             }
-            let (ran, stop) = execute(job, &round, &ctx, &mut writer, opts.progress)?;
+            let (ran, stop) = match proposer.as_mut() {
+                None => execute(job, &round, &ctx, &mut writer, opts.progress, None)?,
+                Some(p) => {
+                    let mut feed = |ended: Option<&sched::TrialOutcome>| p.next(ended);
+                    execute(
+                        job,
+                        &round,
+                        &ctx,
+                        &mut writer,
+                        opts.progress,
+                        Some((to_run, &mut feed)),
+                    )?
+                }
+            };
             rows.extend(ran);
             stopped = stop;
+            if let Some(e) = proposer.as_mut().and_then(|p| p.error.take()) {
+                return Err(e.into());
+            }
         }
     }
-    finish(job, &dir, &mine, &rows, &cancel, stopped.as_ref(), out)?;
+    let (ids, planned) = match &proposer {
+        Some(p) => (p.ids.clone(), p.planned as usize),
+        None => (mine.iter().map(|t| t.id.clone()).collect(), mine.len()),
+    };
+    finish(
+        job,
+        &dir,
+        &ids,
+        planned,
+        &rows,
+        &cancel,
+        stopped.as_ref(),
+        out,
+    )?;
     Ok(dir)
 }
 
@@ -541,8 +606,10 @@ fn execute(
     ctx: &RoundContext,
     writer: &mut report::ReportWriter,
     progress: bool,
+    feed: Option<(usize, sched::Feed)>,
 ) -> Result<(Vec<TrialRow>, Option<Stopped>)> {
-    let total = round.trials.len() as u64;
+    // A fed round (bayes) runs the trials its run_cap has left.
+    let total = feed.as_ref().map_or(round.trials.len(), |(n, _)| *n) as u64;
     let bar = if progress {
         ProgressBar::new(total)
     } else {
@@ -646,7 +713,10 @@ fn execute(
         let res = rec.sync();
         rec.note(res, &ctx.cancel);
     };
-    sched::run_round_with(round, ctx, &mut sink, &mut idle);
+    match feed {
+        Some((_, feed)) => sched::run_round_fed(round, ctx, &mut sink, &mut idle, feed),
+        None => sched::run_round_with(round, ctx, &mut sink, &mut idle),
+    };
     bar.finish_and_clear();
     let mut rec = recorder.into_inner();
     let res = rec.sync();
@@ -664,27 +734,29 @@ fn execute(
 }
 
 /// The end of a sweep: counts, the best trial and best.yaml, and the exit status.
+#[allow(clippy::too_many_arguments)]
 fn finish(
     job: &Job,
     dir: &Path,
-    mine: &[TrialSpec],
+    mine: &[String],
+    planned: usize,
     rows: &[TrialRow],
     cancel: &Cancel,
     stopped: Option<&Stopped>,
     out: &mut dyn Write,
 ) -> Result<()> {
     let latest = latest_rows(rows);
-    let ids: HashSet<&str> = mine.iter().map(|t| t.id.as_str()).collect();
+    let ids: HashSet<&str> = mine.iter().map(String::as_str).collect();
     let mine_rows: Vec<&TrialRow> = latest
         .iter()
         .filter(|r| ids.contains(r.trial_id.as_str()))
         .collect();
     let count = |state: &str| mine_rows.iter().filter(|r| r.state == state).count();
     let (complete, failed, interrupted) = (count("COMPLETE"), count("FAIL"), count("INTERRUPTED"));
-    let not_started = mine.len() - mine_rows.len();
+    let not_started = planned.saturating_sub(mine_rows.len());
     say(out, format!(
         "{complete} COMPLETE, {failed} FAIL, {interrupted} INTERRUPTED, {not_started} not started, of {} trials; results in {}",
-        mine.len(),
+        planned,
         dir.display()
     ))?;
     if let Some(b) = best(&latest, job.file.metric.goal) {
@@ -708,7 +780,7 @@ fn finish(
     }
     // A signal that came while the last trials were finishing changes nothing when they all
     // did: the sweep (or the shard) is done, and a job array must not wait for a requeue.
-    if cancel.draining() && complete == mine.len() {
+    if cancel.draining() && complete >= planned {
         sched::cancel::settle();
         say(
             out,
@@ -717,13 +789,13 @@ fn finish(
     } else if cancel.draining() {
         return Err(Error::Interrupted(format!(
             "{complete} of {} trials COMPLETE; run again with --resume to finish",
-            mine.len()
+            planned
         )));
     }
     if failed > 0 {
         return Err(Error::TrialsFailed(format!(
             "{failed} of {} trials failed (see {})",
-            mine.len(),
+            planned,
             dir.join(report::TRIALS_CSV).display()
         )));
     }

@@ -1,0 +1,537 @@
+//! `method: bayes`: a Tree-structured Parzen Estimator that proposes a trial's point from the results so far.
+//!
+//! The first [`Tpe::startup`] trials take the random points of `method: random` (those of
+//! their indices). After them,
+//! the observations (finished trials, and the trials in flight at the worst value seen: a
+//! constant liar) are split by their value into the best `γ(n) = min(⌈0.1·n⌉, 25)` ("good") and
+//! the rest ("bad"). Each parameter, on its own, gets two Parzen estimators, `l` over the good
+//! and `g` over the bad; [`Tpe::candidates`] values are drawn from `l` and the one with the
+//! largest `log l − log g` is taken.
+//!
+//! A range is worked in its own scale (the log of the value for the log-uniform ones; an
+//! integer or quantised range is drawn continuous, then rounded): the estimator is a mixture of
+//! Gaussians truncated to the range, one at each observation and one wide prior component at
+//! the middle (sigma = the range), each observation's bandwidth the larger distance to its
+//! neighbours (the prior's middle among them, the range's ends not), clipped to `[range / min(100, n + 1), range]`. A categorical parameter's estimator
+//! is its counts plus one prior draw spread over the values (by `probabilities` when given).
+//! `normal` and `log_normal` parameters, which have no range, are drawn as in `method: random`.
+//!
+//! The proposal of trial `i` depends on the job's seed, `i`, and the observations in the order
+//! given, and on nothing else.
+
+use std::collections::BTreeMap;
+
+use super::{Dist, ParamValue, Space};
+use crate::rng::{derive, HostRng};
+
+/// A point of the space and the value it reached, as a loss (lower is better).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Observation {
+    pub point: BTreeMap<String, ParamValue>,
+    pub loss: f64,
+}
+
+/// The sampler's settings.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Tpe {
+    /// Trials that take the random points before the estimator takes over.
+    pub startup: usize,
+    /// Values drawn from `l` per parameter, of which the best ratio is taken.
+    pub candidates: usize,
+}
+
+/// The fraction of the observations counted good.
+pub const GAMMA: f64 = 0.1;
+/// The most observations counted good.
+pub const MAX_GOOD: usize = 25;
+/// Values drawn from `l` per parameter.
+pub const CANDIDATES: usize = 24;
+/// Random trials before the estimator, at most.
+pub const STARTUP: usize = 10;
+
+impl Tpe {
+    /// The settings for a sweep of `run_cap` trials: `min(10, max(2, run_cap / 4))` random
+    /// trials first, then 24 candidates a proposal.
+    pub fn for_run_cap(run_cap: u32) -> Tpe {
+        Tpe {
+            startup: STARTUP.min((run_cap as usize / 4).max(2)),
+            candidates: CANDIDATES,
+        }
+    }
+
+    /// The point of trial `index`: its random point (that of `method: random`) while fewer
+    /// than `startup` observations (finished and pending) came before it, or while nothing has
+    /// finished; otherwise a TPE proposal from
+    /// `done` and the points `pending` (in flight, counted at the worst loss of `done`).
+    pub fn propose(
+        &self,
+        space: &Space,
+        seed: u64,
+        index: usize,
+        done: &[Observation],
+        pending: &[BTreeMap<String, ParamValue>],
+    ) -> BTreeMap<String, ParamValue> {
+        if done.len() + pending.len() < self.startup || done.is_empty() {
+            return space.random_point(seed, index);
+        }
+        let worst = done
+            .iter()
+            .map(|o| o.loss)
+            .filter(|l| l.is_finite())
+            .fold(f64::NEG_INFINITY, f64::max);
+        let worst = if worst.is_finite() { worst } else { 0.0 };
+        let mut all: Vec<(f64, &BTreeMap<String, ParamValue>)> = done
+            .iter()
+            .map(|o| (if o.loss.is_nan() { worst } else { o.loss }, &o.point))
+            .collect();
+        all.extend(pending.iter().map(|p| (worst, p)));
+        // Stable: equal losses keep the order given.
+        all.sort_by(|a, b| a.0.total_cmp(&b.0));
+        let n_good = good_count(all.len());
+        let (good, bad) = all.split_at(n_good);
+        let mut out = BTreeMap::new();
+        for (k, (name, dist)) in space.dists.iter().enumerate() {
+            let mut rng = HostRng::new(derive(
+                derive(derive(seed, 0x0074_7065), index as u64),
+                k as u64,
+            ));
+            let values = |set: &[(f64, &BTreeMap<String, ParamValue>)]| -> Vec<ParamValue> {
+                set.iter()
+                    .filter_map(|(_, p)| p.get(name).cloned())
+                    .collect()
+            };
+            let v = propose_one(dist, &values(good), &values(bad), self.candidates, &mut rng);
+            out.insert(name.clone(), v);
+        }
+        out
+    }
+}
+
+/// How many of `n` observations count as good: `min(⌈0.1·n⌉, 25)`, at least 1.
+pub fn good_count(n: usize) -> usize {
+    ((GAMMA * n as f64).ceil() as usize)
+        .clamp(1, MAX_GOOD)
+        .min(n)
+}
+
+/// One parameter's proposal from the values of the good and the bad observations.
+fn propose_one(
+    dist: &Dist,
+    good: &[ParamValue],
+    bad: &[ParamValue],
+    candidates: usize,
+    rng: &mut HostRng,
+) -> ParamValue {
+    if let Dist::Categorical {
+        values,
+        probabilities,
+    } = dist
+    {
+        let l = categorical_weights(values, probabilities.as_deref(), good);
+        let g = categorical_weights(values, probabilities.as_deref(), bad);
+        let best = (0..candidates.max(1))
+            .map(|_| pick(&l, rng))
+            .max_by(|&a, &b| {
+                let score = |i: usize| l[i].ln() - g[i].ln();
+                score(a).total_cmp(&score(b)).then(b.cmp(&a))
+            })
+            .unwrap_or(0);
+        return values[best].clone();
+    }
+    let Some(scale) = Scale::of(dist) else {
+        return dist.sample(rng);
+    };
+    let xs = |vs: &[ParamValue]| -> Vec<f64> { vs.iter().filter_map(|v| scale.inner(v)).collect() };
+    let l = Parzen::new(&xs(good), scale.lo, scale.hi);
+    let g = Parzen::new(&xs(bad), scale.lo, scale.hi);
+    let mut best: Option<(f64, f64)> = None;
+    for _ in 0..candidates.max(1) {
+        let x = l.sample(rng);
+        let score = l.log_pdf(x) - g.log_pdf(x);
+        if best.map_or(true, |(s, _)| score > s) {
+            best = Some((score, x));
+        }
+    }
+    scale.value_at(best.map_or(0.5 * (scale.lo + scale.hi), |(_, x)| x))
+}
+
+/// Smoothed counts: one prior draw spread over the values, plus one per observation.
+fn categorical_weights(
+    values: &[ParamValue],
+    prior: Option<&[f64]>,
+    seen: &[ParamValue],
+) -> Vec<f64> {
+    let n = values.len() as f64;
+    let mut w: Vec<f64> = (0..values.len())
+        .map(|i| prior.map_or(1.0 / n, |p| p[i]).max(1e-3 / n))
+        .collect();
+    for v in seen {
+        if let Some(i) = values.iter().position(|x| x == v) {
+            w[i] += 1.0;
+        }
+    }
+    let sum: f64 = w.iter().sum();
+    w.iter_mut().for_each(|x| *x /= sum);
+    w
+}
+
+/// An index drawn by weight.
+fn pick(weights: &[f64], rng: &mut HostRng) -> usize {
+    let u = rng.next_f64();
+    let mut acc = 0.0;
+    weights
+        .iter()
+        .position(|w| {
+            acc += w;
+            u < acc
+        })
+        .unwrap_or(weights.len().saturating_sub(1))
+}
+
+/// A range in the scale the estimator works in, and the way back to a value.
+#[derive(Clone, Copy, Debug)]
+struct Scale {
+    lo: f64,
+    hi: f64,
+    log: bool,
+    /// Round to a multiple of this (after `exp` for a log scale); 1 for integers.
+    q: Option<f64>,
+    /// The value's own bounds, which a rounded value must stay within.
+    min: f64,
+    max: f64,
+}
+
+impl Scale {
+    fn of(dist: &Dist) -> Option<Scale> {
+        let lin = |min: f64, max: f64, q: Option<f64>| Scale {
+            lo: min,
+            hi: max,
+            log: false,
+            q,
+            min,
+            max,
+        };
+        let log = |min: f64, max: f64, q: Option<f64>| Scale {
+            lo: min.ln(),
+            hi: max.ln(),
+            log: true,
+            q,
+            min,
+            max,
+        };
+        match *dist {
+            Dist::Uniform { min, max } => Some(lin(min, max, None)),
+            Dist::QUniform { min, max, q } => Some(lin(min, max, Some(q))),
+            Dist::IntUniform { min, max } => Some(Scale {
+                lo: min as f64 - 0.5,
+                hi: max as f64 + 0.5,
+                ..lin(min as f64, max as f64, Some(1.0))
+            }),
+            Dist::LogUniform { min, max } => Some(log(min.exp(), max.exp(), None)),
+            Dist::LogUniformValues { min, max } => Some(log(min, max, None)),
+            Dist::QLogUniformValues { min, max, q } => Some(log(min, max, Some(q))),
+            _ => None,
+        }
+        .filter(|s| s.lo.is_finite() && s.hi.is_finite() && s.hi > s.lo)
+    }
+
+    /// A value in the estimator's scale (`None` for one it cannot hold).
+    fn inner(&self, v: &ParamValue) -> Option<f64> {
+        let ParamValue::Num(x) = v else { return None };
+        let x = if self.log { x.ln() } else { *x };
+        x.is_finite().then(|| x.clamp(self.lo, self.hi))
+    }
+
+    fn value_at(&self, x: f64) -> ParamValue {
+        let mut v = if self.log { x.exp() } else { x };
+        if let Some(q) = self.q {
+            v = (v / q).round() * q;
+            // A rounded value past an end goes back inside by one step when it can.
+            if v > self.max {
+                v -= q;
+            }
+            if v < self.min {
+                v += q;
+            }
+        }
+        if self.q.is_none() {
+            v = v.clamp(self.min, self.max);
+        }
+        ParamValue::Num(v)
+    }
+}
+
+/// A mixture of Gaussians truncated to `[lo, hi]`, equally weighted: one at each point and a
+/// prior one at the middle.
+#[derive(Clone, Debug)]
+struct Parzen {
+    mus: Vec<f64>,
+    sigmas: Vec<f64>,
+    lo: f64,
+    hi: f64,
+}
+
+impl Parzen {
+    fn new(points: &[f64], lo: f64, hi: f64) -> Parzen {
+        let width = hi - lo;
+        let mut mus: Vec<f64> = points.to_vec();
+        mus.push(0.5 * (lo + hi));
+        let prior = mus.len() - 1;
+        let mut order: Vec<usize> = (0..mus.len()).collect();
+        order.sort_by(|&a, &b| mus[a].total_cmp(&mus[b]).then(a.cmp(&b)));
+        let min_sigma = width / (100.0f64).min(1.0 + points.len() as f64);
+        let mut sigmas = vec![width; mus.len()];
+        for (rank, &i) in order.iter().enumerate() {
+            if i == prior {
+                continue;
+            }
+            // The range's ends are no neighbours: an observation at the edge of the
+            // observations takes its one neighbour's distance.
+            let left = (rank > 0).then(|| mus[i] - mus[order[rank - 1]]);
+            let right = order.get(rank + 1).map(|&j| mus[j] - mus[i]);
+            let spread = match (left, right) {
+                (Some(a), Some(b)) => a.max(b),
+                (Some(a), None) | (None, Some(a)) => a,
+                (None, None) => width,
+            };
+            sigmas[i] = spread.clamp(min_sigma, width);
+        }
+        Parzen {
+            mus,
+            sigmas,
+            lo,
+            hi,
+        }
+    }
+
+    /// A draw: a component chosen uniformly, then its Gaussian until it falls in range.
+    fn sample(&self, rng: &mut HostRng) -> f64 {
+        let i = rng.below(self.mus.len());
+        let (mu, s) = (self.mus[i], self.sigmas[i]);
+        for _ in 0..64 {
+            let x = mu + s * rng.normal();
+            if (self.lo..=self.hi).contains(&x) {
+                return x;
+            }
+        }
+        self.lo + (self.hi - self.lo) * rng.next_f64()
+    }
+
+    fn log_pdf(&self, x: f64) -> f64 {
+        let n = self.mus.len() as f64;
+        let terms: Vec<f64> = self
+            .mus
+            .iter()
+            .zip(&self.sigmas)
+            .map(|(&mu, &s)| {
+                let mass = (phi((self.hi - mu) / s) - phi((self.lo - mu) / s)).max(1e-12);
+                let z = (x - mu) / s;
+                -0.5 * z * z - s.ln() - 0.5 * (2.0 * std::f64::consts::PI).ln() - mass.ln()
+            })
+            .collect();
+        let top = terms.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        top + terms.iter().map(|t| (t - top).exp()).sum::<f64>().ln() - n.ln()
+    }
+}
+
+/// The standard normal's CDF.
+fn phi(z: f64) -> f64 {
+    0.5 * (1.0 + erf(z / std::f64::consts::SQRT_2))
+}
+
+/// The error function (Abramowitz and Stegun 7.1.26, absolute error below 1.5e-7).
+fn erf(x: f64) -> f64 {
+    let t = 1.0 / (1.0 + 0.327_591_1 * x.abs());
+    let poly = t
+        * (0.254_829_592
+            + t * (-0.284_496_736
+                + t * (1.421_413_741 + t * (-1.453_152_027 + t * 1.061_405_429))));
+    let y = 1.0 - poly * (-x * x).exp();
+    if x < 0.0 {
+        -y
+    } else {
+        y
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::Method;
+    use super::*;
+
+    fn space(dists: &[(&str, Dist)]) -> Space {
+        Space {
+            method: Method::Bayes,
+            dists: dists
+                .iter()
+                .map(|(n, d)| (n.to_string(), d.clone()))
+                .collect(),
+        }
+    }
+
+    fn x_of(p: &BTreeMap<String, ParamValue>) -> f64 {
+        match p["x"] {
+            ParamValue::Num(x) => x,
+            _ => panic!("a number"),
+        }
+    }
+
+    /// Runs `n` trials one at a time on `f` with `seed`, returning the points in order.
+    fn run(space: &Space, tpe: Tpe, seed: u64, n: usize, f: impl Fn(f64) -> f64) -> Vec<f64> {
+        let mut done = Vec::new();
+        let mut xs = Vec::new();
+        for i in 0..n {
+            let p = tpe.propose(space, seed, i, &done, &[]);
+            let x = x_of(&p);
+            done.push(Observation {
+                point: p,
+                loss: f(x),
+            });
+            xs.push(x);
+        }
+        xs
+    }
+
+    /// The mean of `dist` over the last 10 of 40 TPE proposals and over 40 random points, each
+    /// averaged over 8 seeds.
+    fn late_and_random(
+        s: &Space,
+        f: impl Fn(f64) -> f64 + Copy,
+        dist: impl Fn(f64) -> f64,
+    ) -> (f64, f64) {
+        let tpe = Tpe::for_run_cap(40);
+        let (mut late, mut random) = (0.0, 0.0);
+        for seed in 0..8 {
+            let xs = run(s, tpe, seed, 40, f);
+            // The startup trials are the random points.
+            for (i, x) in xs.iter().enumerate().take(tpe.startup) {
+                assert_eq!(*x, x_of(&s.random_point(seed, i)));
+            }
+            late += xs[30..].iter().map(|&x| dist(x)).sum::<f64>() / 10.0 / 8.0;
+            random += (0..40)
+                .map(|i| dist(x_of(&s.random_point(seed, i))))
+                .sum::<f64>()
+                / 40.0
+                / 8.0;
+        }
+        (late, random)
+    }
+
+    #[test]
+    fn tpe_concentrates_near_the_optimum_of_a_quadratic() {
+        let s = space(&[(
+            "x",
+            Dist::Uniform {
+                min: -5.0,
+                max: 5.0,
+            },
+        )]);
+        let (late, random) = late_and_random(&s, |x| (x - 1.3) * (x - 1.3), |x| (x - 1.3).abs());
+        assert!(
+            late < random / 1.5,
+            "late proposals {late} from the optimum, random points {random}"
+        );
+    }
+
+    #[test]
+    fn log_ranges_find_a_small_optimum() {
+        let s = space(&[(
+            "x",
+            Dist::LogUniformValues {
+                min: 1e-5,
+                max: 1.0,
+            },
+        )]);
+        let decades = |x: f64| (x.log10() - 3e-3f64.log10()).abs();
+        let (late, random) = late_and_random(&s, |x| decades(x).powi(2), decades);
+        assert!(
+            late < random / 2.0,
+            "late proposals {late} decades from 3e-3, random points {random}"
+        );
+        let xs = run(&s, Tpe::for_run_cap(40), 1, 40, |x| decades(x).powi(2));
+        assert!(xs.iter().all(|x| (1e-5..=1.0).contains(x)));
+    }
+
+    #[test]
+    fn categorical_favours_the_good_value_and_ints_stay_whole() {
+        let words = ["a", "b", "c", "d"];
+        let s = space(&[
+            (
+                "c",
+                Dist::Categorical {
+                    values: words
+                        .iter()
+                        .map(|w| ParamValue::Word(w.to_string()))
+                        .collect(),
+                    probabilities: None,
+                },
+            ),
+            ("k", Dist::IntUniform { min: 1, max: 9 }),
+        ]);
+        let tpe = Tpe::for_run_cap(40);
+        let mut done: Vec<Observation> = Vec::new();
+        let mut late_c = 0;
+        for i in 0..40 {
+            let p = tpe.propose(&s, 5, i, &done, &[]);
+            let ParamValue::Num(k) = p["k"] else { panic!() };
+            assert!(k.fract() == 0.0 && (1.0..=9.0).contains(&k), "{k}");
+            let good = p["c"] == ParamValue::Word("c".into());
+            if i >= 30 && good {
+                late_c += 1;
+            }
+            done.push(Observation {
+                point: p,
+                loss: if good { 0.0 } else { 1.0 } + (k - 4.0).abs() * 0.01,
+            });
+        }
+        assert!(
+            late_c >= 7,
+            "only {late_c} of the last 10 took the good value"
+        );
+    }
+
+    #[test]
+    fn the_same_history_and_seed_give_the_same_proposal() {
+        let s = space(&[
+            ("x", Dist::Uniform { min: 0.0, max: 1.0 }),
+            ("k", Dist::IntUniform { min: 0, max: 100 }),
+        ]);
+        let tpe = Tpe::for_run_cap(20);
+        let done: Vec<Observation> = (0..12)
+            .map(|i| {
+                let p = s.random_point(3, i);
+                let loss = (x_of(&p) - 0.2).abs();
+                Observation { point: p, loss }
+            })
+            .collect();
+        let a = tpe.propose(&s, 3, 12, &done, &[]);
+        assert_eq!(a, tpe.propose(&s, 3, 12, &done, &[]));
+        assert_ne!(a, tpe.propose(&s, 4, 12, &done, &[]), "another seed");
+        assert_ne!(a, tpe.propose(&s, 3, 13, &done, &[]), "another index");
+    }
+
+    #[test]
+    fn the_constant_liar_makes_concurrent_proposals_differ() {
+        let s = space(&[("x", Dist::Uniform { min: 0.0, max: 1.0 })]);
+        let tpe = Tpe::for_run_cap(20);
+        let done: Vec<Observation> = (0..10)
+            .map(|i| {
+                let p = s.random_point(3, i);
+                let loss = (x_of(&p) - 0.6).abs();
+                Observation { point: p, loss }
+            })
+            .collect();
+        let first = tpe.propose(&s, 3, 10, &done, &[]);
+        let second = tpe.propose(&s, 3, 10, &done, std::slice::from_ref(&first));
+        assert_ne!(first, second, "a pending point changes the estimators");
+        // In flight, it counts at the worst loss: the next proposal moves away from it.
+        assert!(good_count(11) >= 1);
+    }
+
+    #[test]
+    fn erf_is_close() {
+        assert!((erf(0.5) - 0.520_499_877_8).abs() < 1e-6);
+        assert!((phi(0.0) - 0.5).abs() < 1e-9);
+        assert!((phi(-1.96) - 0.025).abs() < 1e-3);
+    }
+}

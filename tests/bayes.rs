@@ -1,0 +1,97 @@
+//! `method: bayes` sweeps on the real binary: examples/fake_train.py (best near lr 3e-3) run to its run_cap, proposals moving toward the optimum, the dry run, and `--resume` after SIGTERM.
+
+mod support;
+use std::path::{Path, PathBuf};
+use support::*;
+
+/// The bayes job of `jobs/sweep-bayes.yaml`, with the example script's absolute path and
+/// `sleep` seconds per epoch.
+fn bayes_job(dir: &Sandbox, sleep: f64) -> PathBuf {
+    let script = root().join("examples/fake_train.py");
+    let text = std::fs::read_to_string(root().join("jobs/sweep-bayes.yaml")).expect("example job");
+    let text = text.replace(
+        "python3 examples/fake_train.py",
+        &format!("python3 {} --sleep {sleep}", script.display()),
+    );
+    dir.job("bayes.yaml", text)
+}
+
+/// How far each trial's lr is from 3e-3, in decades, in the order of `trials.csv`.
+fn decades(out: &Path) -> Vec<f64> {
+    read_csv(&out.join("trials.csv"))
+        .iter()
+        .map(|r| {
+            let params: serde_json::Value = serde_json::from_str(&r["params"]).expect("params");
+            let lr = params["lr"].as_f64().expect("lr");
+            (lr.log10() - 3e-3f64.log10()).abs()
+        })
+        .collect()
+}
+
+fn complete(out: &Path) -> usize {
+    read_csv(&out.join("trials.csv"))
+        .iter()
+        .filter(|r| r["state"] == "COMPLETE")
+        .count()
+}
+
+#[test]
+fn a_bayes_sweep_runs_its_run_cap_and_moves_toward_the_optimum() {
+    let dir = sandbox();
+    let job = bayes_job(&dir, 0.02);
+    let out = dir.join("out");
+    let dry = dir.run_into("sweep", &job, &out, &["--dry-run"]);
+    assert_eq!(dry.status.code(), Some(0), "{}", stderr(&dry));
+    let said = stdout(&dry);
+    assert!(
+        said.contains("4 random startup trials, then TPE (24 candidates"),
+        "{said}"
+    );
+    assert_eq!(
+        said.lines().filter(|l| l.contains(" seed ")).count(),
+        4,
+        "{said}"
+    );
+    let o = dir.run_into("sweep", &job, &out, &[]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert_eq!(complete(&out), 16);
+    let d = decades(&out);
+    let mean = |xs: &[f64]| xs.iter().sum::<f64>() / xs.len() as f64;
+    assert!(
+        mean(&d[4..]) < mean(&d[..4]),
+        "proposed trials {} decades from the optimum on average, startup ones {}: {d:?}",
+        mean(&d[4..]),
+        mean(&d[..4])
+    );
+    assert!(stdout(&o).contains("best trial"), "{}", stdout(&o));
+}
+
+#[test]
+fn an_interrupted_bayes_sweep_resumes_to_its_run_cap() {
+    let dir = sandbox();
+    let job = bayes_job(&dir, 0.3);
+    let out = dir.join("out");
+    let mut run = dir.run(&["sweep", s(&job), "--out", s(&out)]).watch();
+    let trials = out.join("trials.csv");
+    assert!(
+        run.wait_for(&|_| rows_in(&trials) >= 5),
+        "no trials ended: {}",
+        run.err()
+    );
+    run.signal(libc::SIGTERM);
+    let (code, _, err) = run.finish();
+    assert_eq!(code, Some(3), "{err}");
+    let before = complete(&out);
+    assert!((5..16).contains(&before), "{before} COMPLETE");
+    let o = dir.run_into("sweep", &job, &out, &["--resume"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(
+        stdout(&o).contains(&format!(
+            "{before} already COMPLETE, {} to propose",
+            16 - before
+        )),
+        "{}",
+        stdout(&o)
+    );
+    assert_eq!(complete(&out), 16);
+}
