@@ -152,9 +152,12 @@ mod tests {
         let mut wa = report::ReportWriter::create(&a).unwrap();
         wa.trial(&row("x", "COMPLETE")).unwrap();
         wa.trial(&row("y", "FAIL")).unwrap();
+        wa.trial(&row("p", "PRUNED")).unwrap();
         let mut wb = report::ReportWriter::create(&b).unwrap();
         wb.trial(&row("x", "INTERRUPTED")).unwrap();
         wb.trial(&row("z", "COMPLETE")).unwrap();
+        // A PRUNED trial is done, like a COMPLETE one.
+        wb.trial(&row("p", "INTERRUPTED")).unwrap();
         let m = merge(&[a.clone(), b]).unwrap();
         let states: Vec<(&str, &str)> = m
             .trials
@@ -163,7 +166,12 @@ mod tests {
             .collect();
         assert_eq!(
             states,
-            vec![("x", "COMPLETE"), ("y", "FAIL"), ("z", "COMPLETE")]
+            vec![
+                ("p", "PRUNED"),
+                ("x", "COMPLETE"),
+                ("y", "FAIL"),
+                ("z", "COMPLETE")
+            ]
         );
         assert!(merge(&[tmp.path().join("nothing")]).is_err());
         assert!(merge(&[]).is_err());
