@@ -166,6 +166,7 @@ pub fn run(job: &Job, opts: &ScanOptions, out: &mut dyn Write) -> Result<PathBuf
             engine: job.engine_options(),
             max_steps: None,
             cancel: cancel.clone(),
+            prune: None,
         },
         shards: Vec::new(),
     };

@@ -15,6 +15,8 @@ pub struct Flags {
 #[derive(Clone, Debug, Default)]
 pub struct Cancel {
     flags: Arc<Flags>,
+    /// A trial's own token ([`Cancel::child`]) also sees the run's.
+    parent: Option<Arc<Flags>>,
 }
 
 impl Cancel {
@@ -34,11 +36,22 @@ impl Cancel {
     }
 
     pub fn draining(&self) -> bool {
-        self.flags.draining.load(Ordering::SeqCst)
+        let seen = |f: &Flags| f.draining.load(Ordering::SeqCst);
+        seen(&self.flags) || self.parent.as_deref().is_some_and(seen)
     }
 
     pub fn aborted(&self) -> bool {
-        self.flags.aborted.load(Ordering::SeqCst)
+        let seen = |f: &Flags| f.aborted.load(Ordering::SeqCst);
+        seen(&self.flags) || self.parent.as_deref().is_some_and(seen)
+    }
+
+    /// A token of one trial's own: aborting it stops that trial alone (an early termination),
+    /// and it is aborted (or draining) whenever this one is.
+    pub fn child(&self) -> Cancel {
+        Cancel {
+            flags: Arc::default(),
+            parent: Some(Arc::clone(&self.flags)),
+        }
     }
 
     /// Drains now and aborts `grace` later (at once when it is zero).
@@ -54,7 +67,11 @@ impl Cancel {
             .spawn(move || {
                 std::thread::sleep(grace);
                 if let Some(flags) = later.upgrade() {
-                    Cancel { flags }.abort();
+                    Cancel {
+                        flags,
+                        parent: None,
+                    }
+                    .abort();
                 }
             });
     }
@@ -66,7 +83,10 @@ impl Cancel {
 
     /// The token behind `weak`, while some holder keeps it alive.
     pub fn upgrade(weak: &Weak<Flags>) -> Option<Cancel> {
-        weak.upgrade().map(|flags| Cancel { flags })
+        weak.upgrade().map(|flags| Cancel {
+            flags,
+            parent: None,
+        })
     }
 }
 
@@ -83,6 +103,19 @@ mod tests {
         assert!(d.draining() && !d.aborted());
         c.abort();
         assert!(d.aborted());
+    }
+
+    #[test]
+    fn a_child_token_stops_alone_and_follows_its_parent() {
+        let run = Cancel::new();
+        let one = run.child();
+        let other = run.child();
+        one.abort();
+        assert!(one.aborted() && !other.aborted() && !run.aborted());
+        run.drain();
+        assert!(other.draining() && !other.aborted());
+        run.abort();
+        assert!(other.aborted());
     }
 
     #[test]

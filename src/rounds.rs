@@ -92,6 +92,7 @@ pub fn builtin_context(
         max_steps: None,
         external: None,
         metric: None,
+        prune: None,
     })
 }
 

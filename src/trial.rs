@@ -35,6 +35,7 @@ pub fn run(job: &Job, trial: u32, data_dir: Option<&Path>, out: &mut dyn Write) 
         engine: job.file.engine.clone(),
         max_steps: None,
         cancel,
+        prune: None,
     };
     let h = &spec.hyper;
     say(out, format!(

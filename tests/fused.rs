@@ -61,6 +61,7 @@ fn config(model: &ModelSpec, optimizer: Optimizer, d: &Dataset, i: usize) -> Tri
         engine: EngineOptions::default(),
         max_steps: None,
         cancel: Default::default(),
+        prune: None,
     }
 }
 

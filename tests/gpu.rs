@@ -1027,6 +1027,7 @@ fn trial(model: ModelSpec, optimizer: Optimizer, graphs: bool, data: &Dataset) -
         fault: None,
         max_steps: None,
         cancel: Default::default(),
+        prune: None,
         engine: EngineOptions {
             graphs,
             ..EngineOptions::default()
@@ -1319,6 +1320,7 @@ fn mirrored_training_matches_one_slice() {
                     engine: EngineOptions::default(),
                     max_steps: Some(10),
                     cancel: Default::default(),
+                    prune: None,
                 },
                 shards,
             };

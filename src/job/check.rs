@@ -139,6 +139,7 @@ impl Job {
         )?;
         self.check_memory()?;
         self.check_slices()?;
+        self.check_early_terminate()?;
         if self.file.engine.check_every == 0 {
             return Err(self.invalid("engine.check_every", "must be at least 1"));
         }
@@ -159,6 +160,45 @@ impl Job {
                     format!("names trial {} again: one fault per trial", fault.trial),
                 ));
             }
+        }
+        Ok(())
+    }
+
+    /// Checks `early_terminate`: hyperband, with rungs a trial can reach.
+    fn check_early_terminate(&self) -> Result<(), JobError> {
+        let Some(e) = &self.file.early_terminate else {
+            return Ok(());
+        };
+        if e.kind != "hyperband" {
+            return Err(self.invalid(
+                "early_terminate.type",
+                format!("must be hyperband, not `{}`", e.kind),
+            ));
+        }
+        if e.min_iter == Some(0) {
+            return Err(self.invalid("early_terminate.min_iter", "must be at least 1"));
+        }
+        if e.eta < 2 {
+            return Err(self.invalid(
+                "early_terminate.eta",
+                format!("must be at least 2, not {}", e.eta),
+            ));
+        }
+        if e.s == Some(0) {
+            return Err(self.invalid("early_terminate.s", "must be at least 1"));
+        }
+        let max_iter = e.max_iter(self.file.train.epochs);
+        let min_iter = e.min_iter.unwrap_or(1);
+        if max_iter < min_iter {
+            let key = if e.max_iter.is_some() {
+                "early_terminate.max_iter"
+            } else {
+                "early_terminate.min_iter"
+            };
+            return Err(self.invalid(
+                key,
+                format!("max_iter ({max_iter}) must be at least min_iter ({min_iter})"),
+            ));
         }
         Ok(())
     }

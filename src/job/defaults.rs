@@ -28,6 +28,7 @@ impl Default for JobFile {
             slices: None,
             ratios: None,
             parallel: None,
+            early_terminate: None,
         }
     }
 }

@@ -123,6 +123,60 @@ pub struct JobFile {
     /// Data-parallel training of one model mirrored on several slices (`gpumux parallel`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub parallel: Option<ParallelSpec>,
+    /// A sweep's early termination (W&B names): trials whose metric lags at a rung stop there.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub early_terminate: Option<EarlyTerminate>,
+}
+
+/// `early_terminate:` as W&B names it: `type: hyperband`, checked asynchronously at rungs,
+/// the epochs `min_iter·eta^k` below `max_iter` (at most `s` of them).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EarlyTerminate {
+    /// The only one: `hyperband`.
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// The first rung's epoch (default 1, or `max_iter / eta^s` when `s` is given).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_iter: Option<u32>,
+    /// The epochs a trial trains in all (default: the job's `train.epochs`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_iter: Option<u32>,
+    /// At each rung a trial goes on only in the top 1/eta of those that reached it (default 3).
+    #[serde(default = "default_eta")]
+    pub eta: u32,
+    /// How many rungs at most (W&B's brackets); all that fit below `max_iter` by default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub s: Option<u32>,
+}
+
+fn default_eta() -> u32 {
+    3
+}
+
+impl EarlyTerminate {
+    /// The epochs a trial trains in all, for a job whose `train.epochs` is `epochs`.
+    pub fn max_iter(&self, epochs: u32) -> u32 {
+        self.max_iter.unwrap_or(epochs)
+    }
+
+    /// The rungs: the epochs `min_iter·eta^k` (k = 0, 1, ...) below `max_iter` (a trial's last
+    /// epoch is no rung: stopping there saves nothing), at most `s` of them.
+    pub fn rungs(&self, epochs: u32) -> Vec<u32> {
+        let max_iter = self.max_iter(epochs);
+        let eta = self.eta.max(2);
+        let min_iter = self.min_iter.unwrap_or_else(|| match self.s {
+            Some(s) => (u64::from(max_iter) / u64::from(eta).saturating_pow(s)).max(1) as u32,
+            None => 1,
+        });
+        let mut out = Vec::new();
+        let mut r = u64::from(min_iter.max(1));
+        while r < u64::from(max_iter) && self.s.map_or(true, |s| out.len() < s as usize) {
+            out.push(r as u32);
+            r *= u64::from(eta);
+        }
+        out
+    }
 }
 
 /// One slice of an explicit slice plan (`slices:`).

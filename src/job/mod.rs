@@ -20,8 +20,8 @@ pub mod text;
 
 pub use check::check_name;
 pub use file::{
-    AutoWord, BatchRatios, CapPolicy, Concurrency, Goal, JobFile, MemorySpec, MetricSpec,
-    ParallelSpec, SliceDef, TrainSpec, BUILTIN_METRICS,
+    AutoWord, BatchRatios, CapPolicy, Concurrency, EarlyTerminate, Goal, JobFile, MemorySpec,
+    MetricSpec, ParallelSpec, SliceDef, TrainSpec, BUILTIN_METRICS,
 };
 pub use hyper::PARAMETERS;
 pub use load::locate;

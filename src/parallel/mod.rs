@@ -331,6 +331,7 @@ pub fn run(job: &Job, opts: &ParallelOptions, out: &mut dyn Write) -> Result<Pat
             engine: job.engine_options(),
             max_steps: None,
             cancel,
+            prune: None,
         },
         shards: fixed.clone().unwrap_or_default(),
     };

@@ -24,8 +24,11 @@ pub use self::summary::{
 /// The state of a trial that ran to the end.
 pub const COMPLETE: &str = "COMPLETE";
 
+/// The state of a trial a sweep's early termination stopped: done, like COMPLETE.
+pub const PRUNED: &str = "PRUNED";
+
 /// Every state a row of `trials.csv` may hold; a row with another one is damaged.
-pub const STATES: [&str; 5] = [COMPLETE, "FAIL", "FAILED", "INTERRUPTED", "PRUNED"];
+pub const STATES: [&str; 5] = [COMPLETE, "FAIL", "FAILED", "INTERRUPTED", PRUNED];
 
 /// The split modes in the order reports list them; others follow, by name.
 const SPLIT_ORDER: [&str; 6] = ["shared", "process", "logical", "green", "mps", "fused"];
@@ -94,7 +97,7 @@ pub struct TrialRow {
     pub params_weight_decay: f64,
     pub params_dropout: f64,
     pub seed: u64,
-    /// `COMPLETE`, `FAIL` or `INTERRUPTED`.
+    /// `COMPLETE`, `FAIL`, `INTERRUPTED` or `PRUNED`.
     pub state: String,
     pub test_acc: Option<f64>,
     pub final_loss: Option<f64>,
@@ -111,6 +114,12 @@ pub struct TrialRow {
 }
 
 impl TrialRow {
+    /// Whether the trial is done: COMPLETE, or PRUNED by early termination (`--resume`
+    /// runs neither again).
+    pub fn done(&self) -> bool {
+        self.state == COMPLETE || self.state == PRUNED
+    }
+
     /// Whether the trial can be ranked: it is COMPLETE and every result it has (the metric,
     /// test accuracy and final loss) is a finite number. A NaN or infinite result is a failed
     /// value: such a trial is never the best one.

@@ -29,6 +29,9 @@ pub enum TrialEnd {
     Failed(Failure),
     /// Stopped by a signal before it ended; `--resume` runs it again.
     Interrupted,
+    /// Stopped early by the sweep's early termination: what it reached (its `epochs` are those
+    /// it trained). Done: `--resume` does not run it again.
+    Pruned(TrialResult),
 }
 
 /// Why a trial stopped short of COMPLETE.
@@ -36,6 +39,8 @@ pub enum TrialEnd {
 pub enum Stop {
     /// A signal stopped the run (or the trial) before the trial ended.
     Interrupted,
+    /// The sweep's early termination stopped it after an epoch, with its figures so far.
+    Pruned(Box<TrialResult>),
     Failed(Failure),
 }
 
@@ -59,6 +64,7 @@ impl From<TrialError> for Stop {
             TrialError::Interrupted => return Stop::Interrupted,
             TrialError::Slice { slice, source } => match Stop::from(*source) {
                 Stop::Interrupted => return Stop::Interrupted,
+                Stop::Pruned(r) => return Stop::Pruned(r),
                 Stop::Failed(f) => Failure::Slice {
                     slice,
                     source: Box::new(f),
@@ -96,6 +102,7 @@ impl std::fmt::Display for Stop {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Stop::Interrupted => f.write_str("interrupted"),
+            Stop::Pruned(r) => write!(f, "pruned at epoch {}", r.epochs),
             Stop::Failed(why) => why.fmt(f),
         }
     }
@@ -107,6 +114,7 @@ impl TrialEnd {
         match res {
             Ok(r) => TrialEnd::Complete(r),
             Err(Stop::Interrupted) => TrialEnd::Interrupted,
+            Err(Stop::Pruned(r)) => TrialEnd::Pruned(*r),
             Err(Stop::Failed(f)) => TrialEnd::Failed(f),
         }
     }

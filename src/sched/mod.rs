@@ -27,7 +27,7 @@ use crate::engine::{Backend, BackendKind};
 use crate::error::EngineError;
 use crate::job::{EngineOptions, ModelSpec, SplitMode};
 use crate::plan::{PerDevice, Round, SliceSpec, TrialSpec};
-use crate::train::{EpochStats, TrialConfig, TrialResult};
+use crate::train::{EpochStats, Prune, TrialConfig, TrialResult};
 pub use end::{Failure, Stop, TrialEnd};
 
 /// Where a trial is in its life.
@@ -40,6 +40,8 @@ pub enum TrialState {
     Fail,
     /// Stopped by a signal before it ended; `--resume` runs it again.
     Interrupted,
+    /// Stopped early by the sweep's early termination; done, like COMPLETE.
+    Pruned,
 }
 
 impl TrialState {
@@ -50,6 +52,7 @@ impl TrialState {
             TrialState::Complete => "COMPLETE",
             TrialState::Fail => "FAIL",
             TrialState::Interrupted => "INTERRUPTED",
+            TrialState::Pruned => "PRUNED",
         }
     }
 }
@@ -70,13 +73,14 @@ impl TrialOutcome {
             TrialEnd::Complete(_) => TrialState::Complete,
             TrialEnd::Failed(_) => TrialState::Fail,
             TrialEnd::Interrupted => TrialState::Interrupted,
+            TrialEnd::Pruned(_) => TrialState::Pruned,
         }
     }
 
-    /// What a COMPLETE trial measured.
+    /// What a COMPLETE trial measured, or what a PRUNED one reached.
     pub fn result(&self) -> Option<&TrialResult> {
         match &self.end {
-            TrialEnd::Complete(r) => Some(r),
+            TrialEnd::Complete(r) | TrialEnd::Pruned(r) => Some(r),
             _ => None,
         }
     }
@@ -85,6 +89,7 @@ impl TrialOutcome {
     pub fn error(&self) -> Option<String> {
         match &self.end {
             TrialEnd::Complete(_) => None,
+            TrialEnd::Pruned(r) => Some(format!("pruned at epoch {}", r.epochs)),
             TrialEnd::Failed(f) => Some(f.to_string()),
             TrialEnd::Interrupted => Some("interrupted".into()),
         }
@@ -137,6 +142,30 @@ pub struct RoundContext {
     /// The metric every COMPLETE trial must report (a sweep's `metric.name`): a trial whose
     /// result has no finite value for it fails. `None` checks nothing (probes, `fib`).
     pub metric: Option<String>,
+    /// A sweep's early termination, asked after each epoch of each trial; `None` prunes none.
+    pub prune: Option<Pruning>,
+}
+
+/// A sweep's early termination as the supervisor sees it: given a trial and one epoch's
+/// figures, whether the trial stops there (it ends PRUNED).
+#[derive(Clone)]
+pub struct Pruning(pub Arc<PruneRule>);
+
+/// Whether a trial stops after an epoch with these figures.
+pub type PruneRule = dyn Fn(&TrialSpec, &EpochStats) -> bool + Send + Sync;
+
+impl Pruning {
+    /// The rule for one trial, as its training loop asks it.
+    pub fn for_trial(&self, trial: &TrialSpec) -> Prune {
+        let (rule, trial) = (Arc::clone(&self.0), trial.clone());
+        Prune::new(Arc::new(move |stats: &EpochStats| rule(&trial, stats)))
+    }
+}
+
+impl std::fmt::Debug for Pruning {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Pruning")
+    }
 }
 
 /// An external command run for each trial, and where it runs.
@@ -178,6 +207,7 @@ impl RoundContext {
             engine: self.engine.clone(),
             max_steps: self.max_steps,
             cancel: self.cancel.clone(),
+            prune: self.prune.as_ref().map(|p| p.for_trial(trial)),
         }
     }
 }
@@ -568,6 +598,10 @@ fn run_external(
     };
     // The epochs the trial reported: its epoch lines passed on.
     let mut reported: u32 = 0;
+    // The trial's own stop: early termination ends this command alone, as a signal would.
+    let stop = ctx.cancel.child();
+    let prune = ctx.prune.as_ref().map(|p| p.for_trial(&trial));
+    let mut pruned: Option<EpochStats> = None;
     // Stderr is read on a thread of its own: it reaches the events through this, until the
     // trial is over (a reader that outlives its trial must not hold the round open).
     let relay = Arc::new(std::sync::Mutex::new(ext.stream.then(|| events.clone())));
@@ -592,10 +626,15 @@ fn run_external(
                     output_event(events, &trial.id, line);
                 }
                 for stats in metric_line::epochs(line, started) {
-                    if last_epoch.map_or(true, |e| stats.epoch > e) {
+                    // A pruned trial's epochs end where it was stopped: later lines are dropped.
+                    if pruned.is_none() && last_epoch.map_or(true, |e| stats.epoch > e) {
                         last_epoch = Some(stats.epoch);
                         reported += 1;
                         epoch_event(events, &trial, slice.index, &stats);
+                        if prune.as_ref().is_some_and(|p| p.stops(&stats)) {
+                            pruned = Some(stats);
+                            stop.abort();
+                        }
                     }
                 }
             };
@@ -604,13 +643,18 @@ fn run_external(
                 &trial.id,
                 slice,
                 &env,
-                &ctx.cancel,
+                &stop,
                 &mut on_line,
                 on_stderr,
             )
         });
     relay.lock().unwrap_or_else(|p| p.into_inner()).take();
     let wall_s = started.elapsed().as_secs_f64();
+    if let Some(stats) = pruned {
+        // Ended for its early termination, whatever it printed after: PRUNED where it was.
+        let res = Err(Stop::Pruned(Box::new(pruned_result(stats, wall_s))));
+        return outcome(trial, slice, res, wall_s);
+    }
     let res = res.map(|o| TrialResult {
         test_acc: o.metrics.get("test_acc").copied().unwrap_or(f64::NAN),
         final_loss: o.metrics.get("final_loss").copied().unwrap_or(f64::NAN),
@@ -630,6 +674,41 @@ fn run_external(
         metrics: o.metrics,
     });
     outcome(trial, slice, res, wall_s)
+}
+
+/// A training that ended with a result after its early termination stopped it was PRUNED.
+pub(crate) fn pruned_if_stopped(
+    res: Result<TrialResult, Stop>,
+    prune: Option<&Prune>,
+) -> Result<TrialResult, Stop> {
+    match res {
+        Ok(r) if prune.is_some_and(|p| p.stopped().is_some()) => Err(Stop::Pruned(Box::new(r))),
+        other => other,
+    }
+}
+
+/// What an external trial ended by its early termination reached: the figures of the epoch
+/// it was stopped after.
+pub(crate) fn pruned_result(stats: EpochStats, wall_s: f64) -> TrialResult {
+    let mut metrics = stats.extra.clone();
+    for (name, v) in [
+        ("test_acc", stats.test_acc),
+        ("test_loss", stats.test_loss),
+        ("final_loss", stats.train_loss),
+        ("train_acc", stats.train_acc),
+    ] {
+        if v.is_finite() {
+            metrics.entry(name.to_string()).or_insert(v);
+        }
+    }
+    TrialResult {
+        test_acc: stats.test_acc,
+        final_loss: stats.train_loss,
+        epochs: stats.epoch,
+        wall_s,
+        metrics,
+        ..TrialResult::default()
+    }
 }
 
 /// A COMPLETE end whose result has no finite value for `metric` is a failure: a sweep cannot

@@ -93,10 +93,27 @@ pub fn run(
         data_seed: ctx.data_seed,
         backend: ctx.devices.kind(),
     };
-    let res = supervise(ctx, &req, &env, &mut |s| {
-        epoch_event(events, &trial, slice.index, s)
+    // The trial's own stop: early termination ends this worker alone, as a signal would.
+    let stop = ctx.cancel.child();
+    let prune = ctx.prune.as_ref().map(|p| p.for_trial(&trial));
+    let mut pruned = None;
+    let res = supervise(ctx, &stop, &req, &env, &mut |s| {
+        // A pruned trial's epochs end where it was stopped.
+        if pruned.is_some() {
+            return;
+        }
+        epoch_event(events, &trial, slice.index, s);
+        if prune.as_ref().is_some_and(|p| p.stops(s)) {
+            pruned = Some(s.clone());
+            stop.abort();
+        }
     });
-    outcome(trial, slice, res, started.elapsed().as_secs_f64())
+    let wall_s = started.elapsed().as_secs_f64();
+    let res = match pruned {
+        Some(stats) => Err(Stop::Pruned(Box::new(super::pruned_result(stats, wall_s)))),
+        None => res,
+    };
+    outcome(trial, slice, res, wall_s)
 }
 
 /// The MPS client limits of one of `n` slices: an equal share of the SMs' threads, and the
@@ -118,6 +135,7 @@ pub fn mps_env(n: u32, slice: &SliceSpec) -> Vec<(String, String)> {
 /// Runs the worker as a [`Supervised`] child, sends it the request and reads its messages.
 fn supervise(
     ctx: &RoundContext,
+    cancel: &crate::cancel::Cancel,
     req: &WorkerRequest,
     env: &[(String, String)],
     on_epoch: &mut dyn FnMut(&EpochStats),
@@ -167,7 +185,7 @@ fn supervise(
             }
         }
     };
-    let end = child.supervise(&ctx.cancel, &mut feed);
+    let end = child.supervise(cancel, &mut feed);
     child.finish(&end, &mut feed);
     let end = end.map_err(|e| Failure::Wait {
         child: ChildKind::Worker,
@@ -237,7 +255,8 @@ pub fn worker_main(input: &mut dyn Read, output: &mut dyn Write) -> Result<(), S
     let msg = match res {
         Ok(Ok(r)) => WorkerMessage::Done(r),
         Ok(Err(Stop::Failed(e))) => WorkerMessage::Failed(e),
-        Ok(Err(Stop::Interrupted)) => WorkerMessage::Interrupted,
+        // A worker's trial is pruned by its supervisor, which ends it: never here.
+        Ok(Err(Stop::Interrupted | Stop::Pruned(_))) => WorkerMessage::Interrupted,
         Err(p) => WorkerMessage::Failed(Failure::Panic(crate::error::panic_text(p.as_ref()))),
     };
     send(output, &msg);

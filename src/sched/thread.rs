@@ -6,7 +6,10 @@ use std::time::Instant;
 
 use crossbeam_channel::Sender;
 
-use super::{epoch_event, open_backend, outcome, Event, Failure, RoundContext, Stop, TrialOutcome};
+use super::{
+    epoch_event, open_backend, outcome, pruned_if_stopped, Event, Failure, RoundContext, Stop,
+    TrialOutcome,
+};
 use crate::engine::cuda::GreenPartition;
 use crate::plan::{SliceSpec, TrialSpec};
 use crate::train::run_trial;
@@ -34,7 +37,7 @@ pub fn run(
         })?)
     }));
     let res = match res {
-        Ok(r) => r,
+        Ok(r) => pruned_if_stopped(r, cfg.prune.as_ref()),
         Err(payload) => Err(Failure::Panic(crate::error::panic_text(payload.as_ref())).into()),
     };
     outcome(trial, slice, res, started.elapsed().as_secs_f64())
@@ -81,11 +84,12 @@ pub fn run_group(
     let mut ends = ends.into_iter();
     trials
         .into_iter()
-        .map(|t| {
+        .zip(&cfgs)
+        .map(|(t, cfg)| {
             let end = ends.next().unwrap_or_else(|| {
                 Err(Failure::Panic("the fused group returned no end for this trial".into()).into())
             });
-            outcome(t, slice, end, wall_s)
+            outcome(t, slice, pruned_if_stopped(end, cfg.prune.as_ref()), wall_s)
         })
         .collect()
 }

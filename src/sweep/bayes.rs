@@ -20,7 +20,7 @@ use crate::error::JobError;
 use crate::job::{Goal, Job};
 use crate::plan::{self, TrialSpec};
 use crate::report::TrialRow;
-use crate::sched::TrialOutcome;
+use crate::sched::{TrialEnd, TrialOutcome};
 use crate::space::tpe::{Observation, Tpe};
 use crate::space::ParamValue;
 
@@ -98,8 +98,12 @@ impl<'a> Proposer<'a> {
     pub fn next(&mut self, ended: Option<&TrialOutcome>) -> Option<TrialSpec> {
         if let Some(o) = ended {
             if let Some(point) = self.pending.remove(&o.trial.index) {
-                let value = o
-                    .result()
+                // A PRUNED trial is observed at the value it reached where it stopped.
+                let result = match &o.end {
+                    TrialEnd::Complete(r) | TrialEnd::Pruned(r) => Some(r),
+                    _ => None,
+                };
+                let value = result
                     .and_then(|r| r.metrics.get(&self.job.file.metric.name).copied())
                     .filter(|v| v.is_finite());
                 if let Some(v) = value {

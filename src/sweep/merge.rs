@@ -47,12 +47,12 @@ pub fn merge(dirs: &[PathBuf]) -> Result<Merged> {
         rows.extend(trials.into_iter().map(|t| (i, t)));
         progress.extend(p.into_iter().map(|p| (i, p)));
     }
-    // Per trial id, the last COMPLETE row, else the last row, in the order given.
+    // Per trial id, the last COMPLETE (or PRUNED) row, else the last row, in the order given.
     let mut chosen: BTreeMap<String, (usize, TrialRow)> = BTreeMap::new();
     for (i, r) in rows {
         let replace = match chosen.get(&r.trial_id) {
             None => true,
-            Some((_, kept)) => r.state == report::COMPLETE || kept.state != report::COMPLETE,
+            Some((_, kept)) => r.done() || !kept.done(),
         };
         if replace {
             chosen.insert(r.trial_id.clone(), (i, r));
@@ -105,11 +105,15 @@ pub fn write(m: &Merged, out_dir: &Path, goal: Goal, out: &mut dyn Write) -> Res
     say(
         out,
         format!(
-            "merged {} trials: {} COMPLETE, {} FAIL, {} INTERRUPTED; written to {}",
+            "merged {} trials: {} COMPLETE, {} FAIL, {} INTERRUPTED{}; written to {}",
             m.trials.len(),
             count("COMPLETE"),
             count("FAIL"),
             count("INTERRUPTED"),
+            match count(report::PRUNED) {
+                0 => String::new(),
+                p => format!(", {p} PRUNED"),
+            },
             out_dir.display()
         ),
     )?;
@@ -148,9 +152,12 @@ mod tests {
         let mut wa = report::ReportWriter::create(&a).unwrap();
         wa.trial(&row("x", "COMPLETE")).unwrap();
         wa.trial(&row("y", "FAIL")).unwrap();
+        wa.trial(&row("p", "PRUNED")).unwrap();
         let mut wb = report::ReportWriter::create(&b).unwrap();
         wb.trial(&row("x", "INTERRUPTED")).unwrap();
         wb.trial(&row("z", "COMPLETE")).unwrap();
+        // A PRUNED trial is done, like a COMPLETE one.
+        wb.trial(&row("p", "INTERRUPTED")).unwrap();
         let m = merge(&[a.clone(), b]).unwrap();
         let states: Vec<(&str, &str)> = m
             .trials
@@ -159,7 +166,12 @@ mod tests {
             .collect();
         assert_eq!(
             states,
-            vec![("x", "COMPLETE"), ("y", "FAIL"), ("z", "COMPLETE")]
+            vec![
+                ("p", "PRUNED"),
+                ("x", "COMPLETE"),
+                ("y", "FAIL"),
+                ("z", "COMPLETE")
+            ]
         );
         assert!(merge(&[tmp.path().join("nothing")]).is_err());
         assert!(merge(&[]).is_err());

@@ -1,5 +1,6 @@
 //! The sweep runner: every trial of a job's parameter space, `concurrency` at a time under one split mode; resumable, shardable and interruptible.
 
+pub mod asha;
 pub mod bayes;
 pub mod identity;
 pub mod merge;
@@ -210,6 +211,16 @@ pub fn run(job: &Job, opts: &SweepOptions, out: &mut dyn Write) -> Result<PathBu
         )));
     }
     let previous = if opts.resume { held.trials } else { Vec::new() };
+    // Early termination resumes where it was: the rungs of the trials done.
+    let pruner = asha::Pruner::of(job).map(Arc::new);
+    if let (Some(p), true) = (&pruner, opts.resume) {
+        let restored = p.restore(&previous, &held.progress);
+        if restored > 0 {
+            tracing::info!(
+                "early termination: {restored} rung values restored from the trials done"
+            );
+        }
+    }
     let resumed = if opts.resume && !opts.dry_run {
         keep_complete_progress(&dir, &previous, held.progress)?;
         // Drops a cut last line, so that the next row starts on a line of its own.
@@ -219,7 +230,7 @@ pub fn run(job: &Job, opts: &SweepOptions, out: &mut dyn Write) -> Result<PathBu
     };
     let done: HashSet<&str> = previous
         .iter()
-        .filter(|r| r.state == "COMPLETE")
+        .filter(|r| r.done())
         .map(|r| r.trial_id.as_str())
         .collect();
     let mut proposer = is_bayes.then(|| bayes::Proposer::new(job, opts.shard, &previous));
@@ -245,9 +256,10 @@ pub fn run(job: &Job, opts: &SweepOptions, out: &mut dyn Write) -> Result<PathBu
         .shard
         .map(|s| format!(", shard {s}"))
         .unwrap_or_default();
+    let or_pruned = if pruner.is_some() { " or PRUNED" } else { "" };
     match &proposer {
         Some(p) => say(out, format!(
-            "sweep {}: bayes, {} trials{shard_note}: {} already COMPLETE, {} to propose; split {split}; metric {} ({:?})",
+            "sweep {}: bayes, {} trials{shard_note}: {} already COMPLETE{or_pruned}, {} to propose; split {split}; metric {} ({:?})",
             job.name,
             p.planned,
             p.observed(),
@@ -256,7 +268,7 @@ pub fn run(job: &Job, opts: &SweepOptions, out: &mut dyn Write) -> Result<PathBu
             job.file.metric.goal
         ))?,
         None => say(out, format!(
-            "sweep {}: {} trials in the space{shard_note}: {} here, {} already COMPLETE, {} to run; split {split}; metric {} ({:?})",
+            "sweep {}: {} trials in the space{shard_note}: {} here, {} already COMPLETE{or_pruned}, {} to run; split {split}; metric {} ({:?})",
             job.name,
             all.len(),
             mine.len(),
@@ -267,6 +279,9 @@ pub fn run(job: &Job, opts: &SweepOptions, out: &mut dyn Write) -> Result<PathBu
         ))?,
     }
     if opts.dry_run {
+        if let Some(p) = &pruner {
+            say(out, p.describe())?;
+        }
         if let Some(p) = &proposer {
             say(out, bayes::plan_line(p))?;
         }
@@ -338,6 +353,11 @@ pub fn run(job: &Job, opts: &SweepOptions, out: &mut dyn Write) -> Result<PathBu
                 trials: todo.clone(),
             };
             ctx.metric = Some(job.file.metric.name.clone());
+            ctx.prune = pruner.clone().map(|p| {
+                sched::Pruning(Arc::new(
+                    move |t: &TrialSpec, s: &crate::train::EpochStats| !p.goes_on(&t.id, s),
+                ))
+            });
             if let Some(ext) = ctx.external.as_mut() {
                 // One trial at a time, its lines cannot be mixed with another's: they show.
                 ext.stream = opts.verbose || n == 1;
@@ -414,7 +434,8 @@ impl Held {
     }
 }
 
-/// At the start of a resumed sweep, `progress.csv` keeps the rows of COMPLETE trials only, one
+/// At the start of a resumed sweep, `progress.csv` keeps the rows of done trials only (COMPLETE
+/// or PRUNED), one
 /// per (trial, epoch) (the last written): the trials run again write theirs anew, so that
 /// the file never holds one epoch twice. It is replaced whole (temporary file and rename).
 fn keep_complete_progress(
@@ -424,7 +445,7 @@ fn keep_complete_progress(
 ) -> Result<()> {
     let complete: HashSet<&str> = trials
         .iter()
-        .filter(|r| r.state == report::COMPLETE)
+        .filter(|r| r.done())
         .map(|r| r.trial_id.as_str())
         .collect();
     let before = progress.len();
@@ -537,6 +558,7 @@ fn external_context(
             stream: false,
         }),
         metric: None,
+        prune: None,
     }
 }
 
@@ -647,7 +669,7 @@ fn execute(
             Event::Finished(o) => {
                 running = running.saturating_sub(1);
                 finished += 1;
-                if o.state() != TrialState::Complete {
+                if !matches!(o.state(), TrialState::Complete | TrialState::Pruned) {
                     failed += 1;
                 }
                 let row = trial_row(job, round.index, round.split, round.n, o);
@@ -753,12 +775,24 @@ fn finish(
         .collect();
     let count = |state: &str| mine_rows.iter().filter(|r| r.state == state).count();
     let (complete, failed, interrupted) = (count("COMPLETE"), count("FAIL"), count("INTERRUPTED"));
+    let pruned = count(report::PRUNED);
     let not_started = planned.saturating_sub(mine_rows.len());
     say(out, format!(
-        "{complete} COMPLETE, {failed} FAIL, {interrupted} INTERRUPTED, {not_started} not started, of {} trials; results in {}",
+        "{complete} COMPLETE, {failed} FAIL, {interrupted} INTERRUPTED{}, {not_started} not started, of {} trials; results in {}",
+        match &job.file.early_terminate {
+            Some(_) => format!(", {pruned} PRUNED"),
+            None => String::new(),
+        },
         planned,
         dir.display()
     ))?;
+    if let Some(e) = &job.file.early_terminate {
+        let (saved, all) = asha::saved(&mine_rows, e.max_iter(job.file.train.epochs));
+        say(out, format!(
+            "early termination: {pruned} trials PRUNED; they left {saved} of the {all} trial-epochs of the trials done untrained ({:.0}% saved)",
+            100.0 * saved as f64 / all.max(1) as f64
+        ))?;
+    }
     if let Some(b) = best(&latest, job.file.metric.goal) {
         let path = write_best(dir, job, b)?;
         say(
@@ -780,16 +814,25 @@ fn finish(
     }
     // A signal that came while the last trials were finishing changes nothing when they all
     // did: the sweep (or the shard) is done, and a job array must not wait for a requeue.
-    if cancel.draining() && complete >= planned {
+    // A PRUNED trial is done: it ran as far as the sweep wanted.
+    if cancel.draining() && complete + pruned >= planned {
         sched::cancel::settle();
         say(
             out,
-            "a signal came while the last trials ran, but every trial is COMPLETE: nothing is left to do",
+            if pruned > 0 {
+                "a signal came while the last trials ran, but every trial is COMPLETE or PRUNED: nothing is left to do"
+            } else {
+                "a signal came while the last trials ran, but every trial is COMPLETE: nothing is left to do"
+            },
         )?;
     } else if cancel.draining() {
         return Err(Error::Interrupted(format!(
-            "{complete} of {} trials COMPLETE; run again with --resume to finish",
-            planned
+            "{complete} of {} trials COMPLETE{}; run again with --resume to finish",
+            planned,
+            match pruned {
+                0 => String::new(),
+                p => format!(", {p} PRUNED"),
+            }
         )));
     }
     if failed > 0 {
@@ -904,6 +947,7 @@ fn fused_groups(job: &Job, todo: &[TrialSpec], n: u32, slices: usize, cpu: bool)
                 engine: job.file.engine.clone(),
                 max_steps: None,
                 cancel: Default::default(),
+                prune: None,
             })
         })
         .collect();

@@ -69,7 +69,7 @@ pub fn choose(
         }
         for o in &outcome.outcomes {
             match &o.end {
-                TrialEnd::Complete(_) => {}
+                TrialEnd::Complete(_) | TrialEnd::Pruned(_) => {}
                 TrialEnd::Interrupted => return Err(interrupted()),
                 TrialEnd::Failed(why) => {
                     tracing::info!("probe N={n}: a trial failed ({why}); stopping the probe here");

@@ -86,7 +86,7 @@ impl SameFailures {
         }
         let failure = match &o.end {
             TrialEnd::Interrupted => return Seen::Nothing,
-            TrialEnd::Complete(_) => return self.end(),
+            TrialEnd::Complete(_) | TrialEnd::Pruned(_) => return self.end(),
             TrialEnd::Failed(f) => f,
         };
         let Some(kind) = at_once(failure).filter(|_| !self.ran.contains(&o.trial.id)) else {

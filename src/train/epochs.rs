@@ -2,7 +2,7 @@
 
 use std::time::Instant;
 
-use super::{seeds, EpochStats, TrialResult};
+use super::{seeds, EpochStats, Prune, TrialResult};
 use crate::cancel::Cancel;
 use crate::engine::STATS_LEN;
 use crate::error::TrialError;
@@ -97,11 +97,13 @@ pub fn epoch_stats(
 
 /// Trains: for each epoch, its order from the seed schedule, its steps (checking `cancel`
 /// before each), its training figures and, unless the steps are capped, an evaluation; then
-/// `on_epoch`, which sees the steps as well. `started` is when the trial started.
+/// `on_epoch`, which sees the steps as well; then `prune`, which may stop the training there,
+/// with the result of the epochs so far. `started` is when the trial started.
 pub fn train<S: Steps + ?Sized>(
     s: &mut S,
     plan: &Schedule,
     cancel: &Cancel,
+    prune: Option<&Prune>,
     started: Instant,
     on_epoch: &mut dyn FnMut(&mut S, &Epoch),
 ) -> Result<TrialResult, TrialError> {
@@ -132,6 +134,19 @@ pub fn train<S: Steps + ?Sized>(
             steps,
         };
         on_epoch(s, &e);
+        if prune.is_some_and(|p| p.stops(&e.stats)) {
+            // Stopped early: the result of the epochs trained ([`Prune::stopped`] says so).
+            s.finish()?;
+            let mut cut = *plan;
+            cut.epochs = epoch;
+            return Ok(result(
+                e.stats,
+                &cut,
+                started.elapsed().as_secs_f64(),
+                s.arena_bytes(),
+                s.param_count(),
+            ));
+        }
         last = Some(e.stats);
     }
     s.finish()?;

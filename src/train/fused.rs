@@ -133,6 +133,12 @@ pub fn run_group(
         .zip(last)
         .zip(cfgs)
         .map(|((end, last), cfg)| match (end, last) {
+            // Pruned: the result of the epochs it trained.
+            (Some(Ok(_)), Some(last)) => {
+                let mut cut = schedule(cfg, n_train);
+                cut.epochs = last.epoch;
+                Ok(epochs::result(last, &cut, wall_s, arena, params))
+            }
             (Some(end), _) => end,
             (None, Some(last)) => Ok(epochs::result(
                 last,
@@ -161,8 +167,8 @@ fn schedule(cfg: &TrialConfig, n_train: usize) -> Schedule {
 struct Group<'a> {
     fused: FusedNetwork,
     cfgs: &'a [TrialConfig],
-    /// `Some` once the trial has ended (failed or interrupted); a trial still `None` at the end
-    /// has completed.
+    /// `Some` once the trial has ended (failed or interrupted, or `Ok` when pruned); a trial
+    /// still `None` at the end has completed.
     ends: Vec<Option<Result<TrialResult, TrialError>>>,
     /// Each trial's last epoch's figures.
     last: Vec<Option<EpochStats>>,
@@ -275,7 +281,16 @@ impl Group<'_> {
                 };
                 let e = epochs::epoch_stats(epoch, &plan, sums, test, started);
                 on_epoch(i, &e);
+                // A pruned trial ends here, alone; its result is made from `last` at the end.
+                let pruned = self.cfgs[i].prune.as_ref().is_some_and(|p| p.stops(&e));
                 self.last[i] = Some(e);
+                if pruned {
+                    self.ends[i] = Some(Ok(TrialResult::default()));
+                    self.fused.kill(be, i)?;
+                }
+            }
+            if !self.any_live() {
+                break;
             }
         }
         be.synchronize()?;

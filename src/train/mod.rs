@@ -40,6 +40,54 @@ pub struct TrialConfig {
     /// [`crate::error::TrialError::Interrupted`].
     #[serde(skip)]
     pub cancel: crate::cancel::Cancel,
+    /// Asked after each epoch, once its figures are reported: when it says stop, the training
+    /// ends there with the result so far, and the rule remembers it ([`Prune::stopped`]).
+    #[serde(skip)]
+    pub prune: Option<Prune>,
+}
+
+/// A sweep's early-termination rule for one trial, as the training loop sees it: given an
+/// epoch's figures, whether the trial stops there; and, once it said so, the epoch.
+#[derive(Clone)]
+pub struct Prune {
+    rule: std::sync::Arc<PruneFn>,
+    /// The epoch it stopped the trial after; 0 while it has not.
+    stopped: std::sync::Arc<std::sync::atomic::AtomicU32>,
+}
+
+/// Whether a trial stops after an epoch with these figures.
+pub type PruneFn = dyn Fn(&EpochStats) -> bool + Send + Sync;
+
+impl Prune {
+    pub fn new(rule: std::sync::Arc<PruneFn>) -> Prune {
+        Prune {
+            rule,
+            stopped: Default::default(),
+        }
+    }
+
+    /// Whether the trial stops after this epoch (remembered when it does).
+    pub fn stops(&self, stats: &EpochStats) -> bool {
+        let stop = (self.rule)(stats);
+        if stop {
+            let order = std::sync::atomic::Ordering::SeqCst;
+            self.stopped.store(stats.epoch.max(1), order);
+        }
+        stop
+    }
+
+    /// The epoch after which it stopped the trial, if it did: a training that ended with a
+    /// result then was PRUNED, not COMPLETE.
+    pub fn stopped(&self) -> Option<u32> {
+        let at = self.stopped.load(std::sync::atomic::Ordering::SeqCst);
+        (at > 0).then_some(at)
+    }
+}
+
+impl std::fmt::Debug for Prune {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Prune")
+    }
 }
 
 /// The figures of one epoch.
@@ -68,8 +116,24 @@ pub struct EpochStats {
     pub extra: std::collections::BTreeMap<String, f64>,
 }
 
+impl EpochStats {
+    /// The value of the metric `name` after this epoch: a built-in trial's by its result's
+    /// names (`test_acc`, `test_loss`, `final_loss`, `train_acc`, and `train_loss`), else an
+    /// external command's own value by that name; `None` when it has none that is finite.
+    pub fn metric(&self, name: &str) -> Option<f64> {
+        let v = match name {
+            "test_acc" => self.test_acc,
+            "test_loss" => self.test_loss,
+            "final_loss" | "train_loss" => self.train_loss,
+            "train_acc" => self.train_acc,
+            other => *self.extra.get(other)?,
+        };
+        v.is_finite().then_some(v)
+    }
+}
+
 /// A completed trial.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct TrialResult {
     /// NaN in short probes, which skip evaluation.
     #[serde(with = "json_float")]

@@ -89,9 +89,14 @@ pub fn run_trial(
         stats: [0f32; STATS_LEN],
         n_test,
     };
-    epochs::train(&mut single, &plan, &cfg.cancel, started, &mut |_, e| {
-        on_epoch(&e.stats)
-    })
+    epochs::train(
+        &mut single,
+        &plan,
+        &cfg.cancel,
+        cfg.prune.as_ref(),
+        started,
+        &mut |_, e| on_epoch(&e.stats),
+    )
 }
 
 /// One trial's network on its backend, taking the steps of [`epochs::train`].
@@ -348,6 +353,7 @@ mod tests {
             engine: EngineOptions::default(),
             max_steps: Some(1),
             cancel: Default::default(),
+            prune: None,
         }
     }
 

@@ -383,6 +383,7 @@ fn drive(
         &mut mirrored,
         &plan,
         &t.cancel,
+        None,
         started,
         &mut |m: &mut Mirrored, e| {
             let seen = (e.steps * global).max(1) as f64;

@@ -68,6 +68,7 @@ fn config(
             engine: Default::default(),
             max_steps: Some(steps),
             cancel: Default::default(),
+            prune: None,
         },
         shards,
     }

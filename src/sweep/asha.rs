@@ -1,0 +1,286 @@
+//! Early termination as W&B's `early_terminate: hyperband`, run asynchronously like ASHA: each rung's metric values, and whether a trial that reaches a rung goes on.
+//!
+//! A rung is an epoch of the schedule ([`crate::job::EarlyTerminate::rungs`]). When a trial
+//! reports the metric after a rung's epoch, its value is recorded there, and it goes on only
+//! if it ranks in the top `1/eta` of the values recorded at that rung so far, itself included:
+//! with `n` values, its rank (0 the best, ties to the lower trial id) must be below
+//! `⌊n/eta⌋`. While fewer than `eta` trials have reached a rung there is too little to judge
+//! by, and every trial goes on. No trial waits for a rung to fill.
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+
+use crate::job::{Goal, Job};
+use crate::report::{ProgressRow, TrialRow};
+use crate::train::EpochStats;
+
+/// The early termination of a sweep: its rungs and the values recorded at each.
+#[derive(Debug)]
+pub struct Pruner {
+    rungs: Vec<u32>,
+    eta: u32,
+    goal: Goal,
+    metric: String,
+    /// Per rung epoch, each trial's value there, by trial id.
+    seen: Mutex<BTreeMap<u32, BTreeMap<String, f64>>>,
+}
+
+impl Pruner {
+    /// The pruner of a job with `early_terminate:`; `None` without.
+    pub fn of(job: &Job) -> Option<Pruner> {
+        let e = job.file.early_terminate.as_ref()?;
+        Some(Pruner::new(
+            e.rungs(job.file.train.epochs),
+            e.eta,
+            job.file.metric.goal,
+            &job.file.metric.name,
+        ))
+    }
+
+    pub fn new(rungs: Vec<u32>, eta: u32, goal: Goal, metric: &str) -> Pruner {
+        Pruner {
+            rungs,
+            eta: eta.max(2),
+            goal,
+            metric: metric.to_string(),
+            seen: Mutex::default(),
+        }
+    }
+
+    pub fn rungs(&self) -> &[u32] {
+        &self.rungs
+    }
+
+    /// Whether a trial goes on after this epoch; at a rung its value is recorded first. A value
+    /// that is missing or not finite cannot be ranked: the trial goes on, and nothing is recorded.
+    pub fn goes_on(&self, trial_id: &str, stats: &EpochStats) -> bool {
+        if !self.rungs.contains(&stats.epoch) {
+            return true;
+        }
+        let Some(value) = stats.metric(&self.metric) else {
+            return true;
+        };
+        let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+        let rung = seen.entry(stats.epoch).or_default();
+        rung.insert(trial_id.to_string(), value);
+        promoted(rung, trial_id, self.eta, self.goal)
+    }
+
+    /// Restores the rungs of a resumed sweep: the values of its COMPLETE and PRUNED trials at
+    /// each rung epoch, from `progress.csv`. Trials run again report theirs anew.
+    pub fn restore(&self, trials: &[TrialRow], progress: &[ProgressRow]) -> usize {
+        let done: std::collections::HashSet<&str> = trials
+            .iter()
+            .filter(|r| r.done())
+            .map(|r| r.trial_id.as_str())
+            .collect();
+        let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+        let mut restored = 0;
+        for p in progress {
+            if !done.contains(p.trial_id.as_str()) || !self.rungs.contains(&p.epoch) {
+                continue;
+            }
+            if let Some(v) = stats_of(p).metric(&self.metric) {
+                seen.entry(p.epoch)
+                    .or_default()
+                    .insert(p.trial_id.clone(), v);
+                restored += 1;
+            }
+        }
+        restored
+    }
+
+    /// The schedule in words, for `--dry-run`.
+    pub fn describe(&self) -> String {
+        if self.rungs.is_empty() {
+            return "early_terminate hyperband: no rung below the last epoch, so no trial is stopped early".into();
+        }
+        let list: Vec<String> = self.rungs.iter().map(u32::to_string).collect();
+        format!(
+            "early_terminate hyperband: rungs at epochs {} (eta {}); past a rung a trial goes on only in the top 1/{} of those that reached it ({} {:?})",
+            list.join(", "),
+            self.eta,
+            self.eta,
+            self.metric,
+            self.goal
+        )
+    }
+}
+
+/// A progress row's figures as an epoch's.
+fn stats_of(p: &ProgressRow) -> EpochStats {
+    EpochStats {
+        epoch: p.epoch,
+        train_loss: p.train_loss,
+        train_acc: p.train_acc,
+        test_loss: p.test_loss,
+        test_acc: p.test_acc,
+        wall_s: p.wall_s,
+        extra: p.extra.clone(),
+    }
+}
+
+/// The asynchronous rule at one rung: whether `trial` (recorded in `rung`) goes on.
+pub fn promoted(rung: &BTreeMap<String, f64>, trial: &str, eta: u32, goal: Goal) -> bool {
+    let n = rung.len();
+    let eta = eta.max(2) as usize;
+    if n < eta {
+        return true;
+    }
+    let Some(&mine) = rung.get(trial) else {
+        return true;
+    };
+    // Better values first; equal values in the order of their trial ids.
+    let better = |(id, v): (&String, &f64)| {
+        let ahead = match goal {
+            Goal::Maximize => *v > mine,
+            Goal::Minimize => *v < mine,
+        };
+        ahead || (*v == mine && id.as_str() < trial)
+    };
+    let rank = rung.iter().filter(|&e| better(e)).count();
+    rank < n / eta
+}
+
+/// The trial-epochs pruning saved: what the PRUNED rows did not train of `epochs` each, and
+/// what every finished trial would have trained without early termination.
+pub fn saved(rows: &[&TrialRow], epochs: u32) -> (u64, u64) {
+    let finished = rows.iter().filter(|r| r.done());
+    let all = finished.clone().count() as u64 * u64::from(epochs);
+    let saved = finished
+        .filter(|r| r.state == crate::report::PRUNED)
+        .map(|r| u64::from(epochs.saturating_sub(r.epochs)))
+        .sum();
+    (saved, all)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::job::EarlyTerminate;
+
+    fn stats(epoch: u32, acc: f64) -> EpochStats {
+        EpochStats {
+            epoch,
+            train_loss: 1.0,
+            train_acc: 0.5,
+            test_loss: 1.0,
+            test_acc: acc,
+            wall_s: 0.0,
+            extra: Default::default(),
+        }
+    }
+
+    fn hyperband(
+        min_iter: Option<u32>,
+        max_iter: Option<u32>,
+        eta: u32,
+        s: Option<u32>,
+    ) -> EarlyTerminate {
+        EarlyTerminate {
+            kind: "hyperband".into(),
+            min_iter,
+            max_iter,
+            eta,
+            s,
+        }
+    }
+
+    #[test]
+    fn rungs_are_min_iter_times_powers_of_eta_below_the_last_epoch() {
+        assert_eq!(hyperband(Some(1), None, 3, None).rungs(9), vec![1, 3]);
+        assert_eq!(hyperband(Some(1), None, 3, None).rungs(10), vec![1, 3, 9]);
+        assert_eq!(
+            hyperband(Some(2), None, 2, None).rungs(20),
+            vec![2, 4, 8, 16]
+        );
+        assert_eq!(
+            hyperband(Some(1), Some(27), 3, Some(2)).rungs(5),
+            vec![1, 3]
+        );
+        assert_eq!(hyperband(None, Some(27), 3, Some(2)).rungs(5), vec![3, 9]);
+        assert_eq!(
+            hyperband(Some(5), None, 3, None).rungs(5),
+            Vec::<u32>::new()
+        );
+        assert_eq!(hyperband(None, None, 3, None).rungs(1), Vec::<u32>::new());
+    }
+
+    #[test]
+    fn the_first_trials_at_a_rung_go_on_then_only_the_top_third() {
+        let p = Pruner::new(vec![1, 3], 3, Goal::Maximize, "test_acc");
+        assert!(p.goes_on("a", &stats(1, 0.5)));
+        assert!(p.goes_on("b", &stats(1, 0.4)));
+        // n = 3: one goes on, the best.
+        assert!(!p.goes_on("c", &stats(1, 0.45)));
+        assert!(p.goes_on("d", &stats(1, 0.9)));
+        assert!(!p.goes_on("e", &stats(1, 0.6)));
+        // n = 6: two go on; 0.6 is third, but 0.95 is first.
+        assert!(p.goes_on("f", &stats(1, 0.95)));
+        // Not a rung: nothing is judged.
+        assert!(p.goes_on("c", &stats(2, 0.0)));
+        // No value to rank by: it goes on, unrecorded.
+        assert!(p.goes_on("g", &stats(3, f64::NAN)));
+    }
+
+    #[test]
+    fn ties_go_to_the_lower_trial_id_and_minimize_ranks_low_first() {
+        let mut rung = BTreeMap::new();
+        for id in ["a", "b", "c"] {
+            rung.insert(id.to_string(), 1.0);
+        }
+        assert!(promoted(&rung, "a", 3, Goal::Maximize));
+        assert!(!promoted(&rung, "b", 3, Goal::Maximize));
+        assert!(!promoted(&rung, "c", 3, Goal::Minimize));
+        rung.insert("d".into(), 0.5);
+        assert!(promoted(&rung, "d", 2, Goal::Minimize));
+        assert!(!promoted(&rung, "d", 2, Goal::Maximize));
+    }
+
+    #[test]
+    fn restored_rungs_decide_as_before() {
+        let row = |id: &str, state: &str| TrialRow {
+            trial_id: id.into(),
+            state: state.into(),
+            ..Default::default()
+        };
+        let prog = |id: &str, epoch: u32, acc: f64| ProgressRow {
+            trial_id: id.into(),
+            epoch,
+            test_acc: acc,
+            ..Default::default()
+        };
+        let p = Pruner::new(vec![1], 3, Goal::Maximize, "test_acc");
+        let trials = [
+            row("a", "COMPLETE"),
+            row("b", "PRUNED"),
+            row("x", "INTERRUPTED"),
+        ];
+        let progress = [
+            prog("a", 1, 0.9),
+            prog("a", 2, 0.95),
+            prog("b", 1, 0.2),
+            prog("x", 1, 0.99),
+        ];
+        assert_eq!(p.restore(&trials, &progress), 2);
+        // Third at the rung, between a and b: only the best of three goes on.
+        assert!(!p.goes_on("c", &stats(1, 0.5)));
+    }
+
+    #[test]
+    fn saved_counts_the_epochs_pruned_trials_did_not_train() {
+        let row = |state: &str, epochs: u32| TrialRow {
+            state: state.into(),
+            epochs,
+            ..Default::default()
+        };
+        let rows = [
+            row("COMPLETE", 9),
+            row("PRUNED", 1),
+            row("PRUNED", 3),
+            row("FAIL", 0),
+        ];
+        let refs: Vec<&TrialRow> = rows.iter().collect();
+        assert_eq!(saved(&refs, 9), (14, 27));
+    }
+}
