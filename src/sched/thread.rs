@@ -11,9 +11,23 @@ use super::{
     TrialOutcome,
 };
 use crate::engine::cuda::GreenPartition;
+use crate::engine::Backend;
 use crate::plan::{SliceSpec, TrialSpec};
 use crate::train::run_trial;
 use crate::train::TrialResult;
+
+/// The backend of a slice, on its device (in its green partition when it has one).
+fn open(
+    ctx: &RoundContext,
+    slice: &SliceSpec,
+    partition: Option<Arc<GreenPartition>>,
+) -> Result<Box<dyn Backend>, Stop> {
+    let device = ctx
+        .devices
+        .device(slice.device)
+        .map_err(|e| Failure::NoSlice(e.to_string()))?;
+    Ok(open_backend(device, Arc::clone(&ctx.data), slice, partition).map_err(Failure::from)?)
+}
 
 /// Runs one trial in this thread.
 pub fn run(
@@ -26,12 +40,7 @@ pub fn run(
     let started = Instant::now();
     let cfg = ctx.config(&trial);
     let res = catch_unwind(AssertUnwindSafe(|| -> Result<_, Stop> {
-        let device = ctx
-            .devices
-            .device(slice.device)
-            .map_err(|e| Failure::NoSlice(e.to_string()))?;
-        let mut be =
-            open_backend(device, Arc::clone(&ctx.data), slice, partition).map_err(Failure::from)?;
+        let mut be = open(ctx, slice, partition)?;
         Ok(run_trial(be.as_mut(), &cfg, &mut |s| {
             epoch_event(events, &trial, slice.index, s)
         })?)
@@ -56,12 +65,7 @@ pub fn run_group(
     let started = Instant::now();
     let cfgs: Vec<_> = trials.iter().map(|t| ctx.config(t)).collect();
     let res = catch_unwind(AssertUnwindSafe(|| -> Result<_, Stop> {
-        let device = ctx
-            .devices
-            .device(slice.device)
-            .map_err(|e| Failure::NoSlice(e.to_string()))?;
-        let mut be =
-            open_backend(device, Arc::clone(&ctx.data), slice, partition).map_err(Failure::from)?;
+        let mut be = open(ctx, slice, partition)?;
         Ok(crate::train::fused::run_group(
             be.as_mut(),
             &cfgs,
