@@ -27,6 +27,28 @@ pub enum Method {
     Bayes,
 }
 
+/// A range's `min` or `max` as the job wrote it: an integer (`10`) or a float (`10.0`). As in
+/// W&B, a range whose bounds are both written as integers is `int_uniform` by default, and one
+/// with a bound written as a float is `uniform`, whatever the float's value.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum Bound {
+    Int(i64),
+    Float(f64),
+}
+
+impl Bound {
+    pub fn value(self) -> f64 {
+        match self {
+            Bound::Int(i) => i as f64,
+            Bound::Float(x) => x,
+        }
+    }
+    fn written_as_int(self) -> bool {
+        matches!(self, Bound::Int(_))
+    }
+}
+
 /// One parameter's entry under `parameters:`, as written in the job.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -38,9 +60,9 @@ pub struct ParamSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub probabilities: Option<Vec<f64>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub min: Option<f64>,
+    pub min: Option<Bound>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub max: Option<f64>,
+    pub max: Option<Bound>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub distribution: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -257,8 +279,9 @@ impl ParamSpec {
         let (Some(min), Some(max)) = (self.min, self.max) else {
             return Err(err(base, "a range needs both `min` and `max`"));
         };
-        let min = finite(min, &key("min"))?;
-        let max = finite(max, &key("max"))?;
+        let written_as_ints = min.written_as_int() && max.written_as_int();
+        let min = finite(min.value(), &key("min"))?;
+        let max = finite(max.value(), &key("max"))?;
         if min >= max {
             return Err(err(
                 key("max"),
@@ -266,7 +289,7 @@ impl ParamSpec {
             ));
         }
         let both_int = min.fract() == 0.0 && max.fract() == 0.0;
-        let dist = self.distribution.as_deref().unwrap_or(if both_int {
+        let dist = self.distribution.as_deref().unwrap_or(if written_as_ints {
             "int_uniform"
         } else {
             "uniform"
@@ -544,6 +567,21 @@ mod tests {
             spec("{min: 16, max: 256}").to_dist("batch_size").unwrap(),
             Dist::IntUniform { min: 16, max: 256 }
         );
+        // A bound written as a float makes the range a float one, even at a whole value.
+        for yaml in [
+            "{min: -5.0, max: 10.0}",
+            "{min: -5, max: 10.0}",
+            "{min: -5.0, max: 10}",
+        ] {
+            assert_eq!(
+                spec(yaml).to_dist("x").unwrap(),
+                Dist::Uniform {
+                    min: -5.0,
+                    max: 10.0
+                },
+                "{yaml}"
+            );
+        }
         assert_eq!(
             spec("{min: 0.0001, max: 0.1, distribution: log_uniform_values}")
                 .to_dist("lr")
@@ -727,9 +765,13 @@ mod tests {
 
     #[test]
     fn int_uniform_bounds_past_2_to_the_53_are_refused() {
-        let e = spec("{min: -9e18, max: 9e18}").to_dist("k").unwrap_err();
+        let e = spec("{min: -9e18, max: 9e18, distribution: int_uniform}")
+            .to_dist("k")
+            .unwrap_err();
         assert_eq!(e.key, "parameters.k.min");
-        let e = spec("{min: 0, max: 1e300}").to_dist("k").unwrap_err();
+        let e = spec("{min: 0, max: 1e300, distribution: int_uniform}")
+            .to_dist("k")
+            .unwrap_err();
         assert_eq!(e.key, "parameters.k.max");
     }
 }
