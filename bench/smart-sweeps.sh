@@ -13,8 +13,9 @@
 #
 # Usage: bench/smart-sweeps.sh [OUT]     (default results/smart-sweeps-cpu)
 #   GPUMUX=path/to/gpumux   (default: target/release/gpumux, built here)
-#   SEEDS="1 2 3 4 5"  RUN_CAP=24  BRANIN_TRIALS=40
+#   SEEDS="1 2 3 4 5"  RUN_CAP=24  BRANIN_TRIALS=100
 #   PYTHON=python3 with optuna for (b)'s comparison (skipped when it has none)
+#   PARTS="hyperband branin"   which parts to run
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bin="${GPUMUX:-target/release/gpumux}"
@@ -23,8 +24,9 @@ bin="$(realpath "$bin")"
 out="${1:-results/smart-sweeps-cpu}"
 seeds="${SEEDS:-1 2 3 4 5}"
 run_cap="${RUN_CAP:-24}"
-branin_trials="${BRANIN_TRIALS:-40}"
+branin_trials="${BRANIN_TRIALS:-100}"
 py="${PYTHON:-python3}"
+parts="${PARTS:-hyperband branin}"
 mkdir -p "$out/jobs"
 {
     echo "# bench/smart-sweeps.sh $*  (SEEDS=\"$seeds\" RUN_CAP=$run_cap BRANIN_TRIALS=$branin_trials)"
@@ -47,7 +49,8 @@ sweep() {
 # (a) hyperband on the MNIST MLP.
 echo "seed,early_terminate,wall_s,trials,complete,pruned,trial_epochs,best_test_acc" >"$out/hyperband.csv"
 k=0
-for seed in $seeds; do
+[[ " $parts " == *" hyperband "* ]] || seeds_a=""
+for seed in ${seeds_a-$seeds}; do
     with="$out/jobs/hb-with-$seed.yaml" without="$out/jobs/hb-without-$seed.yaml"
     sed -e "s/^seed: .*/seed: $seed/" -e "s/^run_cap: .*/run_cap: $run_cap/" \
         -e "s/^name: .*/name: hb-with-$seed/" jobs/sweep-hyperband.yaml >"$with"
@@ -73,7 +76,8 @@ done
 
 # (b) random against bayes on Branin, one trial at a time.
 echo "method,seed,trial,value,best" >"$out/branin.csv"
-for seed in $seeds; do
+[[ " $parts " == *" branin "* ]] || seeds_b=""
+for seed in ${seeds_b-$seeds}; do
     for method in random bayes; do
         job="$out/jobs/branin-$method-$seed.yaml" dir="$out/branin-$method-$seed"
         cat >"$job" <<YAML
@@ -101,7 +105,7 @@ for i, r in enumerate(csv.DictReader(open(sys.argv[1])), 1):
 PY
     done
 done
-if "$py" -c 'import optuna' 2>/dev/null; then
+if [ -n "${seeds_b-$seeds}" ] && "$py" -c 'import optuna' 2>/dev/null; then
     echo "smart-sweeps: Optuna TPE ($("$py" -c 'import optuna; print(optuna.__version__)'))" >&2
     echo "$py bench/optuna_branin.py --seeds $seeds --trials $branin_trials" >>"$out/command.txt"
     # shellcheck disable=SC2086
@@ -138,19 +142,18 @@ if pairs:
     lines += ["", f"Per seed, without/with: {ep:.2f}× the trial-epochs, {wall:.2f}× the wall time; "
               f"best test_acc without − with: {dacc:+.4f} (median)."]
 br = list(csv.DictReader(open(out / "branin.csv")))
+ks = sorted({k for k in (5, 10, 20, n // 2, n) if 0 < k <= n})
 curves = {}
 for r in br:
     curves.setdefault(r["method"], {}).setdefault(r["seed"], []).append(float(r["best"]))
 lines += ["", f"## (b) Branin (minimum 0.3979), best value after k trials: median (min–max) over seeds", "",
-          "| method | seeds | " + " | ".join(f"k={k}" for k in (5, 10, 20, 30, n) if k <= n) + " |",
-          "|---|---:|" + "---|" * len([k for k in (5, 10, 20, 30, n) if k <= n])]
+          "| method | seeds | " + " | ".join(f"k={k}" for k in ks) + " |",
+          "|---|---:|" + "---|" * len(ks)]
 for m in ("random", "bayes", "optuna"):
     if m not in curves:
         continue
     cells = []
-    for k in (5, 10, 20, 30, n):
-        if k > n:
-            continue
+    for k in ks:
         v = [c[k - 1] for c in curves[m].values() if len(c) >= k]
         cells.append(f"{med(v):.3f} ({min(v):.3f}–{max(v):.3f})" if v else "–")
     lines.append(f"| {m} | {len(curves[m])} | " + " | ".join(cells) + " |")

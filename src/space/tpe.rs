@@ -12,7 +12,8 @@
 //! integer or quantised range is drawn continuous, then rounded): the estimator is a mixture of
 //! Gaussians truncated to the range, one at each observation and one wide prior component at
 //! the middle (sigma = the range), each observation's bandwidth the larger distance to its
-//! neighbours (the prior's middle among them, the range's ends not), clipped to `[range / min(100, n + 1), range]`. A categorical parameter's estimator
+//! neighbouring observations (the range's ends and the prior are no neighbours), clipped to
+//! `[range / min(100, n + 2), range]` for `n` observations. A categorical parameter's estimator
 //! is its counts plus one prior draw spread over the values (by `probabilities` when given).
 //! `normal` and `log_normal` parameters, which have no range, are drawn as in `method: random`.
 //!
@@ -274,21 +275,16 @@ struct Parzen {
 impl Parzen {
     fn new(points: &[f64], lo: f64, hi: f64) -> Parzen {
         let width = hi - lo;
-        let mut mus: Vec<f64> = points.to_vec();
-        mus.push(0.5 * (lo + hi));
-        let prior = mus.len() - 1;
-        let mut order: Vec<usize> = (0..mus.len()).collect();
-        order.sort_by(|&a, &b| mus[a].total_cmp(&mus[b]).then(a.cmp(&b)));
-        let min_sigma = width / (100.0f64).min(1.0 + points.len() as f64);
-        let mut sigmas = vec![width; mus.len()];
+        let mut order: Vec<usize> = (0..points.len()).collect();
+        order.sort_by(|&a, &b| points[a].total_cmp(&points[b]).then(a.cmp(&b)));
+        // One kernel per point, and the prior's.
+        let min_sigma = width / (100.0f64).min(2.0 + points.len() as f64);
+        let mut sigmas = vec![width; points.len()];
         for (rank, &i) in order.iter().enumerate() {
-            if i == prior {
-                continue;
-            }
             // The range's ends are no neighbours: an observation at the edge of the
             // observations takes its one neighbour's distance.
-            let left = (rank > 0).then(|| mus[i] - mus[order[rank - 1]]);
-            let right = order.get(rank + 1).map(|&j| mus[j] - mus[i]);
+            let left = (rank > 0).then(|| points[i] - points[order[rank - 1]]);
+            let right = order.get(rank + 1).map(|&j| points[j] - points[i]);
             let spread = match (left, right) {
                 (Some(a), Some(b)) => a.max(b),
                 (Some(a), None) | (None, Some(a)) => a,
@@ -296,6 +292,9 @@ impl Parzen {
             };
             sigmas[i] = spread.clamp(min_sigma, width);
         }
+        let mut mus = points.to_vec();
+        mus.push(0.5 * (lo + hi));
+        sigmas.push(width);
         Parzen {
             mus,
             sigmas,
