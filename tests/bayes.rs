@@ -95,3 +95,34 @@ fn an_interrupted_bayes_sweep_resumes_to_its_run_cap() {
     );
     assert_eq!(complete(&out), 16);
 }
+
+#[test]
+fn a_bayes_sweep_killed_with_sigkill_resumes_to_its_run_cap() {
+    // No grace, no handler: the rows fsynced before the kill are all there is.
+    let dir = sandbox();
+    let job = bayes_job(&dir, 0.3);
+    let out = dir.join("out");
+    let mut run = dir.run(&["sweep", s(&job), "--out", s(&out)]).watch();
+    let trials = out.join("trials.csv");
+    assert!(
+        run.wait_for(&|_| rows_in(&trials) >= 6),
+        "no trials ended: {}",
+        run.err()
+    );
+    run.signal(libc::SIGKILL);
+    let (code, _, _) = run.finish();
+    assert_eq!(code, None, "killed by a signal");
+    let before = complete(&out);
+    assert!((6..16).contains(&before), "{before} COMPLETE");
+    let o = dir.run_into("sweep", &job, &out, &["--resume"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert_eq!(complete(&out), 16, "{}", stdout(&o));
+    // Every trial id appears once among the COMPLETE rows: no trial ran twice.
+    let ids: Vec<String> = trials_csv(&out)
+        .into_iter()
+        .filter(|r| r["state"] == "COMPLETE")
+        .map(|r| r["trial_id"].clone())
+        .collect();
+    let unique: std::collections::BTreeSet<_> = ids.iter().collect();
+    assert_eq!(unique.len(), ids.len(), "{ids:?}");
+}
