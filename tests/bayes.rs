@@ -1,4 +1,4 @@
-//! `method: bayes` sweeps on the real binary: examples/fake_train.py (best near lr 3e-3) run to its run_cap, proposals moving toward the optimum, the dry run, and `--resume` after SIGTERM.
+//! `method: bayes` sweeps on the real binary: examples/fake_train.py (best near lr 3e-3) run to its run_cap, proposals moving toward the optimum, the dry run, `--resume` after SIGTERM and after SIGKILL, and a built-in model under fused.
 
 mod support;
 use std::path::{Path, PathBuf};
@@ -125,4 +125,38 @@ fn a_bayes_sweep_killed_with_sigkill_resumes_to_its_run_cap() {
         .collect();
     let unique: std::collections::BTreeSet<_> = ids.iter().collect();
     assert_eq!(unique.len(), ids.len(), "{ids:?}");
+}
+
+#[test]
+fn a_bayes_sweep_of_a_built_in_model_runs_its_run_cap_under_fused() {
+    let dir = sandbox();
+    let job = dir.job(
+        "bayes-mlp.yaml",
+        JobYaml::new()
+            .name("bayes-mlp")
+            .model(mlp(&[16]))
+            .data(synthetic(256, 64))
+            .train(epochs(2, 32))
+            .seed(5)
+            .backend("cpu")
+            .method("bayes")
+            .run_cap(8)
+            .concurrency(2)
+            .split("fused")
+            .param(
+                "lr",
+                "{min: 0.0001, max: 0.1, distribution: log_uniform_values}",
+            )
+            .param("momentum", "{min: 0.5, max: 0.99}"),
+    );
+    let out = dir.join("out");
+    let o = dir.run_into("sweep", &job, &out, &[]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert_eq!(complete(&out), 8, "{}", stdout(&o));
+    // Past the random start, the proposals are the estimator's: every point differs.
+    let lrs: std::collections::BTreeSet<String> = trials_csv(&out)
+        .iter()
+        .map(|r| r["params_lr"].clone())
+        .collect();
+    assert_eq!(lrs.len(), 8, "{lrs:?}");
 }
