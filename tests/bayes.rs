@@ -66,8 +66,9 @@ fn a_bayes_sweep_runs_its_run_cap_and_moves_toward_the_optimum() {
     assert!(stdout(&o).contains("best trial"), "{}", stdout(&o));
 }
 
-#[test]
-fn an_interrupted_bayes_sweep_resumes_to_its_run_cap() {
+/// Stops a 16-trial bayes sweep with `signal` once 5 trials have ended, checks the exit, then
+/// `--resume`s it: it proposes the trials left, and ends with 16 COMPLETE, none run twice.
+fn stop_then_resume(signal: i32, exit: Option<i32>) {
     let dir = sandbox();
     let job = bayes_job(&dir, 0.3);
     let out = dir.join("out");
@@ -78,9 +79,9 @@ fn an_interrupted_bayes_sweep_resumes_to_its_run_cap() {
         "no trials ended: {}",
         run.err()
     );
-    run.signal(libc::SIGTERM);
+    run.signal(signal);
     let (code, _, err) = run.finish();
-    assert_eq!(code, Some(3), "{err}");
+    assert_eq!(code, exit, "{err}");
     let before = complete(&out);
     assert!((5..16).contains(&before), "{before} COMPLETE");
     let o = dir.run_into("sweep", &job, &out, &["--resume"]);
@@ -94,37 +95,24 @@ fn an_interrupted_bayes_sweep_resumes_to_its_run_cap() {
         stdout(&o)
     );
     assert_eq!(complete(&out), 16);
-}
-
-#[test]
-fn a_bayes_sweep_killed_with_sigkill_resumes_to_its_run_cap() {
-    // No grace, no handler: the rows fsynced before the kill are all there is.
-    let dir = sandbox();
-    let job = bayes_job(&dir, 0.3);
-    let out = dir.join("out");
-    let mut run = dir.run(&["sweep", s(&job), "--out", s(&out)]).watch();
-    let trials = out.join("trials.csv");
-    assert!(
-        run.wait_for(&|_| rows_in(&trials) >= 6),
-        "no trials ended: {}",
-        run.err()
-    );
-    run.signal(libc::SIGKILL);
-    let (code, _, _) = run.finish();
-    assert_eq!(code, None, "killed by a signal");
-    let before = complete(&out);
-    assert!((6..16).contains(&before), "{before} COMPLETE");
-    let o = dir.run_into("sweep", &job, &out, &["--resume"]);
-    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
-    assert_eq!(complete(&out), 16, "{}", stdout(&o));
-    // Every trial id appears once among the COMPLETE rows: no trial ran twice.
     let ids: Vec<String> = trials_csv(&out)
         .into_iter()
         .filter(|r| r["state"] == "COMPLETE")
         .map(|r| r["trial_id"].clone())
         .collect();
     let unique: std::collections::BTreeSet<_> = ids.iter().collect();
-    assert_eq!(unique.len(), ids.len(), "{ids:?}");
+    assert_eq!(unique.len(), ids.len(), "a trial ran twice: {ids:?}");
+}
+
+#[test]
+fn an_interrupted_bayes_sweep_resumes_to_its_run_cap() {
+    stop_then_resume(libc::SIGTERM, Some(3));
+}
+
+#[test]
+fn a_bayes_sweep_killed_with_sigkill_resumes_to_its_run_cap() {
+    // No grace, no handler: the rows fsynced before the kill are all there is.
+    stop_then_resume(libc::SIGKILL, None);
 }
 
 #[test]
