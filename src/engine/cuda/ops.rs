@@ -538,18 +538,34 @@ impl Backend for CudaBackend {
         let ws_len = self.fused_ws_len(s, ws, f);
         let ws = contract::fused_ws(op, ws, f, ws_len)?;
         let (x_len, y_len) = (s.x_len(), s.y_len());
+        let mut base = 0;
         for i in 0..f.trials {
-            let b = r.b.map(|b| FusedConv::at(b, i, f.w_stride, s.c_out));
-            self.conv2d_fwd(
-                s,
+            let reads: Vec<Region> = [
                 FusedConv::at(r.x, i, x_len, x_len),
                 FusedConv::at(r.w, i, f.w_stride, s.w_len()),
-                b,
+            ]
+            .into_iter()
+            .chain(r.b.map(|b| FusedConv::at(b, i, f.w_stride, s.c_out)))
+            .collect();
+            let writes = [
                 FusedConv::at(r.y, i, y_len, y_len),
                 FusedConv::at(ws, i, f.ws_stride, ws_len),
-            )?;
+            ];
+            base = self.regions(op, &reads, &writes)?;
         }
-        Ok(())
+        if f.trials == 0 {
+            return Ok(());
+        }
+        let p = FwdPtrs {
+            x: at(base, r.x),
+            w: at(base, r.w),
+            b: r.b.map(|b| at(base, b)),
+            y: at(base, r.y),
+            ws: at(base, ws),
+            ws_bytes: ws_len * 4,
+        };
+        let e = self.ctx.enter()?;
+        self.conv_fwd_fused(&e, s, &p, f)
     }
 
     fn conv2d_bwd_fused(
@@ -569,19 +585,37 @@ impl Backend for CudaBackend {
         let ws_len = self.fused_ws_len(s, ws, f);
         let ws = contract::fused_ws(op, ws, f, ws_len)?;
         let (x_len, y_len, w_len) = (s.x_len(), s.y_len(), s.w_len());
+        let mut base = 0;
         for i in 0..f.trials {
-            self.conv2d_bwd(
-                s,
+            let reads = [
                 FusedConv::at(r.x, i, x_len, x_len),
                 FusedConv::at(r.w, i, f.w_stride, w_len),
                 FusedConv::at(r.dy, i, y_len, y_len),
-                r.dx.map(|dx| FusedConv::at(dx, i, x_len, x_len)),
-                FusedConv::at(r.dw, i, f.w_stride, w_len),
-                r.db.map(|db| FusedConv::at(db, i, f.w_stride, s.c_out)),
-                FusedConv::at(ws, i, f.ws_stride, ws_len),
-            )?;
+            ];
+            let writes: Vec<Region> =
+                r.dx.map(|dx| FusedConv::at(dx, i, x_len, x_len))
+                    .into_iter()
+                    .chain([FusedConv::at(r.dw, i, f.w_stride, w_len)])
+                    .chain(r.db.map(|db| FusedConv::at(db, i, f.w_stride, s.c_out)))
+                    .chain([FusedConv::at(ws, i, f.ws_stride, ws_len)])
+                    .collect();
+            base = self.regions(op, &reads, &writes)?;
         }
-        Ok(())
+        if f.trials == 0 {
+            return Ok(());
+        }
+        let p = BwdPtrs {
+            x: at(base, r.x),
+            w: at(base, r.w),
+            dy: at(base, r.dy),
+            dx: r.dx.map(|dx| at(base, dx)),
+            dw: at(base, r.dw),
+            db: r.db.map(|db| at(base, db)),
+            ws: at(base, ws),
+            ws_bytes: ws_len * 4,
+        };
+        let e = self.ctx.enter()?;
+        self.conv_bwd_fused(&e, s, &p, f)
     }
 
     fn maxpool_fwd(&mut self, s: &PoolShape, x: Region, y: Region) -> Result<(), EngineError> {
