@@ -17,11 +17,11 @@ struct ConvSizes {
     }
 };
 
+// The column-matrix entry `e` of im2col's `col`, from `x`.
 template <typename I>
-__device__ void im2col_body(const float* x, float* col, ConvSizes s)
+__device__ __forceinline__ float im2col_entry(const float* x, ConvSizes s, I e)
 {
     const I cols = (I)s.n * s.h_out * s.w_out, kk = (I)s.k * s.k;
-    FOR_EACH(I, e, (I)s.c_in * kk * cols)
     {
         const I row = e / cols, j = e - row * cols;
         const I ci = row / kk;
@@ -35,7 +35,16 @@ __device__ void im2col_body(const float* x, float* col, ConvSizes s)
         if (iy >= 0 && iy < s.h && ix >= 0 && ix < s.w) {
             v = x[((b * s.c_in + ci) * s.h + (I)iy) * s.w + (I)ix];
         }
-        col[e] = v;
+        return v;
+    }
+}
+
+template <typename I>
+__device__ void im2col_body(const float* x, float* col, ConvSizes s)
+{
+    FOR_EACH(I, e, (I)s.c_in * s.k * s.k * s.n * s.h_out * s.w_out)
+    {
+        col[e] = im2col_entry<I>(x, s, e);
     }
 }
 
@@ -57,11 +66,11 @@ extern "C" __global__ void im2col(const float* x, float* col, unsigned int n, un
     }
 }
 
+// The entry `e` of col2im's `dx`, from `col`.
 template <typename I>
-__device__ void col2im_body(const float* col, float* dx, ConvSizes s)
+__device__ __forceinline__ float col2im_entry(const float* col, ConvSizes s, I e)
 {
     const I cols = (I)s.n * s.h_out * s.w_out;
-    FOR_EACH(I, e, (I)s.n * s.c_in * s.h * s.w)
     {
         const I by = e / s.w, plane = by / s.h, b = plane / s.c_in;
         const long long ix = (long long)(e - by * s.w), iy = (long long)(by - plane * s.h);
@@ -83,7 +92,16 @@ __device__ void col2im_body(const float* col, float* dx, ConvSizes s)
                 sum += col[row * cols + (b * s.h_out + (I)oy) * s.w_out + (I)ox];
             }
         }
-        dx[e] = sum;
+        return sum;
+    }
+}
+
+template <typename I>
+__device__ void col2im_body(const float* col, float* dx, ConvSizes s)
+{
+    FOR_EACH(I, e, (I)s.n * s.c_in * s.h * s.w)
+    {
+        dx[e] = col2im_entry<I>(col, s, e);
     }
 }
 
@@ -103,6 +121,48 @@ extern "C" __global__ void col2im(const float* col, float* dx, unsigned int n, u
         col2im_body<unsigned int>(col, dx, s);
     } else {
         col2im_body<u64>(col, dx, s);
+    }
+}
+
+// im2col per trial `t < trials` of a fused group: trial t's `x` starts t·n·c_in·h·w elements in,
+// its column matrix `t·col_stride` elements into `col`. One thread per entry of every trial's
+// column matrix (64-bit indices: the trials' matrices lie apart).
+extern "C" __global__ void im2col_fused(const float* x, float* col, unsigned int trials,
+                                        u64 col_stride, unsigned int n, unsigned int c_in,
+                                        unsigned int h, unsigned int w, unsigned int k,
+                                        unsigned int pad, unsigned int stride, unsigned int h_out,
+                                        unsigned int w_out)
+{
+    if (stride == 0) {
+        return;
+    }
+    const ConvSizes s = {n, c_in, h, w, k, pad, stride, h_out, w_out};
+    const u64 per = (u64)c_in * k * k * n * h_out * w_out, x_len = (u64)n * c_in * h * w;
+    FOR_EACH(u64, g, per * trials)
+    {
+        const u64 t = g / per, e = g - t * per;
+        col[t * col_stride + e] = im2col_entry<u64>(x + t * x_len, s, e);
+    }
+}
+
+// col2im per trial `t < trials` of a fused group: trial t's column matrix `t·col_stride`
+// elements into `col`, its `dx` t·n·c_in·h·w elements in. One thread per element of every
+// trial's `dx`.
+extern "C" __global__ void col2im_fused(const float* col, float* dx, unsigned int trials,
+                                        u64 col_stride, unsigned int n, unsigned int c_in,
+                                        unsigned int h, unsigned int w, unsigned int k,
+                                        unsigned int pad, unsigned int stride, unsigned int h_out,
+                                        unsigned int w_out)
+{
+    if (stride == 0) {
+        return;
+    }
+    const ConvSizes s = {n, c_in, h, w, k, pad, stride, h_out, w_out};
+    const u64 per = (u64)n * c_in * h * w;
+    FOR_EACH(u64, g, per * trials)
+    {
+        const u64 t = g / per, e = g - t * per;
+        dx[g] = col2im_entry<u64>(col + t * col_stride, s, e);
     }
 }
 

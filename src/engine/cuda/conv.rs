@@ -399,9 +399,7 @@ impl CudaBackend {
         }
         let d = d.lowered(op, s)?;
         let (col, yt) = split_ws(s, p.ws);
-        for i in 0..f.trials {
-            self.im2col(e, &d, on(p.x, i * s.x_len()), on(col, i * f.ws_stride))?;
-        }
+        self.im2col_fused(e, &d, f, p.x, col)?;
         let g = GemmShape::nn(s.c_out, d.nhw, d.kk);
         let batch = per_trial(f, f.w_stride, f.ws_stride, f.ws_stride);
         self.blas.gemm_batched(e, &g, batch, p.w, col, yt)?;
@@ -442,7 +440,7 @@ impl CudaBackend {
         let (col, dyt) = split_ws(s, p.ws);
         for i in 0..f.trials {
             let t = p.trial(i, s, f);
-            let (col_i, dyt_i) = (on(col, i * f.ws_stride), on(dyt, i * f.ws_stride));
+            let dyt_i = on(dyt, i * f.ws_stride);
             let to_cnhw = [
                 Arg::Ptr(t.dy),
                 Arg::Ptr(dyt_i),
@@ -454,8 +452,8 @@ impl CudaBackend {
             if let Some(db) = t.db {
                 self.bias_grad(e, &d, t.dy, db)?;
             }
-            self.im2col(e, &d, t.x, col_i)?;
         }
+        self.im2col_fused(e, &d, f, p.x, col)?;
         let gw = GemmShape {
             trans_b: true,
             ..GemmShape::nn(s.c_out, d.kk, d.nhw)
@@ -469,15 +467,35 @@ impl CudaBackend {
         };
         let batch = per_trial(f, f.w_stride, f.ws_stride, f.ws_stride);
         self.blas.gemm_batched(e, &gx, batch, p.w, dyt, col)?;
-        for i in 0..f.trials {
-            let mut args = vec![
-                Arg::Ptr(on(col, i * f.ws_stride)),
-                Arg::Ptr(on(dx, i * s.x_len())),
-            ];
-            args.extend(d.lowering());
-            self.elementwise(e, "col2im", s.x_len(), &args)?;
-        }
-        Ok(())
+        let mut args = vec![
+            Arg::Ptr(col),
+            Arg::Ptr(dx),
+            Arg::U32(to_u32(op, "trials", f.trials)?),
+            Arg::U64(f.ws_stride as u64),
+        ];
+        args.extend(d.lowering());
+        self.elementwise(e, "col2im_fused", s.x_len() * f.trials, &args)
+    }
+
+    /// im2col of every trial of a fused group in one launch: trial `i`'s input `i·x_len`
+    /// elements on from `x`, its column matrix `i·ws_stride` elements on from `col`.
+    fn im2col_fused(
+        &self,
+        e: &Entered,
+        d: &Dims,
+        f: FusedConv,
+        x: sys::CUdeviceptr,
+        col: sys::CUdeviceptr,
+    ) -> Result<(), EngineError> {
+        let trials = to_u32("im2col_fused", "trials", f.trials)?;
+        let mut args = vec![
+            Arg::Ptr(x),
+            Arg::Ptr(col),
+            Arg::U32(trials),
+            Arg::U64(f.ws_stride as u64),
+        ];
+        args.extend(d.lowering());
+        self.elementwise(e, "im2col_fused", d.kk * d.nhw * f.trials, &args)
     }
 }
 

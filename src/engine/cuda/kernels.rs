@@ -76,6 +76,8 @@ pub const MODULES: &[KernelModule] = &[
         functions: &[
             "im2col",
             "col2im",
+            "im2col_fused",
+            "col2im_fused",
             "nchw_to_cnhw",
             "cnhw_to_nchw_bias",
             "channel_bias",
@@ -583,7 +585,7 @@ mod tests {
     #[test]
     fn every_kernel_of_the_readme_is_in_its_module() {
         let listed = readme_kernels();
-        assert_eq!(listed.len(), 36, "{listed:?}");
+        assert_eq!(listed.len(), 38, "{listed:?}");
         for (file, name) in &listed {
             let m = MODULES.iter().find(|m| m.name == file).unwrap();
             assert!(m.functions.contains(&name.as_str()), "{file}: {name}");
