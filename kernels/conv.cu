@@ -188,6 +188,21 @@ extern "C" __global__ void nchw_to_cnhw(const float* src, float* dst, unsigned i
     }
 }
 
+// nchw_to_cnhw per trial `t < trials` of a fused group: trial t's `src` starts t·n·c·hw elements
+// in, its `dst` `t·dst_stride` elements in; one thread per element of every trial's `dst`.
+extern "C" __global__ void nchw_to_cnhw_fused(const float* src, float* dst, unsigned int trials,
+                                              u64 dst_stride, unsigned int n, unsigned int c,
+                                              unsigned int hw)
+{
+    const u64 per = (u64)n * c * hw, nhw = (u64)n * hw;
+    FOR_EACH(u64, g, per * trials)
+    {
+        const u64 t = g / per, e = g - t * per;
+        const u64 ch = e / nhw, rest = e - ch * nhw, b = rest / hw, j = rest - b * hw;
+        dst[t * dst_stride + e] = src[t * per + (b * c + ch) * hw + j];
+    }
+}
+
 template <typename I>
 __device__ void cnhw_to_nchw_bias_body(const float* src, const float* bias, float* dst, I n, I c,
                                        I hw)
@@ -209,6 +224,24 @@ extern "C" __global__ void cnhw_to_nchw_bias(const float* src, const float* bias
         cnhw_to_nchw_bias_body<unsigned int>(src, bias, dst, n, c, hw);
     } else {
         cnhw_to_nchw_bias_body<u64>(src, bias, dst, n, c, hw);
+    }
+}
+
+// cnhw_to_nchw_bias per trial `t < trials` of a fused group: trial t's `src` starts
+// `t·src_stride` elements in, its bias `t·bias_stride` elements in (none when `bias` is null), its
+// `dst` t·n·c·hw elements in; one thread per element of every trial's `dst`.
+extern "C" __global__ void cnhw_to_nchw_bias_fused(const float* src, const float* bias,
+                                                   float* dst, unsigned int trials, u64 src_stride,
+                                                   u64 bias_stride, unsigned int n, unsigned int c,
+                                                   unsigned int hw)
+{
+    const u64 per = (u64)n * c * hw;
+    FOR_EACH(u64, g, per * trials)
+    {
+        const u64 t = g / per, e = g - t * per;
+        const u64 plane = e / hw, j = e - plane * hw, b = plane / c, ch = plane - b * c;
+        const float v = src[t * src_stride + (ch * n + b) * hw + j];
+        dst[g] = bias ? v + bias[t * bias_stride + ch] : v;
     }
 }
 
@@ -266,6 +299,44 @@ extern "C" __global__ void __launch_bounds__(CHANNEL_SUM_THREADS)
         }
         if (threadIdx.x == 0) {
             db[ch] = total;
+        }
+    }
+}
+
+// channel_sum per trial `t < trials` of a fused group: trial t's `dy` starts t·n·c·hw elements
+// in, its `db` `t·db_stride` elements in. One block per (trial, channel), each summed as
+// channel_sum sums a channel (bit for bit).
+extern "C" __global__ void __launch_bounds__(CHANNEL_SUM_THREADS)
+    channel_sum_fused(const float* dy, float* db, unsigned int trials, u64 db_stride,
+                      unsigned int n, unsigned int c, unsigned int hw)
+{
+    __shared__ float plane_sums[CHANNEL_SUM_THREADS];
+    const unsigned int threads = blockDim.x;
+    for (u64 tc = blockIdx.x; tc < (u64)trials * c; tc += gridDim.x) {
+        const u64 t = tc / c, ch = tc - t * c;
+        const float* dy_t = dy + t * ((u64)n * c * hw);
+        float total = 0.0f;
+        for (u64 b0 = 0; b0 < n; b0 += threads) {
+            const u64 b = b0 + threadIdx.x;
+            float sum = 0.0f;
+            if (b < n) {
+                const float* plane = dy_t + (b * c + ch) * hw;
+                for (unsigned int j = 0; j < hw; ++j) {
+                    sum += plane[j];
+                }
+            }
+            plane_sums[threadIdx.x] = sum;
+            __syncthreads();
+            if (threadIdx.x == 0) {
+                const u64 m = n - b0 < threads ? n - b0 : threads;
+                for (u64 i = 0; i < m; ++i) {
+                    total += plane_sums[i];
+                }
+            }
+            __syncthreads();
+        }
+        if (threadIdx.x == 0) {
+            db[t * db_stride + ch] = total;
         }
     }
 }

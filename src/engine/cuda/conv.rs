@@ -380,8 +380,8 @@ impl CudaBackend {
 impl CudaBackend {
     /// [`CudaBackend::conv_fwd`] over a fused group whose trial 0's operands are `p` (each trial's
     /// workspace `p.ws_bytes`, `f.ws_stride` elements apart): cuDNN and pointwise convolutions
-    /// trial by trial; the GEMM lowering with each trial's layout kernels in its own workspace and
-    /// one batched GEMM over the trials.
+    /// trial by trial; the GEMM lowering with one launch of each layout kernel over every trial,
+    /// each trial in its own workspace, and one batched GEMM over the trials.
     pub(crate) fn conv_fwd_fused(
         &self,
         e: &Entered,
@@ -403,24 +403,24 @@ impl CudaBackend {
         let g = GemmShape::nn(s.c_out, d.nhw, d.kk);
         let batch = per_trial(f, f.w_stride, f.ws_stride, f.ws_stride);
         self.blas.gemm_batched(e, &g, batch, p.w, col, yt)?;
-        for i in 0..f.trials {
-            let t = p.trial(i, s, f);
-            let args = [
-                Arg::Ptr(on(yt, i * f.ws_stride)),
-                Arg::Ptr(t.b.unwrap_or(NO_BIAS)),
-                Arg::Ptr(t.y),
-                Arg::U32(d.n),
-                Arg::U32(d.c_out),
-                Arg::U32(d.hw_out()),
-            ];
-            self.elementwise(e, "cnhw_to_nchw_bias", s.y_len(), &args)?;
-        }
-        Ok(())
+        let args = [
+            Arg::Ptr(yt),
+            Arg::Ptr(p.b.unwrap_or(NO_BIAS)),
+            Arg::Ptr(p.y),
+            Arg::U32(to_u32(op, "trials", f.trials)?),
+            Arg::U64(f.ws_stride as u64),
+            Arg::U64(f.w_stride as u64),
+            Arg::U32(d.n),
+            Arg::U32(d.c_out),
+            Arg::U32(d.hw_out()),
+        ];
+        let len = s.y_len() * f.trials;
+        self.elementwise(e, "cnhw_to_nchw_bias_fused", len, &args)
     }
 
     /// [`CudaBackend::conv_bwd`] over a fused group laid out as in
-    /// [`CudaBackend::conv_fwd_fused`]: the GEMM lowering's `dW` and `dcol` GEMMs batched over
-    /// the trials.
+    /// [`CudaBackend::conv_fwd_fused`]: the GEMM lowering's layout kernels and bias sums one
+    /// launch each over every trial, its `dW` and `dcol` GEMMs batched over the trials.
     pub(crate) fn conv_bwd_fused(
         &self,
         e: &Entered,
@@ -438,20 +438,29 @@ impl CudaBackend {
         }
         let d = d.lowered(op, s)?;
         let (col, dyt) = split_ws(s, p.ws);
-        for i in 0..f.trials {
-            let t = p.trial(i, s, f);
-            let dyt_i = on(dyt, i * f.ws_stride);
-            let to_cnhw = [
-                Arg::Ptr(t.dy),
-                Arg::Ptr(dyt_i),
+        let trials = to_u32(op, "trials", f.trials)?;
+        let to_cnhw = [
+            Arg::Ptr(p.dy),
+            Arg::Ptr(dyt),
+            Arg::U32(trials),
+            Arg::U64(f.ws_stride as u64),
+            Arg::U32(d.n),
+            Arg::U32(d.c_out),
+            Arg::U32(d.hw_out()),
+        ];
+        self.elementwise(e, "nchw_to_cnhw_fused", s.y_len() * f.trials, &to_cnhw)?;
+        if let Some(db) = p.db {
+            let args = [
+                Arg::Ptr(p.dy),
+                Arg::Ptr(db),
+                Arg::U32(trials),
+                Arg::U64(f.w_stride as u64),
                 Arg::U32(d.n),
                 Arg::U32(d.c_out),
                 Arg::U32(d.hw_out()),
             ];
-            self.elementwise(e, "nchw_to_cnhw", s.y_len(), &to_cnhw)?;
-            if let Some(db) = t.db {
-                self.bias_grad(e, &d, t.dy, db)?;
-            }
+            let blocks = (d.c_out as usize * f.trials).clamp(1, MAX_BLOCKS as usize) as u32;
+            self.kernel(e, "channel_sum_fused", (blocks, CHANNEL_SUM_THREADS), &args)?;
         }
         self.im2col_fused(e, &d, f, p.x, col)?;
         let gw = GemmShape {
@@ -470,7 +479,7 @@ impl CudaBackend {
         let mut args = vec![
             Arg::Ptr(col),
             Arg::Ptr(dx),
-            Arg::U32(to_u32(op, "trials", f.trials)?),
+            Arg::U32(trials),
             Arg::U64(f.ws_stride as u64),
         ];
         args.extend(d.lowering());
