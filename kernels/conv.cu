@@ -17,11 +17,11 @@ struct ConvSizes {
     }
 };
 
+// The column-matrix entry `e` of im2col's `col`, from `x`.
 template <typename I>
-__device__ void im2col_body(const float* x, float* col, ConvSizes s)
+__device__ __forceinline__ float im2col_entry(const float* x, ConvSizes s, I e)
 {
     const I cols = (I)s.n * s.h_out * s.w_out, kk = (I)s.k * s.k;
-    FOR_EACH(I, e, (I)s.c_in * kk * cols)
     {
         const I row = e / cols, j = e - row * cols;
         const I ci = row / kk;
@@ -35,7 +35,16 @@ __device__ void im2col_body(const float* x, float* col, ConvSizes s)
         if (iy >= 0 && iy < s.h && ix >= 0 && ix < s.w) {
             v = x[((b * s.c_in + ci) * s.h + (I)iy) * s.w + (I)ix];
         }
-        col[e] = v;
+        return v;
+    }
+}
+
+template <typename I>
+__device__ void im2col_body(const float* x, float* col, ConvSizes s)
+{
+    FOR_EACH(I, e, (I)s.c_in * s.k * s.k * s.n * s.h_out * s.w_out)
+    {
+        col[e] = im2col_entry<I>(x, s, e);
     }
 }
 
@@ -57,11 +66,11 @@ extern "C" __global__ void im2col(const float* x, float* col, unsigned int n, un
     }
 }
 
+// The entry `e` of col2im's `dx`, from `col`.
 template <typename I>
-__device__ void col2im_body(const float* col, float* dx, ConvSizes s)
+__device__ __forceinline__ float col2im_entry(const float* col, ConvSizes s, I e)
 {
     const I cols = (I)s.n * s.h_out * s.w_out;
-    FOR_EACH(I, e, (I)s.n * s.c_in * s.h * s.w)
     {
         const I by = e / s.w, plane = by / s.h, b = plane / s.c_in;
         const long long ix = (long long)(e - by * s.w), iy = (long long)(by - plane * s.h);
@@ -83,7 +92,16 @@ __device__ void col2im_body(const float* col, float* dx, ConvSizes s)
                 sum += col[row * cols + (b * s.h_out + (I)oy) * s.w_out + (I)ox];
             }
         }
-        dx[e] = sum;
+        return sum;
+    }
+}
+
+template <typename I>
+__device__ void col2im_body(const float* col, float* dx, ConvSizes s)
+{
+    FOR_EACH(I, e, (I)s.n * s.c_in * s.h * s.w)
+    {
+        dx[e] = col2im_entry<I>(col, s, e);
     }
 }
 
@@ -103,6 +121,48 @@ extern "C" __global__ void col2im(const float* col, float* dx, unsigned int n, u
         col2im_body<unsigned int>(col, dx, s);
     } else {
         col2im_body<u64>(col, dx, s);
+    }
+}
+
+// im2col per trial `t < trials` of a fused group: trial t's `x` starts t·n·c_in·h·w elements in,
+// its column matrix `t·col_stride` elements into `col`. One thread per entry of every trial's
+// column matrix (64-bit indices: the trials' matrices lie apart).
+extern "C" __global__ void im2col_fused(const float* x, float* col, unsigned int trials,
+                                        u64 col_stride, unsigned int n, unsigned int c_in,
+                                        unsigned int h, unsigned int w, unsigned int k,
+                                        unsigned int pad, unsigned int stride, unsigned int h_out,
+                                        unsigned int w_out)
+{
+    if (stride == 0) {
+        return;
+    }
+    const ConvSizes s = {n, c_in, h, w, k, pad, stride, h_out, w_out};
+    const u64 per = (u64)c_in * k * k * n * h_out * w_out, x_len = (u64)n * c_in * h * w;
+    FOR_EACH(u64, g, per * trials)
+    {
+        const u64 t = g / per, e = g - t * per;
+        col[t * col_stride + e] = im2col_entry<u64>(x + t * x_len, s, e);
+    }
+}
+
+// col2im per trial `t < trials` of a fused group: trial t's column matrix `t·col_stride`
+// elements into `col`, its `dx` t·n·c_in·h·w elements in. One thread per element of every
+// trial's `dx`.
+extern "C" __global__ void col2im_fused(const float* col, float* dx, unsigned int trials,
+                                        u64 col_stride, unsigned int n, unsigned int c_in,
+                                        unsigned int h, unsigned int w, unsigned int k,
+                                        unsigned int pad, unsigned int stride, unsigned int h_out,
+                                        unsigned int w_out)
+{
+    if (stride == 0) {
+        return;
+    }
+    const ConvSizes s = {n, c_in, h, w, k, pad, stride, h_out, w_out};
+    const u64 per = (u64)n * c_in * h * w;
+    FOR_EACH(u64, g, per * trials)
+    {
+        const u64 t = g / per, e = g - t * per;
+        dx[g] = col2im_entry<u64>(col + t * col_stride, s, e);
     }
 }
 
@@ -128,6 +188,21 @@ extern "C" __global__ void nchw_to_cnhw(const float* src, float* dst, unsigned i
     }
 }
 
+// nchw_to_cnhw per trial `t < trials` of a fused group: trial t's `src` starts t·n·c·hw elements
+// in, its `dst` `t·dst_stride` elements in; one thread per element of every trial's `dst`.
+extern "C" __global__ void nchw_to_cnhw_fused(const float* src, float* dst, unsigned int trials,
+                                              u64 dst_stride, unsigned int n, unsigned int c,
+                                              unsigned int hw)
+{
+    const u64 per = (u64)n * c * hw, nhw = (u64)n * hw;
+    FOR_EACH(u64, g, per * trials)
+    {
+        const u64 t = g / per, e = g - t * per;
+        const u64 ch = e / nhw, rest = e - ch * nhw, b = rest / hw, j = rest - b * hw;
+        dst[t * dst_stride + e] = src[t * per + (b * c + ch) * hw + j];
+    }
+}
+
 template <typename I>
 __device__ void cnhw_to_nchw_bias_body(const float* src, const float* bias, float* dst, I n, I c,
                                        I hw)
@@ -149,6 +224,24 @@ extern "C" __global__ void cnhw_to_nchw_bias(const float* src, const float* bias
         cnhw_to_nchw_bias_body<unsigned int>(src, bias, dst, n, c, hw);
     } else {
         cnhw_to_nchw_bias_body<u64>(src, bias, dst, n, c, hw);
+    }
+}
+
+// cnhw_to_nchw_bias per trial `t < trials` of a fused group: trial t's `src` starts
+// `t·src_stride` elements in, its bias `t·bias_stride` elements in (none when `bias` is null), its
+// `dst` t·n·c·hw elements in; one thread per element of every trial's `dst`.
+extern "C" __global__ void cnhw_to_nchw_bias_fused(const float* src, const float* bias,
+                                                   float* dst, unsigned int trials, u64 src_stride,
+                                                   u64 bias_stride, unsigned int n, unsigned int c,
+                                                   unsigned int hw)
+{
+    const u64 per = (u64)n * c * hw;
+    FOR_EACH(u64, g, per * trials)
+    {
+        const u64 t = g / per, e = g - t * per;
+        const u64 plane = e / hw, j = e - plane * hw, b = plane / c, ch = plane - b * c;
+        const float v = src[t * src_stride + (ch * n + b) * hw + j];
+        dst[g] = bias ? v + bias[t * bias_stride + ch] : v;
     }
 }
 
@@ -206,6 +299,44 @@ extern "C" __global__ void __launch_bounds__(CHANNEL_SUM_THREADS)
         }
         if (threadIdx.x == 0) {
             db[ch] = total;
+        }
+    }
+}
+
+// channel_sum per trial `t < trials` of a fused group: trial t's `dy` starts t·n·c·hw elements
+// in, its `db` `t·db_stride` elements in. One block per (trial, channel), each summed as
+// channel_sum sums a channel (bit for bit).
+extern "C" __global__ void __launch_bounds__(CHANNEL_SUM_THREADS)
+    channel_sum_fused(const float* dy, float* db, unsigned int trials, u64 db_stride,
+                      unsigned int n, unsigned int c, unsigned int hw)
+{
+    __shared__ float plane_sums[CHANNEL_SUM_THREADS];
+    const unsigned int threads = blockDim.x;
+    for (u64 tc = blockIdx.x; tc < (u64)trials * c; tc += gridDim.x) {
+        const u64 t = tc / c, ch = tc - t * c;
+        const float* dy_t = dy + t * ((u64)n * c * hw);
+        float total = 0.0f;
+        for (u64 b0 = 0; b0 < n; b0 += threads) {
+            const u64 b = b0 + threadIdx.x;
+            float sum = 0.0f;
+            if (b < n) {
+                const float* plane = dy_t + (b * c + ch) * hw;
+                for (unsigned int j = 0; j < hw; ++j) {
+                    sum += plane[j];
+                }
+            }
+            plane_sums[threadIdx.x] = sum;
+            __syncthreads();
+            if (threadIdx.x == 0) {
+                const u64 m = n - b0 < threads ? n - b0 : threads;
+                for (u64 i = 0; i < m; ++i) {
+                    total += plane_sums[i];
+                }
+            }
+            __syncthreads();
+        }
+        if (threadIdx.x == 0) {
+            db[t * db_stride + ch] = total;
         }
     }
 }

@@ -17,8 +17,8 @@ use gpumux::data::{synthetic, DataSpec, Dataset, Source};
 use gpumux::engine::cpu::CpuBackend;
 use gpumux::engine::cuda::{self, CudaEngine, DeviceData};
 use gpumux::engine::{
-    AdamParams, Backend, BnParams, Conv2dShape, DropoutMask, GemmBatch, GemmShape, PlaneShape,
-    PoolShape, Region, SgdParams, Split,
+    AdamParams, Backend, BnParams, Conv2dShape, DropoutMask, FusedConv, GemmBatch, GemmShape,
+    PlaneShape, PoolShape, Region, SgdParams, Split,
 };
 use gpumux::error::EngineError;
 use gpumux::job::{ConvEngine, EngineOptions, Hyper, ModelKind, ModelSpec, Optimizer};
@@ -474,6 +474,60 @@ fn convolutions_match_the_cpu(conv: ConvEngine) {
                 p.assert_close(dw2, 1e-3, 1e-4, &format!("conv dw (no dx) {what}"));
                 p.assert_exact(dx2, &format!("dx untouched {what}"));
             }
+        }
+    }
+}
+
+/// The fused convolutions over 3 trials, every shape, with and without a bias, against the CPU
+/// (same tolerances as [`convolutions_match_the_cpu`]): each trial's weights then bias in a
+/// parameter block of an odd stride, the gaps between the blocks left as they are.
+fn fused_convolutions_match_the_cpu(conv: ConvEngine) {
+    gpu_or_skip!();
+    let Some(e) = engine_with(conv) else {
+        return;
+    };
+    let trials = 3;
+    for s in conv_shapes() {
+        for bias in [true, false] {
+            let mut p = Pair::new(&e);
+            let ws_stride = p
+                .cpu
+                .conv_workspace_len(&s)
+                .max(p.gpu.conv_workspace_len(&s));
+            let f = FusedConv {
+                trials,
+                w_stride: s.w_len() + s.c_out + 5,
+                ws_stride,
+            };
+            let block = (trials - 1) * f.w_stride + s.w_len() + s.c_out;
+            let params = p.random(block, -1.0, 1.0);
+            let w = Region::new(params.offset, block);
+            let b = bias.then(|| Region::new(params.offset + s.w_len(), block - s.w_len()));
+            let x = p.random(trials * s.x_len(), -1.0, 1.0);
+            let y = p.region(trials * s.y_len());
+            let ws = p.region(trials * ws_stride);
+            let what = format!(
+                "{conv:?} k{} pad{} stride{} c{}→{} bias {bias}",
+                s.k, s.pad, s.stride, s.c_in, s.c_out
+            );
+            p.both(|be| be.conv2d_fwd_fused(&s, x, w, b, y, ws, f));
+            p.assert_close(y, 1e-4, 1e-4, &format!("fused conv fwd {what}"));
+            let dy = p.random(trials * s.y_len(), -1.0, 1.0);
+            let dx = p.region(trials * s.x_len());
+            let grads = p.random(block, 5.0, 6.0);
+            let dw = Region::new(grads.offset, block);
+            let db = bias.then(|| Region::new(grads.offset + s.w_len(), block - s.w_len()));
+            p.both(|be| be.conv2d_bwd_fused(&s, x, w, dy, Some(dx), dw, db, ws, f));
+            p.assert_close(dx, 1e-4, 1e-4, &format!("fused conv dx {what}"));
+            p.assert_close(dw, 1e-3, 1e-4, &format!("fused conv dw, db {what}"));
+            // Without dx: dw alone, and dx untouched.
+            let (dw2, dx2) = (
+                p.random(block, 5.0, 6.0),
+                p.random(trials * s.x_len(), 5.0, 6.0),
+            );
+            p.both(|be| be.conv2d_bwd_fused(&s, x, w, dy, None, dw2, None, ws, f));
+            p.assert_close(dw2, 1e-3, 1e-4, &format!("fused conv dw (no dx) {what}"));
+            p.assert_exact(dx2, &format!("fused dx untouched {what}"));
         }
     }
 }
@@ -1552,8 +1606,12 @@ fn tests() -> Vec<(String, Needs, Body)> {
         .into_iter()
         .map(|(name, f)| (name.to_string(), Needs::Gpu, Box::new(f) as Body))
         .collect();
-    let per_conv: [PerConv; 2] = [
+    let per_conv: [PerConv; 3] = [
         ("convolutions_match_the_cpu", convolutions_match_the_cpu),
+        (
+            "fused_convolutions_match_the_cpu",
+            fused_convolutions_match_the_cpu,
+        ),
         (
             "reduced_resnet_training_matches_the_cpu",
             reduced_resnet_training_matches_the_cpu,

@@ -2,7 +2,8 @@
 
 use super::fused::HYPER_LEN;
 use super::{
-    Conv2dShape, GemmBatch, GemmShape, PlaneShape, PoolShape, Region, COUNTER_LEN, STATS_LEN,
+    Conv2dShape, FusedConv, GemmBatch, GemmShape, PlaneShape, PoolShape, Region, COUNTER_LEN,
+    STATS_LEN,
 };
 use crate::error::EngineError;
 
@@ -463,6 +464,7 @@ pub fn optim_batched<const N: usize>(
 }
 
 /// The regions of `conv2d_fwd` (the workspace is the backend's to size).
+#[derive(Debug)]
 pub struct ConvFwd {
     pub x: Region,
     pub w: Region,
@@ -489,6 +491,7 @@ pub fn conv2d_fwd(
 }
 
 /// The regions of `conv2d_bwd` (the workspace is the backend's to size).
+#[derive(Debug)]
 pub struct ConvBwd {
     pub x: Region,
     pub w: Region,
@@ -525,6 +528,70 @@ pub fn conv2d_bwd(
         dw,
         db,
     })
+}
+
+/// `conv2d_fwd_fused`: the shape fits, and `x`, `w`, `b` and `y` span every trial's copy (`x`
+/// and `y` one after another, `w` and `b` every `w_stride` elements).
+pub fn conv2d_fwd_fused(
+    s: &Conv2dShape,
+    x: Region,
+    w: Region,
+    b: Option<Region>,
+    y: Region,
+    f: FusedConv,
+) -> Result<ConvFwd, EngineError> {
+    let op = "conv2d_fwd_fused";
+    conv(op, s)?;
+    let n = f.trials;
+    let b_len = strided_len(op, "b", n, f.w_stride, s.c_out)?;
+    Ok(ConvFwd {
+        x: need(op, "x", x, fused_len(op, "x", n, Some(s.x_len()))?)?,
+        w: need(op, "w", w, strided_len(op, "w", n, f.w_stride, s.w_len())?)?,
+        b: optional(op, "b", b, b_len)?,
+        y: need(op, "y", y, fused_len(op, "y", n, Some(s.y_len()))?)?,
+    })
+}
+
+/// `conv2d_bwd_fused`: as [`conv2d_fwd_fused`], `dy` and `dx` laid out as `y` and `x`, `dw` and
+/// `db` as `w` and `b`.
+#[allow(clippy::too_many_arguments)]
+pub fn conv2d_bwd_fused(
+    s: &Conv2dShape,
+    x: Region,
+    w: Region,
+    dy: Region,
+    dx: Option<Region>,
+    dw: Region,
+    db: Option<Region>,
+    f: FusedConv,
+) -> Result<ConvBwd, EngineError> {
+    let op = "conv2d_bwd_fused";
+    conv(op, s)?;
+    let n = f.trials;
+    let x_len = fused_len(op, "x", n, Some(s.x_len()))?;
+    let y_len = fused_len(op, "dy", n, Some(s.y_len()))?;
+    let w_len = strided_len(op, "w", n, f.w_stride, s.w_len())?;
+    let b_len = strided_len(op, "db", n, f.w_stride, s.c_out)?;
+    Ok(ConvBwd {
+        x: need(op, "x", x, x_len)?,
+        w: need(op, "w", w, w_len)?,
+        dy: need(op, "dy", dy, y_len)?,
+        dx: optional(op, "dx", dx, x_len)?,
+        dw: need(op, "dw", dw, w_len)?,
+        db: optional(op, "db", db, b_len)?,
+    })
+}
+
+/// The workspace of a fused convolution whose trials need `len` elements each, one every
+/// `ws_stride` elements: a shape error when, with several trials, the stride is shorter.
+pub fn fused_ws(
+    op: &'static str,
+    ws: Region,
+    f: FusedConv,
+    len: usize,
+) -> Result<Region, EngineError> {
+    let span = strided_len(op, "workspace", f.trials, f.ws_stride, len)?;
+    need(op, "workspace", ws, span)
 }
 
 /// `batchnorm_fwd`: `[x, gamma, beta, running, saved, y]`.
@@ -965,6 +1032,84 @@ mod tests {
             let e = bias_grad_fused(y, b, rows, 5, trials, stride).unwrap_err();
             assert!(message(e).contains("spans more elements than fit"));
         }
+    }
+
+    #[test]
+    fn fused_conv_regions_span_every_trial() {
+        // 1→2 channels, 3×3 valid on 4×4, batch 2: x 32, y 16, w 18, b 2.
+        let s = Conv2dShape {
+            n: 2,
+            c_in: 1,
+            h: 4,
+            w: 4,
+            c_out: 2,
+            k: 3,
+            pad: 0,
+            stride: 1,
+        };
+        let f = FusedConv {
+            trials: 3,
+            w_stride: 25,
+            ws_stride: 20,
+        };
+        let (x, w, b, y) = (
+            Region::new(0, 100),
+            Region::new(100, 80),
+            Region::new(118, 70),
+            Region::new(200, 60),
+        );
+        let r = conv2d_fwd_fused(&s, x, w, Some(b), y, f).unwrap();
+        assert_eq!(r.x, Region::new(0, 96));
+        assert_eq!(r.w, Region::new(100, 68));
+        assert_eq!(r.b, Some(Region::new(118, 52)));
+        assert_eq!(r.y, Region::new(200, 48));
+        let e = conv2d_fwd_fused(&s, Region::new(0, 95), w, None, y, f).unwrap_err();
+        assert_eq!(
+            message(e),
+            "shape mismatch in conv2d_fwd_fused: x holds 95 elements, needs 96"
+        );
+        let e = conv2d_fwd_fused(&s, x, Region::new(100, 67), None, y, f).unwrap_err();
+        assert!(message(e).contains("w holds 67 elements, needs 68"));
+        let short = FusedConv { w_stride: 17, ..f };
+        let e = conv2d_fwd_fused(&s, x, w, None, y, short).unwrap_err();
+        assert!(message(e).contains("w's stride 17 is shorter than its 18 elements"));
+        let r = conv2d_bwd_fused(&s, x, w, y, Some(x), w, Some(b), f).unwrap();
+        assert_eq!(
+            (r.dy, r.dx),
+            (Region::new(200, 48), Some(Region::new(0, 96)))
+        );
+        assert_eq!(
+            (r.dw, r.db),
+            (Region::new(100, 68), Some(Region::new(118, 52)))
+        );
+        let e = conv2d_bwd_fused(&s, x, w, Region::new(200, 47), None, w, None, f).unwrap_err();
+        assert!(message(e).contains("dy holds 47 elements, needs 48"));
+        let e = conv2d_bwd_fused(&s, x, w, y, None, w, Some(Region::new(118, 51)), f);
+        assert!(message(e.unwrap_err()).contains("db holds 51 elements, needs 52"));
+        // The workspace: 2·20 + 15 for trials of 15 elements; a stride under a trial's need.
+        let ws = fused_ws("op", Region::new(0, 60), f, 15).unwrap();
+        assert_eq!(ws, Region::new(0, 55));
+        let e = fused_ws("op", Region::new(0, 60), f, 21).unwrap_err();
+        assert!(message(e).contains("workspace's stride 20 is shorter than its 21 elements"));
+        assert!(fused_ws("op", Region::new(0, 54), f, 15).is_err());
+        // Spans that overflow are shape errors.
+        let huge = FusedConv {
+            trials: usize::MAX,
+            ..f
+        };
+        let e = conv2d_fwd_fused(&s, x, w, None, y, huge).unwrap_err();
+        assert!(message(e).contains("spans more elements than fit"));
+        let e = fused_ws(
+            "op",
+            x,
+            FusedConv {
+                ws_stride: usize::MAX,
+                ..f
+            },
+            1,
+        )
+        .unwrap_err();
+        assert!(message(e).contains("spans more elements than fit"));
     }
 
     #[test]

@@ -14,7 +14,9 @@ pub mod shapes;
 use crate::error::EngineError;
 pub use cuda::CaptureHold;
 pub use options::{ConvEngine, EngineOptions};
-pub use shapes::{BnParams, Conv2dShape, GemmBatch, GemmShape, PlaneShape, PoolShape, Window};
+pub use shapes::{
+    BnParams, Conv2dShape, FusedConv, GemmBatch, GemmShape, PlaneShape, PoolShape, Window,
+};
 
 /// A span of `f32` elements inside a trial's arena.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default, serde::Serialize)]
@@ -271,6 +273,37 @@ pub trait Backend: Send {
         dw: Region,
         db: Option<Region>,
         ws: Region,
+    ) -> Result<(), EngineError>;
+    /// [`Backend::conv2d_fwd`] over a fused group (see [`FusedConv`]): `s` is one trial's
+    /// convolution; trial `i`'s `x` and `y` start `i·x_len` and `i·y_len` elements in, its `w`
+    /// and `b` `i·w_stride` elements into `w` and `b`, its workspace `i·ws_stride` elements into
+    /// `ws` (at least [`Backend::conv_workspace_len`] with several trials). Each trial computes
+    /// what [`Backend::conv2d_fwd`] computes on its operands.
+    #[allow(clippy::too_many_arguments)]
+    fn conv2d_fwd_fused(
+        &mut self,
+        s: &Conv2dShape,
+        x: Region,
+        w: Region,
+        b: Option<Region>,
+        y: Region,
+        ws: Region,
+        f: FusedConv,
+    ) -> Result<(), EngineError>;
+    /// [`Backend::conv2d_bwd`] over a fused group, laid out as in
+    /// [`Backend::conv2d_fwd_fused`] (`dx` as `x`, `dy` as `y`, `dw` and `db` as `w` and `b`).
+    #[allow(clippy::too_many_arguments)]
+    fn conv2d_bwd_fused(
+        &mut self,
+        s: &Conv2dShape,
+        x: Region,
+        w: Region,
+        dy: Region,
+        dx: Option<Region>,
+        dw: Region,
+        db: Option<Region>,
+        ws: Region,
+        f: FusedConv,
     ) -> Result<(), EngineError>;
     /// Batch normalisation per channel (see `cpu::ops::batchnorm_fwd`): `running` holds
     /// `[mean; c] ++ [var; c]`, `saved` receives `[mean; c] ++ [1/√(var+eps); c]` in training.

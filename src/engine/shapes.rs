@@ -73,6 +73,28 @@ impl GemmBatch {
     }
 }
 
+/// A convolution over a fused group of `trials` trials: trial `i`'s input, output and their
+/// gradients lie `i` whole copies in (one after another), its weights and bias (and their
+/// gradients) `i·w_stride` elements in, and its workspace `i·ws_stride` elements in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FusedConv {
+    pub trials: usize,
+    pub w_stride: usize,
+    pub ws_stride: usize,
+}
+
+impl FusedConv {
+    /// Trial `i`'s copy of `len` elements in `r`, copies `stride` elements apart.
+    pub fn at(
+        r: crate::engine::Region,
+        i: usize,
+        stride: usize,
+        len: usize,
+    ) -> crate::engine::Region {
+        crate::engine::Region::new(r.offset + i * stride, len)
+    }
+}
+
 /// A square window slid over a zero-padded plane: `k×k`, moved `stride` positions at a time, with
 /// `pad` positions each side. Convolutions and pooling share its arithmetic.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

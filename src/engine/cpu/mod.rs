@@ -10,7 +10,7 @@ use crate::data::{Dataset, Samples};
 use crate::engine::contract::{self, need};
 use crate::engine::{
     dropout_stream, AdamParams, Backend, BackendKind, BnParams, Conv2dShape, DropoutMask,
-    GemmBatch, GemmShape, PlaneShape, PoolShape, Region, SgdParams, Split, COUNTER_LEN,
+    FusedConv, GemmBatch, GemmShape, PlaneShape, PoolShape, Region, SgdParams, Split, COUNTER_LEN,
 };
 use crate::error::EngineError;
 use crate::units::MIB;
@@ -380,6 +380,65 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
+    fn conv2d_fwd_fused(
+        &mut self,
+        s: &Conv2dShape,
+        x: Region,
+        w: Region,
+        b: Option<Region>,
+        y: Region,
+        ws: Region,
+        f: FusedConv,
+    ) -> Result<(), EngineError> {
+        let op = "conv2d_fwd_fused";
+        let r = contract::conv2d_fwd_fused(s, x, w, b, y, f)?;
+        let ws = contract::fused_ws(op, ws, f, s.ws_len())?;
+        let (x_len, y_len) = (s.x_len(), s.y_len());
+        for i in 0..f.trials {
+            let b = r.b.map(|b| FusedConv::at(b, i, f.w_stride, s.c_out));
+            self.conv2d_fwd(
+                s,
+                FusedConv::at(r.x, i, x_len, x_len),
+                FusedConv::at(r.w, i, f.w_stride, s.w_len()),
+                b,
+                FusedConv::at(r.y, i, y_len, y_len),
+                FusedConv::at(ws, i, f.ws_stride, s.ws_len()),
+            )?;
+        }
+        Ok(())
+    }
+
+    fn conv2d_bwd_fused(
+        &mut self,
+        s: &Conv2dShape,
+        x: Region,
+        w: Region,
+        dy: Region,
+        dx: Option<Region>,
+        dw: Region,
+        db: Option<Region>,
+        ws: Region,
+        f: FusedConv,
+    ) -> Result<(), EngineError> {
+        let op = "conv2d_bwd_fused";
+        let r = contract::conv2d_bwd_fused(s, x, w, dy, dx, dw, db, f)?;
+        let ws = contract::fused_ws(op, ws, f, s.ws_len())?;
+        let (x_len, y_len, w_len) = (s.x_len(), s.y_len(), s.w_len());
+        for i in 0..f.trials {
+            self.conv2d_bwd(
+                s,
+                FusedConv::at(r.x, i, x_len, x_len),
+                FusedConv::at(r.w, i, f.w_stride, w_len),
+                FusedConv::at(r.dy, i, y_len, y_len),
+                r.dx.map(|dx| FusedConv::at(dx, i, x_len, x_len)),
+                FusedConv::at(r.dw, i, f.w_stride, w_len),
+                r.db.map(|db| FusedConv::at(db, i, f.w_stride, s.c_out)),
+                FusedConv::at(ws, i, f.ws_stride, s.ws_len()),
+            )?;
+        }
+        Ok(())
+    }
+
     fn batchnorm_fwd(
         &mut self,
         s: &PlaneShape,
@@ -713,6 +772,88 @@ mod tests {
             .flatten()
             .map(|&i| f32::from_bits(i))
             .collect()
+    }
+
+    #[test]
+    fn fused_convolutions_are_each_trials_own_bit_for_bit() {
+        // 3 trials of 2 samples, 2→3 channels, 3×3 padded on 5×4, with a bias; each trial's
+        // parameter block holds its weights then its bias, with room between the blocks.
+        let s = Conv2dShape {
+            n: 2,
+            c_in: 2,
+            h: 5,
+            w: 4,
+            c_out: 3,
+            k: 3,
+            pad: 1,
+            stride: 2,
+        };
+        let trials = 3;
+        let f = FusedConv {
+            trials,
+            w_stride: s.w_len() + s.c_out + 3,
+            ws_stride: s.ws_len() + 2,
+        };
+        let (xl, yl) = (s.x_len() * trials, s.y_len() * trials);
+        let pl = f.w_stride * trials;
+        let x = Region::new(0, xl);
+        let y = Region::new(xl, yl);
+        let w = Region::new(xl + yl, pl);
+        let b = Region::new(w.offset + s.w_len(), pl - s.w_len());
+        let dw = Region::new(w.end(), pl);
+        let db = Region::new(dw.offset + s.w_len(), pl - s.w_len());
+        let dx = Region::new(dw.end(), xl);
+        let ws = Region::new(dx.end(), f.ws_stride * trials);
+        let total = ws.end();
+        let mut rng = crate::rng::HostRng::new(7);
+        let init: Vec<f32> = (0..total).map(|_| rng.uniform_f32(-1.0, 1.0)).collect();
+        let fresh = || {
+            let mut be = CpuBackend::new(tiny(), None);
+            be.alloc_arena(total).unwrap();
+            be.write(Region::new(0, total), &init).unwrap();
+            be
+        };
+        let all = |be: &mut CpuBackend| {
+            let mut out = vec![0.0f32; total];
+            be.read(Region::new(0, total), &mut out).unwrap();
+            out.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+        };
+        let mut fused = fresh();
+        fused.conv2d_fwd_fused(&s, x, w, Some(b), y, ws, f).unwrap();
+        fused
+            .conv2d_bwd_fused(&s, x, w, y, Some(dx), dw, Some(db), ws, f)
+            .unwrap();
+        let mut alone = fresh();
+        let (x_len, y_len) = (s.x_len(), s.y_len());
+        for i in 0..trials {
+            let at = |r: Region, stride, len| FusedConv::at(r, i, stride, len);
+            let ws_i = at(ws, f.ws_stride, s.ws_len());
+            let (x_i, y_i) = (at(x, x_len, x_len), at(y, y_len, y_len));
+            let (w_i, b_i) = (at(w, f.w_stride, s.w_len()), at(b, f.w_stride, s.c_out));
+            alone
+                .conv2d_fwd(&s, x_i, w_i, Some(b_i), y_i, ws_i)
+                .unwrap();
+        }
+        for i in 0..trials {
+            let at = |r: Region, stride, len| FusedConv::at(r, i, stride, len);
+            let ws_i = at(ws, f.ws_stride, s.ws_len());
+            let (x_i, y_i) = (at(x, x_len, x_len), at(y, y_len, y_len));
+            let (w_i, dw_i) = (at(w, f.w_stride, s.w_len()), at(dw, f.w_stride, s.w_len()));
+            let (db_i, dx_i) = (at(db, f.w_stride, s.c_out), at(dx, x_len, x_len));
+            alone
+                .conv2d_bwd(&s, x_i, w_i, y_i, Some(dx_i), dw_i, Some(db_i), ws_i)
+                .unwrap();
+        }
+        assert_eq!(all(&mut fused), all(&mut alone));
+        // A workspace stride under one convolution's need is a shape error.
+        let short = FusedConv {
+            ws_stride: s.ws_len() - 1,
+            ..f
+        };
+        let e = fused
+            .conv2d_fwd_fused(&s, x, w, None, y, ws, short)
+            .unwrap_err();
+        assert!(e.to_string().contains("workspace's stride"), "{e}");
     }
 
     #[test]

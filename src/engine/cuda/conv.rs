@@ -6,7 +6,7 @@ use super::backend::CudaBackend;
 use super::check::to_u32;
 use super::context::Entered;
 use super::launch::{Arg, MAX_BLOCKS};
-use crate::engine::{Conv2dShape, GemmBatch, GemmShape};
+use crate::engine::{Conv2dShape, FusedConv, GemmBatch, GemmShape};
 use crate::error::EngineError;
 
 /// Threads of a `channel_sum` block (kernels/conv.cu's CHANNEL_SUM_THREADS).
@@ -123,6 +123,52 @@ pub(crate) struct BwdPtrs {
     pub db: Option<sys::CUdeviceptr>,
     pub ws: sys::CUdeviceptr,
     pub ws_bytes: usize,
+}
+
+/// `p` moved `elems` elements on.
+fn on(p: sys::CUdeviceptr, elems: usize) -> sys::CUdeviceptr {
+    p + (elems as u64) * 4
+}
+
+impl FwdPtrs {
+    /// Trial `i`'s operands of a fused convolution whose trial 0 is `self`.
+    pub(crate) fn trial(&self, i: usize, s: &Conv2dShape, f: FusedConv) -> FwdPtrs {
+        FwdPtrs {
+            x: on(self.x, i * s.x_len()),
+            w: on(self.w, i * f.w_stride),
+            b: self.b.map(|b| on(b, i * f.w_stride)),
+            y: on(self.y, i * s.y_len()),
+            ws: on(self.ws, i * f.ws_stride),
+            ws_bytes: self.ws_bytes,
+        }
+    }
+}
+
+impl BwdPtrs {
+    /// Trial `i`'s operands of a fused convolution whose trial 0 is `self`.
+    pub(crate) fn trial(&self, i: usize, s: &Conv2dShape, f: FusedConv) -> BwdPtrs {
+        BwdPtrs {
+            x: on(self.x, i * s.x_len()),
+            w: on(self.w, i * f.w_stride),
+            dy: on(self.dy, i * s.y_len()),
+            dx: self.dx.map(|dx| on(dx, i * s.x_len())),
+            dw: on(self.dw, i * f.w_stride),
+            db: self.db.map(|db| on(db, i * f.w_stride)),
+            ws: on(self.ws, i * f.ws_stride),
+            ws_bytes: self.ws_bytes,
+        }
+    }
+}
+
+/// The batch of a fused convolution's GEMMs: one per trial, `A`, `B` and `C` `stride_a`,
+/// `stride_b` and `stride_c` elements apart.
+fn per_trial(f: FusedConv, stride_a: usize, stride_b: usize, stride_c: usize) -> GemmBatch {
+    GemmBatch {
+        count: f.trials,
+        stride_a,
+        stride_b,
+        stride_c,
+    }
 }
 
 /// The two parts of the workspace.
@@ -328,6 +374,137 @@ impl CudaBackend {
         let mut args = vec![Arg::Ptr(col), Arg::Ptr(dx)];
         args.extend(d.lowering());
         self.elementwise(e, "col2im", s.x_len(), &args)
+    }
+}
+
+impl CudaBackend {
+    /// [`CudaBackend::conv_fwd`] over a fused group whose trial 0's operands are `p` (each trial's
+    /// workspace `p.ws_bytes`, `f.ws_stride` elements apart): cuDNN and pointwise convolutions
+    /// trial by trial; the GEMM lowering with one launch of each layout kernel over every trial,
+    /// each trial in its own workspace, and one batched GEMM over the trials.
+    pub(crate) fn conv_fwd_fused(
+        &self,
+        e: &Entered,
+        s: &Conv2dShape,
+        p: &FwdPtrs,
+        f: FusedConv,
+    ) -> Result<(), EngineError> {
+        let op = "conv2d_fwd_fused";
+        let d = Dims::new(op, s)?;
+        if self.dnn_for(s).is_some() || s.is_pointwise() {
+            for i in 0..f.trials {
+                self.conv_fwd(e, s, &p.trial(i, s, f))?;
+            }
+            return Ok(());
+        }
+        let d = d.lowered(op, s)?;
+        let (col, yt) = split_ws(s, p.ws);
+        self.im2col_fused(e, &d, f, p.x, col)?;
+        let g = GemmShape::nn(s.c_out, d.nhw, d.kk);
+        let batch = per_trial(f, f.w_stride, f.ws_stride, f.ws_stride);
+        self.blas.gemm_batched(e, &g, batch, p.w, col, yt)?;
+        let args = [
+            Arg::Ptr(yt),
+            Arg::Ptr(p.b.unwrap_or(NO_BIAS)),
+            Arg::Ptr(p.y),
+            Arg::U32(to_u32(op, "trials", f.trials)?),
+            Arg::U64(f.ws_stride as u64),
+            Arg::U64(f.w_stride as u64),
+            Arg::U32(d.n),
+            Arg::U32(d.c_out),
+            Arg::U32(d.hw_out()),
+        ];
+        let len = s.y_len() * f.trials;
+        self.elementwise(e, "cnhw_to_nchw_bias_fused", len, &args)
+    }
+
+    /// [`CudaBackend::conv_bwd`] over a fused group laid out as in
+    /// [`CudaBackend::conv_fwd_fused`]: the GEMM lowering's layout kernels and bias sums one
+    /// launch each over every trial, its `dW` and `dcol` GEMMs batched over the trials.
+    pub(crate) fn conv_bwd_fused(
+        &self,
+        e: &Entered,
+        s: &Conv2dShape,
+        p: &BwdPtrs,
+        f: FusedConv,
+    ) -> Result<(), EngineError> {
+        let op = "conv2d_bwd_fused";
+        let d = Dims::new(op, s)?;
+        if self.dnn_for(s).is_some() || s.is_pointwise() {
+            for i in 0..f.trials {
+                self.conv_bwd(e, s, &p.trial(i, s, f))?;
+            }
+            return Ok(());
+        }
+        let d = d.lowered(op, s)?;
+        let (col, dyt) = split_ws(s, p.ws);
+        let trials = to_u32(op, "trials", f.trials)?;
+        let to_cnhw = [
+            Arg::Ptr(p.dy),
+            Arg::Ptr(dyt),
+            Arg::U32(trials),
+            Arg::U64(f.ws_stride as u64),
+            Arg::U32(d.n),
+            Arg::U32(d.c_out),
+            Arg::U32(d.hw_out()),
+        ];
+        self.elementwise(e, "nchw_to_cnhw_fused", s.y_len() * f.trials, &to_cnhw)?;
+        if let Some(db) = p.db {
+            let args = [
+                Arg::Ptr(p.dy),
+                Arg::Ptr(db),
+                Arg::U32(trials),
+                Arg::U64(f.w_stride as u64),
+                Arg::U32(d.n),
+                Arg::U32(d.c_out),
+                Arg::U32(d.hw_out()),
+            ];
+            let blocks = (d.c_out as usize * f.trials).clamp(1, MAX_BLOCKS as usize) as u32;
+            self.kernel(e, "channel_sum_fused", (blocks, CHANNEL_SUM_THREADS), &args)?;
+        }
+        self.im2col_fused(e, &d, f, p.x, col)?;
+        let gw = GemmShape {
+            trans_b: true,
+            ..GemmShape::nn(s.c_out, d.kk, d.nhw)
+        };
+        let batch = per_trial(f, f.ws_stride, f.ws_stride, f.w_stride);
+        self.blas.gemm_batched(e, &gw, batch, dyt, col, p.dw)?;
+        let Some(dx) = p.dx else { return Ok(()) };
+        let gx = GemmShape {
+            trans_a: true,
+            ..GemmShape::nn(d.kk, d.nhw, s.c_out)
+        };
+        let batch = per_trial(f, f.w_stride, f.ws_stride, f.ws_stride);
+        self.blas.gemm_batched(e, &gx, batch, p.w, dyt, col)?;
+        let mut args = vec![
+            Arg::Ptr(col),
+            Arg::Ptr(dx),
+            Arg::U32(trials),
+            Arg::U64(f.ws_stride as u64),
+        ];
+        args.extend(d.lowering());
+        self.elementwise(e, "col2im_fused", s.x_len() * f.trials, &args)
+    }
+
+    /// im2col of every trial of a fused group in one launch: trial `i`'s input `i·x_len`
+    /// elements on from `x`, its column matrix `i·ws_stride` elements on from `col`.
+    fn im2col_fused(
+        &self,
+        e: &Entered,
+        d: &Dims,
+        f: FusedConv,
+        x: sys::CUdeviceptr,
+        col: sys::CUdeviceptr,
+    ) -> Result<(), EngineError> {
+        let trials = to_u32("im2col_fused", "trials", f.trials)?;
+        let mut args = vec![
+            Arg::Ptr(x),
+            Arg::Ptr(col),
+            Arg::U32(trials),
+            Arg::U64(f.ws_stride as u64),
+        ];
+        args.extend(d.lowering());
+        self.elementwise(e, "im2col_fused", d.kk * d.nhw * f.trials, &args)
     }
 }
 

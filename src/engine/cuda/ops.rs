@@ -9,8 +9,8 @@ use super::graph::{self, CaptureHold};
 use super::launch::{Arg, BLOCK, MAX_BLOCKS};
 use crate::engine::contract::{self, need};
 use crate::engine::{
-    AdamParams, Backend, BackendKind, BnParams, Conv2dShape, DropoutMask, GemmBatch, GemmShape,
-    PlaneShape, PoolShape, Region, SgdParams, Split,
+    AdamParams, Backend, BackendKind, BnParams, Conv2dShape, DropoutMask, FusedConv, GemmBatch,
+    GemmShape, PlaneShape, PoolShape, Region, SgdParams, Split,
 };
 use crate::error::EngineError;
 
@@ -523,6 +523,101 @@ impl Backend for CudaBackend {
         self.conv_bwd(&e, s, &p)
     }
 
+    fn conv2d_fwd_fused(
+        &mut self,
+        s: &Conv2dShape,
+        x: Region,
+        w: Region,
+        b: Option<Region>,
+        y: Region,
+        ws: Region,
+        f: FusedConv,
+    ) -> Result<(), EngineError> {
+        let op = "conv2d_fwd_fused";
+        let r = contract::conv2d_fwd_fused(s, x, w, b, y, f)?;
+        let ws_len = self.fused_ws_len(s, ws, f);
+        let ws = contract::fused_ws(op, ws, f, ws_len)?;
+        let (x_len, y_len) = (s.x_len(), s.y_len());
+        let mut base = 0;
+        for i in 0..f.trials {
+            let reads: Vec<Region> = [
+                FusedConv::at(r.x, i, x_len, x_len),
+                FusedConv::at(r.w, i, f.w_stride, s.w_len()),
+            ]
+            .into_iter()
+            .chain(r.b.map(|b| FusedConv::at(b, i, f.w_stride, s.c_out)))
+            .collect();
+            let writes = [
+                FusedConv::at(r.y, i, y_len, y_len),
+                FusedConv::at(ws, i, f.ws_stride, ws_len),
+            ];
+            base = self.regions(op, &reads, &writes)?;
+        }
+        if f.trials == 0 {
+            return Ok(());
+        }
+        let p = FwdPtrs {
+            x: at(base, r.x),
+            w: at(base, r.w),
+            b: r.b.map(|b| at(base, b)),
+            y: at(base, r.y),
+            ws: at(base, ws),
+            ws_bytes: ws_len * 4,
+        };
+        let e = self.ctx.enter()?;
+        self.conv_fwd_fused(&e, s, &p, f)
+    }
+
+    fn conv2d_bwd_fused(
+        &mut self,
+        s: &Conv2dShape,
+        x: Region,
+        w: Region,
+        dy: Region,
+        dx: Option<Region>,
+        dw: Region,
+        db: Option<Region>,
+        ws: Region,
+        f: FusedConv,
+    ) -> Result<(), EngineError> {
+        let op = "conv2d_bwd_fused";
+        let r = contract::conv2d_bwd_fused(s, x, w, dy, dx, dw, db, f)?;
+        let ws_len = self.fused_ws_len(s, ws, f);
+        let ws = contract::fused_ws(op, ws, f, ws_len)?;
+        let (x_len, y_len, w_len) = (s.x_len(), s.y_len(), s.w_len());
+        let mut base = 0;
+        for i in 0..f.trials {
+            let reads = [
+                FusedConv::at(r.x, i, x_len, x_len),
+                FusedConv::at(r.w, i, f.w_stride, w_len),
+                FusedConv::at(r.dy, i, y_len, y_len),
+            ];
+            let writes: Vec<Region> =
+                r.dx.map(|dx| FusedConv::at(dx, i, x_len, x_len))
+                    .into_iter()
+                    .chain([FusedConv::at(r.dw, i, f.w_stride, w_len)])
+                    .chain(r.db.map(|db| FusedConv::at(db, i, f.w_stride, s.c_out)))
+                    .chain([FusedConv::at(ws, i, f.ws_stride, ws_len)])
+                    .collect();
+            base = self.regions(op, &reads, &writes)?;
+        }
+        if f.trials == 0 {
+            return Ok(());
+        }
+        let p = BwdPtrs {
+            x: at(base, r.x),
+            w: at(base, r.w),
+            dy: at(base, r.dy),
+            dx: r.dx.map(|dx| at(base, dx)),
+            dw: at(base, r.dw),
+            db: r.db.map(|db| at(base, db)),
+            ws: at(base, ws),
+            ws_bytes: ws_len * 4,
+        };
+        let e = self.ctx.enter()?;
+        self.conv_bwd_fused(&e, s, &p, f)
+    }
+
     fn maxpool_fwd(&mut self, s: &PoolShape, x: Region, y: Region) -> Result<(), EngineError> {
         let [x, y] = contract::maxpool_fwd(s, x, y)?;
         let base = self.regions("maxpool_fwd", &[x], &[y])?;
@@ -852,6 +947,17 @@ impl CudaBackend {
             Ok(ws)
         } else {
             need(op, "workspace", ws, workspace_len(s))
+        }
+    }
+
+    /// The workspace each trial of a fused convolution takes: the GEMM lowering's fixed size, or
+    /// for cuDNN (which takes what it is given) the whole stride, or with one trial the whole
+    /// region.
+    fn fused_ws_len(&self, s: &Conv2dShape, ws: Region, f: FusedConv) -> usize {
+        match (self.dnn_for(s).is_some(), f.trials) {
+            (false, _) => workspace_len(s),
+            (true, 1) => ws.len,
+            (true, _) => f.ws_stride,
         }
     }
 

@@ -177,7 +177,7 @@ mod tests {
             );
             seen += 1;
         }
-        assert_eq!(seen, 36);
+        assert_eq!(seen, 41);
     }
 
     #[test]

@@ -18,7 +18,7 @@
 use crate::engine::fused::{
     HYPER_BETA1, HYPER_BETA2, HYPER_EPS, HYPER_LEN, HYPER_LIVE, HYPER_LR, HYPER_MOMENTUM, HYPER_WD,
 };
-use crate::engine::{Backend, GemmBatch, GemmShape, Region, STATS_LEN};
+use crate::engine::{Backend, FusedConv, GemmBatch, GemmShape, Region, STATS_LEN};
 use crate::error::EngineError;
 use crate::models::memplan::{MemKind, MemoryPlan, PlanEntry};
 use crate::models::{Hyper, Optimizer};
@@ -168,6 +168,24 @@ impl FusedNetwork {
         be.gemm_batched(g, batch, a, b, c)
     }
 
+    /// The layout of convolution layer `i` over the group (its weights' stride, the workspace's),
+    /// when its parameters `pick` (the weights and, with a bias, the bias) repeat at one stride;
+    /// `None` when they do not.
+    fn conv_layout(
+        &self,
+        bias: bool,
+        w: impl Fn(&Network) -> Region,
+        b: impl Fn(&Network) -> Region,
+    ) -> Option<FusedConv> {
+        let (w, b) = (self.span(w).1, self.span(b).1);
+        let f = FusedConv {
+            trials: self.trials(),
+            w_stride: w,
+            ws_stride: self.span(|m| m.ws).1,
+        };
+        (self.trials() == 1 || !bias || b == w).then_some(f)
+    }
+
     /// The region covering the first `len` elements of every trial's copy of `pick`'s region
     /// when they lie one right after another (so that one elementwise op covers them all);
     /// `None` when they do not.
@@ -289,7 +307,19 @@ impl FusedNetwork {
                     return be.add(a, b, y, out * n);
                 }
             }
-            LayerDef::Conv { .. } | LayerDef::Dropout { .. } | LayerDef::BatchNorm(_) => {}
+            LayerDef::Conv { shape, bias } => {
+                let s = shape.with_n(rows);
+                let x = self.flat(|m| m.acts[src], s.x_len());
+                let y = self.flat(|m| m.acts[i + 1], s.y_len());
+                let (w, b) = (|m: &Network| m.layers[i].w, |m: &Network| m.layers[i].b);
+                let f = self.conv_layout(bias, w, b);
+                if let (Some(x), Some(y), Some(f)) = (x, y, f) {
+                    let b = bias.then_some(self.span(b).0);
+                    let (w, ws) = (self.span(w).0, self.span(|m| m.ws).0);
+                    return be.conv2d_fwd_fused(&s, x, w, b, y, ws, f);
+                }
+            }
+            LayerDef::Dropout { .. } | LayerDef::BatchNorm(_) => {}
         }
         for (m, &seed) in self.members.iter().zip(seeds) {
             m.forward_layer(be, i, rows, true, seed)?;
@@ -355,6 +385,28 @@ impl FusedNetwork {
                 let dx = self.flat(|m| deliver_region(m, i), n_in);
                 if let (Some(x), Some(y), Some(dy), Some(dx)) = (x, y, dy, dx) {
                     return be.maxpool_bwd(&p.with_n(rows * n), x, y, dy, dx);
+                }
+            }
+            (
+                LayerDef::Conv { shape, bias },
+                Deliver::Write(_) | Deliver::None | Deliver::Alias,
+            ) => {
+                let s = shape.with_n(rows);
+                let x = self.flat(|m| m.acts[src], s.x_len());
+                let dy = self.flat(|m| m.dacts[i + 1], s.y_len());
+                let dx = match l.dsrc {
+                    Deliver::Write(_) => self.flat(|m| deliver_region(m, i), s.x_len()).map(Some),
+                    _ => Some(None),
+                };
+                let (w, b) = (|m: &Network| m.layers[i].w, |m: &Network| m.layers[i].b);
+                let (dw, db) = (|m: &Network| m.layers[i].dw, |m: &Network| m.layers[i].db);
+                let f = self.conv_layout(bias, w, b);
+                let fd = self.conv_layout(bias, dw, db);
+                let f = f.filter(|f| fd.is_some_and(|d| d.w_stride == f.w_stride));
+                if let (Some(x), Some(dy), Some(dx), Some(f)) = (x, dy, dx, f) {
+                    let db = bias.then_some(self.span(db).0);
+                    let (w, dw, ws) = (self.span(w).0, self.span(dw).0, self.span(|m| m.ws).0);
+                    return be.conv2d_bwd_fused(&s, x, w, dy, dx, dw, db, ws, f);
                 }
             }
             _ => {}
