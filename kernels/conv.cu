@@ -266,37 +266,46 @@ extern "C" __global__ void channel_bias(float* y, const float* bias, unsigned in
 // Threads of a channel_sum block: one per sample of a chunk of the batch.
 #define CHANNEL_SUM_THREADS 128
 
+// The sum of channel `ch` over the `n` planes of NCHW `dy`, in sample order: each thread sums
+// one sample's plane, and thread 0 adds the plane sums of the chunk in sample order (batches above
+// blockDim.x go chunk by chunk). Every thread of the block calls it; thread 0's result is the sum.
+__device__ float channel_total(const float* dy, unsigned int n, unsigned int c, unsigned int hw,
+                               u64 ch, float* plane_sums)
+{
+    const unsigned int threads = blockDim.x;
+    float total = 0.0f;
+    for (u64 b0 = 0; b0 < n; b0 += threads) {
+        const u64 b = b0 + threadIdx.x;
+        float sum = 0.0f;
+        if (b < n) {
+            const float* plane = dy + (b * c + ch) * hw;
+            for (unsigned int j = 0; j < hw; ++j) {
+                sum += plane[j];
+            }
+        }
+        plane_sums[threadIdx.x] = sum;
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            const u64 m = n - b0 < threads ? n - b0 : threads;
+            for (u64 i = 0; i < m; ++i) {
+                total += plane_sums[i];
+            }
+        }
+        __syncthreads();
+    }
+    return total;
+}
+
 // db[ch] = Σ_b (Σ_j dy[b][ch][j]): each sample's plane summed in order, those sums added in
 // sample order (ops::conv2d_bwd's bias gradient, bit for bit), over NCHW. One block per channel
-// (grid-stride over channels): each thread sums one sample's plane, and thread 0 adds the plane
-// sums of the chunk in sample order; batches above blockDim.x go chunk by chunk.
+// (grid-stride over channels), summed by channel_total.
 extern "C" __global__ void __launch_bounds__(CHANNEL_SUM_THREADS)
     channel_sum(const float* dy, float* db, unsigned int n, unsigned int c, unsigned int hw)
 {
     // __launch_bounds__ makes a launch of more than CHANNEL_SUM_THREADS threads fail.
     __shared__ float plane_sums[CHANNEL_SUM_THREADS];
-    const unsigned int threads = blockDim.x;
     for (u64 ch = blockIdx.x; ch < c; ch += gridDim.x) {
-        float total = 0.0f;
-        for (u64 b0 = 0; b0 < n; b0 += threads) {
-            const u64 b = b0 + threadIdx.x;
-            float sum = 0.0f;
-            if (b < n) {
-                const float* plane = dy + (b * c + ch) * hw;
-                for (unsigned int j = 0; j < hw; ++j) {
-                    sum += plane[j];
-                }
-            }
-            plane_sums[threadIdx.x] = sum;
-            __syncthreads();
-            if (threadIdx.x == 0) {
-                const u64 m = n - b0 < threads ? n - b0 : threads;
-                for (u64 i = 0; i < m; ++i) {
-                    total += plane_sums[i];
-                }
-            }
-            __syncthreads();
-        }
+        const float total = channel_total(dy, n, c, hw, ch, plane_sums);
         if (threadIdx.x == 0) {
             db[ch] = total;
         }
@@ -311,30 +320,9 @@ extern "C" __global__ void __launch_bounds__(CHANNEL_SUM_THREADS)
                       unsigned int n, unsigned int c, unsigned int hw)
 {
     __shared__ float plane_sums[CHANNEL_SUM_THREADS];
-    const unsigned int threads = blockDim.x;
     for (u64 tc = blockIdx.x; tc < (u64)trials * c; tc += gridDim.x) {
         const u64 t = tc / c, ch = tc - t * c;
-        const float* dy_t = dy + t * ((u64)n * c * hw);
-        float total = 0.0f;
-        for (u64 b0 = 0; b0 < n; b0 += threads) {
-            const u64 b = b0 + threadIdx.x;
-            float sum = 0.0f;
-            if (b < n) {
-                const float* plane = dy_t + (b * c + ch) * hw;
-                for (unsigned int j = 0; j < hw; ++j) {
-                    sum += plane[j];
-                }
-            }
-            plane_sums[threadIdx.x] = sum;
-            __syncthreads();
-            if (threadIdx.x == 0) {
-                const u64 m = n - b0 < threads ? n - b0 : threads;
-                for (u64 i = 0; i < m; ++i) {
-                    total += plane_sums[i];
-                }
-            }
-            __syncthreads();
-        }
+        const float total = channel_total(dy + t * ((u64)n * c * hw), n, c, hw, ch, plane_sums);
         if (threadIdx.x == 0) {
             db[t * db_stride + ch] = total;
         }
