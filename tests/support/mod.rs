@@ -51,10 +51,25 @@ pub struct Run {
     limit: Duration,
 }
 
-/// gpumux with `args`, run in `cwd`, stdin closed.
+/// gpumux with `args`, run in `cwd`, stdin closed, and SIGHUP, SIGINT and SIGTERM at their
+/// default dispositions, whatever the test runner inherited: under `nohup`, or started in the
+/// background by a shell (which ignores SIGINT), gpumux would rightly leave an ignored signal
+/// ignored, and the tests that send it would wait in vain.
 pub fn run(cwd: &Path, args: &[&str]) -> Run {
+    use std::os::unix::process::CommandExt;
     let mut cmd = Command::new(bin());
     cmd.current_dir(cwd).args(args).stdin(Stdio::null());
+    // SAFETY: signal(2) is async-signal-safe and touches only the child.
+    unsafe {
+        cmd.pre_exec(|| {
+            for sig in [libc::SIGHUP, libc::SIGINT, libc::SIGTERM] {
+                if libc::signal(sig, libc::SIG_DFL) == libc::SIG_ERR {
+                    return Err(std::io::Error::last_os_error());
+                }
+            }
+            Ok(())
+        });
+    }
     Run {
         cmd,
         what: args.join(" "),
