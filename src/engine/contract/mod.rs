@@ -216,28 +216,19 @@ pub fn gather_train_fused(
 ) -> Result<GatherFused, EngineError> {
     let op = "gather_train_fused";
     epoch_batches(op, steps_per_epoch, batch, n)?;
-    let too_big = |what: &str| {
-        shape_error(
-            op,
-            format!("{what} of {trials} trials spans more elements than fit"),
-        )
-    };
-    let rows = trials
-        .checked_mul(batch)
-        .ok_or_else(|| too_big("the batches"))?;
+    let rows = fused_len(op, "the batches", trials, Some(batch))?;
     Ok(GatherFused {
         orders: need(
             op,
             "orders",
             orders,
-            trials.checked_mul(n).ok_or_else(|| too_big("the orders"))?,
+            fused_len(op, "the orders", trials, Some(n))?,
         )?,
         x: need(
             op,
             "x",
             x,
-            rows.checked_mul(sample_len)
-                .ok_or_else(|| too_big("the batches"))?,
+            fused_len(op, "the batches", trials, batch.checked_mul(sample_len))?,
         )?,
         y: need(op, "y", y, rows)?,
     })
