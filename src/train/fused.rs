@@ -3,7 +3,7 @@
 use std::time::Instant;
 
 use super::epochs::{self, Schedule};
-use super::single::{evaluate, inject, Loads, StepGraph};
+use super::single::{capture_step, evaluate, inject, Loads, StepGraph};
 use super::{run_trial, seeds, EpochStats, TrialConfig, TrialResult};
 use crate::engine::cpu::denormals::FlushGuard;
 use crate::engine::fused::HYPER_LEN;
@@ -234,10 +234,11 @@ impl Group<'_> {
                 }
                 let warm_up = epoch == 1 && step == 0;
                 if graph.wants_capture(warm_up) {
-                    be.begin_capture()?;
-                    let body = self.fused.train_step(be, steps_per_epoch, &dropout_seeds);
-                    let end = be.end_capture();
-                    graph.outcome(body.and(end).map_err(TrialError::from))?;
+                    let fused = &self.fused;
+                    let captured = capture_step(be, |be| {
+                        fused.train_step(be, steps_per_epoch, &dropout_seeds)
+                    });
+                    graph.outcome(captured)?;
                 }
                 if graph.captured {
                     be.replay()?;
@@ -272,11 +273,7 @@ impl Group<'_> {
                 let test = if plan.max_steps.is_some() {
                     (f64::NAN, f64::NAN)
                 } else {
-                    let loads = if graphs && epoch == 1 {
-                        Loads::HoldCaptures
-                    } else {
-                        Loads::Done
-                    };
+                    let loads = Loads::at_epoch(graphs, epoch);
                     evaluate(be, &self.fused.members[i], n_test, loads)?
                 };
                 let e = epochs::epoch_stats(epoch, &plan, sums, test, started);

@@ -134,7 +134,8 @@ impl Steps for Single<'_> {
         // computation as an eager one.
         let warm_up = at.epoch == 1 && at.step == 0;
         if self.graph.wants_capture(warm_up) {
-            let captured = capture_step(be, net, self.steps_per_epoch, self.dropout_seed, h);
+            let (steps, seed) = (self.steps_per_epoch, self.dropout_seed);
+            let captured = capture_step(be, |be| net.train_step(be, steps, seed, h));
             self.graph.outcome(captured)?;
         }
         if self.graph.captured {
@@ -165,11 +166,7 @@ impl Steps for Single<'_> {
     fn evaluate(&mut self, epoch: u32) -> Result<(f64, f64), TrialError> {
         // The first evaluation loads its kernels (the last, partial batch has shapes of its
         // own): issued with captures held off, as the first step is.
-        let loads = if self.graphs && epoch == 1 {
-            Loads::HoldCaptures
-        } else {
-            Loads::Done
-        };
+        let loads = Loads::at_epoch(self.graphs, epoch);
         evaluate(&mut *self.be, &self.net, self.n_test, loads)
     }
 
@@ -248,17 +245,26 @@ pub(crate) enum Loads {
     Done,
 }
 
-/// Records one training step into the backend's graph. The capture is ended whatever happened,
-/// so that the stream is usable again.
-fn capture_step(
+impl Loads {
+    /// An evaluation after epoch `epoch`: the first one loads its kernels (the last, partial
+    /// batch has shapes of its own), which matters only where steps are captured as graphs.
+    pub(crate) fn at_epoch(graphs: bool, epoch: u32) -> Loads {
+        if graphs && epoch == 1 {
+            Loads::HoldCaptures
+        } else {
+            Loads::Done
+        }
+    }
+}
+
+/// Records the ops `step` issues into the backend's graph (one training step, of a trial or of a
+/// fused group). The capture is ended whatever happened, so that the stream is usable again.
+pub(super) fn capture_step(
     be: &mut dyn Backend,
-    net: &models::Network,
-    steps_per_epoch: usize,
-    dropout_seed: u64,
-    h: &crate::models::Hyper,
+    step: impl FnOnce(&mut dyn Backend) -> Result<(), crate::error::EngineError>,
 ) -> Result<(), TrialError> {
     be.begin_capture()?;
-    let body = net.train_step(be, steps_per_epoch, dropout_seed, h);
+    let body = step(&mut *be);
     let end = be.end_capture();
     body?;
     end?;
