@@ -1427,7 +1427,15 @@ fn mirrored_training_matches_one_slice() {
                 assert_eq!(out.replica_spread, 0.0);
                 let rel = rel_diff(&out.params, &reference);
                 println!("{kind} {optimizer} {shards:?} green {on_green}: ‖Δ‖/‖w‖ {rel:.2e}");
-                assert!(rel < 1e-5, "{kind} {optimizer} {shards:?}: {rel:.2e}");
+                // cuDNN picks its algorithms by shape, so a shard of 23 rows may sum in another
+                // order than the batch of 50: then a replica is as far from one slice as the CPU
+                // is (1.5e-5 for the CNN under Adam on an H200), and takes the CPU's bar.
+                let bar = if kind == ModelKind::Cnn && engine.conv_engine().starts_with("cudnn") {
+                    1e-4
+                } else {
+                    1e-5
+                };
+                assert!(rel < bar, "{kind} {optimizer} {shards:?}: {rel:.2e}");
             }
         }
     }

@@ -26,14 +26,32 @@ use crate::gpu::libs::{self, CudaLib};
 /// ones) are passed over, so that a trial's plan stays within small slice caps.
 pub(crate) const WORKSPACE_LIMIT: usize = 256 << 20;
 
-/// Loads cuDNN once per process: the library and its sub-libraries by absolute path, then the
-/// cuBLASLt and NVRTC of its CUDA version, which it opens by soname for some engines. Returns its
-/// version (e.g. `91002`) and the file its functions come from, or why it cannot be used.
+/// Loads cuDNN once per process, then the cuBLASLt and NVRTC of its CUDA version, which it opens
+/// by soname for some engines. Returns its version (e.g. `91002`) and the file its functions come
+/// from, or why it cannot be used.
+///
+/// The bindings open cuDNN themselves, by bare name (`libcudnn.so` first). Where the system
+/// loader finds one that way, that is the cuDNN called, and it opens its sub-libraries from its
+/// own install: nothing is preloaded, since another install's sub-libraries loaded beside it
+/// mix two versions (`CUDNN_STATUS_SUBLIBRARY_VERSION_MISMATCH` at the first call, seen on a
+/// machine with cuDNN 9.14 in the system folders and 9.19 in PyTorch's site-packages). Only
+/// where the loader finds none is the library found here (site-packages included) loaded with
+/// its sub-libraries by absolute path; the bindings' `libcudnn.so.9` then finds it loaded.
 pub(crate) fn load() -> Result<(usize, libs::Bound), String> {
     static LOADED: OnceLock<Result<(usize, libs::Bound), String>> = OnceLock::new();
     LOADED
         .get_or_init(|| {
-            let path = libs::preload(CudaLib::Cudnn).map_err(|e| e.to_string())?;
+            // SAFETY: opens (and closes) each of the bindings' names until one loads; loading a
+            // cuDNN runs its initialisers, which have no preconditions.
+            let on_loader_path = unsafe { dnn::is_culib_present() };
+            let preloaded = if on_loader_path {
+                None
+            } else {
+                Some(libs::preload(CudaLib::Cudnn).map_err(|e| e.to_string())?)
+            };
+            let path = preloaded
+                .clone()
+                .unwrap_or_else(|| std::path::PathBuf::from("libcudnn.so"));
             // cudarc opens cuDNN by soname on first use and panics if it cannot.
             // SAFETY: cudnnGetVersion and cudnnGetCudartVersion have no preconditions.
             let versions = std::panic::catch_unwind(|| unsafe {
@@ -47,7 +65,11 @@ pub(crate) fn load() -> Result<(usize, libs::Bound), String> {
                     path.display()
                 ));
             }
-            let bound = super::bound::check(CudaLib::Cudnn, &path)?;
+            let mut bound = super::bound::check(CudaLib::Cudnn, &path)?;
+            if preloaded.is_none() {
+                // The loader's choice is the one meant: nothing else was found or loaded.
+                bound.preloaded = bound.file.clone();
+            }
             let major = cudart / 1000;
             libs::preload_optional(&format!("libcublasLt.so.{major}"));
             libs::preload_optional(&format!("libnvrtc.so.{major}"));

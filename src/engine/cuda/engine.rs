@@ -181,7 +181,12 @@ fn open_cudnn(primary: &Ctx) -> Result<usize, String> {
     let entered = primary.enter().map_err(|e| e.to_string())?;
     std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| cudnn::probe(&entered)))
         .map_err(|_| "cuDNN could not be loaded through cudarc".to_string())?
-        .map_err(|e| format!("cuDNN does not initialise: {e}"))?;
+        .map_err(|e| {
+            format!(
+                "cuDNN {version} at {} does not initialise: {e}",
+                bound.file.display()
+            )
+        })?;
     libs::record_bound(bound);
     Ok(version)
 }
