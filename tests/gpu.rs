@@ -257,6 +257,25 @@ fn write_fill_read_and_the_counter_round_trip() {
     assert_eq!((cpu[0].to_bits(), gpu[0].to_bits()), (42, 42));
 }
 
+/// Paced steps (the host at most one step ahead, the marks' events reused many times) compute
+/// what unpaced ones do, in order.
+fn paced_steps_keep_their_order() {
+    let e = gpu_or_skip!();
+    let mut p = Pair::new(&e);
+    let c = p.region(1);
+    p.set(c, &[f32::from_bits(0)]);
+    for lead in [1, 1, 2, 3] {
+        for _ in 0..100 {
+            p.both(|b| {
+                b.advance(c)?;
+                b.pace(lead)
+            });
+        }
+    }
+    let (cpu, gpu) = p.outputs(c);
+    assert_eq!((cpu[0].to_bits(), gpu[0].to_bits()), (400, 400));
+}
+
 fn gemm_matches_the_cpu_in_every_transpose() {
     let e = gpu_or_skip!();
     let mut p = Pair::new(&e);
@@ -1530,6 +1549,7 @@ fn tests() -> Vec<(String, Needs, Body)> {
             "write_fill_read_and_the_counter_round_trip",
             write_fill_read_and_the_counter_round_trip,
         ),
+        ("paced_steps_keep_their_order", paced_steps_keep_their_order),
         (
             "gemm_matches_the_cpu_in_every_transpose",
             gemm_matches_the_cpu_in_every_transpose,

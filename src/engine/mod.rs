@@ -451,6 +451,13 @@ pub trait Backend: Send {
     ) -> Result<(), EngineError>;
     /// Waits until every op issued so far has finished.
     fn synchronize(&mut self) -> Result<(), EngineError>;
+    /// Marks the end of a step and waits until at most `lead` marked steps are unfinished, so
+    /// that the host never queues more than `lead` steps ahead of the device (a cancel then
+    /// waits for those alone). Backends that finish each op as it is issued wait for nothing.
+    fn pace(&mut self, lead: usize) -> Result<(), EngineError> {
+        let _ = lead;
+        Ok(())
+    }
 
     /// Whether ops can be captured into a graph and replayed ([`Backend::begin_capture`]).
     fn supports_graphs(&self) -> bool {

@@ -246,6 +246,7 @@ impl Group<'_> {
                     let _hold = graph.eager_holds(warm_up).then(|| be.hold_captures());
                     self.fused.train_step(be, steps_per_epoch, &dropout_seeds)?;
                 }
+                be.pace(super::STEPS_AHEAD)?;
                 // A diverged trial stops soon, alone; the others go on.
                 if (step + 1) % check_every == 0 || step + 1 == steps {
                     be.read(self.fused.stats(), &mut stats)?;

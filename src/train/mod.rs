@@ -14,6 +14,11 @@ use crate::engine::EngineOptions;
 use crate::models::{Hyper, ModelSpec};
 use fault::FaultSpec;
 
+/// Steps a trial's thread may issue ahead of its device ([`crate::engine::Backend::pace`]):
+/// enough to keep the device busy from one step to the next, and few enough that a cancel
+/// waits for no more than these.
+pub(crate) const STEPS_AHEAD: usize = 2;
+
 pub use fit::largest_fitting;
 
 pub use single::run_trial;

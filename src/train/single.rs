@@ -144,6 +144,7 @@ impl Steps for Single<'_> {
             let _hold = self.graph.eager_holds(warm_up).then(|| be.hold_captures());
             net.train_step(be, self.steps_per_epoch, self.dropout_seed, h)?;
         }
+        be.pace(super::STEPS_AHEAD)?;
         // A diverged trial stops soon rather than training on NaNs.
         if (at.step + 1) % self.check_every == 0 || at.step + 1 == at.steps {
             be.read(net.stats, &mut self.stats)?;

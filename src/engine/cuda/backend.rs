@@ -12,7 +12,7 @@ use super::data::DeviceData;
 use super::graph::{self, GraphExec};
 use super::launch::{grid_for, launch, Arg, BLOCK};
 use super::pool::{blas_workspace_bytes, layout, Allocation, Layout, Pool};
-use super::stream::Stream;
+use super::stream::{Pacer, Stream};
 use crate::engine::{contract, EngineOptions, Region};
 use crate::error::EngineError;
 
@@ -35,6 +35,8 @@ pub struct CudaBackend {
     pub(crate) lowered: std::sync::Mutex<Vec<crate::engine::Conv2dShape>>,
     pub(crate) arena: Option<Arena>,
     pub(crate) pool: Arc<Pool>,
+    /// Keeps the host a few steps ahead of the stream at most ([`Backend::pace`]).
+    pub(crate) pacer: Pacer,
     pub(crate) stream: Arc<Stream>,
     pub(crate) ctx: Arc<Ctx>,
     pub(crate) data: Arc<DeviceData>,
@@ -72,6 +74,7 @@ impl CudaBackend {
             lowered: std::sync::Mutex::new(Vec::new()),
             arena: None,
             pool,
+            pacer: Pacer::new(Arc::clone(&stream)),
             stream,
             ctx,
             data,

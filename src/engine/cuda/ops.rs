@@ -866,6 +866,11 @@ impl Backend for CudaBackend {
         self.stream.wait()
     }
 
+    fn pace(&mut self, lead: usize) -> Result<(), EngineError> {
+        self.not_capturing("pace")?;
+        self.pacer.mark(lead)
+    }
+
     fn supports_graphs(&self) -> bool {
         self.graphs
     }
