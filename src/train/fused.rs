@@ -3,7 +3,7 @@
 use std::time::Instant;
 
 use super::epochs::{self, Schedule};
-use super::single::{capture_step, evaluate, inject, Loads, StepGraph};
+use super::single::{capture_step, inject, Loads, StepGraph};
 use super::{run_trial, seeds, EpochStats, TrialConfig, TrialResult};
 use crate::engine::cpu::denormals::FlushGuard;
 use crate::engine::fused::HYPER_LEN;
@@ -266,17 +266,19 @@ impl Group<'_> {
                     }
                 }
             }
-            for i in 0..n {
+            // Every trial's test figures in one pass over the test split (a dead trial's too,
+            // unread: its regions are its own).
+            let tests = if plan.max_steps.is_some() {
+                vec![(f64::NAN, f64::NAN); n]
+            } else {
+                let hold = Loads::at_epoch(graphs, epoch) == Loads::HoldCaptures;
+                self.fused.evaluate(be, n_test, hold)?
+            };
+            for (i, &test) in tests.iter().enumerate() {
                 if !self.live(i) {
                     continue;
                 }
                 let sums = [stats[i * STATS_LEN] as f64, stats[i * STATS_LEN + 1] as f64];
-                let test = if plan.max_steps.is_some() {
-                    (f64::NAN, f64::NAN)
-                } else {
-                    let loads = Loads::at_epoch(graphs, epoch);
-                    evaluate(be, &self.fused.members[i], n_test, loads)?
-                };
                 let e = epochs::epoch_stats(epoch, &plan, sums, test, started);
                 on_epoch(i, &e);
                 // A pruned trial ends here, alone; its result is made from `last` at the end.

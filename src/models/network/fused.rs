@@ -18,7 +18,7 @@
 use crate::engine::fused::{
     HYPER_BETA1, HYPER_BETA2, HYPER_EPS, HYPER_LEN, HYPER_LIVE, HYPER_LR, HYPER_MOMENTUM, HYPER_WD,
 };
-use crate::engine::{Backend, FusedConv, GemmBatch, GemmShape, Region, STATS_LEN};
+use crate::engine::{Backend, FusedConv, GemmBatch, GemmShape, Region, Split, STATS_LEN};
 use crate::error::EngineError;
 use crate::models::memplan::{MemKind, MemoryPlan, PlanEntry};
 use crate::models::{Hyper, Optimizer};
@@ -220,7 +220,7 @@ impl FusedNetwork {
             self.trials(),
         )?;
         for i in 0..net.layers.len() {
-            self.forward_layer(be, i, rows, seeds)?;
+            self.forward_layer(be, i, rows, true, seeds)?;
         }
         self.loss(be, rows)?;
         for i in (0..net.layers.len()).rev() {
@@ -228,6 +228,50 @@ impl FusedNetwork {
         }
         self.update(be)?;
         be.advance(net.counter)
+    }
+
+    /// Every trial's mean loss and accuracy over the test split, in batches of the training
+    /// batch (the last one partial): each batch gathered into every trial's input, one forward
+    /// pass over the group (batched where the training step is, trial by trial elsewhere) and
+    /// each trial's sums, read once for the group. Each trial computes what
+    /// [`Network::forward`] computes for it alone. With `hold_new_shapes`, the batches whose
+    /// shapes run for the first time (the first, and a last partial one) are issued with the
+    /// process's captures held off, since their kernels may load then.
+    pub fn evaluate(
+        &self,
+        be: &mut dyn Backend,
+        n_test: usize,
+        hold_new_shapes: bool,
+    ) -> Result<Vec<(f64, f64)>, EngineError> {
+        let n = self.trials();
+        if n_test == 0 {
+            return Ok(vec![(f64::NAN, f64::NAN); n]);
+        }
+        let net = self.first();
+        be.fill(self.stats(), 0.0)?;
+        let mut start = 0;
+        while start < n_test {
+            let rows = net.batch.min(n_test - start);
+            let new_shape = start == 0 || rows < net.batch;
+            let _hold = (hold_new_shapes && new_shape).then(|| be.hold_captures());
+            for m in &self.members {
+                be.gather(Split::Test, start, rows, m.input(), m.labels)?;
+            }
+            for i in 0..net.layers.len() {
+                self.forward_layer(be, i, rows, false, &[])?;
+            }
+            for m in &self.members {
+                be.eval_xent(m.logits(), m.labels, m.stats, rows, m.classes)?;
+            }
+            start += rows;
+        }
+        let mut stats = vec![0f32; n * STATS_LEN];
+        be.read(self.stats(), &mut stats)?;
+        let mean = |v: f32| v as f64 / n_test as f64;
+        Ok(stats
+            .chunks(STATS_LEN)
+            .map(|s| (mean(s[0]), mean(s[1])))
+            .collect())
     }
 
     /// Every trial's softmax cross-entropy: one fused op when each operand's copies lie one
@@ -248,12 +292,14 @@ impl FusedNetwork {
         Ok(())
     }
 
-    /// Layer `i` of every trial's training forward pass.
+    /// Layer `i` of every trial's forward pass, training (dropout with trial `t`'s seed
+    /// `seeds[t]`, batch norm on the batch's statistics) or not (`seeds` unused).
     fn forward_layer(
         &self,
         be: &mut dyn Backend,
         i: usize,
         rows: usize,
+        train: bool,
         seeds: &[u64],
     ) -> Result<(), EngineError> {
         let l = &self.first().layers[i];
@@ -321,8 +367,9 @@ impl FusedNetwork {
             }
             LayerDef::Dropout { .. } | LayerDef::BatchNorm(_) => {}
         }
-        for (m, &seed) in self.members.iter().zip(seeds) {
-            m.forward_layer(be, i, rows, true, seed)?;
+        for (t, m) in self.members.iter().enumerate() {
+            let seed = seeds.get(t).copied().unwrap_or(0);
+            m.forward_layer(be, i, rows, train, seed)?;
         }
         Ok(())
     }
