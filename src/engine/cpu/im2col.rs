@@ -5,6 +5,8 @@
 //! `col[(ci, ky, kx), (oy, ox)] = x[ci, oy·stride+ky-pad, ox·stride+kx-pad]`,
 //! zero where that position falls in the padding.
 
+use crate::engine::cpu::simd::multiversion;
+
 use crate::engine::shapes::Conv2dShape;
 
 /// One output row of one column-matrix row: `w_out` entries starting at `col`, of which those in
@@ -18,6 +20,7 @@ struct Segment {
 }
 
 /// Calls `f` on every segment of one sample's column matrix, in memory order.
+#[inline(always)]
 fn for_each_segment(s: &Conv2dShape, mut f: impl FnMut(Segment)) {
     let (ho, wo, pad, st) = (s.h_out(), s.w_out(), s.pad, s.stride.max(1));
     let mut col = 0;
@@ -41,52 +44,56 @@ fn for_each_segment(s: &Conv2dShape, mut f: impl FnMut(Segment)) {
     }
 }
 
-/// Writes the column matrix of one sample `x` (`c_in·h·w`) into `col` (`s.ws_len()`).
-pub fn im2col(s: &Conv2dShape, x: &[f32], col: &mut [f32]) {
-    let (wo, st) = (s.w_out(), s.stride.max(1));
-    for_each_segment(s, |seg| {
-        let dst = &mut col[seg.col..seg.col + wo];
-        match seg.x {
-            None => dst.fill(0.0),
-            Some(x0) => {
-                dst[..seg.lo].fill(0.0);
-                let n = seg.hi - seg.lo;
-                if st == 1 {
-                    dst[seg.lo..seg.hi].copy_from_slice(&x[x0..x0 + n]);
-                } else {
-                    for (d, &v) in dst[seg.lo..seg.hi]
-                        .iter_mut()
-                        .zip(x[x0..].iter().step_by(st))
-                    {
-                        *d = v;
+multiversion! {
+    /// Writes the column matrix of one sample `x` (`c_in·h·w`) into `col` (`s.ws_len()`).
+    pub fn im2col / im2col_baseline(s: &Conv2dShape, x: &[f32], col: &mut [f32]) {
+        let (wo, st) = (s.w_out(), s.stride.max(1));
+        for_each_segment(s, |seg| {
+            let dst = &mut col[seg.col..seg.col + wo];
+            match seg.x {
+                None => dst.fill(0.0),
+                Some(x0) => {
+                    dst[..seg.lo].fill(0.0);
+                    let n = seg.hi - seg.lo;
+                    if st == 1 {
+                        dst[seg.lo..seg.hi].copy_from_slice(&x[x0..x0 + n]);
+                    } else {
+                        for (d, &v) in dst[seg.lo..seg.hi]
+                            .iter_mut()
+                            .zip(x[x0..].iter().step_by(st))
+                        {
+                            *d = v;
+                        }
                     }
+                    dst[seg.hi..].fill(0.0);
                 }
-                dst[seg.hi..].fill(0.0);
             }
-        }
-    });
+        });
+    }
 }
 
-/// The adjoint of [`im2col`]: overwrites one sample `dx` (`c_in·h·w`) with the sum, over every
-/// column-matrix entry, of that entry added into the input position it was read from.
-pub fn col2im(s: &Conv2dShape, col: &[f32], dx: &mut [f32]) {
-    let st = s.stride.max(1);
-    dx[..s.c_in * s.h * s.w].fill(0.0);
-    for_each_segment(s, |seg| {
-        if let Some(x0) = seg.x {
-            let src = &col[seg.col + seg.lo..seg.col + seg.hi];
-            if st == 1 {
-                // Contiguous: a plain slice add, which the compiler vectorises.
-                for (d, &c) in dx[x0..x0 + src.len()].iter_mut().zip(src) {
-                    *d += c;
-                }
-            } else {
-                for (d, &c) in dx[x0..].iter_mut().step_by(st).zip(src) {
-                    *d += c;
+multiversion! {
+    /// The adjoint of [`im2col`]: overwrites one sample `dx` (`c_in·h·w`) with the sum, over every
+    /// column-matrix entry, of that entry added into the input position it was read from.
+    pub fn col2im / col2im_baseline(s: &Conv2dShape, col: &[f32], dx: &mut [f32]) {
+        let st = s.stride.max(1);
+        dx[..s.c_in * s.h * s.w].fill(0.0);
+        for_each_segment(s, |seg| {
+            if let Some(x0) = seg.x {
+                let src = &col[seg.col + seg.lo..seg.col + seg.hi];
+                if st == 1 {
+                    // Contiguous: a plain slice add, which the compiler vectorises.
+                    for (d, &c) in dx[x0..x0 + src.len()].iter_mut().zip(src) {
+                        *d += c;
+                    }
+                } else {
+                    for (d, &c) in dx[x0..].iter_mut().step_by(st).zip(src) {
+                        *d += c;
+                    }
                 }
             }
-        }
-    });
+        });
+    }
 }
 
 #[cfg(test)]

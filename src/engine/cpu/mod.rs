@@ -3,6 +3,7 @@
 pub mod denormals;
 mod im2col;
 pub mod ops;
+pub(crate) mod simd;
 
 use std::sync::Arc;
 

@@ -1,5 +1,7 @@
 //! The CPU twins of `kernels/conv.cu`: convolution forward and backward through im2col, and the bias gradient.
 
+use crate::engine::cpu::simd::multiversion;
+
 use super::super::im2col::{col2im, im2col};
 use super::gemm;
 use crate::engine::shapes::{Conv2dShape, GemmShape};
@@ -93,21 +95,24 @@ pub fn conv2d_bwd(
     }
 }
 
-/// `db[co] = Σ over samples and output pixels of dy[n, co]` (overwrites `db`).
-fn conv_bias_grad(s: &Conv2dShape, dy: &[f32], db: &mut [f32]) {
-    let hw = s.h_out() * s.w_out();
-    let db = &mut db[..s.c_out];
-    db.fill(0.0);
-    for i in 0..s.n {
-        for (co, d) in db.iter_mut().enumerate() {
-            let start = (i * s.c_out + co) * hw;
-            *d += lane_sum(&dy[start..start + hw]);
+multiversion! {
+    /// `db[co] = Σ over samples and output pixels of dy[n, co]` (overwrites `db`).
+    fn conv_bias_grad / conv_bias_grad_baseline(s: &Conv2dShape, dy: &[f32], db: &mut [f32]) {
+        let hw = s.h_out() * s.w_out();
+        let db = &mut db[..s.c_out];
+        db.fill(0.0);
+        for i in 0..s.n {
+            for (co, d) in db.iter_mut().enumerate() {
+                let start = (i * s.c_out + co) * hw;
+                *d += lane_sum(&dy[start..start + hw]);
+            }
         }
     }
 }
 
 /// The sum of `v` in 16 interleaved partial sums (in a fixed order, so the same on every run),
 /// which the compiler vectorises.
+#[inline(always)]
 fn lane_sum(v: &[f32]) -> f32 {
     const LANES: usize = 16;
     let mut acc = [0.0f32; LANES];

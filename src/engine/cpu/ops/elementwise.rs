@@ -1,24 +1,30 @@
 //! The CPU twins of `kernels/elementwise.cu`: bias, ReLU, adds and dropout.
 
+use crate::engine::cpu::simd::multiversion;
+
 use crate::rng;
 
-/// `y[r, c] += bias[c]`.
-pub fn bias_add(y: &mut [f32], bias: &[f32], rows: usize, cols: usize) {
-    let bias = &bias[..cols];
-    for r in 0..rows {
-        for (v, &b) in y[r * cols..(r + 1) * cols].iter_mut().zip(bias) {
-            *v += b;
+multiversion! {
+    /// `y[r, c] += bias[c]`.
+    pub fn bias_add / bias_add_baseline(y: &mut [f32], bias: &[f32], rows: usize, cols: usize) {
+        let bias = &bias[..cols];
+        for r in 0..rows {
+            for (v, &b) in y[r * cols..(r + 1) * cols].iter_mut().zip(bias) {
+                *v += b;
+            }
         }
     }
 }
 
-/// `db[c] = Σ_r dy[r, c]` (overwrites `db`).
-pub fn bias_grad(dy: &[f32], db: &mut [f32], rows: usize, cols: usize) {
-    let db = &mut db[..cols];
-    db.fill(0.0);
-    for r in 0..rows {
-        for (d, &g) in db.iter_mut().zip(&dy[r * cols..(r + 1) * cols]) {
-            *d += g;
+multiversion! {
+    /// `db[c] = Σ_r dy[r, c]` (overwrites `db`).
+    pub fn bias_grad / bias_grad_baseline(dy: &[f32], db: &mut [f32], rows: usize, cols: usize) {
+        let db = &mut db[..cols];
+        db.fill(0.0);
+        for r in 0..rows {
+            for (d, &g) in db.iter_mut().zip(&dy[r * cols..(r + 1) * cols]) {
+                *d += g;
+            }
         }
     }
 }
@@ -59,35 +65,43 @@ pub fn bias_grad_fused(
     }
 }
 
-/// `y = max(x, 0)` over `y.len()` elements.
-pub fn relu_fwd(x: &[f32], y: &mut [f32]) {
-    let x = &x[..y.len()];
-    for (y, &x) in y.iter_mut().zip(x) {
-        *y = x.max(0.0);
+multiversion! {
+    /// `y = max(x, 0)` over `y.len()` elements.
+    pub fn relu_fwd / relu_fwd_baseline(x: &[f32], y: &mut [f32]) {
+        let x = &x[..y.len()];
+        for (y, &x) in y.iter_mut().zip(x) {
+            *y = x.max(0.0);
+        }
     }
 }
 
-/// `dx = dy · [y > 0]`.
-pub fn relu_bwd(y: &[f32], dy: &[f32], dx: &mut [f32]) {
-    let (y, dy) = (&y[..dx.len()], &dy[..dx.len()]);
-    for ((d, &y), &g) in dx.iter_mut().zip(y).zip(dy) {
-        *d = if y > 0.0 { g } else { 0.0 };
+multiversion! {
+    /// `dx = dy · [y > 0]`.
+    pub fn relu_bwd / relu_bwd_baseline(y: &[f32], dy: &[f32], dx: &mut [f32]) {
+        let (y, dy) = (&y[..dx.len()], &dy[..dx.len()]);
+        for ((d, &y), &g) in dx.iter_mut().zip(y).zip(dy) {
+            *d = if y > 0.0 { g } else { 0.0 };
+        }
     }
 }
 
-/// `y = a + b`.
-pub fn add(a: &[f32], b: &[f32], y: &mut [f32]) {
-    let (a, b) = (&a[..y.len()], &b[..y.len()]);
-    for ((y, &a), &b) in y.iter_mut().zip(a).zip(b) {
-        *y = a + b;
+multiversion! {
+    /// `y = a + b`.
+    pub fn add / add_baseline(a: &[f32], b: &[f32], y: &mut [f32]) {
+        let (a, b) = (&a[..y.len()], &b[..y.len()]);
+        for ((y, &a), &b) in y.iter_mut().zip(a).zip(b) {
+            *y = a + b;
+        }
     }
 }
 
-/// `y += x`.
-pub fn add_assign(y: &mut [f32], x: &[f32]) {
-    let x = &x[..y.len()];
-    for (y, &x) in y.iter_mut().zip(x) {
-        *y += x;
+multiversion! {
+    /// `y += x`.
+    pub fn add_assign / add_assign_baseline(y: &mut [f32], x: &[f32]) {
+        let x = &x[..y.len()];
+        for (y, &x) in y.iter_mut().zip(x) {
+            *y += x;
+        }
     }
 }
 

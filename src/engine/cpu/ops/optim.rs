@@ -1,24 +1,28 @@
 //! The CPU twins of `kernels/optim.cu`: the SGD and Adam steps.
 
-/// PyTorch SGD: `g' = g + wd·w; v = μ·v + g'; w -= lr·v` (with μ = 0, `v` is still written:
-/// `v = g'`, whatever it held, NaN included).
-pub fn sgd_step(
-    w: &mut [f32],
-    g: &[f32],
-    v: &mut [f32],
-    lr: f32,
-    momentum: f32,
-    weight_decay: f32,
-) {
-    let (g, v) = (&g[..w.len()], &mut v[..w.len()]);
-    for ((w, &g), v) in w.iter_mut().zip(g).zip(v) {
-        let g = g + weight_decay * *w;
-        *v = if momentum == 0.0 {
-            g
-        } else {
-            momentum * *v + g
-        };
-        *w -= lr * *v;
+use crate::engine::cpu::simd::multiversion;
+
+multiversion! {
+    /// PyTorch SGD: `g' = g + wd·w; v = μ·v + g'; w -= lr·v` (with μ = 0, `v` is still written:
+    /// `v = g'`, whatever it held, NaN included).
+    pub fn sgd_step / sgd_step_baseline(
+        w: &mut [f32],
+        g: &[f32],
+        v: &mut [f32],
+        lr: f32,
+        momentum: f32,
+        weight_decay: f32,
+    ) {
+        let (g, v) = (&g[..w.len()], &mut v[..w.len()]);
+        for ((w, &g), v) in w.iter_mut().zip(g).zip(v) {
+            let g = g + weight_decay * *w;
+            *v = if momentum == 0.0 {
+                g
+            } else {
+                momentum * *v + g
+            };
+            *w -= lr * *v;
+        }
     }
 }
 
@@ -42,17 +46,62 @@ pub fn adam_step(
     let (bc1, bc2) = (1.0 - beta1.powi(t), 1.0 - beta2.powi(t));
     let n = w.len();
     let (g, m, v) = (&g[..n], &mut m[..n], &mut v[..n]);
-    for (((w, &g), m), v) in w.iter_mut().zip(g).zip(m).zip(v) {
-        let g = g + weight_decay * *w;
-        *m = beta1 * *m + (1.0 - beta1) * g;
-        *v = beta2 * *v + (1.0 - beta2) * g * g;
-        *w -= lr * (*m / bc1) / ((*v / bc2).sqrt() + eps);
+    adam_loop(w, g, m, v, [lr, beta1, beta2, eps, weight_decay, bc1, bc2]);
+}
+
+multiversion! {
+    /// [`adam_step`]'s loop; `k` is `[lr, β1, β2, eps, wd, 1-β1^t, 1-β2^t]`.
+    fn adam_loop / adam_loop_baseline(
+        w: &mut [f32],
+        g: &[f32],
+        m: &mut [f32],
+        v: &mut [f32],
+        k: [f32; 7],
+    ) {
+        let [lr, beta1, beta2, eps, weight_decay, bc1, bc2] = k;
+        for (((w, &g), m), v) in w.iter_mut().zip(g).zip(m).zip(v) {
+            let g = g + weight_decay * *w;
+            *m = beta1 * *m + (1.0 - beta1) * g;
+            *v = beta2 * *v + (1.0 - beta2) * g * g;
+            *w -= lr * (*m / bc1) / ((*v / bc2).sqrt() + eps);
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::engine::cpu::ops::testing::random;
+    use crate::rng::HostRng;
+
+    /// The optimiser loops at the host's vector width give the baseline build's bits.
+    #[test]
+    fn wide_optimiser_loops_match_the_baseline_bit_for_bit() {
+        let mut rng = HostRng::new(17);
+        let n = 1037;
+        let (w, g) = (
+            random(&mut rng, n, -1.0, 1.0),
+            random(&mut rng, n, -1e-3, 1e-3),
+        );
+        let (m, v) = (
+            random(&mut rng, n, -1e-3, 1e-3),
+            random(&mut rng, n, 0.0, 1e-6),
+        );
+        let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+        let k = [1e-3, 0.9, 0.999, 1e-8, 1e-4, 0.1, 0.001];
+        let (mut w1, mut m1, mut v1) = (w.clone(), m.clone(), v.clone());
+        let (mut w2, mut m2, mut v2) = (w.clone(), m.clone(), v.clone());
+        adam_loop(&mut w1, &g, &mut m1, &mut v1, k);
+        adam_loop_baseline(&mut w2, &g, &mut m2, &mut v2, k);
+        assert_eq!(
+            (bits(&w1), bits(&m1), bits(&v1)),
+            (bits(&w2), bits(&m2), bits(&v2))
+        );
+        let (mut w1, mut m1, mut w2, mut m2) = (w.clone(), m.clone(), w, m);
+        sgd_step(&mut w1, &g, &mut m1, 0.1, 0.9, 1e-4);
+        sgd_step_baseline(&mut w2, &g, &mut m2, 0.1, 0.9, 1e-4);
+        assert_eq!((bits(&w1), bits(&m1)), (bits(&w2), bits(&m2)));
+    }
 
     /// Hand values are exact decimals, but the f32 constants are not (1 − 0.999 in f32 is off by
     /// 1.3e-5 relative), so optimiser results are compared to 1e-4 relative.

@@ -1,5 +1,7 @@
 //! The CPU twins of `kernels/pool.cu`: max pooling forward and backward.
 
+use crate::engine::cpu::simd::multiversion;
+
 use crate::engine::shapes::PoolShape;
 
 /// Plane indices of the window of output pixel `(oy, ox)` that fall inside the plane,
@@ -24,47 +26,49 @@ pub fn maxpool_fwd(s: &PoolShape, x: &[f32], y: &mut [f32]) {
     }
 }
 
-/// [`maxpool_fwd`] when `pad == 0`: every window lies inside the plane and is indexed directly,
-/// in the same row-major order.
-fn maxpool_fwd_unpadded(s: &PoolShape, x: &[f32], y: &mut [f32]) {
-    let (plane, ho, wo) = (s.h * s.w, s.h_out(), s.w_out());
-    let (k, st, w) = (s.k, s.stride.max(1), s.w);
-    for p in 0..s.n * s.c {
-        let xp = &x[p * plane..(p + 1) * plane];
-        let yp = &mut y[p * ho * wo..(p + 1) * ho * wo];
-        if k == 2 && st == 2 {
-            // The common 2×2/2 pool, one pair of input rows at a time.
-            for (oy, yr) in yp.chunks_exact_mut(wo).enumerate() {
-                let r0 = &xp[2 * oy * w..2 * oy * w + 2 * wo];
-                let r1 = &xp[(2 * oy + 1) * w..(2 * oy + 1) * w + 2 * wo];
-                for ((out, a), b) in yr
-                    .iter_mut()
-                    .zip(r0.chunks_exact(2))
-                    .zip(r1.chunks_exact(2))
-                {
-                    let mut max = a[0];
-                    for v in [a[1], b[0], b[1]] {
-                        if v > max {
-                            max = v;
+multiversion! {
+    /// [`maxpool_fwd`] when `pad == 0`: every window lies inside the plane and is indexed directly,
+    /// in the same row-major order.
+    fn maxpool_fwd_unpadded / maxpool_fwd_unpadded_baseline(s: &PoolShape, x: &[f32], y: &mut [f32]) {
+        let (plane, ho, wo) = (s.h * s.w, s.h_out(), s.w_out());
+        let (k, st, w) = (s.k, s.stride.max(1), s.w);
+        for p in 0..s.n * s.c {
+            let xp = &x[p * plane..(p + 1) * plane];
+            let yp = &mut y[p * ho * wo..(p + 1) * ho * wo];
+            if k == 2 && st == 2 {
+                // The common 2×2/2 pool, one pair of input rows at a time.
+                for (oy, yr) in yp.chunks_exact_mut(wo).enumerate() {
+                    let r0 = &xp[2 * oy * w..2 * oy * w + 2 * wo];
+                    let r1 = &xp[(2 * oy + 1) * w..(2 * oy + 1) * w + 2 * wo];
+                    for ((out, a), b) in yr
+                        .iter_mut()
+                        .zip(r0.chunks_exact(2))
+                        .zip(r1.chunks_exact(2))
+                    {
+                        let mut max = a[0];
+                        for v in [a[1], b[0], b[1]] {
+                            if v > max {
+                                max = v;
+                            }
+                        }
+                        *out = max;
+                    }
+                }
+                continue;
+            }
+            for oy in 0..ho {
+                for (ox, out) in yp[oy * wo..(oy + 1) * wo].iter_mut().enumerate() {
+                    let base = oy * st * w + ox * st;
+                    let mut max = xp[base];
+                    for ky in 0..k {
+                        for &v in &xp[base + ky * w..base + ky * w + k] {
+                            if v > max {
+                                max = v;
+                            }
                         }
                     }
                     *out = max;
                 }
-            }
-            continue;
-        }
-        for oy in 0..ho {
-            for (ox, out) in yp[oy * wo..(oy + 1) * wo].iter_mut().enumerate() {
-                let base = oy * st * w + ox * st;
-                let mut max = xp[base];
-                for ky in 0..k {
-                    for &v in &xp[base + ky * w..base + ky * w + k] {
-                        if v > max {
-                            max = v;
-                        }
-                    }
-                }
-                *out = max;
             }
         }
     }
@@ -101,50 +105,52 @@ pub fn maxpool_bwd(s: &PoolShape, x: &[f32], y: &[f32], dy: &[f32], dx: &mut [f3
     }
 }
 
-/// [`maxpool_bwd`] into a zeroed `dx` when `pad == 0`, indexing each window directly in the same
-/// row-major order.
-fn maxpool_bwd_unpadded(s: &PoolShape, x: &[f32], y: &[f32], dy: &[f32], dx: &mut [f32]) {
-    let (plane, ho, wo) = (s.h * s.w, s.h_out(), s.w_out());
-    let (k, st, w) = (s.k, s.stride.max(1), s.w);
-    for p in 0..s.n * s.c {
-        let xp = &x[p * plane..(p + 1) * plane];
-        let dxp = &mut dx[p * plane..(p + 1) * plane];
-        if k == 2 && st == 2 {
-            // The common 2×2/2 pool: windows do not overlap, so each gradient lands alone.
+multiversion! {
+    /// [`maxpool_bwd`] into a zeroed `dx` when `pad == 0`, indexing each window directly in the same
+    /// row-major order.
+    fn maxpool_bwd_unpadded / maxpool_bwd_unpadded_baseline(s: &PoolShape, x: &[f32], y: &[f32], dy: &[f32], dx: &mut [f32]) {
+        let (plane, ho, wo) = (s.h * s.w, s.h_out(), s.w_out());
+        let (k, st, w) = (s.k, s.stride.max(1), s.w);
+        for p in 0..s.n * s.c {
+            let xp = &x[p * plane..(p + 1) * plane];
+            let dxp = &mut dx[p * plane..(p + 1) * plane];
+            if k == 2 && st == 2 {
+                // The common 2×2/2 pool: windows do not overlap, so each gradient lands alone.
+                for oy in 0..ho {
+                    for ox in 0..wo {
+                        let o = p * ho * wo + oy * wo + ox;
+                        let (i0, i1) = (2 * oy * w + 2 * ox, (2 * oy + 1) * w + 2 * ox);
+                        let m = y[o];
+                        let i = if xp[i0] == m {
+                            i0
+                        } else if xp[i0 + 1] == m {
+                            i0 + 1
+                        } else if xp[i1] == m {
+                            i1
+                        } else if xp[i1 + 1] == m {
+                            i1 + 1
+                        } else {
+                            continue;
+                        };
+                        dxp[i] += dy[o];
+                    }
+                }
+                continue;
+            }
             for oy in 0..ho {
                 for ox in 0..wo {
                     let o = p * ho * wo + oy * wo + ox;
-                    let (i0, i1) = (2 * oy * w + 2 * ox, (2 * oy + 1) * w + 2 * ox);
-                    let m = y[o];
-                    let i = if xp[i0] == m {
-                        i0
-                    } else if xp[i0 + 1] == m {
-                        i0 + 1
-                    } else if xp[i1] == m {
-                        i1
-                    } else if xp[i1 + 1] == m {
-                        i1 + 1
-                    } else {
-                        continue;
-                    };
-                    dxp[i] += dy[o];
-                }
-            }
-            continue;
-        }
-        for oy in 0..ho {
-            for ox in 0..wo {
-                let o = p * ho * wo + oy * wo + ox;
-                let base = oy * st * w + ox * st;
-                let hit = (0..k).find_map(|ky| {
-                    let row = base + ky * w;
-                    xp[row..row + k]
-                        .iter()
-                        .position(|&v| v == y[o])
-                        .map(|kx| row + kx)
-                });
-                if let Some(i) = hit {
-                    dxp[i] += dy[o];
+                    let base = oy * st * w + ox * st;
+                    let hit = (0..k).find_map(|ky| {
+                        let row = base + ky * w;
+                        xp[row..row + k]
+                            .iter()
+                            .position(|&v| v == y[o])
+                            .map(|kx| row + kx)
+                    });
+                    if let Some(i) = hit {
+                        dxp[i] += dy[o];
+                    }
                 }
             }
         }
