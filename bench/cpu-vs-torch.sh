@@ -42,7 +42,7 @@ machine() {
     echo "cores: $(getconf _NPROCESSORS_ONLN), pinned to core $core, one thread each"
     echo "memory: $(free -g | awk '/^Mem:/ {print $2 " GiB"}')"
     echo "date: $(date -u +%FT%TZ)"
-    echo "commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet HEAD 2>/dev/null || echo ' (with uncommitted changes)')"
+    echo "commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet HEAD -- . ":(exclude)$out" 2>/dev/null || echo ' (with uncommitted changes)')"
     echo "gpumux: $bin"
     echo "python: $py ($("$py" --version 2>&1)), torch $torch_version"
 }
