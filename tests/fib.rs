@@ -76,6 +76,15 @@ fn fib_writes_every_file_and_a_trial_does_not_depend_on_its_split_mode() {
             "only logical is capped: {r:?}"
         );
     }
+    // One untimed warm-up round per in-process mode, whose trials write no rows.
+    let log = stderr(&o);
+    for (mode, warmed) in [("shared", true), ("logical", true), ("process", false)] {
+        assert_eq!(
+            log.contains(&format!("warm-up: {mode}, N=1, 2 steps")),
+            warmed,
+            "{mode}: {log}"
+        );
+    }
     let trials = trials_csv(&out);
     assert_eq!(trials.len(), 18);
     assert_eq!(progress_csv(&out).len(), 36, "one row per trial and epoch");

@@ -91,6 +91,7 @@ pub fn run(job: &Job, opts: &FibOptions, out: &mut dyn Write) -> Result<PathBuf>
             .join(", "),
         dir.display()
     );
+    warm_up(&rounds, &ctx)?;
     let bar = if opts.progress {
         ProgressBar::new(total)
     } else {
@@ -189,6 +190,58 @@ pub fn run(job: &Job, opts: &FibOptions, out: &mut dyn Write) -> Result<PathBuf>
         )));
     }
     Ok(dir)
+}
+
+/// An untimed warm-up round per in-process split mode before the timed rounds: each
+/// mode's first round (fused: its first with two trials or more, so that the group's kernels
+/// load) for two steps of one epoch, its rows unwritten. Without it the first timed round pays
+/// the process's one-time costs (on a GPU: kernel modules, cuBLAS and cuDNN initialisation, the
+/// first graph capture; on an H200 the MLP's first N=1 round took 0.16 s against 0.046 s for the
+/// next mode's), and the first mode's N=1 baseline inflates its speedups. `process` and `mps`
+/// workers start afresh each round, so they are not warmed.
+fn warm_up(rounds: &[Round], ctx: &sched::RoundContext) -> Result<()> {
+    let mut warm = ctx.clone();
+    warm.epochs = 1;
+    warm.max_steps = Some(2);
+    let mut seen = Vec::new();
+    for round in rounds {
+        let split = round.split;
+        let least = if split == crate::job::SplitMode::Fused {
+            2
+        } else {
+            1
+        };
+        if split.one_process_per_trial() || seen.contains(&split) || round.n < least {
+            continue;
+        }
+        seen.push(split);
+        let started = std::time::Instant::now();
+        let outcome = sched::run_round(round, &warm, &mut |_| {});
+        if ctx.cancel.draining() {
+            return Err(Error::Interrupted(format!(
+                "stopped while warming up {split}; no round recorded"
+            )));
+        }
+        let failed = outcome
+            .outcomes
+            .iter()
+            .filter(|o| o.state() != TrialState::Complete)
+            .count();
+        crate::note!(
+            "warm-up: {split}, N={}, 2 steps, {:.2} s (untimed){}",
+            round.n,
+            started.elapsed().as_secs_f64(),
+            if failed > 0 {
+                format!(
+                    "; {failed} of {} failed, the timed rounds will say why",
+                    round.n
+                )
+            } else {
+                String::new()
+            }
+        );
+    }
+    Ok(())
 }
 
 /// How many trials of a round are in each state, for the progress line.
