@@ -1,11 +1,23 @@
 #!/usr/bin/env bash
 # Builds everything the GPU check needs into .carry/ (git-ignored), so that a GPU machine with no
 # Rust toolchain and no network can run scripts/gpu-check.sh from the working tree.
-#   scripts/build-gpu-check.sh && (copy the tree with .carry/ to the GPU machine) && scripts/gpu-check.sh
+#   scripts/build-gpu-check.sh [--all] && (copy the tree with .carry/ to the GPU machine) && scripts/gpu-check.sh
+# .carry/ holds gpumux, the GPU tests and the library's tests (about 25 MiB); --all adds every
+# other test binary for the `tests` phase (about 50 MiB in all), for machines that take more.
 # A build that fails stops here with the compiler's errors and a non-zero exit; .carry/ is then
 # left empty, so that the check cannot run stale binaries.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+all=0
+for a in "$@"; do
+    case $a in
+    --all) all=1 ;;
+    *)
+        echo "build-gpu-check: unknown argument '$a' (--all)" >&2
+        exit 2
+        ;;
+    esac
+done
 out=.carry
 rm -rf "$out"
 mkdir -p "$out/tests"
@@ -61,6 +73,14 @@ for f in "$out/gpumux" "$out/tests/gpu" "$out/tests/lib"; do
         exit 1
     fi
 done
+if [ "$all" = 0 ]; then
+    for f in "$out"/tests/*; do
+        case $(basename "$f") in
+        gpu | lib) ;;
+        *) rm -f "$f" ;;
+        esac
+    done
+fi
 # Debug info is most of their size; symbol names stay for backtraces. What travels is limited.
 for f in "$out/gpumux" "$out"/tests/*; do
     strip --strip-debug "$f"

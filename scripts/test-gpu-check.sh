@@ -62,7 +62,12 @@ SH
         echo "test-gpu-check: FAIL: scripts/build-gpu-check.sh failed" >&2
         exit 1
     fi
-    ok "build-gpu-check.sh filled .carry/"
+    carried=$(cd .carry/tests && ls | tr '\n' ' ')
+    if [ "$carried" != "gpu lib " ]; then
+        fail "build-gpu-check.sh carried tests other than gpu and lib without --all: $carried"
+    else
+        ok "build-gpu-check.sh filled .carry/ (gpumux, tests/gpu, tests/lib: $(du -sh .carry | cut -f1))"
+    fi
 fi
 if [ ! -x .carry/gpumux ]; then
     echo "test-gpu-check: .carry/gpumux is missing; run scripts/build-gpu-check.sh" >&2
