@@ -269,6 +269,30 @@ const CUDNN_PARTS: &[&str] = &[
     "libcudnn_heuristic.so.9",
 ];
 
+/// Loads cuDNN's sub-libraries found in `dir` (dependencies first) by absolute path, once per
+/// process, kept loaded: the front library in `dir` then finds them loaded when it opens them by
+/// name, whatever the search path holds. Returns the files loaded.
+pub fn preload_cudnn_parts(dir: &Path) -> Vec<PathBuf> {
+    static PARTS: Mutex<Vec<(PathBuf, Library)>> = Mutex::new(Vec::new());
+    let mut held = PARTS.lock().unwrap_or_else(|e| e.into_inner());
+    let mut loaded = Vec::new();
+    for file in CUDNN_PARTS.iter().map(|p| dir.join(p)) {
+        if held.iter().any(|(f, _)| *f == file) {
+            loaded.push(file);
+            continue;
+        }
+        if !file.is_file() {
+            continue;
+        }
+        // SAFETY: as in `load_files`.
+        if let Ok(h) = unsafe { Library::open(Some(file.as_path()), RTLD_NOW | RTLD_GLOBAL) } {
+            held.push((file.clone(), h));
+            loaded.push(file);
+        }
+    }
+    loaded
+}
+
 /// The files to load for `lib` from `dirs`, in load order, or the error naming the first miss.
 pub fn locate(lib: CudaLib, dirs: &[PathBuf]) -> Result<Vec<PathBuf>, LibError> {
     let mut files = Vec::new();

@@ -36,7 +36,8 @@ pub(crate) const WORKSPACE_LIMIT: usize = 256 << 20;
 /// mix two versions (`CUDNN_STATUS_SUBLIBRARY_VERSION_MISMATCH` at the first call, seen on a
 /// machine with cuDNN 9.14 in the system folders and 9.19 in PyTorch's site-packages). Only
 /// where the loader finds none is the library found here (site-packages included) loaded with
-/// its sub-libraries by absolute path; the bindings' `libcudnn.so.9` then finds it loaded.
+/// its sub-libraries by absolute path; the bindings' `libcudnn.so.9` then finds it loaded. Either
+/// way the sub-libraries loaded are those beside the file the bindings call.
 pub(crate) fn load() -> Result<(usize, libs::Bound), String> {
     static LOADED: OnceLock<Result<(usize, libs::Bound), String>> = OnceLock::new();
     LOADED
@@ -49,9 +50,22 @@ pub(crate) fn load() -> Result<(usize, libs::Bound), String> {
             } else {
                 Some(libs::preload(CudaLib::Cudnn).map_err(|e| e.to_string())?)
             };
-            let path = preloaded
+            // Which file the bindings call (they open it now if they had not).
+            let asked = preloaded
                 .clone()
                 .unwrap_or_else(|| std::path::PathBuf::from("libcudnn.so"));
+            let mut bound = super::bound::check(CudaLib::Cudnn, &asked)?;
+            if preloaded.is_none() {
+                // The loader's choice is the one meant: nothing else was found or loaded. Its
+                // sub-libraries are loaded from its own folder before its first call opens them
+                // by name, where a search path (LD_LIBRARY_PATH) could answer with another
+                // install's.
+                bound.preloaded = bound.file.clone();
+                if let Some(dir) = bound.file.parent() {
+                    libs::preload_cudnn_parts(dir);
+                }
+            }
+            let path = bound.file.clone();
             // cudarc opens cuDNN by soname on first use and panics if it cannot.
             // SAFETY: cudnnGetVersion and cudnnGetCudartVersion have no preconditions.
             let versions = std::panic::catch_unwind(|| unsafe {
@@ -64,11 +78,6 @@ pub(crate) fn load() -> Result<(usize, libs::Bound), String> {
                     "{} is cuDNN {version}; gpumux needs cuDNN 9",
                     path.display()
                 ));
-            }
-            let mut bound = super::bound::check(CudaLib::Cudnn, &path)?;
-            if preloaded.is_none() {
-                // The loader's choice is the one meant: nothing else was found or loaded.
-                bound.preloaded = bound.file.clone();
             }
             let major = cudart / 1000;
             libs::preload_optional(&format!("libcublasLt.so.{major}"));
