@@ -272,7 +272,10 @@ impl Group<'_> {
                 vec![(f64::NAN, f64::NAN); n]
             } else {
                 let hold = Loads::at_epoch(graphs, epoch) == Loads::HoldCaptures;
-                self.fused.evaluate(be, n_test, hold)?
+                let stop = || first.cancel.aborted();
+                self.fused
+                    .evaluate(be, n_test, hold, super::STEPS_AHEAD, &stop)?
+                    .ok_or(TrialError::Interrupted)?
             };
             for (i, &test) in tests.iter().enumerate() {
                 if !self.live(i) {

@@ -168,7 +168,13 @@ impl Steps for Single<'_> {
         // The first evaluation loads its kernels (the last, partial batch has shapes of its
         // own): issued with captures held off, as the first step is.
         let loads = Loads::at_epoch(self.graphs, epoch);
-        evaluate(&mut *self.be, &self.net, self.n_test, loads)
+        evaluate(
+            &mut *self.be,
+            &self.net,
+            self.n_test,
+            loads,
+            &self.cfg.cancel,
+        )
     }
 
     fn finish(&mut self) -> Result<(), TrialError> {
@@ -272,7 +278,8 @@ pub(super) fn capture_step(
     Ok(())
 }
 
-/// Mean loss and accuracy over the test split, in batches (the last one partial).
+/// Mean loss and accuracy over the test split, in batches (the last one partial), paced like the
+/// training steps and stopped by `cancel` between batches.
 ///
 /// With [`Loads::HoldCaptures`], the batches whose shapes run for the first time (the first, and
 /// a last partial one) are issued with the process's captures held off, since their kernels may
@@ -282,6 +289,7 @@ pub(crate) fn evaluate(
     net: &models::Network,
     n_test: usize,
     loads: Loads,
+    cancel: &crate::cancel::Cancel,
 ) -> Result<(f64, f64), TrialError> {
     if n_test == 0 {
         return Ok((f64::NAN, f64::NAN));
@@ -289,12 +297,18 @@ pub(crate) fn evaluate(
     be.fill(net.stats, 0.0)?;
     let mut start = 0;
     while start < n_test {
+        if cancel.aborted() {
+            return Err(TrialError::Interrupted);
+        }
         let rows = net.batch.min(n_test - start);
         let new_shape = start == 0 || rows < net.batch;
-        let _hold = (loads == Loads::HoldCaptures && new_shape).then(|| be.hold_captures());
-        be.gather(Split::Test, start, rows, net.input(), net.labels)?;
-        let logits = net.forward(be, rows, false, 0)?;
-        be.eval_xent(logits, net.labels, net.stats, rows, net.classes)?;
+        {
+            let _hold = (loads == Loads::HoldCaptures && new_shape).then(|| be.hold_captures());
+            be.gather(Split::Test, start, rows, net.input(), net.labels)?;
+            let logits = net.forward(be, rows, false, 0)?;
+            be.eval_xent(logits, net.labels, net.stats, rows, net.classes)?;
+        }
+        be.pace(super::STEPS_AHEAD)?;
         start += rows;
     }
     let mut stats = [0f32; STATS_LEN];
@@ -367,6 +381,24 @@ mod tests {
     fn backend(cap_mib: f64) -> CpuBackend {
         let data = Dataset::zeros("zeros", [3, 16, 16], 10, 256, 10);
         CpuBackend::new(Arc::new(data), Some((cap_mib * MIB) as u64))
+    }
+
+    #[test]
+    fn an_aborted_cancel_stops_an_evaluation_between_batches() {
+        let mut be = backend(64.0);
+        let c = config(4);
+        let mut net = models::build(&c.model, c.input, 10, 4, 0.0, Optimizer::Sgd, &|s| {
+            be.conv_workspace_len(s)
+        })
+        .unwrap();
+        be.alloc_arena(net.plan.total).unwrap();
+        net.init(&mut be, seeds::init(1)).unwrap();
+        let cancel = crate::cancel::Cancel::new();
+        let (loss, acc) = evaluate(&mut be, &net, 10, Loads::Done, &cancel).unwrap();
+        assert!(loss.is_finite() && (0.0..=1.0).contains(&acc));
+        cancel.abort();
+        let e = evaluate(&mut be, &net, 10, Loads::Done, &cancel).unwrap_err();
+        assert!(matches!(e, TrialError::Interrupted), "{e}");
     }
 
     #[test]

@@ -11,8 +11,11 @@ use crate::error::EngineError;
 
 /// Polls before sleeping between polls, when waiting on a stream of a green context.
 const SPIN_POLLS: u32 = 64;
-/// The pause between later polls.
+/// The first pause between later polls; each pause doubles, up to [`MAX_POLL_PAUSE`].
 const POLL_PAUSE: Duration = Duration::from_micros(20);
+/// The longest pause between polls: a long step (ResNet-50 on a few SMs takes seconds) is then
+/// polled about a thousand times a second, not tens of thousands.
+const MAX_POLL_PAUSE: Duration = Duration::from_millis(1);
 
 /// A non-blocking stream of one context.
 pub(crate) struct Stream {
@@ -83,7 +86,7 @@ fn poll(
     mut query: impl FnMut() -> sys::CUresult,
     name: &str,
 ) -> Result<(), EngineError> {
-    let mut polls = 0u32;
+    let (mut polls, mut pause) = (0u32, POLL_PAUSE);
     loop {
         let r = {
             let _in = ctx.enter()?;
@@ -98,7 +101,8 @@ fn poll(
         if polls < SPIN_POLLS {
             std::thread::yield_now();
         } else {
-            std::thread::sleep(POLL_PAUSE);
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(MAX_POLL_PAUSE);
         }
     }
 }
@@ -146,14 +150,17 @@ impl Pacer {
                 e
             }
         };
-        {
-            let _in = ctx.enter()?;
+        let recorded = ctx.enter().and_then(|_in| {
             // SAFETY: the event and the stream belong to the current context.
-            let r = unsafe { sys::cuEventRecord(event, self.stream.raw) };
-            if let Err(e) = check(r, "cuEventRecord") {
-                self.spare.push(event);
-                return Err(e);
-            }
+            check(
+                unsafe { sys::cuEventRecord(event, self.stream.raw) },
+                "cuEventRecord",
+            )
+        });
+        if let Err(e) = recorded {
+            // Kept for reuse (and destroyed on drop), not leaked.
+            self.spare.push(event);
+            return Err(e);
         }
         self.marks.push_back(event);
         while self.marks.len() > lead.max(1) {

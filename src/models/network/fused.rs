@@ -236,42 +236,54 @@ impl FusedNetwork {
     /// each trial's sums, read once for the group. Each trial computes what
     /// [`Network::forward`] computes for it alone. With `hold_new_shapes`, the batches whose
     /// shapes run for the first time (the first, and a last partial one) are issued with the
-    /// process's captures held off, since their kernels may load then.
+    /// process's captures held off, since their kernels may load then. After each batch the host
+    /// is paced to at most `lead` batches ahead of the device ([`Backend::pace`]), and `stop` is
+    /// asked whether to go on: `None` when it said to stop.
     pub fn evaluate(
         &self,
         be: &mut dyn Backend,
         n_test: usize,
         hold_new_shapes: bool,
-    ) -> Result<Vec<(f64, f64)>, EngineError> {
+        lead: usize,
+        stop: &dyn Fn() -> bool,
+    ) -> Result<Option<Vec<(f64, f64)>>, EngineError> {
         let n = self.trials();
         if n_test == 0 {
-            return Ok(vec![(f64::NAN, f64::NAN); n]);
+            return Ok(Some(vec![(f64::NAN, f64::NAN); n]));
         }
         let net = self.first();
         be.fill(self.stats(), 0.0)?;
         let mut start = 0;
         while start < n_test {
+            if stop() {
+                return Ok(None);
+            }
             let rows = net.batch.min(n_test - start);
             let new_shape = start == 0 || rows < net.batch;
-            let _hold = (hold_new_shapes && new_shape).then(|| be.hold_captures());
-            for m in &self.members {
-                be.gather(Split::Test, start, rows, m.input(), m.labels)?;
+            {
+                let _hold = (hold_new_shapes && new_shape).then(|| be.hold_captures());
+                for m in &self.members {
+                    be.gather(Split::Test, start, rows, m.input(), m.labels)?;
+                }
+                for i in 0..net.layers.len() {
+                    self.forward_layer(be, i, rows, false, &[])?;
+                }
+                for m in &self.members {
+                    be.eval_xent(m.logits(), m.labels, m.stats, rows, m.classes)?;
+                }
             }
-            for i in 0..net.layers.len() {
-                self.forward_layer(be, i, rows, false, &[])?;
-            }
-            for m in &self.members {
-                be.eval_xent(m.logits(), m.labels, m.stats, rows, m.classes)?;
-            }
+            be.pace(lead)?;
             start += rows;
         }
         let mut stats = vec![0f32; n * STATS_LEN];
         be.read(self.stats(), &mut stats)?;
         let mean = |v: f32| v as f64 / n_test as f64;
-        Ok(stats
-            .chunks(STATS_LEN)
-            .map(|s| (mean(s[0]), mean(s[1])))
-            .collect())
+        Ok(Some(
+            stats
+                .chunks(STATS_LEN)
+                .map(|s| (mean(s[0]), mean(s[1])))
+                .collect(),
+        ))
     }
 
     /// Every trial's softmax cross-entropy: one fused op when each operand's copies lie one
@@ -367,6 +379,7 @@ impl FusedNetwork {
             }
             LayerDef::Dropout { .. } | LayerDef::BatchNorm(_) => {}
         }
+        debug_assert!(!train || seeds.len() == n, "a dropout seed per trial");
         for (t, m) in self.members.iter().enumerate() {
             let seed = seeds.get(t).copied().unwrap_or(0);
             m.forward_layer(be, i, rows, train, seed)?;

@@ -377,6 +377,7 @@ fn drive(
         busy: Vec::new(),
         sizes,
         params: Vec::new(),
+        cancel: t.cancel.clone(),
     };
     let mut epochs = Vec::new();
     let result = epochs::train(
@@ -440,6 +441,8 @@ struct Mirrored<'a> {
     sizes: &'a Sizes,
     /// Every replica's final parameters, once finished.
     params: Vec<Vec<f32>>,
+    /// Stops an evaluation between its batches.
+    cancel: crate::cancel::Cancel,
 }
 
 impl Steps for Mirrored<'_> {
@@ -527,7 +530,7 @@ impl Steps for Mirrored<'_> {
     }
 
     fn evaluate(&mut self, _epoch: u32) -> Result<(f64, f64), TrialError> {
-        let n_test = self.sizes.n_test;
+        let (n_test, cancel) = (self.sizes.n_test, self.cancel.clone());
         let answer = self.crew.one(
             0,
             Box::new(move |r: &mut Replica| {
@@ -536,6 +539,7 @@ impl Steps for Mirrored<'_> {
                     &r.net,
                     n_test,
                     crate::train::Loads::Done,
+                    &cancel,
                 )?;
                 Ok(Reply::Eval(l, a))
             }),
