@@ -296,6 +296,9 @@ if wait_lines out/kill/$vshard/trials.csv 2 90; then
     before=$(rows out/kill/$vshard/trials.csv | grep ',COMPLETE$' | cut -d, -f1)
     say "3. killed task $victim ($(state "${job}_$victim")) with $(wc -w <<<"$before") trial(s) COMPLETE; requeueing it"
     scontrol requeue "${job}_$victim"
+    # Slurm revokes the killed run's job credential on requeue, to the second: a restart forced
+    # within that second is refused ("Job credential revoked") and the task ends FAILED.
+    sleep 2
     if wait_job "$job" 150; then
         check_merged out/kill/merged slow.ids "3. SIGKILL, requeue ($(($(date +%s) - t0)) s)"
         after=$(rows out/kill/merged/trials.csv | grep ',COMPLETE$' | cut -d, -f1)
