@@ -148,3 +148,49 @@ fn a_bayes_sweep_of_a_built_in_model_runs_its_run_cap_under_fused() {
         .collect();
     assert_eq!(lrs.len(), 8, "{lrs:?}");
 }
+
+#[test]
+fn concurrency_auto_is_refused_before_a_device_is_opened() {
+    let dir = sandbox();
+    // backend: cuda on a machine with or without a GPU: the refusal comes first, exit 2, not 4.
+    let bayes = dir.job(
+        "bayes-auto.yaml",
+        JobYaml::new()
+            .name("bayes-auto")
+            .model(mlp(&[16]))
+            .data(synthetic(256, 64))
+            .train(epochs(1, 32))
+            .backend("cuda")
+            .method("bayes")
+            .run_cap(4)
+            .concurrency("auto")
+            .param(
+                "lr",
+                "{min: 0.0001, max: 0.1, distribution: log_uniform_values}",
+            ),
+    );
+    let o = dir.run_into("sweep", &bayes, &dir.join("out"), &[]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("auto is not available with method: bayes"),
+        "{}",
+        stderr(&o)
+    );
+    let external = dir.job(
+        "external-auto.yaml",
+        JobYaml::new()
+            .name("external-auto")
+            .command("true {lr}")
+            .backend("cuda")
+            .run_cap(4)
+            .concurrency("auto")
+            .param("lr", "{min: 0.0001, max: 0.1}"),
+    );
+    let o = dir.run_into("sweep", &external, &dir.join("out2"), &[]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("auto probes built-in models only"),
+        "{}",
+        stderr(&o)
+    );
+}

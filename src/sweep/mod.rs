@@ -255,6 +255,25 @@ pub fn run(job: &Job, opts: &SweepOptions, out: &mut dyn Write) -> Result<PathBu
         )));
     }
     let concurrency = opts.concurrency.unwrap_or(job.file.concurrency);
+    // Refused before anything is opened or loaded (a GPU, the dataset), and in a dry run too.
+    if let Concurrency::Auto(_) = concurrency {
+        if is_bayes {
+            return Err(job
+                .invalid(
+                    "concurrency",
+                    "auto is not available with method: bayes (its trials are proposed as it runs); give a number",
+                )
+                .into());
+        }
+        if job.file.command.is_some() {
+            return Err(job
+                .invalid(
+                    "concurrency",
+                    "auto probes built-in models only; give a number for an external command",
+                )
+                .into());
+        }
+    }
     let shard_note = opts
         .shard
         .map(|s| format!(", shard {s}"))
@@ -317,35 +336,22 @@ pub fn run(job: &Job, opts: &SweepOptions, out: &mut dyn Write) -> Result<PathBu
     let to_run = proposer.as_ref().map_or(todo.len(), |p| p.left as usize);
     if to_run > 0 {
         let mut ctx = context(job, opts, &resolved, &cancel, &dir)?;
-        let n =
-            match concurrency {
-                Concurrency::Fixed(n) => Some(n),
-                Concurrency::Auto(_) if is_bayes => return Err(job
-                    .invalid(
-                        "concurrency",
-                        "auto is not available with method: bayes (its trials are proposed as it runs); give a number",
-                    )
-                    .into()),
-                Concurrency::Auto(_) if ctx.external.is_some() => return Err(job
-                    .invalid(
-                        "concurrency",
-                        "auto probes built-in models only; give a number for an external command",
-                    )
-                    .into()),
-                // Under fused the probe times fused rounds: the N it picks is the number of
-                // trials that train at once, in groups over the fused slices.
-                Concurrency::Auto(_) => {
-                    match probe::choose(job, &todo, &ctx, &resolved, split, out) {
-                        Ok(n) => Some(n),
-                        // A signal during the probe: no trial ran; the end below says so (exit 3).
-                        Err(Error::Interrupted(why)) => {
-                            tracing::warn!("{why}");
-                            None
-                        }
-                        Err(e) => return Err(e),
+        let n = match concurrency {
+            Concurrency::Fixed(n) => Some(n),
+            // Under fused the probe times fused rounds: the N it picks is the number of
+            // trials that train at once, in groups over the fused slices.
+            Concurrency::Auto(_) => {
+                match probe::choose(job, &todo, &ctx, &resolved, split, out) {
+                    Ok(n) => Some(n),
+                    // A signal during the probe: no trial ran; the end below says so (exit 3).
+                    Err(Error::Interrupted(why)) => {
+                        tracing::warn!("{why}");
+                        None
                     }
+                    Err(e) => return Err(e),
                 }
-            };
+            }
+        };
         if let Some(n) = n {
             let n = n.min(to_run as u32).max(1);
             let round = Round {
