@@ -115,26 +115,31 @@ fn a_bayes_sweep_killed_with_sigkill_resumes_to_its_run_cap() {
     stop_then_resume(libc::SIGKILL, None);
 }
 
+/// A bayes sweep of a small built-in MLP on synthetic data, `run_cap` trials on `backend`.
+fn bayes_mlp(name: &str, backend: &str, run_cap: u64) -> JobYaml {
+    JobYaml::new()
+        .name(name)
+        .model(mlp(&[16]))
+        .data(synthetic(256, 64))
+        .train(epochs(2, 32))
+        .seed(5)
+        .backend(backend)
+        .method("bayes")
+        .run_cap(run_cap)
+        .param(
+            "lr",
+            "{min: 0.0001, max: 0.1, distribution: log_uniform_values}",
+        )
+}
+
 #[test]
 fn a_bayes_sweep_of_a_built_in_model_runs_its_run_cap_under_fused() {
     let dir = sandbox();
     let job = dir.job(
         "bayes-mlp.yaml",
-        JobYaml::new()
-            .name("bayes-mlp")
-            .model(mlp(&[16]))
-            .data(synthetic(256, 64))
-            .train(epochs(2, 32))
-            .seed(5)
-            .backend("cpu")
-            .method("bayes")
-            .run_cap(8)
+        bayes_mlp("bayes-mlp", "cpu", 8)
             .concurrency(2)
             .split("fused")
-            .param(
-                "lr",
-                "{min: 0.0001, max: 0.1, distribution: log_uniform_values}",
-            )
             .param("momentum", "{min: 0.5, max: 0.99}"),
     );
     let out = dir.join("out");
@@ -155,26 +160,7 @@ fn concurrency_auto_is_refused_before_a_device_is_opened() {
     // backend: cuda on a machine with or without a GPU: the refusal comes first, exit 2, not 4.
     let bayes = dir.job(
         "bayes-auto.yaml",
-        JobYaml::new()
-            .name("bayes-auto")
-            .model(mlp(&[16]))
-            .data(synthetic(256, 64))
-            .train(epochs(1, 32))
-            .backend("cuda")
-            .method("bayes")
-            .run_cap(4)
-            .concurrency("auto")
-            .param(
-                "lr",
-                "{min: 0.0001, max: 0.1, distribution: log_uniform_values}",
-            ),
-    );
-    let o = dir.run_into("sweep", &bayes, &dir.join("out"), &[]);
-    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
-    assert!(
-        stderr(&o).contains("auto is not available with method: bayes"),
-        "{}",
-        stderr(&o)
+        bayes_mlp("bayes-auto", "cuda", 4).concurrency("auto"),
     );
     let external = dir.job(
         "external-auto.yaml",
@@ -186,11 +172,12 @@ fn concurrency_auto_is_refused_before_a_device_is_opened() {
             .concurrency("auto")
             .param("lr", "{min: 0.0001, max: 0.1}"),
     );
-    let o = dir.run_into("sweep", &external, &dir.join("out2"), &[]);
-    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
-    assert!(
-        stderr(&o).contains("auto probes built-in models only"),
-        "{}",
-        stderr(&o)
-    );
+    for (job, why) in [
+        (bayes, "auto is not available with method: bayes"),
+        (external, "auto probes built-in models only"),
+    ] {
+        let o = dir.run_into("sweep", &job, &dir.join("out"), &[]);
+        assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+        assert!(stderr(&o).contains(why), "{}", stderr(&o));
+    }
 }
