@@ -22,13 +22,29 @@ pub enum Level {
 pub fn level() -> Level {
     static LEVEL: OnceLock<Level> = OnceLock::new();
     *LEVEL.get_or_init(|| {
-        let host = host_level();
-        match std::env::var("GPUMUX_CPU_SIMD").as_deref() {
-            Ok("baseline") => Level::Baseline,
-            Ok("avx2") => host.min(Level::Avx2),
-            _ => host,
+        let asked = std::env::var("GPUMUX_CPU_SIMD").ok();
+        let (level, warning) = capped(asked.as_deref(), host_level());
+        if let Some(w) = warning {
+            crate::note!("{w}");
         }
+        level
     })
+}
+
+/// The level `GPUMUX_CPU_SIMD=asked` gives on a host of level `host`, and a warning for a value
+/// it does not know (which leaves the host's level).
+fn capped(asked: Option<&str>, host: Level) -> (Level, Option<String>) {
+    match asked {
+        None | Some("") | Some("avx512") => (host, None),
+        Some("baseline") => (Level::Baseline, None),
+        Some("avx2") => (host.min(Level::Avx2), None),
+        Some(other) => (
+            host,
+            Some(format!(
+                "warning: GPUMUX_CPU_SIMD={other} is not baseline, avx2 or avx512; using the host's widest ({host:?})"
+            )),
+        ),
+    }
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -100,6 +116,19 @@ mod tests {
                 *v = (*v / s).sqrt() + *v * s;
             }
         }
+    }
+
+    #[test]
+    fn gpumux_cpu_simd_caps_the_width_and_names_a_value_it_does_not_know() {
+        use Level::*;
+        assert_eq!(capped(None, Avx512), (Avx512, None));
+        assert_eq!(capped(Some("avx512"), Avx2), (Avx2, None));
+        assert_eq!(capped(Some("avx2"), Avx512), (Avx2, None));
+        assert_eq!(capped(Some("avx2"), Baseline), (Baseline, None));
+        assert_eq!(capped(Some("baseline"), Avx512), (Baseline, None));
+        let (l, w) = capped(Some("avx9"), Avx2);
+        assert_eq!(l, Avx2);
+        assert!(w.is_some_and(|w| w.contains("GPUMUX_CPU_SIMD=avx9")));
     }
 
     #[test]
