@@ -269,28 +269,27 @@ const CUDNN_PARTS: &[&str] = &[
     "libcudnn_heuristic.so.9",
 ];
 
-/// Loads cuDNN's sub-libraries found in `dir` (dependencies first) by absolute path, once per
-/// process, kept loaded: the front library in `dir` then finds them loaded when it opens them by
-/// name, whatever the search path holds. Returns the files loaded.
-pub fn preload_cudnn_parts(dir: &Path) -> Vec<PathBuf> {
-    static PARTS: Mutex<Vec<(PathBuf, Library)>> = Mutex::new(Vec::new());
+/// cuDNN's sub-libraries present in `dir`, dependencies first.
+fn cudnn_parts_in(dir: &Path) -> impl Iterator<Item = PathBuf> + '_ {
+    CUDNN_PARTS
+        .iter()
+        .map(|p| dir.join(p))
+        .filter(|f| f.is_file())
+}
+
+/// Loads cuDNN's sub-libraries found in `dir` by absolute path and keeps them loaded for the
+/// process's life: the front library in `dir` then finds them loaded when it opens them by name,
+/// whatever the search path holds. One that does not load is left to the front library's own
+/// open (a failure there is the cuDNN probe's to report).
+pub fn preload_cudnn_parts(dir: &Path) {
+    static PARTS: Mutex<Vec<Library>> = Mutex::new(Vec::new());
     let mut held = PARTS.lock().unwrap_or_else(|e| e.into_inner());
-    let mut loaded = Vec::new();
-    for file in CUDNN_PARTS.iter().map(|p| dir.join(p)) {
-        if held.iter().any(|(f, _)| *f == file) {
-            loaded.push(file);
-            continue;
-        }
-        if !file.is_file() {
-            continue;
-        }
+    for file in cudnn_parts_in(dir) {
         // SAFETY: as in `load_files`.
         if let Ok(h) = unsafe { Library::open(Some(file.as_path()), RTLD_NOW | RTLD_GLOBAL) } {
-            held.push((file.clone(), h));
-            loaded.push(file);
+            held.push(h);
         }
     }
-    loaded
 }
 
 /// The files to load for `lib` from `dirs`, in load order, or the error naming the first miss.
@@ -318,12 +317,7 @@ pub fn locate(lib: CudaLib, dirs: &[PathBuf]) -> Result<Vec<PathBuf>, LibError> 
         }
         if lib == CudaLib::Cudnn {
             if let Some(dir) = file.parent() {
-                files.extend(
-                    CUDNN_PARTS
-                        .iter()
-                        .map(|p| dir.join(p))
-                        .filter(|f| f.is_file()),
-                );
+                files.extend(cudnn_parts_in(dir));
             }
         }
         files.push(file);
