@@ -135,11 +135,22 @@ say "Slurm $(sinfo -V | cut -d' ' -f2) up on $host ($cpus CPUs) in $(($(date +%s
 # --- helpers --------------------------------------------------------------------------------
 # The state of one array task: RUNNING, PENDING, COMPLETED, FAILED, ...
 state() { scontrol show job "$1" 2>/dev/null | sed -n 's/.*JobState=\([A-Z_]*\).*/\1/p' | head -n 1; }
-# Waits (at most $2 s) until no task of array job $1 is pending or running.
+# Waits (at most $2 s) until every task of array job $1 has ended for good. squeue is not
+# enough: a task that requeues itself is, for a moment, neither listed by squeue nor pending
+# (its base state is already an end state, with only the REQUEUED flag), and a failed query
+# prints nothing too. `scontrol show job` keeps ended tasks (MinJobAge) and names the flag, so
+# the job is done only when that query succeeds and every task's state is a plain end state.
+job_ended() {
+    local out
+    out=$(scontrol show job -o "$1" 2>/dev/null) || return 1
+    [ -n "$out" ] || return 1
+    ! sed -n 's/.*JobState=\([A-Z_]*\).*/\1/p' <<<"$out" |
+        grep -qvxE 'COMPLETED|FAILED|CANCELLED|TIMEOUT|NODE_FAIL|BOOT_FAIL|DEADLINE|OUT_OF_MEMORY|PREEMPTED'
+}
 wait_job() {
     local end=$(($(date +%s) + $2))
     while [ "$(date +%s)" -lt "$end" ]; do
-        [ -z "$(squeue -h -j "$1" 2>/dev/null)" ] && return 0
+        job_ended "$1" && return 0
         # A requeued task waits about two minutes before it may start: start it now.
         squeue -h -j "$1" -t PD -o %i 2>/dev/null | while read -r t; do
             scontrol update JobId="$t" StartTime=now >/dev/null 2>&1
