@@ -141,7 +141,7 @@ fn append_from(
         path: path.to_path_buf(),
         message,
     };
-    if len == 0 || len % RECORD as u64 != 0 {
+    if len == 0 || !len.is_multiple_of(RECORD as u64) {
         return Err(format(format!(
             "{len} bytes is not a whole number of CIFAR-10 records: each record is {RECORD} bytes \
              (1 label + {IMAGE_BYTES} pixels), and a full batch is 10000 records = {} bytes",

@@ -438,7 +438,7 @@ impl DataSpec {
         let values = train
             .checked_add(test)
             .and_then(|n| n.checked_mul(elements));
-        if !values.is_some_and(|v| v <= MAX_SYNTHETIC_VALUES) {
+        if values.is_none_or(|v| v > MAX_SYNTHETIC_VALUES) {
             let key = if self.train_samples.is_some() || self.test_samples.is_none() {
                 "train_samples"
             } else {

@@ -171,7 +171,7 @@ impl EarlyTerminate {
         });
         let mut out = Vec::new();
         let mut r = u64::from(min_iter.max(1));
-        while r < u64::from(max_iter) && self.s.map_or(true, |s| out.len() < s as usize) {
+        while r < u64::from(max_iter) && self.s.is_none_or(|s| out.len() < s as usize) {
             out.push(r as u32);
             r *= u64::from(eta);
         }

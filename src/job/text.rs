@@ -147,7 +147,7 @@ fn depth(text: &str) -> Result<(), Problem> {
             if body.trim().is_empty() {
                 continue;
             }
-            if indent > parent && content.map_or(true, |c| indent >= c) {
+            if indent > parent && content.is_none_or(|c| indent >= c) {
                 block_scalar = Some((parent, Some(content.unwrap_or(indent))));
                 continue;
             }
@@ -179,14 +179,14 @@ fn depth(text: &str) -> Result<(), Problem> {
         // A document marker, then a node on the same line.
         if flow == 0
             && (body.starts_with("---") || body.starts_with("..."))
-            && bytes.get(3).map_or(true, |b| b.is_ascii_whitespace())
+            && bytes.get(3).is_none_or(|b| b.is_ascii_whitespace())
         {
             i = 3;
             start = true;
         }
         while i < bytes.len() {
             let c = bytes[i];
-            let next_blank = bytes.get(i + 1).map_or(true, |b| b.is_ascii_whitespace());
+            let next_blank = bytes.get(i + 1).is_none_or(|b| b.is_ascii_whitespace());
             if c == b' ' || c == b'\t' {
                 space_before = true;
                 i += 1;

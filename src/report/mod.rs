@@ -127,7 +127,7 @@ impl TrialRow {
         self.state == COMPLETE
             && [self.metric, self.test_acc, self.final_loss]
                 .iter()
-                .all(|v| v.map_or(true, f64::is_finite))
+                .all(|v| v.is_none_or(f64::is_finite))
     }
 }
 

@@ -627,7 +627,7 @@ fn run_external(
                 }
                 for stats in metric_line::epochs(line, started) {
                     // A pruned trial's epochs end where it was stopped: later lines are dropped.
-                    if pruned.is_none() && last_epoch.map_or(true, |e| stats.epoch > e) {
+                    if pruned.is_none() && last_epoch.is_none_or(|e| stats.epoch > e) {
                         last_epoch = Some(stats.epoch);
                         reported += 1;
                         epoch_event(events, &trial, slice.index, &stats);

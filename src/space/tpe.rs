@@ -149,7 +149,7 @@ fn propose_one(
     for _ in 0..candidates.max(1) {
         let x = l.sample(rng);
         let score = l.log_pdf(x) - g.log_pdf(x);
-        if best.map_or(true, |(s, _)| score > s) {
+        if best.is_none_or(|(s, _)| score > s) {
             best = Some((score, x));
         }
     }

@@ -146,7 +146,7 @@ impl Steps for Single<'_> {
         }
         be.pace(super::STEPS_AHEAD)?;
         // A diverged trial stops soon rather than training on NaNs.
-        if (at.step + 1) % self.check_every == 0 || at.step + 1 == at.steps {
+        if (at.step + 1).is_multiple_of(self.check_every) || at.step + 1 == at.steps {
             be.read(net.stats, &mut self.stats)?;
             if !self.stats[0].is_finite() {
                 return Err(TrialError::NonFiniteLoss {

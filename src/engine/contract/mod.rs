@@ -70,7 +70,7 @@ fn inside(r: Region, arena: usize) -> Result<(), EngineError> {
     if arena == 0 {
         return Err(EngineError::NoArena);
     }
-    if r.offset.checked_add(r.len).map_or(true, |end| end > arena) {
+    if r.offset.checked_add(r.len).is_none_or(|end| end > arena) {
         return Err(EngineError::OutOfArena {
             offset: r.offset,
             len: r.len,
@@ -184,7 +184,7 @@ fn epoch_batches(
     if steps_per_epoch == 0 {
         return Err(shape_error(op, "an epoch needs at least one step".into()));
     }
-    if steps_per_epoch.checked_mul(batch).map_or(true, |s| s > n) {
+    if steps_per_epoch.checked_mul(batch).is_none_or(|s| s > n) {
         return Err(shape_error(
             op,
             format!("{steps_per_epoch} batches of {batch} are beyond {n} samples"),
@@ -437,7 +437,7 @@ pub fn optim_batched<const N: usize>(
     hyper: Region,
     trials: usize,
 ) -> Result<(usize, [Region; N], Region), EngineError> {
-    if (trials == 0 && w.len > 0) || (trials > 0 && w.len % trials != 0) {
+    if (trials == 0 && w.len > 0) || (trials > 0 && !w.len.is_multiple_of(trials)) {
         return Err(shape_error(
             op,
             format!("w's {} elements do not split into {trials} trials", w.len),

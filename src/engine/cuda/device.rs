@@ -74,7 +74,7 @@ pub const MODULE_LOADING: &str = "LAZY";
 /// The driver reads it once, in `cuInit`; call this at the start of `main`, before any thread
 /// is started (changing the environment is not safe while other threads may read it).
 pub fn choose_module_loading() {
-    if std::env::var_os("CUDA_MODULE_LOADING").map_or(true, |v| v.is_empty()) {
+    if std::env::var_os("CUDA_MODULE_LOADING").is_none_or(|v| v.is_empty()) {
         std::env::set_var("CUDA_MODULE_LOADING", MODULE_LOADING);
     }
 }
