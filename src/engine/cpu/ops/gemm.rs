@@ -2,8 +2,25 @@
 
 use crate::engine::shapes::GemmShape;
 
+#[cfg(target_arch = "x86_64")]
+mod avx512;
+
 /// Row-major `C = alpha·op(A)·op(B) + beta·C` (with `beta == 0`, `C` is overwritten, NaNs included).
+/// On a host with AVX-512 (and `GPUMUX_CPU_SIMD` not capping it) this is the in-place kernel of
+/// `gemm/avx512.rs`; elsewhere [`gemm_portable`].
 pub fn gemm(g: &GemmShape, a: &[f32], b: &[f32], c: &mut [f32]) {
+    let (a, b, c) = (&a[..g.a_len()], &b[..g.b_len()], &mut c[..g.c_len()]);
+    #[cfg(target_arch = "x86_64")]
+    if crate::engine::cpu::simd::level() == crate::engine::cpu::simd::Level::Avx512 {
+        // SAFETY: `level` saw AVX-512F on this host, and the slices hold exactly the operands.
+        unsafe { avx512::gemm(g, a, b, c) };
+        return;
+    }
+    gemm_portable(g, a, b, c);
+}
+
+/// [`gemm`] through `matrixmultiply`, which packs both operands and picks its kernel for the host.
+pub fn gemm_portable(g: &GemmShape, a: &[f32], b: &[f32], c: &mut [f32]) {
     let (m, n, k) = (g.m, g.n, g.k);
     let (a, b, c) = (&a[..g.a_len()], &b[..g.b_len()], &mut c[..g.c_len()]);
     // Element (i, j) of op(X) sits at i·rs + j·cs; a transposed operand is stored the other way round.
@@ -72,13 +89,17 @@ mod tests {
         let b = random(&mut rng, g.b_len(), -1.0, 1.0);
         let c0 = random(&mut rng, g.c_len(), -1.0, 1.0);
         let (want, mag) = naive_gemm(g, &a, &b, &c0);
-        let mut c = c0.clone();
-        gemm(g, &a, &b, &mut c);
-        for (i, ((&got, &want), &mag)) in c.iter().zip(&want).zip(&mag).enumerate() {
-            assert!(
-                (got as f64 - want).abs() <= 1e-5 * (1.0 + mag),
-                "{g:?} c[{i}]: {got} vs {want}"
-            );
+        type Gemm = fn(&GemmShape, &[f32], &[f32], &mut [f32]);
+        let gemms: [(&str, Gemm); 2] = [("gemm", gemm), ("gemm_portable", gemm_portable)];
+        for (name, f) in gemms {
+            let mut c = c0.clone();
+            f(g, &a, &b, &mut c);
+            for (i, ((&got, &want), &mag)) in c.iter().zip(&want).zip(&mag).enumerate() {
+                assert!(
+                    (got as f64 - want).abs() <= 1e-5 * (1.0 + mag),
+                    "{name} {g:?} c[{i}]: {got} vs {want}"
+                );
+            }
         }
     }
 
@@ -111,6 +132,10 @@ mod tests {
                 (11, 1, 17),
                 (33, 19, 65),
                 (64, 37, 128),
+                // Past one block of the inner dimension, and edges in both directions of C.
+                (17, 50, 300),
+                (9, 97, 513),
+                (64, 128, 784),
             ] {
                 for (alpha, beta) in [(1.0, 0.0), (0.7, -1.3), (-2.5, 1.0)] {
                     check_gemm(
@@ -169,6 +194,19 @@ mod tests {
             seed: u64,
         ) {
             check_gemm(&shape(ta, tb, m, n, k, alpha, beta), seed);
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(24))]
+        /// Shapes of the models' size: several blocks of the inner dimension, and every kernel
+        /// width with its edges.
+        #[test]
+        fn gemm_matches_naive_on_model_sized_shapes(
+            ta: bool, tb: bool, m in 1usize..100, n in 1usize..100, k in 100usize..600,
+            beta in prop_oneof![Just(0.0f32), Just(1.0f32)], seed: u64,
+        ) {
+            check_gemm(&shape(ta, tb, m, n, k, 1.0, beta), seed);
         }
     }
 

@@ -1,0 +1,412 @@
+//! The AVX-512 GEMM: `C = alpha·op(A)·op(B) + beta·C` with the operands read where they lie.
+//!
+//! A general GEMM copies ("packs") both operands into the micro-kernel's order before every
+//! call. The models' products are small (a batch of 64 rows, a convolution's one sample), so
+//! each packed element is used only a few times and the copies cost as much as a third of the
+//! arithmetic. Here the micro-kernel reads `A` where it lies, through a row and a column stride,
+//! so a row-major or a transposed `A` costs nothing, and reads `B` row by row. A transposed `B`
+//! is handled by computing `Cᵀ = op(B)ᵀ·op(A)ᵀ` instead, where `op(B)ᵀ` is then read in place
+//! and `op(A)ᵀ` is either `A` itself (a transposed `A`) or the smaller of the two operands to
+//! copy in transposed order (16 × 16 tiles, in registers); the kernel then stores `Cᵀ`
+//! transposed. Only a product with a transposed `B` and a plain `A` copies anything.
+//!
+//! The micro-kernel computes an 8 × 48 block of `C` (24 vector accumulators): per step of the
+//! inner dimension it loads 48 values of one row of `B` and multiplies them by 8 broadcast
+//! values of a column of `A`. The inner dimension is cut into blocks of [`KC`], so a 48-column
+//! slab of `B` stays in the L1 cache while the kernel walks down `A`. Partial blocks of `C` at the
+//! edges are computed with masked loads and stores, which read and write nothing outside the
+//! operands. Each element of `C` is the FMA chain of its products in the order of the inner
+//! dimension, block by block, so a shape always gives the same bits.
+
+use std::arch::x86_64::*;
+use std::cell::RefCell;
+
+use crate::engine::shapes::GemmShape;
+
+/// Floats of `B` per slab (a block of the inner dimension by the kernel's columns): 32 KiB, so
+/// the slab stays in the L1 cache while the kernel walks down `A`.
+const SLAB: usize = 8192;
+thread_local! {
+    /// Room for a transposed operand, kept between calls.
+    static COPY: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}
+
+/// One product for [`blocks`]: `C = alpha·A·B + beta·C` with `A` `m × k`, element (i, p) at
+/// `a[i·ars + p·acs]`; `B` `k × n`, element (p, j) at `b[p·ldb + j]`; and `C` `m × n`, element
+/// (i, j) at `c[i·ldc + j]`, or at `c[j·ldc + i]` when `trans_c`.
+struct Product {
+    m: usize,
+    n: usize,
+    k: usize,
+    a: *const f32,
+    ars: usize,
+    acs: usize,
+    b: *const f32,
+    ldb: usize,
+    c: *mut f32,
+    ldc: usize,
+    trans_c: bool,
+    alpha: f32,
+    beta: f32,
+}
+
+/// Row-major `C = alpha·op(A)·op(B) + beta·C`, as `super::gemm`.
+///
+/// # Safety
+/// The host supports AVX-512F, and the slices hold exactly `m·k`, `k·n` and `m·n` elements.
+#[target_feature(enable = "avx512f,avx2,fma")]
+pub(super) unsafe fn gemm(g: &GemmShape, a: &[f32], b: &[f32], c: &mut [f32]) {
+    let (m, n, k) = (g.m, g.n, g.k);
+    debug_assert!(a.len() == m * k && b.len() == k * n && c.len() == m * n);
+    if m == 0 || n == 0 {
+        return;
+    }
+    if k == 0 {
+        for v in c.iter_mut() {
+            *v = if g.beta == 0.0 { 0.0 } else { g.beta * *v };
+        }
+        return;
+    }
+    let mut p = Product {
+        m,
+        n,
+        k,
+        a: a.as_ptr(),
+        ars: if g.trans_a { 1 } else { k },
+        acs: if g.trans_a { m } else { 1 },
+        b: b.as_ptr(),
+        ldb: n,
+        c: c.as_mut_ptr(),
+        ldc: n,
+        trans_c: false,
+        alpha: g.alpha,
+        beta: g.beta,
+    };
+    if !g.trans_b {
+        // SAFETY: the views above address exactly the caller's slices.
+        return unsafe { blocks(&p) };
+    }
+    // op(B) is stored n × k. Cᵀ = op(B)ᵀ·op(A)ᵀ reads it in place as its A, row-major.
+    let swapped = |p: &mut Product, at: *const f32| {
+        *p = Product {
+            m: n,
+            n: m,
+            a: b.as_ptr(),
+            ars: k,
+            acs: 1,
+            b: at,
+            ldb: m,
+            trans_c: true,
+            ..*p
+        };
+    };
+    if g.trans_a {
+        // op(A)ᵀ is A as stored, k × m.
+        swapped(&mut p, a.as_ptr());
+        // SAFETY: as above, with the roles of the operands exchanged.
+        return unsafe { blocks(&p) };
+    }
+    COPY.with(|copy| {
+        let mut copy = copy.borrow_mut();
+        copy.clear();
+        if m <= n {
+            // Copy A (m × k) as op(A)ᵀ, k × m.
+            copy.resize(k * m, 0.0);
+            // SAFETY: A holds m × k elements and the copy k × m.
+            unsafe { transpose(a, m, k, &mut copy) };
+            swapped(&mut p, copy.as_ptr());
+        } else {
+            // Copy op(B) (stored n × k) row-major, k × n.
+            copy.resize(k * n, 0.0);
+            // SAFETY: B holds n × k elements and the copy k × n.
+            unsafe { transpose(b, n, k, &mut copy) };
+            p.b = copy.as_ptr();
+        }
+        // SAFETY: the views address the caller's slices and the copy, alive until here.
+        unsafe { blocks(&p) }
+    })
+}
+
+/// The blocking of a [`Product`], with the kernel's width chosen for `n`: 16, 32, 48 or 64
+/// columns (1 to 4 vectors), the widest that wastes the fewest lanes at the edge of `C`, and as
+/// many rows as keep 24 or fewer accumulators.
+#[target_feature(enable = "avx512f,avx2,fma")]
+unsafe fn blocks(p: &Product) {
+    // SAFETY (each arm): passed on from the caller.
+    match vectors_for(p.n) {
+        4 => unsafe { blocks_of::<6, 4>(p) },
+        3 => unsafe { blocks_of::<8, 3>(p) },
+        2 => unsafe { blocks_of::<12, 2>(p) },
+        _ => unsafe { blocks_of::<16, 1>(p) },
+    }
+}
+
+/// The number of 16-lane vectors across the kernel's block for `n` columns: the most lanes in
+/// use at the edge, then the widest.
+fn vectors_for(n: usize) -> usize {
+    (1..=4)
+        .map(|v: usize| (n.div_ceil(16 * v) * 16 * v - n, usize::MAX - v, v))
+        .min()
+        .map_or(1, |(_, _, v)| v)
+}
+
+/// Blocks of the inner dimension, then slabs of `MR`-row by `16·NV`-column blocks: each slab of
+/// `B` is read by every row panel of `A` in turn.
+#[target_feature(enable = "avx512f,avx2,fma")]
+unsafe fn blocks_of<const MR: usize, const NV: usize>(p: &Product) {
+    let nr = 16 * NV;
+    let kc_max = SLAB / nr;
+    let mut p0 = 0;
+    while p0 < p.k {
+        let kc = kc_max.min(p.k - p0);
+        // The first block scales the old C by beta; the later ones add to it.
+        let beta = if p0 == 0 { p.beta } else { 1.0 };
+        let mut j0 = 0;
+        while j0 < p.n {
+            let cols = nr.min(p.n - j0);
+            let mut i0 = 0;
+            while i0 < p.m {
+                let rows = MR.min(p.m - i0);
+                let c_at = if p.trans_c {
+                    j0 * p.ldc + i0
+                } else {
+                    i0 * p.ldc + j0
+                };
+                // SAFETY: the kernel touches rows i0..i0+rows and columns j0..j0+cols of C, and
+                // reads A's rows i0..i0+rows and B's columns j0..j0+cols at steps p0..p0+kc.
+                unsafe {
+                    let (a, b, c) = (
+                        p.a.add(i0 * p.ars + p0 * p.acs),
+                        p.b.add(p0 * p.ldb + j0),
+                        p.c.add(c_at),
+                    );
+                    let at = Tile {
+                        a,
+                        ars: p.ars,
+                        acs: p.acs,
+                        rows,
+                        b,
+                        ldb: p.ldb,
+                        cols,
+                        c,
+                        ldc: p.ldc,
+                    };
+                    if p.trans_c {
+                        kernel::<MR, NV, true>(kc, &at, p.alpha, beta);
+                    } else {
+                        kernel::<MR, NV, false>(kc, &at, p.alpha, beta);
+                    }
+                }
+                i0 += MR;
+            }
+            j0 += nr;
+        }
+        p0 += kc;
+    }
+}
+
+/// Where one kernel call reads and writes: `A[i, p]` at `a[i·ars + p·acs]` for `i < rows`,
+/// `B[p, j]` at `b[p·ldb + j]` for `j < cols`, and `C[i, j]` at `c[i·ldc + j]` (or `c[j·ldc + i]`
+/// when the kernel stores `C` transposed).
+struct Tile {
+    a: *const f32,
+    ars: usize,
+    acs: usize,
+    rows: usize,
+    b: *const f32,
+    ldb: usize,
+    cols: usize,
+    c: *mut f32,
+    ldc: usize,
+}
+
+/// `C[..rows, ..cols] = alpha·Σ_p A[i, p]·B[p, j] + beta·C` over `kc` steps of the [`Tile`],
+/// `C` stored transposed when `TRANS_C`. With `beta == 0`, C is not read.
+#[inline]
+#[target_feature(enable = "avx512f,avx2,fma")]
+unsafe fn kernel<const MR: usize, const NV: usize, const TRANS_C: bool>(
+    kc: usize,
+    t: &Tile,
+    alpha: f32,
+    beta: f32,
+) {
+    let (rows, cols, ldc) = (t.rows, t.cols, t.ldc);
+    // Rows past `rows` repeat the last one, so every read stays inside A; they are not stored.
+    let mut off = [0usize; MR];
+    for (i, o) in off.iter_mut().enumerate() {
+        *o = i.min(rows - 1) * t.ars;
+    }
+    let mut mask = [0u16; NV];
+    for (v, mk) in mask.iter_mut().enumerate() {
+        let lanes = cols.saturating_sub(16 * v).min(16);
+        *mk = ((1u32 << lanes) - 1) as u16;
+    }
+    let mut acc = [[_mm512_setzero_ps(); NV]; MR];
+    let (mut ap, mut bp) = (t.a, t.b);
+    for _ in 0..kc {
+        let mut bv = [_mm512_setzero_ps(); NV];
+        for v in 0..NV {
+            // SAFETY: masked-off lanes are not read; the others are columns of B below `cols`.
+            bv[v] = unsafe { _mm512_maskz_loadu_ps(mask[v], bp.add(16 * v)) };
+        }
+        for i in 0..MR {
+            // SAFETY: off[i] addresses one of A's rows at this step.
+            let av = _mm512_set1_ps(unsafe { *ap.add(off[i]) });
+            for v in 0..NV {
+                acc[i][v] = _mm512_fmadd_ps(av, bv[v], acc[i][v]);
+            }
+        }
+        // Past the last step these point one step beyond, and are not read.
+        ap = ap.wrapping_add(t.acs);
+        bp = bp.wrapping_add(t.ldb);
+    }
+    let c = t.c;
+    let (alpha, beta_v) = (_mm512_set1_ps(alpha), _mm512_set1_ps(beta));
+    for (i, acc) in acc.iter().enumerate().take(rows) {
+        for v in 0..NV {
+            if mask[v] == 0 {
+                continue;
+            }
+            let prod = _mm512_mul_ps(alpha, acc[v]);
+            if TRANS_C {
+                // Column i of Cᵀ's block: one element per lane, `ldc` apart.
+                let mut out = [0f32; 16];
+                // SAFETY: `out` holds 16 floats.
+                unsafe { _mm512_storeu_ps(out.as_mut_ptr(), prod) };
+                let lanes = cols.saturating_sub(16 * v).min(16);
+                for (l, &o) in out.iter().enumerate().take(lanes) {
+                    // SAFETY: column 16·v + l < cols and row i < rows of C's block.
+                    unsafe {
+                        let cp = c.add((16 * v + l) * ldc + i);
+                        *cp = if beta != 0.0 {
+                            (*cp).mul_add(beta, o)
+                        } else {
+                            o
+                        };
+                    }
+                }
+            } else {
+                // SAFETY: row i < rows and the unmasked lanes are columns below `cols`.
+                unsafe {
+                    let cp = c.add(i * ldc + 16 * v);
+                    let mut out = prod;
+                    if beta != 0.0 {
+                        out = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(mask[v], cp), beta_v, out);
+                    }
+                    _mm512_mask_storeu_ps(cp, mask[v], out);
+                }
+            }
+        }
+    }
+}
+
+/// `dst[p·rows + j] = src[j·k + p]`: the `rows × k` matrix `src` transposed, in 16 × 16 tiles
+/// transposed in registers, and the edges element by element.
+#[target_feature(enable = "avx512f,avx2,fma")]
+unsafe fn transpose(src: &[f32], rows: usize, k: usize, dst: &mut [f32]) {
+    assert!(src.len() >= rows * k && dst.len() >= rows * k);
+    let (full_j, full_p) = (rows / 16 * 16, k / 16 * 16);
+    for j0 in (0..full_j).step_by(16) {
+        for p0 in (0..full_p).step_by(16) {
+            // SAFETY: rows j0..j0+16 and columns p0..p0+16 are inside src, and rows p0..p0+16,
+            // columns j0..j0+16 inside dst (checked above).
+            unsafe {
+                tile16(
+                    src.as_ptr().add(j0 * k + p0),
+                    k,
+                    dst.as_mut_ptr().add(p0 * rows + j0),
+                    rows,
+                )
+            };
+        }
+    }
+    for j in 0..rows {
+        let from = if j < full_j { full_p } else { 0 };
+        for p in from..k {
+            dst[p * rows + j] = src[j * k + p];
+        }
+    }
+}
+
+/// Transposes the 16 × 16 tile at `src` (rows `lds` apart) into `dst` (rows `ldd` apart):
+/// interleave pairs of rows, then pairs of pairs, then exchange 128-bit lanes.
+#[inline]
+#[target_feature(enable = "avx512f,avx2,fma")]
+unsafe fn tile16(src: *const f32, lds: usize, dst: *mut f32, ldd: usize) {
+    // SAFETY: the caller gives 16 rows of 16 floats at each side.
+    let r: [__m512; 16] = std::array::from_fn(|a| unsafe { _mm512_loadu_ps(src.add(a * lds)) });
+    let mut t = [_mm512_setzero_ps(); 16];
+    for i in 0..8 {
+        t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+    }
+    // u[4g + c], lane L: column 4L + c of rows 4g..4g+4.
+    let mut u = [_mm512_setzero_ps(); 16];
+    let (lo, hi) = (
+        |x: __m512, y: __m512| {
+            _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(x), _mm512_castps_pd(y)))
+        },
+        |x: __m512, y: __m512| {
+            _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(x), _mm512_castps_pd(y)))
+        },
+    );
+    for g in 0..4 {
+        let (t0, t1, t2, t3) = (t[4 * g], t[4 * g + 1], t[4 * g + 2], t[4 * g + 3]);
+        u[4 * g] = lo(t0, t2);
+        u[4 * g + 1] = hi(t0, t2);
+        u[4 * g + 2] = lo(t1, t3);
+        u[4 * g + 3] = hi(t1, t3);
+    }
+    for c in 0..4 {
+        let (v0, v1, v2, v3) = (u[c], u[4 + c], u[8 + c], u[12 + c]);
+        let w0 = _mm512_shuffle_f32x4::<0x44>(v0, v1);
+        let w1 = _mm512_shuffle_f32x4::<0xEE>(v0, v1);
+        let w2 = _mm512_shuffle_f32x4::<0x44>(v2, v3);
+        let w3 = _mm512_shuffle_f32x4::<0xEE>(v2, v3);
+        // SAFETY: rows c, 4 + c, 8 + c and 12 + c of dst's tile.
+        unsafe {
+            _mm512_storeu_ps(dst.add(c * ldd), _mm512_shuffle_f32x4::<0x88>(w0, w2));
+            _mm512_storeu_ps(dst.add((4 + c) * ldd), _mm512_shuffle_f32x4::<0xDD>(w0, w2));
+            _mm512_storeu_ps(dst.add((8 + c) * ldd), _mm512_shuffle_f32x4::<0x88>(w1, w3));
+            _mm512_storeu_ps(
+                dst.add((12 + c) * ldd),
+                _mm512_shuffle_f32x4::<0xDD>(w1, w3),
+            );
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn transpose_matches_element_by_element_for_tiles_and_edges() {
+        if crate::engine::cpu::simd::level() != crate::engine::cpu::simd::Level::Avx512 {
+            return;
+        }
+        for (rows, k) in [
+            (16, 16),
+            (32, 48),
+            (17, 33),
+            (5, 40),
+            (40, 5),
+            (1, 1),
+            (64, 784),
+        ] {
+            let src: Vec<f32> = (0..rows * k).map(|x| x as f32).collect();
+            let mut dst = vec![f32::NAN; rows * k];
+            // SAFETY: the host has AVX-512 (checked above); the slices hold rows × k.
+            unsafe { transpose(&src, rows, k, &mut dst) };
+            for j in 0..rows {
+                for p in 0..k {
+                    assert_eq!(
+                        dst[p * rows + j],
+                        src[j * k + p],
+                        "{rows}x{k} at ({j}, {p})"
+                    );
+                }
+            }
+        }
+    }
+}
