@@ -115,24 +115,25 @@ multiversion! {
             let xp = &x[p * plane..(p + 1) * plane];
             let dxp = &mut dx[p * plane..(p + 1) * plane];
             if k == 2 && st == 2 {
-                // The common 2×2/2 pool: windows do not overlap, so each gradient lands alone.
+                // The common 2×2/2 pool: windows do not overlap, so each gradient lands alone on
+                // the first element equal to the maximum, and the others of its window stay 0.
+                // Without branches: which element holds the maximum is as good as random.
                 for oy in 0..ho {
+                    let (r0, r1) = (2 * oy * w, (2 * oy + 1) * w);
                     for ox in 0..wo {
                         let o = p * ho * wo + oy * wo + ox;
-                        let (i0, i1) = (2 * oy * w + 2 * ox, (2 * oy + 1) * w + 2 * ox);
-                        let m = y[o];
-                        let i = if xp[i0] == m {
-                            i0
-                        } else if xp[i0 + 1] == m {
-                            i0 + 1
-                        } else if xp[i1] == m {
-                            i1
-                        } else if xp[i1 + 1] == m {
-                            i1 + 1
-                        } else {
-                            continue;
-                        };
-                        dxp[i] += dy[o];
+                        let (i0, i1) = (r0 + 2 * ox, r1 + 2 * ox);
+                        let (m, d) = (y[o], dy[o]);
+                        let e0 = xp[i0] == m;
+                        let e1 = !e0 & (xp[i0 + 1] == m);
+                        let e2 = !(e0 | e1) & (xp[i1] == m);
+                        let e3 = !(e0 | e1 | e2) & (xp[i1 + 1] == m);
+                        // `0.0 + d` is what adding into the zeroed dx gives (a -0.0 becomes +0.0).
+                        let put = |hit: bool| if hit { 0.0 + d } else { 0.0 };
+                        dxp[i0] = put(e0);
+                        dxp[i0 + 1] = put(e1);
+                        dxp[i1] = put(e2);
+                        dxp[i1 + 1] = put(e3);
                     }
                 }
                 continue;
