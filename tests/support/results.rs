@@ -52,3 +52,25 @@ pub fn rows_in(path: &Path) -> usize {
         .map(|b| b.iter().filter(|&&c| c == b'\n').count().saturating_sub(1))
         .unwrap_or(0)
 }
+
+/// The distinct `trial_id`s among the whole lines of a progress CSV (a cut last line counts as
+/// nothing); 0 for a file not there yet.
+pub fn trials_with_progress(path: &Path) -> usize {
+    let Ok(bytes) = std::fs::read(path) else {
+        return 0;
+    };
+    let whole = bytes.iter().rposition(|&c| c == b'\n').map_or(0, |i| i + 1);
+    let mut r = csv::Reader::from_reader(&bytes[..whole]);
+    let Some(col) = r
+        .headers()
+        .ok()
+        .and_then(|h| h.iter().position(|f| f == "trial_id"))
+    else {
+        return 0;
+    };
+    let ids: std::collections::HashSet<String> = r
+        .records()
+        .filter_map(|rec| rec.ok().and_then(|rec| rec.get(col).map(String::from)))
+        .collect();
+    ids.len()
+}
