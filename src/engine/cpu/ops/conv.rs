@@ -4,6 +4,7 @@ use crate::engine::cpu::simd::multiversion;
 
 use super::super::im2col::{col2im, im2col};
 use super::gemm;
+use super::gemm::gemm_gathered;
 use crate::engine::shapes::{Conv2dShape, GemmShape};
 
 /// Convolution with zero padding and stride: `y[n, co] = b[co] + Σ w[co, ci, :, :] ⋆ x[n, ci]`
@@ -76,6 +77,12 @@ pub fn conv2d_bwd(
         trans_a: true,
         ..GemmShape::nn(ckk, hw, s.c_out)
     };
+    // dw reads the column matrix straight from the image (zero-padded into `ws` first when the
+    // convolution pads and `ws` has the room), so only dx's path writes a column matrix.
+    let (hp, wp) = (s.h + 2 * s.pad, s.w + 2 * s.pad);
+    let padded_len = s.c_in * hp * wp;
+    let gather = (!s.is_pointwise() && (s.pad == 0 || padded_len <= ws.len()))
+        .then(|| gather_offsets(s, hp, wp));
     for i in 0..s.n {
         let dyi = &dy[i * y_n..(i + 1) * y_n];
         let xi = &x[i * x_n..(i + 1) * x_n];
@@ -84,6 +91,18 @@ pub fn conv2d_bwd(
             if let Some(dx) = dx.as_deref_mut() {
                 gemm(&col_g, w, dyi, &mut dx[i * x_n..(i + 1) * x_n]);
             }
+        } else if let Some((rows, cols)) = &gather {
+            let image: &[f32] = if s.pad == 0 {
+                xi
+            } else {
+                pad_into(s, xi, &mut ws[..padded_len]);
+                &ws[..padded_len]
+            };
+            gemm_gathered(s.c_out, dyi, image, rows, cols, 1.0, 1.0, dw);
+            if let Some(dx) = dx.as_deref_mut() {
+                gemm(&col_g, w, dyi, ws);
+                col2im(s, ws, &mut dx[i * x_n..(i + 1) * x_n]);
+            }
         } else {
             im2col(s, xi, ws);
             gemm(&dw_g, dyi, ws, dw);
@@ -91,6 +110,43 @@ pub fn conv2d_bwd(
                 gemm(&col_g, w, dyi, ws);
                 col2im(s, ws, &mut dx[i * x_n..(i + 1) * x_n]);
             }
+        }
+    }
+}
+
+/// The offsets that gather one sample's im2col column matrix from its image, zero-padded to
+/// `hp × wp` planes: `col[(ci, ky, kx), (oy, ox)] = image[rows[(ci, ky, kx)] + cols[(oy, ox)]]`.
+fn gather_offsets(s: &Conv2dShape, hp: usize, wp: usize) -> (Vec<usize>, Vec<usize>) {
+    let st = s.stride.max(1);
+    let mut rows = Vec::with_capacity(s.c_in * s.k * s.k);
+    for ci in 0..s.c_in {
+        for ky in 0..s.k {
+            for kx in 0..s.k {
+                rows.push(ci * hp * wp + ky * wp + kx);
+            }
+        }
+    }
+    let mut cols = Vec::with_capacity(s.h_out() * s.w_out());
+    for oy in 0..s.h_out() {
+        for ox in 0..s.w_out() {
+            cols.push(oy * st * wp + ox * st);
+        }
+    }
+    (rows, cols)
+}
+
+/// Copies one sample's image `x` into `out` with a border of `s.pad` zeros around each plane.
+fn pad_into(s: &Conv2dShape, x: &[f32], out: &mut [f32]) {
+    let (p, h, w) = (s.pad, s.h, s.w);
+    let wp = w + 2 * p;
+    out.fill(0.0);
+    for (plane, xp) in out
+        .chunks_exact_mut((h + 2 * p) * wp)
+        .zip(x.chunks_exact(h * w))
+    {
+        for (y, row) in xp.chunks_exact(w).enumerate() {
+            let at = (y + p) * wp + p;
+            plane[at..at + w].copy_from_slice(row);
         }
     }
 }
@@ -144,6 +200,9 @@ mod tests {
             (1, 0, 2),
             (3, 1, 2),
             (7, 3, 2),
+            // Its padded image (2·8·9) is larger than its column matrix (2·4·4·4): the weight
+            // gradient then goes through im2col rather than gathering.
+            (2, 1, 2),
         ]
     }
 

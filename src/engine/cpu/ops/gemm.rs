@@ -19,6 +19,52 @@ pub fn gemm(g: &GemmShape, a: &[f32], b: &[f32], c: &mut [f32]) {
     gemm_portable(g, a, b, c);
 }
 
+/// `C = alpha·A·Gᵀ + beta·C` for a row-major `A` (`m × k`) and a matrix `G` (`n × k`) gathered
+/// from `x`: `G[j, p] = x[rows[j] + cols[p]]`, with `n = rows.len()` and `k = cols.len()`. This
+/// is a convolution's weight gradient `dW = dy·colᵀ` with im2col's column matrix read from the
+/// image, never written out. With AVX-512, `G` is read where it lies; elsewhere it is gathered
+/// into a matrix for [`gemm_portable`].
+///
+/// # Panics
+/// If an operand's length does not match, or an offset falls outside `x`.
+#[allow(clippy::too_many_arguments)]
+pub fn gemm_gathered(
+    m: usize,
+    a: &[f32],
+    x: &[f32],
+    rows: &[usize],
+    cols: &[usize],
+    alpha: f32,
+    beta: f32,
+    c: &mut [f32],
+) {
+    let (n, k) = (rows.len(), cols.len());
+    let (a, c) = (&a[..m * k], &mut c[..m * n]);
+    let reach = rows.iter().max().zip(cols.iter().max()).map(|(r, c)| r + c);
+    assert!(
+        reach.is_none_or(|r| r < x.len()),
+        "gathered offsets reach {reach:?}, past {} elements",
+        x.len()
+    );
+    #[cfg(target_arch = "x86_64")]
+    if crate::engine::cpu::simd::level() == crate::engine::cpu::simd::Level::Avx512 {
+        // SAFETY: `level` saw AVX-512F; the operands' lengths and every offset are checked above.
+        unsafe { avx512::gemm_gathered(m, a, x, rows, cols, alpha, beta, c) };
+        return;
+    }
+    let g: Vec<f32> = rows
+        .iter()
+        .flat_map(|&r| cols.iter().map(move |&c| x[r + c]))
+        .collect();
+    let shape = GemmShape {
+        trans_b: true,
+        alpha,
+        beta,
+        ..GemmShape::nn(m, n, k)
+    };
+    gemm_portable(&shape, a, &g, c);
+}
+
 /// [`gemm`] through `matrixmultiply`, which packs both operands and picks its kernel for the host.
 pub fn gemm_portable(g: &GemmShape, a: &[f32], b: &[f32], c: &mut [f32]) {
     let (m, n, k) = (g.m, g.n, g.k);
@@ -208,6 +254,57 @@ mod tests {
         ) {
             check_gemm(&shape(ta, tb, m, n, k, 1.0, beta), seed);
         }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(32))]
+        /// The gathered product against the f64 product of the gathered matrix written out, and
+        /// against `gemm` on it: to the bit where `gemm` takes the same route (`m ≤ n`: on
+        /// AVX-512 both read that matrix as the kernel's `A`; elsewhere both are the portable
+        /// GEMM).
+        #[test]
+        fn gathered_gemm_is_gemm_on_the_matrix_it_gathers(
+            m in 1usize..40, n in 1usize..90, k in 1usize..300, beta in prop_oneof![Just(0.0f32), Just(1.0f32)],
+            seed: u64,
+        ) {
+            let mut rng = HostRng::new(seed);
+            let x = random(&mut rng, 2000, -1.0, 1.0);
+            let rows: Vec<usize> = (0..n).map(|_| rng.below(1000)).collect();
+            let cols: Vec<usize> = (0..k).map(|_| rng.below(1000)).collect();
+            let a = random(&mut rng, m * k, -1.0, 1.0);
+            let c0 = random(&mut rng, m * n, -1.0, 1.0);
+            let xs = &x;
+            let g: Vec<f32> = rows.iter().flat_map(|&r| cols.iter().map(move |&c| xs[r + c])).collect();
+            let shape = GemmShape { trans_b: true, beta, ..GemmShape::nn(m, n, k) };
+            let mut want = c0.clone();
+            gemm(&shape, &a, &g, &mut want);
+            let mut got = c0.clone();
+            gemm_gathered(m, &a, &x, &rows, &cols, 1.0, beta, &mut got);
+            let (exact, mag) = naive_gemm(&shape, &a, &g, &c0);
+            for ((&got, &exact), &mag) in got.iter().zip(&exact).zip(&mag) {
+                prop_assert!((got as f64 - exact).abs() <= 1e-5 * (1.0 + mag), "{} vs {}", got, exact);
+            }
+            if m <= n {
+                let bits = |v: &[f32]| v.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+                prop_assert_eq!(bits(&got), bits(&want));
+            }
+        }
+    }
+
+    #[test]
+    #[should_panic(expected = "gathered offsets reach")]
+    fn gathered_offsets_past_the_image_are_refused() {
+        let mut c = vec![0.0; 2];
+        gemm_gathered(
+            1,
+            &[1.0; 3],
+            &[0.0; 10],
+            &[0, 5],
+            &[0, 2, 5],
+            1.0,
+            0.0,
+            &mut c,
+        );
     }
 
     #[test]

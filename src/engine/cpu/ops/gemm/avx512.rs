@@ -20,6 +20,7 @@
 
 use std::arch::x86_64::*;
 use std::cell::RefCell;
+use std::ptr::null;
 
 use crate::engine::shapes::GemmShape;
 
@@ -31,16 +32,39 @@ thread_local! {
     static COPY: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
 }
 
+/// Where the rows or the columns of `A` start: `i·stride`, or a table's `i`-th entry (an
+/// operand gathered from another array, such as im2col's column matrix from the image).
+#[derive(Clone, Copy)]
+enum Index {
+    Stride(usize),
+    Table(*const usize),
+}
+
+impl Index {
+    /// The offset of row (or column) `i`.
+    ///
+    /// # Safety
+    /// A table holds more than `i` entries.
+    #[inline(always)]
+    unsafe fn at(self, i: usize) -> usize {
+        match self {
+            Index::Stride(s) => i * s,
+            // SAFETY: as the caller promised.
+            Index::Table(t) => unsafe { *t.add(i) },
+        }
+    }
+}
+
 /// One product for [`blocks`]: `C = alpha·A·B + beta·C` with `A` `m × k`, element (i, p) at
-/// `a[i·ars + p·acs]`; `B` `k × n`, element (p, j) at `b[p·ldb + j]`; and `C` `m × n`, element
-/// (i, j) at `c[i·ldc + j]`, or at `c[j·ldc + i]` when `trans_c`.
+/// `a[rows.at(i) + cols.at(p)]`; `B` `k × n`, element (p, j) at `b[p·ldb + j]`; and `C` `m × n`,
+/// element (i, j) at `c[i·ldc + j]`, or at `c[j·ldc + i]` when `trans_c`.
 struct Product {
     m: usize,
     n: usize,
     k: usize,
     a: *const f32,
-    ars: usize,
-    acs: usize,
+    rows: Index,
+    cols: Index,
     b: *const f32,
     ldb: usize,
     c: *mut f32,
@@ -72,8 +96,8 @@ pub(super) unsafe fn gemm(g: &GemmShape, a: &[f32], b: &[f32], c: &mut [f32]) {
         n,
         k,
         a: a.as_ptr(),
-        ars: if g.trans_a { 1 } else { k },
-        acs: if g.trans_a { m } else { 1 },
+        rows: Index::Stride(if g.trans_a { 1 } else { k }),
+        cols: Index::Stride(if g.trans_a { m } else { 1 }),
         b: b.as_ptr(),
         ldb: n,
         c: c.as_mut_ptr(),
@@ -92,8 +116,8 @@ pub(super) unsafe fn gemm(g: &GemmShape, a: &[f32], b: &[f32], c: &mut [f32]) {
             m: n,
             n: m,
             a: b.as_ptr(),
-            ars: k,
-            acs: 1,
+            rows: Index::Stride(k),
+            cols: Index::Stride(1),
             b: at,
             ldb: m,
             trans_c: true,
@@ -123,6 +147,63 @@ pub(super) unsafe fn gemm(g: &GemmShape, a: &[f32], b: &[f32], c: &mut [f32]) {
             p.b = copy.as_ptr();
         }
         // SAFETY: the views address the caller's slices and the copy, alive until here.
+        unsafe { blocks(&p) }
+    })
+}
+
+/// `C = alpha·A·Gᵀ + beta·C`, as `super::gemm_gathered`: `A` row-major `m × k`, and `G` the
+/// `n × k` matrix `G[j, p] = x[rows[j] + cols[p]]`, read where it lies in `x`. Computed as
+/// `Cᵀ = G·Aᵀ` with `A` copied transposed.
+///
+/// # Safety
+/// The host supports AVX-512F; `a` holds `m·k` elements, `c` `m·n`, `rows` `n` and `cols` `k`
+/// entries, and every `rows[j] + cols[p]` is below `x.len()`.
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx512f,avx2,fma")]
+pub(super) unsafe fn gemm_gathered(
+    m: usize,
+    a: &[f32],
+    x: &[f32],
+    rows: &[usize],
+    cols: &[usize],
+    alpha: f32,
+    beta: f32,
+    c: &mut [f32],
+) {
+    let (n, k) = (rows.len(), cols.len());
+    debug_assert!(a.len() == m * k && c.len() == m * n);
+    if m == 0 || n == 0 {
+        return;
+    }
+    if k == 0 {
+        for v in c.iter_mut() {
+            *v = if beta == 0.0 { 0.0 } else { beta * *v };
+        }
+        return;
+    }
+    COPY.with(|copy| {
+        let mut copy = copy.borrow_mut();
+        copy.clear();
+        copy.resize(k * m, 0.0);
+        // SAFETY: A holds m × k elements and the copy k × m.
+        unsafe { transpose(a, m, k, &mut copy) };
+        let p = Product {
+            m: n,
+            n: m,
+            k,
+            a: x.as_ptr(),
+            rows: Index::Table(rows.as_ptr()),
+            cols: Index::Table(cols.as_ptr()),
+            b: copy.as_ptr(),
+            ldb: m,
+            c: c.as_mut_ptr(),
+            ldc: n,
+            trans_c: true,
+            alpha,
+            beta,
+        };
+        // SAFETY: the tables address x within its length (the caller's promise), and the copy
+        // and C hold the rest.
         unsafe { blocks(&p) }
     })
 }
@@ -172,29 +253,55 @@ unsafe fn blocks_of<const MR: usize, const NV: usize>(p: &Product) {
                 } else {
                     i0 * p.ldc + j0
                 };
+                // Rows past `rows` repeat the last one, so every read stays inside A; they are
+                // not stored.
+                let mut off = [0usize; MR];
+                for (i, o) in off.iter_mut().enumerate() {
+                    // SAFETY: row i0 + min(i, rows - 1) < m.
+                    *o = unsafe { p.rows.at(i0 + i.min(rows - 1)) };
+                }
                 // SAFETY: the kernel touches rows i0..i0+rows and columns j0..j0+cols of C, and
                 // reads A's rows i0..i0+rows and B's columns j0..j0+cols at steps p0..p0+kc.
                 unsafe {
-                    let (a, b, c) = (
-                        p.a.add(i0 * p.ars + p0 * p.acs),
-                        p.b.add(p0 * p.ldb + j0),
-                        p.c.add(c_at),
-                    );
-                    let at = Tile {
-                        a,
-                        ars: p.ars,
-                        acs: p.acs,
-                        rows,
-                        b,
+                    let t = Tile {
+                        a: p.a,
+                        off: &off,
+                        b: p.b.add(p0 * p.ldb + j0),
                         ldb: p.ldb,
+                        rows,
                         cols,
-                        c,
+                        c: p.c.add(c_at),
                         ldc: p.ldc,
                     };
-                    if p.trans_c {
-                        kernel::<MR, NV, true>(kc, &at, p.alpha, beta);
-                    } else {
-                        kernel::<MR, NV, false>(kc, &at, p.alpha, beta);
+                    match (p.cols, p.trans_c) {
+                        (Index::Stride(s), false) => kernel::<MR, NV, false, false>(
+                            kc,
+                            &t,
+                            Cols(p0 * s, s, null()),
+                            p.alpha,
+                            beta,
+                        ),
+                        (Index::Stride(s), true) => kernel::<MR, NV, true, false>(
+                            kc,
+                            &t,
+                            Cols(p0 * s, s, null()),
+                            p.alpha,
+                            beta,
+                        ),
+                        (Index::Table(tab), false) => kernel::<MR, NV, false, true>(
+                            kc,
+                            &t,
+                            Cols(0, 0, tab.add(p0)),
+                            p.alpha,
+                            beta,
+                        ),
+                        (Index::Table(tab), true) => kernel::<MR, NV, true, true>(
+                            kc,
+                            &t,
+                            Cols(0, 0, tab.add(p0)),
+                            p.alpha,
+                            beta,
+                        ),
                     }
                 }
                 i0 += MR;
@@ -205,59 +312,69 @@ unsafe fn blocks_of<const MR: usize, const NV: usize>(p: &Product) {
     }
 }
 
-/// Where one kernel call reads and writes: `A[i, p]` at `a[i·ars + p·acs]` for `i < rows`,
-/// `B[p, j]` at `b[p·ldb + j]` for `j < cols`, and `C[i, j]` at `c[i·ldc + j]` (or `c[j·ldc + i]`
-/// when the kernel stores `C` transposed).
-struct Tile {
+/// Where one kernel call reads and writes: row `i < rows` of `A` starts at `a + off[i]`, `B[p, j]`
+/// is at `b[p·ldb + j]` for `j < cols`, and `C[i, j]` at `c[i·ldc + j]` (or `c[j·ldc + i]` when the
+/// kernel stores `C` transposed).
+struct Tile<'a, const MR: usize> {
     a: *const f32,
-    ars: usize,
-    acs: usize,
-    rows: usize,
+    off: &'a [usize; MR],
     b: *const f32,
     ldb: usize,
+    rows: usize,
     cols: usize,
     c: *mut f32,
     ldc: usize,
 }
 
+/// Where the kernel's steps lie along a row of `A`: at `first + step·stride`, or (gathered) at
+/// the table's entries from `table` on.
+struct Cols(usize, usize, *const usize);
+
 /// `C[..rows, ..cols] = alpha·Σ_p A[i, p]·B[p, j] + beta·C` over `kc` steps of the [`Tile`],
-/// `C` stored transposed when `TRANS_C`. With `beta == 0`, C is not read.
+/// with `A`'s columns at [`Cols`] (a table when `GATHER`), `C` stored transposed when
+/// `TRANS_C`. With `beta == 0`, C is not read.
 #[inline]
 #[target_feature(enable = "avx512f,avx2,fma")]
-unsafe fn kernel<const MR: usize, const NV: usize, const TRANS_C: bool>(
+unsafe fn kernel<const MR: usize, const NV: usize, const TRANS_C: bool, const GATHER: bool>(
     kc: usize,
-    t: &Tile,
+    t: &Tile<MR>,
+    a_cols: Cols,
     alpha: f32,
     beta: f32,
 ) {
     let (rows, cols, ldc) = (t.rows, t.cols, t.ldc);
-    // Rows past `rows` repeat the last one, so every read stays inside A; they are not stored.
-    let mut off = [0usize; MR];
-    for (i, o) in off.iter_mut().enumerate() {
-        *o = i.min(rows - 1) * t.ars;
-    }
     let mut mask = [0u16; NV];
     for (v, mk) in mask.iter_mut().enumerate() {
         let lanes = cols.saturating_sub(16 * v).min(16);
         *mk = ((1u32 << lanes) - 1) as u16;
     }
+    let off = *t.off;
     let mut acc = [[_mm512_setzero_ps(); NV]; MR];
-    let (mut ap, mut bp) = (t.a, t.b);
-    for _ in 0..kc {
+    let Cols(first, stride, table) = a_cols;
+    // The strided walk moves a pointer along A; the gathered one reads each step's offset.
+    let mut ap = t.a.wrapping_add(first);
+    let mut bp = t.b;
+    for step in 0..kc {
         let mut bv = [_mm512_setzero_ps(); NV];
         for v in 0..NV {
             // SAFETY: masked-off lanes are not read; the others are columns of B below `cols`.
             bv[v] = unsafe { _mm512_maskz_loadu_ps(mask[v], bp.add(16 * v)) };
         }
+        let at = if GATHER {
+            // SAFETY: the table holds an entry for each of the kc steps.
+            t.a.wrapping_add(unsafe { *table.add(step) })
+        } else {
+            ap
+        };
         for i in 0..MR {
-            // SAFETY: off[i] addresses one of A's rows at this step.
-            let av = _mm512_set1_ps(unsafe { *ap.add(off[i]) });
+            // SAFETY: off[i] plus this step's offset addresses an element of A.
+            let av = _mm512_set1_ps(unsafe { *at.add(off[i]) });
             for v in 0..NV {
                 acc[i][v] = _mm512_fmadd_ps(av, bv[v], acc[i][v]);
             }
         }
         // Past the last step these point one step beyond, and are not read.
-        ap = ap.wrapping_add(t.acs);
+        ap = ap.wrapping_add(stride);
         bp = bp.wrapping_add(t.ldb);
     }
     let c = t.c;
