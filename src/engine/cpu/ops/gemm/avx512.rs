@@ -3,20 +3,23 @@
 //! A general GEMM copies ("packs") both operands into the micro-kernel's order before every
 //! call. The models' products are small (a batch of 64 rows, a convolution's one sample), so
 //! each packed element is used only a few times and the copies cost as much as a third of the
-//! arithmetic. Here the micro-kernel reads `A` where it lies, through a row and a column stride,
-//! so a row-major or a transposed `A` costs nothing, and reads `B` row by row. A transposed `B`
-//! is handled by computing `Cᵀ = op(B)ᵀ·op(A)ᵀ` instead, where `op(B)ᵀ` is then read in place
-//! and `op(A)ᵀ` is either `A` itself (a transposed `A`) or the smaller of the two operands to
-//! copy in transposed order (16 × 16 tiles, in registers); the kernel then stores `Cᵀ`
-//! transposed. Only a product with a transposed `B` and a plain `A` copies anything.
+//! arithmetic. Here the micro-kernel reads `A` where it lies, through a row and a column offset
+//! (strides, or tables for an operand gathered from another array such as im2col's column
+//! matrix from the image), and reads `B` row by row. A transposed `B` is handled by computing
+//! `Cᵀ = op(B)ᵀ·op(A)ᵀ` instead, where `op(B)ᵀ` is then read in place and `op(A)ᵀ` is either `A`
+//! itself (a transposed `A`) or the smaller of the two operands copied in transposed order
+//! (16 × 16 tiles, in registers); `Cᵀ` is summed row-major into a scratch matrix and written
+//! into `C` transposed, once. Only a product with a transposed `B` and a plain `A` copies an
+//! operand.
 //!
-//! The micro-kernel computes an 8 × 48 block of `C` (24 vector accumulators): per step of the
-//! inner dimension it loads 48 values of one row of `B` and multiplies them by 8 broadcast
-//! values of a column of `A`. The inner dimension is cut into blocks of [`KC`], so a 48-column
-//! slab of `B` stays in the L1 cache while the kernel walks down `A`. Partial blocks of `C` at the
-//! edges are computed with masked loads and stores, which read and write nothing outside the
-//! operands. Each element of `C` is the FMA chain of its products in the order of the inner
-//! dimension, block by block, so a shape always gives the same bits.
+//! The micro-kernel computes a block of 16 to 64 columns of `C` (1 to 4 vectors, chosen for `n`)
+//! by 6 to 16 rows (at most 24 accumulators): per step of the inner dimension it loads one row of `B` across the block and
+//! multiplies it by the broadcast values of a column of `A`. The inner dimension is cut into
+//! blocks so that a slab of `B` ([`SLAB`] floats) stays in the L1 cache while the kernel walks
+//! down `A`. Partial blocks at the edges of `C` are computed with masked loads and stores, which
+//! read and write nothing outside the operands. Each element of `C` is the FMA chain of its
+//! products in the order of the inner dimension, block by block, so a shape always gives the
+//! same bits.
 
 use std::arch::x86_64::*;
 use std::cell::RefCell;
@@ -30,6 +33,8 @@ const SLAB: usize = 8192;
 thread_local! {
     /// Room for a transposed operand, kept between calls.
     static COPY: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+    /// Room for the sums of a product stored transposed.
+    static SUMS: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
 }
 
 /// Where the rows or the columns of `A` start: `i·stride`, or a table's `i`-th entry (an
@@ -211,8 +216,92 @@ pub(super) unsafe fn gemm_gathered(
 /// The blocking of a [`Product`], with the kernel's width chosen for `n`: 16, 32, 48 or 64
 /// columns (1 to 4 vectors), the widest that wastes the fewest lanes at the edge of `C`, and as
 /// many rows as keep 24 or fewer accumulators.
+///
+/// A product stored transposed is first summed row-major into a scratch matrix, then written
+/// into `C` once, in 16 × 16 tiles transposed in registers: storing the kernel's blocks
+/// transposed element by element, once per block of the inner dimension, cost as much as a
+/// third of the arithmetic.
 #[target_feature(enable = "avx512f,avx2,fma")]
 unsafe fn blocks(p: &Product) {
+    if !p.trans_c {
+        // SAFETY: passed on from the caller.
+        return unsafe { blocks_row_major(p) };
+    }
+    SUMS.with(|sums| {
+        let mut sums = sums.borrow_mut();
+        sums.clear();
+        sums.resize(p.m * p.n, 0.0);
+        let q = Product {
+            c: sums.as_mut_ptr(),
+            ldc: p.n,
+            trans_c: false,
+            alpha: 1.0,
+            beta: 0.0,
+            ..*p
+        };
+        // SAFETY: as the caller promised for A and B; `sums` holds m × n.
+        unsafe { blocks_row_major(&q) };
+        // SAFETY: C holds the caller's n × m block at c, ldc apart.
+        unsafe { store_transposed(&sums, p.m, p.n, p.c, p.ldc, p.alpha, p.beta) };
+    })
+}
+
+/// `C[j, i] = alpha·S[i, j] + beta·C[j, i]` for the row-major `m × n` matrix `S`, where
+/// `C[j, i]` is at `c[j·ldc + i]`; with `beta == 0`, C is not read.
+///
+/// # Safety
+/// `c` addresses `n` rows of at least `m` elements, `ldc` apart.
+#[target_feature(enable = "avx512f,avx2,fma")]
+unsafe fn store_transposed(
+    s: &[f32],
+    m: usize,
+    n: usize,
+    c: *mut f32,
+    ldc: usize,
+    alpha: f32,
+    beta: f32,
+) {
+    let (full_i, full_j) = (m / 16 * 16, n / 16 * 16);
+    let (av, bv) = (_mm512_set1_ps(alpha), _mm512_set1_ps(beta));
+    let mut tile = [0f32; 256];
+    for i0 in (0..full_i).step_by(16) {
+        for j0 in (0..full_j).step_by(16) {
+            // SAFETY: rows i0..i0+16, columns j0..j0+16 of S; the tile holds 16 × 16.
+            unsafe { tile16(s.as_ptr().add(i0 * n + j0), n, tile.as_mut_ptr(), 16) };
+            for r in 0..16 {
+                // SAFETY: row j0 + r < n of C, elements i0..i0+16 < m.
+                unsafe {
+                    let cp = c.add((j0 + r) * ldc + i0);
+                    let mut out = _mm512_mul_ps(av, _mm512_loadu_ps(tile.as_ptr().add(16 * r)));
+                    if beta != 0.0 {
+                        out = _mm512_fmadd_ps(_mm512_loadu_ps(cp), bv, out);
+                    }
+                    _mm512_storeu_ps(cp, out);
+                }
+            }
+        }
+    }
+    // The edges, element by element.
+    for i in 0..m {
+        let from = if i < full_i { full_j } else { 0 };
+        for j in from..n {
+            // SAFETY: row j < n of C, element i < m.
+            unsafe {
+                let cp = c.add(j * ldc + i);
+                let o = alpha * s[i * n + j];
+                *cp = if beta != 0.0 {
+                    (*cp).mul_add(beta, o)
+                } else {
+                    o
+                };
+            }
+        }
+    }
+}
+
+/// [`blocks`] for a product stored row-major.
+#[target_feature(enable = "avx512f,avx2,fma")]
+unsafe fn blocks_row_major(p: &Product) {
     // SAFETY (each arm): passed on from the caller.
     match vectors_for(p.n) {
         4 => unsafe { blocks_of::<6, 4>(p) },
@@ -248,11 +337,7 @@ unsafe fn blocks_of<const MR: usize, const NV: usize>(p: &Product) {
             let mut i0 = 0;
             while i0 < p.m {
                 let rows = MR.min(p.m - i0);
-                let c_at = if p.trans_c {
-                    j0 * p.ldc + i0
-                } else {
-                    i0 * p.ldc + j0
-                };
+                let c_at = i0 * p.ldc + j0;
                 // Rows past `rows` repeat the last one, so every read stays inside A; they are
                 // not stored.
                 let mut off = [0usize; MR];
@@ -273,35 +358,13 @@ unsafe fn blocks_of<const MR: usize, const NV: usize>(p: &Product) {
                         c: p.c.add(c_at),
                         ldc: p.ldc,
                     };
-                    match (p.cols, p.trans_c) {
-                        (Index::Stride(s), false) => kernel::<MR, NV, false, false>(
-                            kc,
-                            &t,
-                            Cols(p0 * s, s, null()),
-                            p.alpha,
-                            beta,
-                        ),
-                        (Index::Stride(s), true) => kernel::<MR, NV, true, false>(
-                            kc,
-                            &t,
-                            Cols(p0 * s, s, null()),
-                            p.alpha,
-                            beta,
-                        ),
-                        (Index::Table(tab), false) => kernel::<MR, NV, false, true>(
-                            kc,
-                            &t,
-                            Cols(0, 0, tab.add(p0)),
-                            p.alpha,
-                            beta,
-                        ),
-                        (Index::Table(tab), true) => kernel::<MR, NV, true, true>(
-                            kc,
-                            &t,
-                            Cols(0, 0, tab.add(p0)),
-                            p.alpha,
-                            beta,
-                        ),
+                    match p.cols {
+                        Index::Stride(s) => {
+                            kernel::<MR, NV, false>(kc, &t, Cols(p0 * s, s, null()), p.alpha, beta)
+                        }
+                        Index::Table(tab) => {
+                            kernel::<MR, NV, true>(kc, &t, Cols(0, 0, tab.add(p0)), p.alpha, beta)
+                        }
                     }
                 }
                 i0 += MR;
@@ -313,8 +376,7 @@ unsafe fn blocks_of<const MR: usize, const NV: usize>(p: &Product) {
 }
 
 /// Where one kernel call reads and writes: row `i < rows` of `A` starts at `a + off[i]`, `B[p, j]`
-/// is at `b[p·ldb + j]` for `j < cols`, and `C[i, j]` at `c[i·ldc + j]` (or `c[j·ldc + i]` when the
-/// kernel stores `C` transposed).
+/// is at `b[p·ldb + j]` for `j < cols`, and `C[i, j]` at `c[i·ldc + j]`.
 struct Tile<'a, const MR: usize> {
     a: *const f32,
     off: &'a [usize; MR],
@@ -331,11 +393,10 @@ struct Tile<'a, const MR: usize> {
 struct Cols(usize, usize, *const usize);
 
 /// `C[..rows, ..cols] = alpha·Σ_p A[i, p]·B[p, j] + beta·C` over `kc` steps of the [`Tile`],
-/// with `A`'s columns at [`Cols`] (a table when `GATHER`), `C` stored transposed when
-/// `TRANS_C`. With `beta == 0`, C is not read.
+/// with `A`'s columns at [`Cols`] (a table when `GATHER`). With `beta == 0`, C is not read.
 #[inline]
 #[target_feature(enable = "avx512f,avx2,fma")]
-unsafe fn kernel<const MR: usize, const NV: usize, const TRANS_C: bool, const GATHER: bool>(
+unsafe fn kernel<const MR: usize, const NV: usize, const GATHER: bool>(
     kc: usize,
     t: &Tile<MR>,
     a_cols: Cols,
@@ -384,34 +445,14 @@ unsafe fn kernel<const MR: usize, const NV: usize, const TRANS_C: bool, const GA
             if mask[v] == 0 {
                 continue;
             }
-            let prod = _mm512_mul_ps(alpha, acc[v]);
-            if TRANS_C {
-                // Column i of Cᵀ's block: one element per lane, `ldc` apart.
-                let mut out = [0f32; 16];
-                // SAFETY: `out` holds 16 floats.
-                unsafe { _mm512_storeu_ps(out.as_mut_ptr(), prod) };
-                let lanes = cols.saturating_sub(16 * v).min(16);
-                for (l, &o) in out.iter().enumerate().take(lanes) {
-                    // SAFETY: column 16·v + l < cols and row i < rows of C's block.
-                    unsafe {
-                        let cp = c.add((16 * v + l) * ldc + i);
-                        *cp = if beta != 0.0 {
-                            (*cp).mul_add(beta, o)
-                        } else {
-                            o
-                        };
-                    }
+            // SAFETY: row i < rows and the unmasked lanes are columns below `cols`.
+            unsafe {
+                let cp = c.add(i * ldc + 16 * v);
+                let mut out = _mm512_mul_ps(alpha, acc[v]);
+                if beta != 0.0 {
+                    out = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(mask[v], cp), beta_v, out);
                 }
-            } else {
-                // SAFETY: row i < rows and the unmasked lanes are columns below `cols`.
-                unsafe {
-                    let cp = c.add(i * ldc + 16 * v);
-                    let mut out = prod;
-                    if beta != 0.0 {
-                        out = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(mask[v], cp), beta_v, out);
-                    }
-                    _mm512_mask_storeu_ps(cp, mask[v], out);
-                }
+                _mm512_mask_storeu_ps(cp, mask[v], out);
             }
         }
     }
