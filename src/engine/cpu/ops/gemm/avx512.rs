@@ -79,6 +79,13 @@ struct Product {
     beta: f32,
 }
 
+/// `C = beta·C`, a product over an empty inner dimension (with `beta == 0`, `C` is overwritten).
+fn scale(c: &mut [f32], beta: f32) {
+    for v in c.iter_mut() {
+        *v = if beta == 0.0 { 0.0 } else { beta * *v };
+    }
+}
+
 /// Row-major `C = alpha·op(A)·op(B) + beta·C`, as `super::gemm`.
 ///
 /// # Safety
@@ -91,10 +98,7 @@ pub(super) unsafe fn gemm(g: &GemmShape, a: &[f32], b: &[f32], c: &mut [f32]) {
         return;
     }
     if k == 0 {
-        for v in c.iter_mut() {
-            *v = if g.beta == 0.0 { 0.0 } else { g.beta * *v };
-        }
-        return;
+        return scale(c, g.beta);
     }
     let mut p = Product {
         m,
@@ -181,10 +185,7 @@ pub(super) unsafe fn gemm_gathered(
         return;
     }
     if k == 0 {
-        for v in c.iter_mut() {
-            *v = if beta == 0.0 { 0.0 } else { beta * *v };
-        }
-        return;
+        return scale(c, beta);
     }
     COPY.with(|copy| {
         let mut copy = copy.borrow_mut();
