@@ -157,6 +157,20 @@ mod tests {
                 });
             }
         }
+        // Output rows of 26 and of 31 (no padding, unit stride): the copies in blocks of 16, of
+        // 8 and element by element.
+        for w in [28, 33] {
+            v.push(Conv2dShape {
+                n: 1,
+                c_in: 2,
+                h: 5,
+                w,
+                c_out: 1,
+                k: 3,
+                pad: 0,
+                stride: 1,
+            });
+        }
         // Images narrower than the kernel, saved only by the padding.
         v.push(Conv2dShape {
             n: 1,

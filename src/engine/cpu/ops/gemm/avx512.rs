@@ -30,6 +30,24 @@ use crate::engine::shapes::GemmShape;
 /// Floats of `B` per slab (a block of the inner dimension by the kernel's columns): 32 KiB, so
 /// the slab stays in the L1 cache while the kernel walks down `A`.
 const SLAB: usize = 8192;
+/// Scratch a thread keeps between products, at most (floats; 4 MiB): a larger one, such as a
+/// large convolution's, is freed after its product, so that no thread holds it idle.
+const KEEP: usize = 1 << 20;
+
+/// Makes `v` at least `len` long; what it holds is overwritten before it is read.
+fn grow(v: &mut Vec<f32>, len: usize) {
+    if v.len() < len {
+        v.resize(len, 0.0);
+    }
+}
+
+/// Frees `v` if it is larger than [`KEEP`].
+fn release(v: &mut Vec<f32>) {
+    if v.capacity() > KEEP {
+        *v = Vec::new();
+    }
+}
+
 thread_local! {
     /// Room for a transposed operand, kept between calls.
     static COPY: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
@@ -141,22 +159,22 @@ pub(super) unsafe fn gemm(g: &GemmShape, a: &[f32], b: &[f32], c: &mut [f32]) {
     }
     COPY.with(|copy| {
         let mut copy = copy.borrow_mut();
-        copy.clear();
         if m <= n {
             // Copy A (m × k) as op(A)ᵀ, k × m.
-            copy.resize(k * m, 0.0);
+            grow(&mut copy, k * m);
             // SAFETY: A holds m × k elements and the copy k × m.
             unsafe { transpose(a, m, k, &mut copy) };
             swapped(&mut p, copy.as_ptr());
         } else {
             // Copy op(B) (stored n × k) row-major, k × n.
-            copy.resize(k * n, 0.0);
+            grow(&mut copy, k * n);
             // SAFETY: B holds n × k elements and the copy k × n.
             unsafe { transpose(b, n, k, &mut copy) };
             p.b = copy.as_ptr();
         }
         // SAFETY: the views address the caller's slices and the copy, alive until here.
-        unsafe { blocks(&p) }
+        unsafe { blocks(&p) };
+        release(&mut copy);
     })
 }
 
@@ -189,8 +207,7 @@ pub(super) unsafe fn gemm_gathered(
     }
     COPY.with(|copy| {
         let mut copy = copy.borrow_mut();
-        copy.clear();
-        copy.resize(k * m, 0.0);
+        grow(&mut copy, k * m);
         // SAFETY: A holds m × k elements and the copy k × m.
         unsafe { transpose(a, m, k, &mut copy) };
         let p = Product {
@@ -210,7 +227,8 @@ pub(super) unsafe fn gemm_gathered(
         };
         // SAFETY: the tables address x within its length (the caller's promise), and the copy
         // and C hold the rest.
-        unsafe { blocks(&p) }
+        unsafe { blocks(&p) };
+        release(&mut copy);
     })
 }
 
@@ -230,8 +248,7 @@ unsafe fn blocks(p: &Product) {
     }
     SUMS.with(|sums| {
         let mut sums = sums.borrow_mut();
-        sums.clear();
-        sums.resize(p.m * p.n, 0.0);
+        grow(&mut sums, p.m * p.n);
         let q = Product {
             c: sums.as_mut_ptr(),
             ldc: p.n,
@@ -244,6 +261,7 @@ unsafe fn blocks(p: &Product) {
         unsafe { blocks_row_major(&q) };
         // SAFETY: C holds the caller's n × m block at c, ldc apart.
         unsafe { store_transposed(&sums, p.m, p.n, p.c, p.ldc, p.alpha, p.beta) };
+        release(&mut sums);
     })
 }
 
@@ -326,6 +344,8 @@ fn vectors_for(n: usize) -> usize {
 #[target_feature(enable = "avx512f,avx2,fma")]
 unsafe fn blocks_of<const MR: usize, const NV: usize>(p: &Product) {
     let nr = 16 * NV;
+    // Every vector of a block has a lane in use (`vectors_for` wastes fewer than 16 lanes).
+    debug_assert!(p.n.div_ceil(nr) * nr - p.n < 16);
     let kc_max = SLAB / nr;
     let mut p0 = 0;
     while p0 < p.k {
