@@ -77,12 +77,15 @@ pub fn conv2d_bwd(
         trans_a: true,
         ..GemmShape::nn(ckk, hw, s.c_out)
     };
-    // dw reads the column matrix straight from the image (zero-padded into `ws` first when the
-    // convolution pads and `ws` has the room), so only dx's path writes a column matrix.
+    // With AVX-512, dw reads the column matrix straight from the image (zero-padded into `ws`
+    // first when the convolution pads and `ws` has the room), so only dx's path writes a column
+    // matrix. Elsewhere the gathered product would write it out anyway, so im2col does.
     let (hp, wp) = (s.h + 2 * s.pad, s.w + 2 * s.pad);
     let padded_len = s.c_in * hp * wp;
-    let gather = (!s.is_pointwise() && (s.pad == 0 || padded_len <= ws.len()))
-        .then(|| gather_offsets(s, hp, wp));
+    let gather = (crate::engine::cpu::simd::level() == crate::engine::cpu::simd::Level::Avx512
+        && !s.is_pointwise()
+        && (s.pad == 0 || padded_len <= ws.len()))
+    .then(|| gather_offsets(s, hp, wp));
     for i in 0..s.n {
         let dyi = &dy[i * y_n..(i + 1) * y_n];
         let xi = &x[i * x_n..(i + 1) * x_n];

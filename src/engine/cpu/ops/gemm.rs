@@ -271,7 +271,9 @@ mod tests {
         /// GEMM).
         #[test]
         fn gathered_gemm_is_gemm_on_the_matrix_it_gathers(
-            m in 1usize..40, n in 1usize..90, k in 1usize..300, beta in prop_oneof![Just(0.0f32), Just(1.0f32)],
+            m in 1usize..70, n in 1usize..90, k in 1usize..300,
+            alpha in prop_oneof![Just(1.0f32), -2.0f32..2.0],
+            beta in prop_oneof![Just(0.0f32), Just(1.0f32), -2.0f32..2.0],
             seed: u64,
         ) {
             let mut rng = HostRng::new(seed);
@@ -279,14 +281,15 @@ mod tests {
             let rows: Vec<usize> = (0..n).map(|_| rng.below(1000)).collect();
             let cols: Vec<usize> = (0..k).map(|_| rng.below(1000)).collect();
             let a = random(&mut rng, m * k, -1.0, 1.0);
-            let c0 = random(&mut rng, m * n, -1.0, 1.0);
+            // With beta == 0, C must not be read: stale NaNs there would show.
+            let c0 = if beta == 0.0 { vec![f32::NAN; m * n] } else { random(&mut rng, m * n, -1.0, 1.0) };
             let xs = &x;
             let g: Vec<f32> = rows.iter().flat_map(|&r| cols.iter().map(move |&c| xs[r + c])).collect();
-            let shape = GemmShape { trans_b: true, beta, ..GemmShape::nn(m, n, k) };
+            let shape = GemmShape { trans_b: true, alpha, beta, ..GemmShape::nn(m, n, k) };
             let mut want = c0.clone();
             gemm(&shape, &a, &g, &mut want);
             let mut got = c0.clone();
-            gemm_gathered(m, &a, &x, &rows, &cols, 1.0, beta, &mut got);
+            gemm_gathered(m, &a, &x, &rows, &cols, alpha, beta, &mut got);
             let (exact, mag) = naive_gemm(&shape, &a, &g, &c0);
             for ((&got, &exact), &mag) in got.iter().zip(&exact).zip(&mag) {
                 prop_assert!((got as f64 - exact).abs() <= 1e-5 * (1.0 + mag), "{} vs {}", got, exact);
@@ -308,6 +311,22 @@ mod tests {
             &[0.0; 10],
             &[0, 5],
             &[0, 2, 5],
+            1.0,
+            0.0,
+            &mut c,
+        );
+    }
+
+    #[test]
+    #[should_panic(expected = "gathered offsets reach")]
+    fn gathered_offsets_that_overflow_are_refused() {
+        let mut c = vec![0.0; 2];
+        gemm_gathered(
+            1,
+            &[1.0; 2],
+            &[0.0; 10],
+            &[0, 1],
+            &[usize::MAX, 1],
             1.0,
             0.0,
             &mut c,
