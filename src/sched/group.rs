@@ -13,15 +13,25 @@ pub fn queued(round: &Round, ctx: &RoundContext) -> Vec<Vec<TrialSpec>> {
         return round.trials.iter().map(|t| vec![t.clone()]).collect();
     }
     let cpu = ctx.devices.kind() == crate::engine::BackendKind::Cpu;
-    let width = fused_width(round.n as usize, round.slices.len(), cpu);
-    chunked(round.trials.clone(), width, |t| {
+    let slices = round.slices.len();
+    let width = fused_width(round.n as usize, slices, cpu);
+    chunked(round.trials.clone(), width, slices, |t| {
         crate::train::fused::group_key(&ctx.config(t))
     })
 }
 
 /// `items` bucketed by `key` (buckets in the order of their first item, items in their order
-/// inside each), each bucket cut into groups of at most `width` (at least 1).
-pub fn chunked<T, K: PartialEq>(items: Vec<T>, width: usize, key: impl Fn(&T) -> K) -> Vec<Vec<T>> {
+/// inside each), each bucket cut into the fewest groups of at most `width` (at least 1), of
+/// sizes that differ by at most one, larger ones first. When every item shares one key, the
+/// number of groups is also rounded up to a multiple of `slices` where there are items enough,
+/// so that the slices' queues end together: 13 trials of width 4 on 2 slices train as 4, 3, 3
+/// and 3 (7 and 6 on each slice), not 4, 4, 4 and 1 (8 and 5).
+pub fn chunked<T, K: PartialEq>(
+    items: Vec<T>,
+    width: usize,
+    slices: usize,
+    key: impl Fn(&T) -> K,
+) -> Vec<Vec<T>> {
     let mut buckets: Vec<(K, Vec<T>)> = Vec::new();
     for item in items {
         let k = key(&item);
@@ -30,12 +40,23 @@ pub fn chunked<T, K: PartialEq>(items: Vec<T>, width: usize, key: impl Fn(&T) ->
             None => buckets.push((k, vec![item])),
         }
     }
-    let width = width.max(1);
+    let (width, slices, one_key) = (width.max(1), slices.max(1), buckets.len() == 1);
     let mut groups = Vec::new();
     for (_, members) in buckets {
-        let mut members = members.into_iter().peekable();
-        while members.peek().is_some() {
-            groups.push(members.by_ref().take(width).collect());
+        let len = members.len();
+        let mut count = len.div_ceil(width);
+        if one_key {
+            count = count.div_ceil(slices).saturating_mul(slices).min(len);
+        }
+        let (size, larger) = (len / count, len % count);
+        let mut members = members.into_iter();
+        for g in 0..count {
+            groups.push(
+                members
+                    .by_ref()
+                    .take(size + usize::from(g < larger))
+                    .collect(),
+            );
         }
     }
     groups
@@ -46,7 +67,8 @@ pub fn chunked<T, K: PartialEq>(items: Vec<T>, width: usize, key: impl Fn(&T) ->
 pub fn describe(keys: Vec<String>, n: usize, slices: usize, cpu: bool) -> String {
     let width = fused_width(n, slices, cpu);
     let n = keys.len();
-    let groups = chunked(keys, width, |k| k.clone()).len();
+    let groups = chunked(keys, width, slices, |k| k.clone());
+    let (width, groups) = (groups.iter().map(Vec::len).max().unwrap_or(0), groups.len());
     let s = |k: usize| if k == 1 { "" } else { "s" };
     format!(
         "fused: {n} trial{} in {groups} group{} of up to {width} on {slices} slice{}",
@@ -67,7 +89,7 @@ mod tests {
             .enumerate()
             .map(|(i, k)| (i as u32, k))
             .collect();
-        let groups = chunked(items.clone(), 3, |t| t.1);
+        let groups = chunked(items.clone(), 3, 2, |t| t.1);
         let ids: Vec<Vec<u32>> = groups
             .iter()
             .map(|g| g.iter().map(|t| t.0).collect())
@@ -83,9 +105,33 @@ mod tests {
         }
         assert_eq!(groups.iter().map(Vec::len).sum::<usize>(), items.len());
         // Width 0 counts as 1; one key and a wide width make one group.
-        assert_eq!(chunked(vec![1, 2], 0, |_| ()).len(), 2);
-        assert_eq!(chunked(vec![1, 2, 3], 8, |_| ()), vec![vec![1, 2, 3]]);
-        assert!(chunked(Vec::<u8>::new(), 2, |_| ()).is_empty());
+        assert_eq!(chunked(vec![1, 2], 0, 1, |_| ()).len(), 2);
+        assert_eq!(chunked(vec![1, 2, 3], 8, 1, |_| ()), vec![vec![1, 2, 3]]);
+        assert!(chunked(Vec::<u8>::new(), 2, 2, |_| ()).is_empty());
+    }
+
+    #[test]
+    fn one_key_s_groups_are_even_and_fill_every_slice_alike() {
+        let sizes = |n: usize, width: usize, slices: usize| {
+            chunked((0..n).collect(), width, slices, |_| ())
+                .iter()
+                .map(Vec::len)
+                .collect::<Vec<_>>()
+        };
+        // The fib rounds on a 2-core CPU (width 4).
+        assert_eq!(sizes(13, 4, 2), [4, 3, 3, 3]);
+        assert_eq!(sizes(21, 4, 2), [4, 4, 4, 3, 3, 3]);
+        assert_eq!(sizes(34, 4, 2), [4, 4, 4, 4, 3, 3, 3, 3, 3, 3]);
+        assert_eq!(sizes(5, 3, 2), [3, 2]);
+        assert_eq!(sizes(8, 4, 2), [4, 4]);
+        // Fewer items than slices: one each.
+        assert_eq!(sizes(3, 2, 4), [1, 1, 1]);
+        // One slice (a GPU): one group of the whole width.
+        assert_eq!(sizes(34, 34, 1), [34]);
+        // Several keys: each its fewest even groups, with no rounding to the slices.
+        let keyed = chunked((0..10).collect::<Vec<u32>>(), 4, 2, |i| i % 2);
+        let keyed: Vec<usize> = keyed.iter().map(Vec::len).collect();
+        assert_eq!(keyed, [3, 2, 3, 2]);
     }
 
     #[test]
@@ -103,15 +149,16 @@ mod tests {
             describe(keys(&["a"]), 1, 1, false),
             "fused: 1 trial in 1 group of up to 1 on 1 slice"
         );
-        // 8 at a time on 2 slices: groups of up to 4.
+        // 8 at a time on 2 slices: groups of up to 4, as 4 groups of 3 so both slices end
+        // together.
         assert_eq!(
             describe(keys(&["a"; 12]), 8, 2, false),
-            "fused: 12 trials in 3 groups of up to 4 on 2 slices"
+            "fused: 12 trials in 4 groups of up to 3 on 2 slices"
         );
         // On the CPU, at most CPU_FUSED_WIDTH a group.
         assert_eq!(
             describe(keys(&["a"; 34]), 34, 2, true),
-            "fused: 34 trials in 9 groups of up to 4 on 2 slices"
+            "fused: 34 trials in 10 groups of up to 4 on 2 slices"
         );
     }
 }
