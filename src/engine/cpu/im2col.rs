@@ -71,7 +71,7 @@ multiversion! {
         let (wo, st) = (s.w_out(), s.stride.max(1));
         if s.pad == 0 && st == 1 {
             // No padding, unit stride: every segment is a whole run of the input row, copied
-            // here in plain loops (a closure's body is compiled for the baseline, not this width).
+            // in plain loops with no per-segment bookkeeping.
             let (plane, ho) = (s.h * s.w, s.h_out());
             let mut at = 0;
             for ci in 0..s.c_in {
@@ -87,7 +87,9 @@ multiversion! {
             }
             return;
         }
-        for_each_segment(s, |seg| {
+        // Inlined, so that the body is compiled for this function's vector width (a closure on
+        // its own is compiled for the baseline).
+        for_each_segment(s, #[inline(always)] |seg| {
             let dst = &mut col[seg.col..seg.col + wo];
             match seg.x {
                 None => dst.fill(0.0),
@@ -95,7 +97,7 @@ multiversion! {
                     dst[..seg.lo].fill(0.0);
                     let n = seg.hi - seg.lo;
                     if st == 1 {
-                        dst[seg.lo..seg.hi].copy_from_slice(&x[x0..x0 + n]);
+                        copy_run(&mut dst[seg.lo..seg.hi], &x[x0..x0 + n]);
                     } else {
                         for (d, &v) in dst[seg.lo..seg.hi]
                             .iter_mut()
@@ -117,7 +119,7 @@ multiversion! {
     pub fn col2im / col2im_baseline(s: &Conv2dShape, col: &[f32], dx: &mut [f32]) {
         let st = s.stride.max(1);
         dx[..s.c_in * s.h * s.w].fill(0.0);
-        for_each_segment(s, |seg| {
+        for_each_segment(s, #[inline(always)] |seg| {
             if let Some(x0) = seg.x {
                 let src = &col[seg.col + seg.lo..seg.col + seg.hi];
                 if st == 1 {
