@@ -82,10 +82,8 @@ pub fn conv2d_bwd(
     // matrix. Elsewhere the gathered product would write it out anyway, so im2col does.
     let (hp, wp) = (s.h + 2 * s.pad, s.w + 2 * s.pad);
     let padded_len = s.c_in * hp * wp;
-    let gather = (crate::engine::cpu::simd::level() == crate::engine::cpu::simd::Level::Avx512
-        && !s.is_pointwise()
-        && (s.pad == 0 || padded_len <= ws.len()))
-    .then(|| gather_offsets(s, hp, wp));
+    let gather = (gemm::in_place() && !s.is_pointwise() && (s.pad == 0 || padded_len <= ws.len()))
+        .then(|| gather_offsets(s, hp, wp));
     for i in 0..s.n {
         let dyi = &dy[i * y_n..(i + 1) * y_n];
         let xi = &x[i * x_n..(i + 1) * x_n];

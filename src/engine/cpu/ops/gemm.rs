@@ -5,13 +5,19 @@ use crate::engine::shapes::GemmShape;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
 
+/// Whether [`gemm`] and [`gemm_gathered`] run the in-place kernel of `gemm/avx512.rs`: on a host
+/// with AVX-512, and `GPUMUX_CPU_SIMD` not capping it. Elsewhere they run [`gemm_portable`].
+pub fn in_place() -> bool {
+    cfg!(target_arch = "x86_64")
+        && crate::engine::cpu::simd::level() == crate::engine::cpu::simd::Level::Avx512
+}
+
 /// Row-major `C = alpha·op(A)·op(B) + beta·C` (with `beta == 0`, `C` is overwritten, NaNs included).
-/// On a host with AVX-512 (and `GPUMUX_CPU_SIMD` not capping it) this is the in-place kernel of
-/// `gemm/avx512.rs`; elsewhere [`gemm_portable`].
+/// See [`in_place`] for which kernel runs it.
 pub fn gemm(g: &GemmShape, a: &[f32], b: &[f32], c: &mut [f32]) {
     let (a, b, c) = (&a[..g.a_len()], &b[..g.b_len()], &mut c[..g.c_len()]);
     #[cfg(target_arch = "x86_64")]
-    if crate::engine::cpu::simd::level() == crate::engine::cpu::simd::Level::Avx512 {
+    if in_place() {
         // SAFETY: `level` saw AVX-512F on this host, and the slices hold exactly the operands.
         unsafe { avx512::gemm(g, a, b, c) };
         return;
@@ -49,7 +55,7 @@ pub fn gemm_gathered(
         x.len()
     );
     #[cfg(target_arch = "x86_64")]
-    if crate::engine::cpu::simd::level() == crate::engine::cpu::simd::Level::Avx512 {
+    if in_place() {
         // SAFETY: `level` saw AVX-512F; the operands' lengths and every offset are checked above.
         unsafe { avx512::gemm_gathered(m, a, x, rows, cols, alpha, beta, c) };
         return;

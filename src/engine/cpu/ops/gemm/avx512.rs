@@ -369,8 +369,14 @@ unsafe fn blocks_of<const MR: usize, const NV: usize>(p: &Product) {
                 // SAFETY: the kernel touches rows i0..i0+rows and columns j0..j0+cols of C, and
                 // reads A's rows i0..i0+rows and B's columns j0..j0+cols at steps p0..p0+kc.
                 unsafe {
+                    // The strided walk starts at block p0's column; the gathered one at its
+                    // table entry.
+                    let (a, a_cols) = match p.cols {
+                        Index::Stride(s) => (p.a.add(p0 * s), p.cols),
+                        Index::Table(tab) => (p.a, Index::Table(tab.add(p0))),
+                    };
                     let t = Tile {
-                        a: p.a,
+                        a,
                         off: &off,
                         b: p.b.add(p0 * p.ldb + j0),
                         ldb: p.ldb,
@@ -379,13 +385,9 @@ unsafe fn blocks_of<const MR: usize, const NV: usize>(p: &Product) {
                         c: p.c.add(c_at),
                         ldc: p.ldc,
                     };
-                    match p.cols {
-                        Index::Stride(s) => {
-                            kernel::<MR, NV, false>(kc, &t, Cols(p0 * s, s, null()), p.alpha, beta)
-                        }
-                        Index::Table(tab) => {
-                            kernel::<MR, NV, true>(kc, &t, Cols(0, 0, tab.add(p0)), p.alpha, beta)
-                        }
+                    match a_cols {
+                        Index::Stride(_) => kernel::<MR, NV, false>(kc, &t, a_cols, p.alpha, beta),
+                        Index::Table(_) => kernel::<MR, NV, true>(kc, &t, a_cols, p.alpha, beta),
                     }
                 }
                 i0 += MR;
@@ -409,18 +411,15 @@ struct Tile<'a, const MR: usize> {
     ldc: usize,
 }
 
-/// Where the kernel's steps lie along a row of `A`: at `first + step·stride`, or (gathered) at
-/// the table's entries from `table` on.
-struct Cols(usize, usize, *const usize);
-
 /// `C[..rows, ..cols] = alpha·Σ_p A[i, p]·B[p, j] + beta·C` over `kc` steps of the [`Tile`],
-/// with `A`'s columns at [`Cols`] (a table when `GATHER`). With `beta == 0`, C is not read.
+/// with step `p` of `A`'s rows at `a_cols.at(p)` past the tile's `a` (a table when `GATHER`).
+/// With `beta == 0`, C is not read.
 #[inline]
 #[target_feature(enable = "avx512f,avx2,fma")]
 unsafe fn kernel<const MR: usize, const NV: usize, const GATHER: bool>(
     kc: usize,
     t: &Tile<MR>,
-    a_cols: Cols,
+    a_cols: Index,
     alpha: f32,
     beta: f32,
 ) {
@@ -432,9 +431,12 @@ unsafe fn kernel<const MR: usize, const NV: usize, const GATHER: bool>(
     }
     let off = *t.off;
     let mut acc = [[_mm512_setzero_ps(); NV]; MR];
-    let Cols(first, stride, table) = a_cols;
     // The strided walk moves a pointer along A; the gathered one reads each step's offset.
-    let mut ap = t.a.wrapping_add(first);
+    let (stride, table) = match a_cols {
+        Index::Stride(s) => (s, null()),
+        Index::Table(tab) => (0, tab),
+    };
+    let mut ap = t.a;
     let mut bp = t.b;
     for step in 0..kc {
         let mut bv = [_mm512_setzero_ps(); NV];
@@ -463,9 +465,6 @@ unsafe fn kernel<const MR: usize, const NV: usize, const GATHER: bool>(
     let (alpha, beta_v) = (_mm512_set1_ps(alpha), _mm512_set1_ps(beta));
     for (i, acc) in acc.iter().enumerate().take(rows) {
         for v in 0..NV {
-            if mask[v] == 0 {
-                continue;
-            }
             // SAFETY: row i < rows and the unmasked lanes are columns below `cols`.
             unsafe {
                 let cp = c.add(i * ldc + 16 * v);
