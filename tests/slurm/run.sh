@@ -135,11 +135,9 @@ say "Slurm $(sinfo -V | cut -d' ' -f2) up on $host ($cpus CPUs) in $(($(date +%s
 # --- helpers --------------------------------------------------------------------------------
 # The state of one array task: RUNNING, PENDING, COMPLETED, FAILED, ...
 state() { scontrol show job "$1" 2>/dev/null | sed -n 's/.*JobState=\([A-Z_]*\).*/\1/p' | head -n 1; }
-# Waits (at most $2 s) until every task of array job $1 has ended for good. squeue is not
-# enough: a task that requeues itself is, for a moment, neither listed by squeue nor pending
-# (its base state is already an end state, with only the REQUEUED flag), and a failed query
-# prints nothing too. `scontrol show job` keeps ended tasks (MinJobAge) and names the flag, so
-# the job is done only when that query succeeds and every task's state is a plain end state.
+# Waits (at most $2 s) until every task of array job $1 has ended for good: `scontrol show job`
+# (which keeps ended tasks, MinJobAge) answers and names only plain end states. An empty squeue
+# is not enough: a failed query prints nothing too.
 job_ended() {
     local out
     out=$(scontrol show job -o "$1" 2>/dev/null) || return 1
@@ -147,14 +145,24 @@ job_ended() {
     ! sed -n 's/.*JobState=\([A-Z_]*\).*/\1/p' <<<"$out" |
         grep -qvxE 'COMPLETED|FAILED|CANCELLED|TIMEOUT|NODE_FAIL|BOOT_FAIL|DEADLINE|OUT_OF_MEMORY|PREEMPTED'
 }
+# A requeued task waits about two minutes before it may start, so wait_job starts it at once,
+# but only once it has been pending for this many seconds: Slurm revokes the requeued run's job
+# credential, to the second, and a start within that second is refused ("Job credential
+# revoked"), which ends the task FAILED before its next attempt runs.
+REQUEUE_SETTLE=2
 wait_job() {
-    local end=$(($(date +%s) + $2))
+    local end=$(($(date +%s) + $2)) now t
+    local -A pending_since=()
     while [ "$(date +%s)" -lt "$end" ]; do
         job_ended "$1" && return 0
-        # A requeued task waits about two minutes before it may start: start it now.
-        squeue -h -j "$1" -t PD -o %i 2>/dev/null | while read -r t; do
-            scontrol update JobId="$t" StartTime=now >/dev/null 2>&1
-        done
+        now=$(date +%s)
+        while read -r t; do
+            [ -n "$t" ] || continue
+            : "${pending_since[$t]:=$now}"
+            if [ $((now - pending_since[$t])) -ge "$REQUEUE_SETTLE" ]; then
+                scontrol update JobId="$t" StartTime=now >/dev/null 2>&1
+            fi
+        done < <(squeue -h -j "$1" -t PD -o %i 2>/dev/null)
         sleep 0.5
     done
     return 1
@@ -307,9 +315,6 @@ if wait_lines out/kill/$vshard/trials.csv 2 90; then
     before=$(rows out/kill/$vshard/trials.csv | grep ',COMPLETE$' | cut -d, -f1)
     say "3. killed task $victim ($(state "${job}_$victim")) with $(wc -w <<<"$before") trial(s) COMPLETE; requeueing it"
     scontrol requeue "${job}_$victim"
-    # Slurm revokes the killed run's job credential on requeue, to the second: a restart forced
-    # within that second is refused ("Job credential revoked") and the task ends FAILED.
-    sleep 2
     if wait_job "$job" 150; then
         check_merged out/kill/merged slow.ids "3. SIGKILL, requeue ($(($(date +%s) - t0)) s)"
         after=$(rows out/kill/merged/trials.csv | grep ',COMPLETE$' | cut -d, -f1)
