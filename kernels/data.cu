@@ -37,6 +37,28 @@ extern "C" __global__ void gather(const float* images, const float* labels,
     gather_from(images, labels, order, x, y, row_len, start, rows);
 }
 
+// gather into each of `trials` trials' rows: the same samples order[start..start+rows] into
+// x + t·batch·row_len and y + t·batch (CpuBackend's gather_fused: gather trial by trial).
+extern "C" __global__ void gather_fused(const float* images, const float* labels,
+                                        const unsigned int* order, float* x, float* y,
+                                        unsigned int row_len, unsigned int start,
+                                        unsigned int rows, unsigned int batch,
+                                        unsigned int trials)
+{
+    const u64 per = (u64)rows * row_len;
+    FOR_EACH(u64, e, per * trials)
+    {
+        const u64 t = e / per, k = e - t * per;
+        const u64 r = k / row_len, j = k - r * row_len;
+        x[t * batch * row_len + k] = images[(u64)order[start + r] * row_len + j];
+    }
+    FOR_EACH(u64, k, (u64)rows * trials)
+    {
+        const u64 t = k / rows, r = k - t * rows;
+        y[t * batch + r] = labels[order[start + r]];
+    }
+}
+
 // Training batch number (*counter % steps_per_epoch) of the epoch's order: start = that · batch.
 extern "C" __global__ void gather_train(const float* images, const float* labels,
                                         const unsigned int* order, const unsigned int* counter,

@@ -129,6 +129,52 @@ extern "C" __global__ void bias_grad_fused(const float* dy, float* db, unsigned 
     }
 }
 
+// bias_add_fused, then with relu y = max(y, 0): a dense layer's epilogue after its GEMMs
+// (ops::bias_act_fused), one pass over the trials' outputs.
+template <typename I>
+__device__ void bias_act_fused_body(float* y, const float* b, I rows, I cols, I trials, I stride,
+                                    bool relu)
+{
+    const I per = rows * cols;
+    FOR_EACH(I, i, per * trials)
+    {
+        const float v = y[i] + b[(i / per) * stride + i % cols];
+        y[i] = relu ? fmaxf(v, 0.0f) : v;
+    }
+}
+
+extern "C" __global__ void bias_act_fused(float* y, const float* b, unsigned int rows,
+                                          unsigned int cols, unsigned int trials,
+                                          unsigned int stride, unsigned int relu)
+{
+    if (fits32((u64)rows * cols * trials) && fits32((u64)trials * stride)) {
+        bias_act_fused_body<unsigned int>(y, b, rows, cols, trials, stride, relu != 0u);
+    } else {
+        bias_act_fused_body<u64>(y, b, rows, cols, trials, stride, relu != 0u);
+    }
+}
+
+// dx = dx · [y > 0] in place, then bias_grad_fused of it: one thread per (trial, column), rows
+// in order from 0 (ops::relu_bias_grad_fused), so the sums match the twin's bit for bit.
+extern "C" __global__ void relu_bias_grad_fused(const float* y, float* dx, float* db,
+                                                unsigned int rows, unsigned int cols,
+                                                unsigned int trials, unsigned int stride)
+{
+    FOR_EACH(u64, j, (u64)cols * trials)
+    {
+        const u64 t = j / cols, c = j % cols;
+        const u64 base = t * rows * cols + c;
+        float s = 0.0f;
+        for (u64 r = 0; r < rows; ++r) {
+            const u64 e = base + r * cols;
+            const float d = y[e] > 0.0f ? dx[e] : 0.0f;
+            dx[e] = d;
+            s += d;
+        }
+        db[t * stride + c] = s;
+    }
+}
+
 // Element i applies element first + i of the mask (a data-parallel shard's place in the batch).
 extern "C" __global__ void dropout_fwd(const float* x, float* y, unsigned int n, float p,
                                        u64 seed, const unsigned int* counter, unsigned int layer,

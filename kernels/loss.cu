@@ -119,3 +119,54 @@ extern "C" __global__ void __launch_bounds__(MAX_THREADS) eval_xent(const float*
     }
     block_add_stats(stats, loss, correct);
 }
+
+// softmax_xent_fused that also writes the bias gradient of the layer that made the logits: after
+// a trial's block has written its dlogits, thread j sums column j over the rows in order from 0
+// into db + t·stride (ops::softmax_xent_fused then ops::bias_grad_fused, bit for bit).
+extern "C" __global__ void __launch_bounds__(MAX_THREADS) softmax_xent_bias(const float* logits, const float* labels,
+                                             float* dlogits, float* stats, unsigned int rows,
+                                             unsigned int classes, unsigned int trials, float* db,
+                                             unsigned int stride)
+{
+    if (blockIdx.y != 0 || blockIdx.z != 0 || classes == 0) {
+        return;
+    }
+    const u64 per = (u64)rows * classes;
+    for (u64 t = blockIdx.x; t < trials; t += gridDim.x) {
+        float* d = dlogits + t * per;
+        xent_block(logits + t * per, labels + t * rows, d, stats + t * 2, rows, classes);
+        // xent_block ends with a barrier: every row of d is written.
+        for (unsigned int j = threadIdx.x; j < classes; j += blockDim.x) {
+            float s = 0.0f;
+            for (u64 r = 0; r < rows; ++r) {
+                s += d[r * classes + j];
+            }
+            db[t * stride + j] = s;
+        }
+        __syncthreads();
+    }
+}
+
+// eval_xent per trial t of a fused group: block b takes trials b, b + gridDim.x, ..., each as
+// eval_xent's one block does, on the first `rows` rows of logits at t·batch·classes and labels at
+// t·batch, into stats at t·2 (eval_xent trial by trial, bit for bit).
+extern "C" __global__ void __launch_bounds__(MAX_THREADS) eval_xent_fused(const float* logits, const float* labels,
+                                           float* stats, unsigned int rows, unsigned int batch,
+                                           unsigned int classes, unsigned int trials)
+{
+    if (blockIdx.y != 0 || blockIdx.z != 0 || classes == 0) {
+        return;
+    }
+    for (u64 t = blockIdx.x; t < trials; t += gridDim.x) {
+        const float* l = logits + t * batch * classes;
+        const float* y = labels + t * batch;
+        double loss = 0.0;
+        unsigned int correct = 0;
+        for (u64 r = threadIdx.x; r < rows; r += blockDim.x) {
+            const XentRow x = xent_row(l + r * classes, y[r], classes);
+            loss += (double)x.loss;
+            correct += x.correct ? 1u : 0u;
+        }
+        block_add_stats(stats + t * 2, loss, correct);
+    }
+}

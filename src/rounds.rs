@@ -149,6 +149,8 @@ pub fn trial_row(job: &Job, round: u32, split: SplitMode, n: u32, o: &TrialOutco
         error: o.error().unwrap_or_default(),
         metric: metric(&job.file.metric.name),
         params: serde_json::to_string(&o.trial.params).unwrap_or_default(),
+        launches_per_step: r.and_then(|r| r.launches_per_step),
+        host_syncs: r.and_then(|r| r.host_syncs),
     }
 }
 

@@ -5,6 +5,7 @@
 //! [`Region`]s of that arena, so the same model code drives the CPU reference backend and the CUDA one.
 
 pub mod contract;
+mod counted;
 pub mod cpu;
 pub mod cuda;
 pub mod fused;
@@ -12,6 +13,7 @@ pub mod options;
 pub mod shapes;
 
 use crate::error::EngineError;
+pub use counted::{Counted, OpCounts};
 pub use cuda::CaptureHold;
 pub use options::{ConvEngine, EngineOptions};
 pub use shapes::{
@@ -89,11 +91,59 @@ pub struct AdamParams {
 /// Training statistics accumulated on the device by [`Backend::softmax_xent`]: `[loss_sum, correct]`.
 pub const STATS_LEN: usize = 2;
 
-/// The step counter: one arena element holding a `u32` (its bits, not a float value) that counts
-/// the training steps taken. Ops that change from step to step (the batch gathered, the dropout
-/// mask, Adam's bias correction) read it on the device, so one captured CUDA graph replays every
-/// step. [`Backend::advance`] adds one at the end of each step.
-pub const COUNTER_LEN: usize = 1;
+/// The step counter: arena elements holding `u32`s (their bits, not float values). The first
+/// counts the training steps taken. Ops that change from step to step (the batch gathered, the
+/// dropout mask, Adam's bias correction) read it on the device, so one captured CUDA graph
+/// replays every step. [`Backend::advance`] adds one at the end of each step, or
+/// [`Backend::update`] does as its last act. The second is the device's scratch ticket for that
+/// (the blocks of an optimizer step count themselves done on it, and the last one advances the
+/// count); it is 0 between ops.
+pub const COUNTER_LEN: usize = 2;
+
+/// One optimizer step, of a trial or of a fused group, for [`Backend::update`].
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Update {
+    /// [`Backend::sgd_step`].
+    Sgd {
+        w: Region,
+        g: Region,
+        v: Region,
+        p: SgdParams,
+    },
+    /// [`Backend::adam_step`] (its `t` from the step counter given to `update`).
+    Adam {
+        w: Region,
+        g: Region,
+        m: Region,
+        v: Region,
+        p: AdamParams,
+    },
+    /// [`Backend::sgd_step_batched`].
+    SgdBatched {
+        w: Region,
+        g: Region,
+        v: Region,
+        hyper: Region,
+        trials: usize,
+    },
+    /// [`Backend::adam_step_batched`].
+    AdamBatched {
+        w: Region,
+        g: Region,
+        m: Region,
+        v: Region,
+        hyper: Region,
+        trials: usize,
+    },
+}
+
+/// The bias gradient an op computes on the side: trial `i`'s `Σ_r` of its output rows goes to
+/// `db` at `i·stride` (`stride ≥` the columns when there are several trials).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BiasGrad {
+    pub db: Region,
+    pub stride: usize,
+}
 
 /// Which dropout mask an op applies: the mask of `layer` at the step the counter holds, drawn
 /// with `seed`, of which the op's element `i` is element `first + i`. A data-parallel replica
@@ -135,6 +185,8 @@ pub trait Backend: Send {
 
     /// Number of samples in a split of the resident dataset.
     fn split_len(&self, split: Split) -> usize;
+    /// Elements of one sample of the resident dataset.
+    fn sample_len(&self) -> usize;
     /// Sets the order in which the training split is visited this epoch (a permutation).
     fn set_train_order(&mut self, order: &[u32]) -> Result<(), EngineError>;
     /// Gathers samples `start..start+rows` (in the epoch's order for `Train`, in file order for
@@ -449,6 +501,137 @@ pub trait Backend: Send {
         trials: usize,
         counter: Region,
     ) -> Result<(), EngineError>;
+    /// A dense layer over a batch of `batch.count` trials, as one op:
+    /// `y_i = op(x_i)·op(w_i)` ([`Backend::gemm_batched`] with `g`), then trial `i`'s bias
+    /// (at `i·bias_stride` in `bias`) added to each of its `g.m` rows of `g.n`, then, with
+    /// `relu`, `y = max(y, 0)`. Trial `i`'s `y` lies at `i·g.m·g.n` (`batch.stride_c` is that
+    /// length). Each trial computes what `gemm`, `bias_add` and `relu_fwd` compute in turn.
+    #[allow(clippy::too_many_arguments)]
+    fn dense_fwd(
+        &mut self,
+        g: GemmShape,
+        batch: GemmBatch,
+        x: Region,
+        w: Region,
+        y: Region,
+        bias: Region,
+        bias_stride: usize,
+        relu: bool,
+    ) -> Result<(), EngineError>;
+    /// The input gradient of a dense layer whose input came out of a ReLU, with that ReLU's
+    /// gradient and the bias gradient of the layer before it, as one op: `dx_i = op(dy_i)·op(w_i)`
+    /// ([`Backend::gemm_batched`] with `g`), then `dx = dx · [y > 0]` where `y` (laid out as `dx`,
+    /// trial `i`'s at `i·g.m·g.n`) is the ReLU's output, then `db` the sums of `dx`'s rows
+    /// ([`Backend::bias_grad_fused`]). Each trial computes what `gemm`, `relu_bwd` and
+    /// `bias_grad` compute in turn.
+    #[allow(clippy::too_many_arguments)]
+    fn dense_bwd_relu(
+        &mut self,
+        g: GemmShape,
+        batch: GemmBatch,
+        dy: Region,
+        w: Region,
+        dx: Region,
+        y: Region,
+        db: BiasGrad,
+    ) -> Result<(), EngineError>;
+    /// [`Backend::softmax_xent_fused`] that also writes the bias gradient of the layer that made
+    /// the logits: trial `i`'s `Σ_r dlogits[r, :]` into `db` ([`Backend::bias_grad_fused`]).
+    #[allow(clippy::too_many_arguments)]
+    fn softmax_xent_bias(
+        &mut self,
+        logits: Region,
+        labels: Region,
+        dlogits: Region,
+        stats: Region,
+        rows: usize,
+        classes: usize,
+        trials: usize,
+        db: BiasGrad,
+    ) -> Result<(), EngineError> {
+        self.softmax_xent_fused(logits, labels, dlogits, stats, rows, classes, trials)?;
+        self.bias_grad_fused(dlogits, db.db, rows, classes, trials, db.stride)
+    }
+    /// [`Backend::gather`] into each of `trials` trials' rows: trial `i`'s samples at
+    /// `i·batch·sample_len` of `x` and its labels at `i·batch` of `y` (`rows ≤ batch`).
+    #[allow(clippy::too_many_arguments)]
+    fn gather_fused(
+        &mut self,
+        split: Split,
+        start: usize,
+        rows: usize,
+        batch: usize,
+        x: Region,
+        y: Region,
+        trials: usize,
+    ) -> Result<(), EngineError> {
+        for r in contract::gather_fused(rows, batch, self.sample_len(), trials, x, y)? {
+            self.gather(split, start, rows, r.x, r.y)?;
+        }
+        Ok(())
+    }
+    /// [`Backend::eval_xent`] over `trials` trials: trial `i`'s logits at `i·batch·classes`,
+    /// labels at `i·batch` and stats at `i·STATS_LEN`, each over its first `rows` rows.
+    #[allow(clippy::too_many_arguments)]
+    fn eval_xent_fused(
+        &mut self,
+        logits: Region,
+        labels: Region,
+        stats: Region,
+        rows: usize,
+        batch: usize,
+        classes: usize,
+        trials: usize,
+    ) -> Result<(), EngineError> {
+        contract::eval_xent_fused(logits, labels, stats, rows, batch, classes, trials)?;
+        for i in 0..trials {
+            let l = Region::new(logits.offset + i * batch * classes, rows * classes);
+            let y = Region::new(labels.offset + i * batch, rows);
+            let s = Region::new(stats.offset + i * STATS_LEN, STATS_LEN);
+            self.eval_xent(l, y, s, rows, classes)?;
+        }
+        Ok(())
+    }
+    /// One optimizer step and then the step counter's advance, as one op: what the step's op
+    /// ([`Update`]) and then [`Backend::advance`] compute. Adam's `t` is read from `counter`
+    /// before it advances.
+    fn update(&mut self, u: Update, counter: Region) -> Result<(), EngineError> {
+        match u {
+            Update::Sgd { w, g, v, p } => self.sgd_step(w, g, v, p)?,
+            Update::Adam { w, g, m, v, p } => self.adam_step(w, g, m, v, p, counter)?,
+            Update::SgdBatched {
+                w,
+                g,
+                v,
+                hyper,
+                trials,
+            } => self.sgd_step_batched(w, g, v, hyper, trials)?,
+            Update::AdamBatched {
+                w,
+                g,
+                m,
+                v,
+                hyper,
+                trials,
+            } => self.adam_step_batched(w, g, m, v, hyper, trials, counter)?,
+        }
+        self.advance(counter)
+    }
+    /// [`Backend::write`] without waiting for the copy: the values are staged on the host side
+    /// and copied in stream order, so ops issued later see them. For data that changes once an
+    /// epoch (the training orders), written while earlier steps still run.
+    fn upload(&mut self, dst: Region, src: &[f32]) -> Result<(), EngineError> {
+        self.write(dst, src)
+    }
+    /// A look at `src` that never waits: returns `true` with `dst` filled with the values `src`
+    /// held when an earlier `peek` of it was issued, once that copy has arrived, and issues the
+    /// next one; `false` while it is on its way (the first call only issues it). Backends that
+    /// finish each op as it is issued give the values of now. For a check every few steps that
+    /// must not stall the device (a diverged loss).
+    fn peek(&mut self, src: Region, dst: &mut [f32]) -> Result<bool, EngineError> {
+        self.read(src, dst)?;
+        Ok(true)
+    }
     /// Waits until every op issued so far has finished.
     fn synchronize(&mut self) -> Result<(), EngineError>;
     /// Marks the end of a step and waits until at most `lead` marked steps are unfinished, so

@@ -51,6 +51,15 @@ pub struct GemmBatch {
 }
 
 impl GemmBatch {
+    /// A batch of the one GEMM `g`.
+    pub fn one(g: &GemmShape) -> GemmBatch {
+        GemmBatch {
+            count: 1,
+            stride_a: g.a_len(),
+            stride_b: g.b_len(),
+            stride_c: g.c_len(),
+        }
+    }
     /// Elements from the first operand's start to the last one's end: `(count − 1)·stride + len`
     /// (0 for an empty batch), or `None` when that overflows.
     pub fn span(&self, stride: usize, len: usize) -> Option<usize> {

@@ -66,6 +66,19 @@ impl MemoryPlan {
         region
     }
 
+    /// Reserves `len` elements right after the last tensor, without aligning them: for small
+    /// tensors read together with the one before them.
+    pub fn add_next(&mut self, name: impl Into<String>, kind: MemKind, len: usize) -> Region {
+        let region = Region::new(self.total, len);
+        self.total += len;
+        self.entries.push(PlanEntry {
+            name: name.into(),
+            kind,
+            region,
+        });
+        region
+    }
+
     /// The arena's size in bytes.
     pub fn bytes(&self) -> usize {
         self.total * std::mem::size_of::<f32>()

@@ -1005,6 +1005,7 @@ pub(crate) mod tests {
             error: String::new(),
             metric: acc,
             params: "{}".into(),
+            ..Default::default()
         }
     }
 

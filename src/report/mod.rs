@@ -111,6 +111,12 @@ pub struct TrialRow {
     pub metric: Option<f64>,
     /// Every parameter the trial was given, as a JSON object (external commands' too).
     pub params: String,
+    /// Backend calls in one training step (a fused group's: the group's step); empty where
+    /// not counted (external commands, mirrored training).
+    pub launches_per_step: Option<u64>,
+    /// Host reads and waits during the trial's epochs, the one read of each epoch's metrics
+    /// excluded; empty where not counted.
+    pub host_syncs: Option<u64>,
 }
 
 impl TrialRow {

@@ -672,6 +672,8 @@ fn run_external(
             .map_or(0, |m| (m * (1u64 << 20) as f64) as u64),
         param_count: 0,
         metrics: o.metrics,
+        launches_per_step: None,
+        host_syncs: None,
     });
     outcome(trial, slice, res, wall_s)
 }
@@ -780,6 +782,7 @@ mod tests {
                 peak_mem_bytes: 0,
                 param_count: 0,
                 metrics: pairs.iter().map(|(k, v)| (k.to_string(), *v)).collect(),
+                ..Default::default()
             })
         };
         let missing = TrialEnd::Failed(Failure::MissingMetric {

@@ -281,6 +281,7 @@ mod tests {
             peak_mem_bytes: 1,
             param_count: 2,
             metrics: Default::default(),
+            ..Default::default()
         };
         let stats = EpochStats {
             epoch: 1,

@@ -220,6 +220,7 @@ mod tests {
                 peak_mem_bytes: 0,
                 param_count: 0,
                 metrics: Default::default(),
+                ..Default::default()
             }),
             ..failed(id, 0.1, "sgd", &[])
         }

@@ -25,10 +25,10 @@ pub trait Steps {
     fn begin_epoch(&mut self, order: Vec<u32>) -> Result<(), TrialError>;
     /// Takes one training step (a diverged one fails with [`TrialError::NonFiniteLoss`]).
     fn step(&mut self, at: StepAt) -> Result<(), TrialError>;
-    /// The epoch's sums over its training rows: loss, then correct predictions.
-    fn train_sums(&mut self) -> Result<[f64; STATS_LEN], TrialError>;
-    /// Mean loss and accuracy over the test split after epoch `epoch`.
-    fn evaluate(&mut self, epoch: u32) -> Result<(f64, f64), TrialError>;
+    /// Ends epoch `epoch`: the epoch's sums over its training rows (loss, then correct
+    /// predictions), and, with `evaluate`, the mean loss and accuracy over the test split (NaN
+    /// without). A training whose loss diverged fails with [`TrialError::NonFiniteLoss`].
+    fn end_epoch(&mut self, epoch: u32, evaluate: bool) -> Result<EpochSums, TrialError>;
     /// Waits for the work issued, after the last epoch.
     fn finish(&mut self) -> Result<(), TrialError>;
     /// Bytes of the arenas allocated for the training.
@@ -36,6 +36,9 @@ pub trait Steps {
     /// Parameters of the model.
     fn param_count(&self) -> u64;
 }
+
+/// An epoch's training sums (loss, then correct predictions) and its test `(loss, accuracy)`.
+pub type EpochSums = ([f64; STATS_LEN], (f64, f64));
 
 /// What a training runs: its seed, epochs, and steps of `batch` rows.
 #[derive(Clone, Copy, Debug)]
@@ -120,13 +123,8 @@ pub fn train<S: Steps + ?Sized>(
             s.step(StepAt { epoch, step, steps })?;
         }
         let train_s = steps_start.elapsed().as_secs_f64().max(1e-9);
-        let sums = s.train_sums()?;
         // Short runs (max_steps) time training alone and skip evaluation.
-        let test = if plan.max_steps.is_some() {
-            (f64::NAN, f64::NAN)
-        } else {
-            s.evaluate(epoch)?
-        };
+        let (sums, test) = s.end_epoch(epoch, plan.max_steps.is_none())?;
         let e = Epoch {
             stats: epoch_stats(epoch, plan, sums, test, started),
             train_s,
@@ -190,5 +188,7 @@ pub fn result(
         samples_per_s: train_samples as f64 / wall_s.max(1e-9),
         peak_mem_bytes: arena_bytes,
         param_count,
+        launches_per_step: None,
+        host_syncs: None,
     }
 }

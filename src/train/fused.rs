@@ -3,11 +3,11 @@
 use std::time::Instant;
 
 use super::epochs::{self, Schedule};
-use super::single::{capture_step, inject, Loads, StepGraph};
+use super::single::{capture_step, inject, Loads, StepGraph, Tally};
 use super::{run_trial, seeds, EpochStats, TrialConfig, TrialResult};
 use crate::engine::cpu::denormals::FlushGuard;
 use crate::engine::fused::HYPER_LEN;
-use crate::engine::{Backend, BackendKind, Split, STATS_LEN};
+use crate::engine::{Backend, BackendKind, Counted, Split, STATS_LEN};
 use crate::error::{EngineError, TrialError};
 use crate::models::{self, FusedNetwork};
 use crate::units::MIB;
@@ -121,14 +121,22 @@ pub fn run_group(
         cfgs,
         ends: cfgs.iter().map(|_| None).collect(),
         last: cfgs.iter().map(|_| None).collect(),
+        tally: Tally::default(),
     };
-    if let Err(e) = group.train(be, started, on_epoch) {
+    let mut counted = Counted::new(be);
+    if let Err(e) = group.train(&mut counted, started, on_epoch) {
         group.end_all(&e);
     }
     let wall_s = started.elapsed().as_secs_f64();
     let arena = (be.allocated_bytes() / cfgs.len()) as u64;
     let params = single.param_count() as u64;
-    let Group { ends, last, .. } = group;
+    let Group {
+        ends, last, tally, ..
+    } = group;
+    let counted = |mut r: TrialResult| {
+        tally.fill(&mut r);
+        r
+    };
     ends.into_iter()
         .zip(last)
         .zip(cfgs)
@@ -137,16 +145,16 @@ pub fn run_group(
             (Some(Ok(_)), Some(last)) => {
                 let mut cut = schedule(cfg, n_train);
                 cut.epochs = last.epoch;
-                Ok(epochs::result(last, &cut, wall_s, arena, params))
+                Ok(counted(epochs::result(last, &cut, wall_s, arena, params)))
             }
             (Some(end), _) => end,
-            (None, Some(last)) => Ok(epochs::result(
+            (None, Some(last)) => Ok(counted(epochs::result(
                 last,
                 &schedule(cfg, n_train),
                 wall_s,
                 arena,
                 params,
-            )),
+            ))),
             (None, None) => Err(TrialError::Worker("no epoch ran".into())),
         })
         .collect()
@@ -172,6 +180,8 @@ struct Group<'a> {
     ends: Vec<Option<Result<TrialResult, TrialError>>>,
     /// Each trial's last epoch's figures.
     last: Vec<Option<EpochStats>>,
+    /// What the group asked of its backend (every trial's row carries the group's counts).
+    tally: Tally,
 }
 
 impl Group<'_> {
@@ -194,7 +204,7 @@ impl Group<'_> {
     /// trial (the device's, a cancel) is returned for [`Group::end_all`].
     fn train(
         &mut self,
-        be: &mut dyn Backend,
+        be: &mut Counted,
         started: Instant,
         on_epoch: &mut dyn FnMut(usize, &EpochStats),
     ) -> Result<(), TrialError> {
@@ -214,14 +224,18 @@ impl Group<'_> {
         let graphs = first.engine.graphs && be.supports_graphs();
         let mut graph = StepGraph::new(graphs);
         let check_every = first.engine.check_every.max(1);
-        let mut stats = vec![0f32; n * STATS_LEN];
+        let evaluate = plan.max_steps.is_none() && n_test > 0;
+        let mut peeked = vec![0f32; n * STATS_LEN];
+        let mut sums = vec![0f32; 2 * n * STATS_LEN];
         for epoch in 1..=plan.epochs {
-            for (i, cfg) in self.cfgs.iter().enumerate() {
-                if self.live(i) {
-                    let order = seeds::epoch_order(cfg.seed, epoch, n_train);
-                    self.fused.write_order(be, i, &order)?;
-                }
-            }
+            self.tally.epoch_begins(be);
+            // Every trial's order in one upload (a dead trial's too: its regions are its own).
+            let orders: Vec<Vec<u32>> = self
+                .cfgs
+                .iter()
+                .map(|cfg| seeds::epoch_order(cfg.seed, epoch, n_train))
+                .collect();
+            self.fused.write_orders(be, &orders)?;
             be.fill(self.fused.stats(), 0.0)?;
             for step in 0..steps {
                 if first.cancel.aborted() {
@@ -233,6 +247,7 @@ impl Group<'_> {
                     }
                 }
                 let warm_up = epoch == 1 && step == 0;
+                let before = be.counts().launches;
                 if graph.wants_capture(warm_up) {
                     let fused = &self.fused;
                     let captured = capture_step(be, |be| {
@@ -245,44 +260,48 @@ impl Group<'_> {
                 } else {
                     let _hold = graph.eager_holds(warm_up).then(|| be.hold_captures());
                     self.fused.train_step(be, steps_per_epoch, &dropout_seeds)?;
+                    self.tally.step_issued(be, before);
                 }
                 be.pace(super::STEPS_AHEAD)?;
-                // A diverged trial stops soon, alone; the others go on.
-                if (step + 1) % check_every == 0 || step + 1 == steps {
-                    be.read(self.fused.stats(), &mut stats)?;
-                    for i in 0..n {
-                        let loss = stats[i * STATS_LEN];
-                        if self.live(i) && !loss.is_finite() {
-                            self.ends[i] = Some(Err(TrialError::NonFiniteLoss {
-                                value: loss,
-                                epoch: epoch as usize,
-                                step,
-                            }));
-                            self.fused.kill(be, i)?;
-                        }
-                    }
+                // A diverged trial stops soon, alone; the others go on. The look never waits:
+                // it sees the sums of a step a little earlier.
+                if (step + 1) % check_every == 0 && be.peek(self.fused.stats(), &mut peeked)? {
+                    self.kill_diverged(be, &peeked, epoch, step)?;
                     if !self.any_live() {
                         return Ok(());
                     }
                 }
             }
             // Every trial's test figures in one pass over the test split (a dead trial's too,
-            // unread: its regions are its own).
-            let tests = if plan.max_steps.is_some() {
-                vec![(f64::NAN, f64::NAN); n]
-            } else {
+            // unread: its regions are its own), then one read of every trial's sums.
+            let tests = if evaluate {
                 let hold = Loads::at_epoch(graphs, epoch) == Loads::HoldCaptures;
                 let stop = || first.cancel.aborted();
-                self.fused
+                if !self
+                    .fused
                     .evaluate(be, n_test, hold, super::STEPS_AHEAD, &stop)?
-                    .ok_or(TrialError::Interrupted)?
+                {
+                    return Err(TrialError::Interrupted);
+                }
+                be.read_metrics(self.fused.epoch_stats(), &mut sums)?;
+                let mean = |v: f32| v as f64 / n_test as f64;
+                sums[n * STATS_LEN..]
+                    .chunks(STATS_LEN)
+                    .map(|s| (mean(s[0]), mean(s[1])))
+                    .collect()
+            } else {
+                be.read_metrics(self.fused.stats(), &mut sums[..n * STATS_LEN])?;
+                vec![(f64::NAN, f64::NAN); n]
             };
+            let train = sums[..n * STATS_LEN].to_vec();
+            self.kill_diverged(be, &train, epoch, steps.saturating_sub(1))?;
             for (i, &test) in tests.iter().enumerate() {
                 if !self.live(i) {
                     continue;
                 }
-                let sums = [stats[i * STATS_LEN] as f64, stats[i * STATS_LEN + 1] as f64];
-                let e = epochs::epoch_stats(epoch, &plan, sums, test, started);
+                let s = &train[i * STATS_LEN..(i + 1) * STATS_LEN];
+                let e =
+                    epochs::epoch_stats(epoch, &plan, [s[0] as f64, s[1] as f64], test, started);
                 on_epoch(i, &e);
                 // A pruned trial ends here, alone; its result is made from `last` at the end.
                 let pruned = self.cfgs[i].prune.as_ref().is_some_and(|p| p.stops(&e));
@@ -296,7 +315,31 @@ impl Group<'_> {
                 break;
             }
         }
+        self.tally.epochs_end(be);
         be.synchronize()?;
+        Ok(())
+    }
+
+    /// Ends every live trial whose training loss in `sums` (every trial's `[Σ loss, #correct]`)
+    /// is not finite, and marks it dead for the optimizer.
+    fn kill_diverged(
+        &mut self,
+        be: &mut dyn Backend,
+        sums: &[f32],
+        epoch: u32,
+        step: usize,
+    ) -> Result<(), TrialError> {
+        for i in 0..self.cfgs.len() {
+            let loss = sums[i * STATS_LEN];
+            if self.live(i) && !loss.is_finite() {
+                self.ends[i] = Some(Err(TrialError::NonFiniteLoss {
+                    value: loss,
+                    epoch: epoch as usize,
+                    step,
+                }));
+                self.fused.kill(be, i)?;
+            }
+        }
         Ok(())
     }
 }

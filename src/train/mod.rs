@@ -1,5 +1,7 @@
 //! Training: what a trial trains and what it reports, one loop of epochs and steps ([`epochs`]) over one seed schedule ([`seeds`]), used by single trials ([`run_trial`]) and mirrored training ([`mirrored`]) alike.
 
+#[cfg(test)]
+mod counts_tests;
 pub mod epochs;
 pub mod fault;
 pub mod fit;
@@ -153,6 +155,14 @@ pub struct TrialResult {
     /// The arena's bytes (the static plan, allocated once).
     pub peak_mem_bytes: u64,
     pub param_count: u64,
+    /// Backend calls in one training step ([`crate::engine::Counted`]); `None` where the
+    /// training is not counted (mirrored replicas, external commands).
+    #[serde(default)]
+    pub launches_per_step: Option<u64>,
+    /// Host reads and waits during the training's epochs, the one read of each epoch's metrics
+    /// excluded; `None` where not counted.
+    #[serde(default)]
+    pub host_syncs: Option<u64>,
     /// The trial's metrics by name: `test_acc`, `test_loss`, `final_loss`, `train_acc` for a
     /// built-in model; whatever an external command printed.
     #[serde(default)]

@@ -8,7 +8,7 @@ use super::fault::{FaultKind, FaultSpec};
 use super::fit::largest_fitting;
 use super::{seeds, EpochStats, TrialConfig, TrialResult};
 use crate::engine::cpu::denormals::FlushGuard;
-use crate::engine::{Backend, BackendKind, Split, STATS_LEN};
+use crate::engine::{Backend, BackendKind, Counted, Split, STATS_LEN};
 use crate::error::TrialError;
 use crate::models;
 use crate::units::MIB;
@@ -70,6 +70,7 @@ pub fn run_trial(
     }
     net.init(be, seeds::init(cfg.seed))?;
     let graphs = cfg.engine.graphs && be.supports_graphs();
+    let be = Counted::new(be);
     let plan = Schedule {
         seed: cfg.seed,
         epochs: cfg.epochs,
@@ -86,22 +87,66 @@ pub fn run_trial(
         graphs,
         check_every: cfg.engine.check_every.max(1),
         graph: StepGraph::new(graphs),
-        stats: [0f32; STATS_LEN],
         n_test,
+        tally: Tally::default(),
     };
-    epochs::train(
+    let mut result = epochs::train(
         &mut single,
         &plan,
         &cfg.cancel,
         cfg.prune.as_ref(),
         started,
         &mut |_, e| on_epoch(&e.stats),
-    )
+    )?;
+    single.tally.into_result(&mut result);
+    Ok(result)
+}
+
+/// What a training asked of its backend, from [`Counted`]'s counts: the backend calls of one
+/// training step, and the host waits between the start of its first epoch and the end of its
+/// last one.
+#[derive(Debug, Default)]
+pub(super) struct Tally {
+    launches_per_step: Option<u64>,
+    syncs_at_start: Option<u64>,
+    syncs_at_end: Option<u64>,
+}
+
+impl Tally {
+    /// At the start of an epoch.
+    pub(super) fn epoch_begins(&mut self, be: &Counted) {
+        self.syncs_at_start.get_or_insert(be.counts().host_syncs);
+    }
+
+    /// Around the issue of one training step (eager or captured): `before` is the launch count
+    /// before it.
+    pub(super) fn step_issued(&mut self, be: &Counted, before: u64) {
+        self.launches_per_step
+            .get_or_insert(be.counts().launches - before);
+    }
+
+    /// After the last epoch, before the final wait.
+    pub(super) fn epochs_end(&mut self, be: &Counted) {
+        self.syncs_at_end = Some(be.counts().host_syncs);
+    }
+
+    pub(super) fn into_result(self, r: &mut TrialResult) {
+        self.fill(r);
+    }
+
+    /// Writes the counts into a trial's result.
+    pub(super) fn fill(&self, r: &mut TrialResult) {
+        r.launches_per_step = self.launches_per_step;
+        r.host_syncs = match (self.syncs_at_start, self.syncs_at_end) {
+            (Some(a), Some(b)) => Some(b.saturating_sub(a)),
+            _ => None,
+        };
+    }
 }
 
 /// One trial's network on its backend, taking the steps of [`epochs::train`].
 struct Single<'a> {
-    be: &'a mut dyn Backend,
+    be: Counted<'a>,
     net: models::Network,
     cfg: &'a TrialConfig,
     steps_per_epoch: usize,
@@ -110,20 +155,20 @@ struct Single<'a> {
     /// Steps between reads of the loss, to catch a diverged trial.
     check_every: usize,
     graph: StepGraph,
-    /// The epoch's sums as last read.
-    stats: [f32; STATS_LEN],
     n_test: usize,
+    tally: Tally,
 }
 
 impl Steps for Single<'_> {
     fn begin_epoch(&mut self, order: Vec<u32>) -> Result<(), TrialError> {
+        self.tally.epoch_begins(&self.be);
         self.be.set_train_order(&order)?;
         self.be.fill(self.net.stats, 0.0)?;
         Ok(())
     }
 
     fn step(&mut self, at: StepAt) -> Result<(), TrialError> {
-        let (be, net, h) = (&mut *self.be, &self.net, &self.cfg.hyper);
+        let (be, net, h) = (&mut self.be, &self.net, &self.cfg.hyper);
         if at.epoch == 1 {
             inject(be, net, self.cfg.fault.as_ref(), at.step)?;
         }
@@ -133,6 +178,7 @@ impl Steps for Single<'_> {
         // trial's capture can invalidate it. The counter makes the captured step the same
         // computation as an eager one.
         let warm_up = at.epoch == 1 && at.step == 0;
+        let before = be.counts().launches;
         if self.graph.wants_capture(warm_up) {
             let (steps, seed) = (self.steps_per_epoch, self.dropout_seed);
             let captured = capture_step(be, |be| net.train_step(be, steps, seed, h));
@@ -143,14 +189,16 @@ impl Steps for Single<'_> {
         } else {
             let _hold = self.graph.eager_holds(warm_up).then(|| be.hold_captures());
             net.train_step(be, self.steps_per_epoch, self.dropout_seed, h)?;
+            self.tally.step_issued(be, before);
         }
         be.pace(super::STEPS_AHEAD)?;
-        // A diverged trial stops soon rather than training on NaNs.
-        if (at.step + 1).is_multiple_of(self.check_every) || at.step + 1 == at.steps {
-            be.read(net.stats, &mut self.stats)?;
-            if !self.stats[0].is_finite() {
+        // A diverged trial stops soon rather than training on NaNs: a look at the loss every
+        // few steps that never waits (the sums of a step a little earlier).
+        if (at.step + 1).is_multiple_of(self.check_every) {
+            let mut sums = [0f32; STATS_LEN];
+            if be.peek(net.stats, &mut sums)? && !sums[0].is_finite() {
                 return Err(TrialError::NonFiniteLoss {
-                    value: self.stats[0],
+                    value: sums[0],
                     epoch: at.epoch as usize,
                     step: at.step,
                 });
@@ -159,25 +207,33 @@ impl Steps for Single<'_> {
         Ok(())
     }
 
-    fn train_sums(&mut self) -> Result<[f64; STATS_LEN], TrialError> {
-        // The epoch's last step read them.
-        Ok(self.stats.map(f64::from))
-    }
-
-    fn evaluate(&mut self, epoch: u32) -> Result<(f64, f64), TrialError> {
-        // The first evaluation loads its kernels (the last, partial batch has shapes of its
-        // own): issued with captures held off, as the first step is.
-        let loads = Loads::at_epoch(self.graphs, epoch);
-        evaluate(
-            &mut *self.be,
-            &self.net,
-            self.n_test,
-            loads,
-            &self.cfg.cancel,
-        )
+    fn end_epoch(&mut self, epoch: u32, evaluate: bool) -> Result<epochs::EpochSums, TrialError> {
+        let net = &self.net;
+        let mut sums = [0f32; 2 * STATS_LEN];
+        let test = if evaluate && self.n_test > 0 {
+            // The first evaluation loads its kernels: issued with captures held off, as the
+            // first step is.
+            let loads = Loads::at_epoch(self.graphs, epoch);
+            issue_evaluation(&mut self.be, net, self.n_test, loads, &self.cfg.cancel)?;
+            self.be.read_metrics(net.epoch_stats(), &mut sums)?;
+            let n = self.n_test as f64;
+            (sums[STATS_LEN] as f64 / n, sums[STATS_LEN + 1] as f64 / n)
+        } else {
+            self.be.read_metrics(net.stats, &mut sums[..STATS_LEN])?;
+            (f64::NAN, f64::NAN)
+        };
+        if !sums[0].is_finite() {
+            return Err(TrialError::NonFiniteLoss {
+                value: sums[0],
+                epoch: epoch as usize,
+                step: self.steps_per_epoch.saturating_sub(1),
+            });
+        }
+        Ok(([sums[0] as f64, sums[1] as f64], test))
     }
 
     fn finish(&mut self) -> Result<(), TrialError> {
+        self.tally.epochs_end(&self.be);
         self.be.synchronize()?;
         Ok(())
     }
@@ -278,12 +334,38 @@ pub(super) fn capture_step(
     Ok(())
 }
 
-/// Mean loss and accuracy over the test split, in batches (the last one partial), paced like the
-/// training steps and stopped by `cancel` between batches.
+/// Issues an evaluation over the test split into the network's test sums (zeroed first), in
+/// batches (the last one partial; [`models::Network::eval_batch`]), paced like the training
+/// steps and stopped by `cancel` between batches. Nothing is read.
 ///
-/// With [`Loads::HoldCaptures`], the batches whose shapes run for the first time (the first, and
-/// a last partial one) are issued with the process's captures held off, since their kernels may
-/// load then; waiting for the result is not.
+/// With [`Loads::HoldCaptures`], the first batch (whose kernels run for the first time) is
+/// issued with the process's captures held off, since its kernels may load then.
+fn issue_evaluation(
+    be: &mut dyn Backend,
+    net: &models::Network,
+    n_test: usize,
+    loads: Loads,
+    cancel: &crate::cancel::Cancel,
+) -> Result<(), TrialError> {
+    be.fill(net.test_stats, 0.0)?;
+    let mut start = 0;
+    while start < n_test {
+        if cancel.aborted() {
+            return Err(TrialError::Interrupted);
+        }
+        let rows = net.batch.min(n_test - start);
+        {
+            let _hold = (loads == Loads::HoldCaptures && start == 0).then(|| be.hold_captures());
+            net.eval_batch(be, start, rows)?;
+        }
+        be.pace(super::STEPS_AHEAD)?;
+        start += rows;
+    }
+    Ok(())
+}
+
+/// Mean loss and accuracy over the test split ([`issue_evaluation`], then one read of the test
+/// sums); NaN for an empty test split.
 pub(crate) fn evaluate(
     be: &mut dyn Backend,
     net: &models::Network,
@@ -294,25 +376,9 @@ pub(crate) fn evaluate(
     if n_test == 0 {
         return Ok((f64::NAN, f64::NAN));
     }
-    be.fill(net.stats, 0.0)?;
-    let mut start = 0;
-    while start < n_test {
-        if cancel.aborted() {
-            return Err(TrialError::Interrupted);
-        }
-        let rows = net.batch.min(n_test - start);
-        let new_shape = start == 0 || rows < net.batch;
-        {
-            let _hold = (loads == Loads::HoldCaptures && new_shape).then(|| be.hold_captures());
-            be.gather(Split::Test, start, rows, net.input(), net.labels)?;
-            let logits = net.forward(be, rows, false, 0)?;
-            be.eval_xent(logits, net.labels, net.stats, rows, net.classes)?;
-        }
-        be.pace(super::STEPS_AHEAD)?;
-        start += rows;
-    }
+    issue_evaluation(be, net, n_test, loads, cancel)?;
     let mut stats = [0f32; STATS_LEN];
-    be.read(net.stats, &mut stats)?;
+    be.read(net.test_stats, &mut stats)?;
     Ok((
         stats[0] as f64 / n_test as f64,
         stats[1] as f64 / n_test as f64,

@@ -726,5 +726,163 @@ pub fn eval_xent(
     ])
 }
 
+/// `dense_fwd`: the GEMMs' operands as [`gemm_batched`] checks them, their outputs one right
+/// after another (`stride_c` is C's length, so one bias-and-ReLU pass covers them), and the bias
+/// as [`bias_add_fused`] checks it. Returns `[x, w, y, bias]`.
+pub fn dense_fwd(
+    g: &GemmShape,
+    batch: &GemmBatch,
+    x: Region,
+    w: Region,
+    y: Region,
+    bias: Region,
+    bias_stride: usize,
+) -> Result<[Region; 4], EngineError> {
+    let op = "dense_fwd";
+    let [x, w, y] = gemm_batched(g, batch, x, w, y)?;
+    outputs_in_a_row(op, g, batch)?;
+    let [y, bias] =
+        bias_add_fused(y, bias, g.m, g.n, batch.count, bias_stride).map_err(|e| rename(e, op))?;
+    Ok([x, w, y, bias])
+}
+
+/// `dense_bwd_relu`: the GEMMs' operands as [`gemm_batched`] checks them, their outputs one
+/// right after another, `y` as long as the outputs, and the bias gradient as
+/// [`bias_grad_fused`] checks it. Returns `[dy, w, dx, y, db]`.
+pub fn dense_bwd_relu(
+    g: &GemmShape,
+    batch: &GemmBatch,
+    dy: Region,
+    w: Region,
+    dx: Region,
+    y: Region,
+    db: super::BiasGrad,
+) -> Result<[Region; 5], EngineError> {
+    let op = "dense_bwd_relu";
+    let [dy, w, dx] = gemm_batched(g, batch, dy, w, dx)?;
+    outputs_in_a_row(op, g, batch)?;
+    let y = need(op, "y", y, dx.len)?;
+    let [dx, db] =
+        bias_grad_fused(dx, db.db, g.m, g.n, batch.count, db.stride).map_err(|e| rename(e, op))?;
+    Ok([dy, w, dx, y, db])
+}
+
+/// The bias gradient of `softmax_xent_bias`: one of `classes` for each of `trials` trials,
+/// `db.stride` apart.
+pub fn xent_bias_grad(
+    classes: usize,
+    trials: usize,
+    db: super::BiasGrad,
+) -> Result<Region, EngineError> {
+    let op = "softmax_xent_bias";
+    need(
+        op,
+        "db",
+        db.db,
+        strided_len(op, "db", trials, db.stride, classes)?,
+    )
+}
+
+/// One trial's part of `gather_fused`'s operands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GatherPart {
+    pub x: Region,
+    pub y: Region,
+}
+
+/// `gather_fused`: `rows ≤ batch`, and `x` and `y` hold `trials` batches of `batch` rows
+/// (`sample_len` elements each) and labels one after another. Returns each trial's rows.
+pub fn gather_fused(
+    rows: usize,
+    batch: usize,
+    sample_len: usize,
+    trials: usize,
+    x: Region,
+    y: Region,
+) -> Result<Vec<GatherPart>, EngineError> {
+    let op = "gather_fused";
+    if rows > batch {
+        return Err(shape_error(
+            op,
+            format!("{rows} rows do not fit a batch of {batch}"),
+        ));
+    }
+    let per_x = batch.checked_mul(sample_len);
+    let x = need(op, "x", x, fused_len(op, "x", trials, per_x)?)?;
+    let y = need(op, "y", y, fused_len(op, "y", trials, Some(batch))?)?;
+    let per_x = per_x.unwrap_or(0);
+    Ok((0..trials)
+        .map(|i| GatherPart {
+            x: Region::new(x.offset + i * per_x, rows * sample_len),
+            y: Region::new(y.offset + i * batch, rows),
+        })
+        .collect())
+}
+
+/// `eval_xent_fused`: `rows ≤ batch`, and `logits`, `labels` and `stats` hold `trials` copies of
+/// `batch × classes`, `batch` and [`STATS_LEN`] elements one after another. Returns
+/// `[logits, labels, stats]`.
+pub fn eval_xent_fused(
+    logits: Region,
+    labels: Region,
+    stats: Region,
+    rows: usize,
+    batch: usize,
+    classes: usize,
+    trials: usize,
+) -> Result<[Region; 3], EngineError> {
+    let op = "eval_xent_fused";
+    if rows > batch {
+        return Err(shape_error(
+            op,
+            format!("{rows} rows do not fit a batch of {batch}"),
+        ));
+    }
+    let per_logits = batch.checked_mul(classes);
+    Ok([
+        need(
+            op,
+            "logits",
+            logits,
+            fused_len(op, "logits", trials, per_logits)?,
+        )?,
+        need(
+            op,
+            "labels",
+            labels,
+            fused_len(op, "labels", trials, Some(batch))?,
+        )?,
+        need(
+            op,
+            "stats",
+            stats,
+            fused_len(op, "stats", trials, Some(STATS_LEN))?,
+        )?,
+    ])
+}
+
+/// With several GEMMs, their outputs lie one right after another.
+fn outputs_in_a_row(op: &'static str, g: &GemmShape, batch: &GemmBatch) -> Result<(), EngineError> {
+    if batch.count > 1 && batch.stride_c != g.c_len() {
+        return Err(shape_error(
+            op,
+            format!(
+                "C's stride {} is not C's {} elements: the outputs must lie one right after another",
+                batch.stride_c,
+                g.c_len()
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// The same error, named for the op that made the check.
+fn rename(e: EngineError, op: &'static str) -> EngineError {
+    match e {
+        EngineError::Shape { message, .. } => EngineError::Shape { op, message },
+        other => other,
+    }
+}
+
 #[cfg(test)]
 mod tests;

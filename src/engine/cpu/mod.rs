@@ -10,7 +10,7 @@ use std::sync::Arc;
 use crate::data::{Dataset, Samples};
 use crate::engine::contract::{self, need};
 use crate::engine::{
-    dropout_stream, AdamParams, Backend, BackendKind, BnParams, Conv2dShape, DropoutMask,
+    dropout_stream, AdamParams, Backend, BackendKind, BiasGrad, BnParams, Conv2dShape, DropoutMask,
     FusedConv, GemmBatch, GemmShape, PlaneShape, PoolShape, Region, SgdParams, Split, COUNTER_LEN,
 };
 use crate::error::EngineError;
@@ -139,6 +139,10 @@ impl Backend for CpuBackend {
         }
     }
 
+    fn sample_len(&self) -> usize {
+        self.data.sample_len()
+    }
+
     fn set_train_order(&mut self, order: &[u32]) -> Result<(), EngineError> {
         contract::train_order(order, self.data.train.len())?;
         self.order.clear();
@@ -249,6 +253,43 @@ impl Backend for CpuBackend {
         let [a, b, c] = contract::gemm_batched(&g, &batch, a, b, c)?;
         let ([a, b], [c]) = self.views("gemm_batched", [a, b], [c])?;
         ops::gemm_batched(&g, &batch, a, b, c);
+        Ok(())
+    }
+
+    fn dense_fwd(
+        &mut self,
+        g: GemmShape,
+        batch: GemmBatch,
+        x: Region,
+        w: Region,
+        y: Region,
+        bias: Region,
+        bias_stride: usize,
+        relu: bool,
+    ) -> Result<(), EngineError> {
+        let op = "dense_fwd";
+        let [x, w, y, bias] = contract::dense_fwd(&g, &batch, x, w, y, bias, bias_stride)?;
+        let ([x, w, bias], [y]) = self.views(op, [x, w, bias], [y])?;
+        ops::gemm_batched(&g, &batch, x, w, y);
+        ops::bias_act_fused(y, bias, g.m, g.n, batch.count, bias_stride, relu);
+        Ok(())
+    }
+
+    fn dense_bwd_relu(
+        &mut self,
+        g: GemmShape,
+        batch: GemmBatch,
+        dy: Region,
+        w: Region,
+        dx: Region,
+        y: Region,
+        db: BiasGrad,
+    ) -> Result<(), EngineError> {
+        let op = "dense_bwd_relu";
+        let [dy, w, dx, y, dbr] = contract::dense_bwd_relu(&g, &batch, dy, w, dx, y, db)?;
+        let ([dy, w, y], [dx, dbv]) = self.views(op, [dy, w, y], [dx, dbr])?;
+        ops::gemm_batched(&g, &batch, dy, w, dx);
+        ops::relu_bias_grad_fused(y, dx, dbv, g.m, g.n, batch.count, db.stride);
         Ok(())
     }
 

@@ -2,6 +2,7 @@
 
 use super::*;
 use crate::data::{Dataset, Samples};
+use crate::engine::{Update, STATS_LEN};
 
 fn tiny() -> Arc<Dataset> {
     Arc::new(Dataset::in_memory(
@@ -169,7 +170,10 @@ fn a_fused_gather_is_each_trials_own_gather() {
         .map(|t| crate::rng::HostRng::new(40 + t as u64).permutation(20))
         .collect();
     assert_ne!(orders[0], orders[1]);
-    let (counter, ord) = (Region::new(0, 1), Region::new(1, trials * 20));
+    let (counter, ord) = (
+        Region::new(0, COUNTER_LEN),
+        Region::new(COUNTER_LEN, trials * 20),
+    );
     let x = Region::new(64, trials * batch * len);
     let y = Region::new(192, trials * batch);
     // Past one epoch: batch 7 % 3 = 1 of each order.
@@ -211,7 +215,7 @@ fn a_fused_gather_refuses_an_index_beyond_the_split() {
     b.alloc_arena(256).unwrap();
     let mut orders = vec![(0..20).collect::<Vec<u32>>(); 2];
     orders[1][5] = 20;
-    let (counter, ord) = (Region::new(0, 1), Region::new(1, 40));
+    let (counter, ord) = (Region::new(0, COUNTER_LEN), Region::new(COUNTER_LEN, 40));
     let (x, y) = (Region::new(64, 2 * 4 * 6), Region::new(128, 8));
     b.write(counter, &[f32::from_bits(1)]).unwrap();
     b.write(ord, &order_bits(&orders)).unwrap();
@@ -235,4 +239,284 @@ fn a_fused_gather_refuses_an_index_beyond_the_split() {
         .gather_train_fused(counter, ord, 2, 4, Region::new(30, 48), y, 2)
         .unwrap_err();
     assert!(e.to_string().contains("overlaps"), "{e}");
+}
+
+/// Deterministic values in [-1, 1) with some exact zeros and negatives, for the folded ops.
+fn wavy(n: usize, seed: u32) -> Vec<f32> {
+    (0..n)
+        .map(|i| {
+            let v = ((i as u32).wrapping_mul(2654435761).wrapping_add(seed) >> 8) as f32;
+            let v = v / (1u32 << 24) as f32 * 2.0 - 1.0;
+            if i % 7 == 3 {
+                0.0
+            } else {
+                v
+            }
+        })
+        .collect()
+}
+
+/// Two CPU backends with the same arena of `len` values.
+fn pair(len: usize, seed: u32) -> (CpuBackend, CpuBackend) {
+    let vals = wavy(len, seed);
+    let mut a = CpuBackend::new(twenty(), None);
+    let mut b = CpuBackend::new(twenty(), None);
+    for be in [&mut a, &mut b] {
+        be.alloc_arena(len).unwrap();
+        be.write(Region::new(0, len), &vals).unwrap();
+    }
+    (a, b)
+}
+
+fn arena(b: &mut CpuBackend) -> Vec<f32> {
+    let mut out = vec![0.0; b.arena.len()];
+    b.read(Region::new(0, out.len()), &mut out).unwrap();
+    out
+}
+
+#[test]
+fn a_dense_layer_in_one_op_is_its_gemm_bias_and_relu_bit_for_bit() {
+    let (rows, inputs, outputs, trials) = (5, 7, 4, 3);
+    let g = GemmShape {
+        trans_b: true,
+        ..GemmShape::nn(rows, outputs, inputs)
+    };
+    let x = Region::new(0, trials * rows * inputs);
+    let w = Region::new(200, trials * outputs * inputs);
+    let bias = Region::new(300, trials * 16);
+    let y = Region::new(400, trials * rows * outputs);
+    let batch = GemmBatch {
+        count: trials,
+        stride_a: rows * inputs,
+        stride_b: outputs * inputs,
+        stride_c: rows * outputs,
+    };
+    for relu in [false, true] {
+        let (mut one, mut parts) = pair(600, 11);
+        one.dense_fwd(g, batch, x, w, y, bias, 16, relu).unwrap();
+        parts.gemm_batched(g, batch, x, w, y).unwrap();
+        parts
+            .bias_add_fused(y, bias, rows, outputs, trials, 16)
+            .unwrap();
+        if relu {
+            let tmp = Region::new(520, y.len);
+            parts.relu_fwd(y, tmp, y.len).unwrap();
+            parts.copy(tmp, y, y.len).unwrap();
+        }
+        let (a, b) = (arena(&mut one), arena(&mut parts));
+        assert_eq!(a[y.offset..y.end()], b[y.offset..y.end()], "relu {relu}");
+        if relu {
+            assert!(a[y.offset..y.end()].iter().all(|&v| v >= 0.0));
+        }
+    }
+    // Outputs that do not lie one right after another are refused.
+    let (mut one, _) = pair(512, 11);
+    let apart = GemmBatch {
+        stride_c: rows * outputs + 1,
+        ..batch
+    };
+    let y_apart = Region::new(400, 100);
+    let e = one
+        .dense_fwd(g, apart, x, w, y_apart, bias, 16, true)
+        .unwrap_err();
+    assert!(e.to_string().contains("one right after another"), "{e}");
+}
+
+#[test]
+fn a_dense_input_gradient_through_a_relu_is_its_gemm_relu_and_bias_gradient_bit_for_bit() {
+    let (rows, inputs, outputs, trials) = (6, 5, 3, 2);
+    let g = GemmShape::nn(rows, inputs, outputs);
+    let dy = Region::new(0, trials * rows * outputs);
+    let w = Region::new(64, trials * outputs * inputs);
+    let y = Region::new(128, trials * rows * inputs);
+    let dx = Region::new(192, trials * rows * inputs);
+    let db = Region::new(256, trials * 9);
+    let batch = GemmBatch {
+        count: trials,
+        stride_a: rows * outputs,
+        stride_b: outputs * inputs,
+        stride_c: rows * inputs,
+    };
+    let (mut one, mut parts) = pair(320, 5);
+    one.dense_bwd_relu(g, batch, dy, w, dx, y, BiasGrad { db, stride: 9 })
+        .unwrap();
+    // The same ops apart, the GEMM's output first in scratch past the shared values.
+    let mut big = CpuBackend::new(twenty(), None);
+    big.alloc_arena(512).unwrap();
+    let vals = arena(&mut parts);
+    big.write(Region::new(0, 320), &vals).unwrap();
+    let raw = Region::new(320, dx.len);
+    big.gemm_batched(g, batch, dy, w, raw).unwrap();
+    big.relu_bwd(y, raw, dx, dx.len).unwrap();
+    big.bias_grad_fused(dx, db, rows, inputs, trials, 9)
+        .unwrap();
+    let (a, b) = (arena(&mut one), arena(&mut big));
+    assert_eq!(a[..320], b[..320]);
+    // Something was masked, and something was not.
+    let masked = a[dx.offset..dx.end()].iter().filter(|&&v| v == 0.0).count();
+    assert!(masked > 0 && masked < dx.len, "{masked} of {}", dx.len);
+}
+
+#[test]
+fn the_loss_with_its_bias_gradient_is_the_loss_then_the_bias_gradient() {
+    let (rows, classes, trials) = (4, 3, 2);
+    let logits = Region::new(0, trials * rows * classes);
+    let labels = Region::new(32, trials * rows);
+    let dlogits = Region::new(48, trials * rows * classes);
+    let stats = Region::new(80, trials * STATS_LEN);
+    let db = Region::new(96, trials * 5);
+    let (mut one, mut parts) = pair(128, 3);
+    let labels_vals: Vec<f32> = (0..labels.len).map(|i| (i % classes) as f32).collect();
+    for b in [&mut one, &mut parts] {
+        b.write(labels, &labels_vals).unwrap();
+        b.fill(stats, 0.0).unwrap();
+    }
+    one.softmax_xent_bias(
+        logits,
+        labels,
+        dlogits,
+        stats,
+        rows,
+        classes,
+        trials,
+        BiasGrad { db, stride: 5 },
+    )
+    .unwrap();
+    parts
+        .softmax_xent_fused(logits, labels, dlogits, stats, rows, classes, trials)
+        .unwrap();
+    parts
+        .bias_grad_fused(dlogits, db, rows, classes, trials, 5)
+        .unwrap();
+    assert_eq!(arena(&mut one), arena(&mut parts));
+}
+
+#[test]
+fn fused_evaluation_ops_are_each_trials_own() {
+    let (rows, batch, classes, trials) = (3, 4, 5, 3);
+    let len = 6;
+    let x = Region::new(0, trials * batch * len);
+    let y = Region::new(80, trials * batch);
+    let stats = Region::new(96, trials * STATS_LEN);
+    let (mut one, mut parts) = pair(160, 9);
+    one.gather_fused(Split::Train, 1, rows, batch, x, y, trials)
+        .unwrap();
+    for t in 0..trials {
+        let xt = Region::new(t * batch * len, rows * len);
+        let yt = Region::new(80 + t * batch, rows);
+        parts.gather(Split::Train, 1, rows, xt, yt).unwrap();
+    }
+    assert_eq!(arena(&mut one), arena(&mut parts));
+    // The inputs as logits of 5 classes over a batch of 4 (6 > 5 elements a row is fine:
+    // only 5 are read per row at a stride of 5).
+    for b in [&mut one, &mut parts] {
+        b.fill(stats, 0.0).unwrap();
+    }
+    let logits = Region::new(0, trials * batch * classes);
+    one.eval_xent_fused(logits, y, stats, rows, batch, classes, trials)
+        .unwrap();
+    for t in 0..trials {
+        let l = Region::new(t * batch * classes, rows * classes);
+        let yt = Region::new(80 + t * batch, rows);
+        let st = Region::new(96 + t * STATS_LEN, STATS_LEN);
+        parts.eval_xent(l, yt, st, rows, classes).unwrap();
+    }
+    assert_eq!(arena(&mut one), arena(&mut parts));
+    let e = one
+        .gather_fused(Split::Train, 0, batch + 1, batch, x, y, trials)
+        .unwrap_err();
+    assert!(e.to_string().contains("do not fit a batch"), "{e}");
+}
+
+#[test]
+fn an_update_is_the_optimizer_step_then_the_advance() {
+    let n = 24;
+    let (w, g, m, v) = (
+        Region::new(0, n),
+        Region::new(32, n),
+        Region::new(64, n),
+        Region::new(96, n),
+    );
+    let counter = Region::new(128, COUNTER_LEN);
+    let hyper = Region::new(136, 2 * crate::engine::fused::HYPER_LEN);
+    let adam = AdamParams {
+        lr: 0.01,
+        beta1: 0.9,
+        beta2: 0.999,
+        eps: 1e-8,
+        weight_decay: 0.1,
+    };
+    let sgd = SgdParams {
+        lr: 0.1,
+        momentum: 0.9,
+        weight_decay: 0.0,
+    };
+    let mut table = vec![0.05f32; hyper.len];
+    for row in table.chunks_mut(crate::engine::fused::HYPER_LEN) {
+        row[crate::engine::fused::HYPER_LIVE] = 1.0;
+        row[crate::engine::fused::HYPER_BETA1] = 0.9;
+        row[crate::engine::fused::HYPER_BETA2] = 0.999;
+        row[crate::engine::fused::HYPER_EPS] = 1e-8;
+    }
+    let updates = [
+        Update::Sgd { w, g, v, p: sgd },
+        Update::Adam {
+            w,
+            g,
+            m,
+            v,
+            p: adam,
+        },
+        Update::SgdBatched {
+            w,
+            g,
+            v,
+            hyper,
+            trials: 2,
+        },
+        Update::AdamBatched {
+            w,
+            g,
+            m,
+            v,
+            hyper,
+            trials: 2,
+        },
+    ];
+    for u in updates {
+        let (mut one, mut parts) = pair(160, 21);
+        for b in [&mut one, &mut parts] {
+            b.write(counter, &[f32::from_bits(4), f32::from_bits(0)])
+                .unwrap();
+            b.write(hyper, &table).unwrap();
+        }
+        one.update(u, counter).unwrap();
+        match u {
+            Update::Sgd { w, g, v, p } => parts.sgd_step(w, g, v, p).unwrap(),
+            Update::Adam { w, g, m, v, p } => parts.adam_step(w, g, m, v, p, counter).unwrap(),
+            Update::SgdBatched {
+                w,
+                g,
+                v,
+                hyper,
+                trials,
+            } => parts.sgd_step_batched(w, g, v, hyper, trials).unwrap(),
+            Update::AdamBatched {
+                w,
+                g,
+                m,
+                v,
+                hyper,
+                trials,
+            } => parts
+                .adam_step_batched(w, g, m, v, hyper, trials, counter)
+                .unwrap(),
+        }
+        parts.advance(counter).unwrap();
+        let bits = |v: Vec<f32>| v.into_iter().map(f32::to_bits).collect::<Vec<_>>();
+        let (a, b) = (arena(&mut one), arena(&mut parts));
+        assert_eq!(bits(a.clone()), bits(b), "{u:?}");
+        assert_eq!(a[counter.offset].to_bits(), 5, "{u:?}");
+        assert_eq!(a[counter.offset + 1].to_bits(), 0, "{u:?}");
+    }
 }

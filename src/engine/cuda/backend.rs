@@ -12,6 +12,7 @@ use super::data::DeviceData;
 use super::graph::{self, GraphExec};
 use super::launch::{grid_for, launch, Arg, BLOCK};
 use super::pool::{blas_workspace_bytes, layout, Allocation, Layout, Pool};
+use super::staging::Staging;
 use super::stream::{Pacer, Stream};
 use crate::engine::{contract, EngineOptions, Region};
 use crate::error::EngineError;
@@ -37,6 +38,8 @@ pub struct CudaBackend {
     pub(crate) pool: Arc<Pool>,
     /// Keeps the host a few steps ahead of the stream at most ([`Backend::pace`]).
     pub(crate) pacer: Pacer,
+    /// Uploads that do not wait, and peeks ([`Backend::upload`], [`Backend::peek`]).
+    pub(crate) staging: Staging,
     pub(crate) stream: Arc<Stream>,
     pub(crate) ctx: Arc<Ctx>,
     pub(crate) data: Arc<DeviceData>,
@@ -75,6 +78,7 @@ impl CudaBackend {
             arena: None,
             pool,
             pacer: Pacer::new(Arc::clone(&stream)),
+            staging: Staging::new(Arc::clone(&stream)),
             stream,
             ctx,
             data,
@@ -164,6 +168,25 @@ impl CudaBackend {
             check(r, "cuMemcpyHtoDAsync_v2")?;
         }
         self.stream.wait()
+    }
+
+    /// Copies `src` to device address `dst` in stream order without waiting for the copy
+    /// (through the page-locked staging ring).
+    pub(crate) fn stage_in<T: Copy>(
+        &mut self,
+        dst: sys::CUdeviceptr,
+        src: &[T],
+    ) -> Result<(), EngineError> {
+        self.staging.upload(dst, src)
+    }
+
+    /// A look at device address `src` that never waits ([`Backend::peek`]).
+    pub(crate) fn peek_out<T: Copy>(
+        &mut self,
+        src: sys::CUdeviceptr,
+        dst: &mut [T],
+    ) -> Result<bool, EngineError> {
+        self.staging.peek(src, dst)
     }
 
     /// Copies from device address `src` into `dst` on the trial's stream and waits for it.

@@ -65,6 +65,8 @@ pub const MODULES: &[KernelModule] = &[
             "bias_grad",
             "bias_add_fused",
             "bias_grad_fused",
+            "bias_act_fused",
+            "relu_bias_grad_fused",
             "dropout_fwd",
             "dropout_bwd",
             "advance",
@@ -106,7 +108,13 @@ pub const MODULES: &[KernelModule] = &[
     KernelModule {
         name: "loss",
         source: include_str!("../../../kernels/loss.cu"),
-        functions: &["softmax_xent", "softmax_xent_fused", "eval_xent"],
+        functions: &[
+            "softmax_xent",
+            "softmax_xent_fused",
+            "eval_xent",
+            "softmax_xent_bias",
+            "eval_xent_fused",
+        ],
     },
     KernelModule {
         name: "optim",
@@ -121,7 +129,12 @@ pub const MODULES: &[KernelModule] = &[
     KernelModule {
         name: "data",
         source: include_str!("../../../kernels/data.cu"),
-        functions: &["gather", "gather_train", "gather_train_fused"],
+        functions: &[
+            "gather",
+            "gather_fused",
+            "gather_train",
+            "gather_train_fused",
+        ],
     },
     KernelModule {
         name: "probe",
@@ -588,7 +601,7 @@ mod tests {
     #[test]
     fn every_kernel_of_the_readme_is_in_its_module() {
         let listed = readme_kernels();
-        assert_eq!(listed.len(), 41, "{listed:?}");
+        assert_eq!(listed.len(), 46, "{listed:?}");
         for (file, name) in &listed {
             let m = MODULES.iter().find(|m| m.name == file).unwrap();
             assert!(m.functions.contains(&name.as_str()), "{file}: {name}");
@@ -720,7 +733,13 @@ mod tests {
         assert!(matches!(module("loss").unwrap().image, Image::Ptx(_)));
         assert_eq!(
             module("loss").unwrap().functions,
-            ["softmax_xent", "softmax_xent_fused", "eval_xent"]
+            [
+                "softmax_xent",
+                "softmax_xent_fused",
+                "eval_xent",
+                "softmax_xent_bias",
+                "eval_xent_fused"
+            ]
         );
         assert!(module("nope").is_err());
         // The PTX a refused CUBIN falls back to.

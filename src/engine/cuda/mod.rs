@@ -27,6 +27,7 @@ mod launch;
 mod ops;
 mod pool;
 pub mod signature;
+mod staging;
 mod stream;
 
 pub use backend::CudaBackend;

@@ -9,8 +9,8 @@ use super::graph::{self, CaptureHold};
 use super::launch::{Arg, BLOCK, MAX_BLOCKS};
 use crate::engine::contract::{self, need};
 use crate::engine::{
-    AdamParams, Backend, BackendKind, BnParams, Conv2dShape, DropoutMask, FusedConv, GemmBatch,
-    GemmShape, PlaneShape, PoolShape, Region, SgdParams, Split,
+    AdamParams, Backend, BackendKind, BiasGrad, BnParams, Conv2dShape, DropoutMask, FusedConv,
+    GemmBatch, GemmShape, PlaneShape, PoolShape, Region, SgdParams, Split, Update,
 };
 use crate::error::EngineError;
 
@@ -207,10 +207,66 @@ impl Backend for CudaBackend {
         }
     }
 
+    fn sample_len(&self) -> usize {
+        self.data.sample_len
+    }
+
     fn set_train_order(&mut self, order: &[u32]) -> Result<(), EngineError> {
         self.not_capturing("set_train_order")?;
         contract::train_order(order, self.data.train.len)?;
-        self.copy_in(self.order_ptr()?, order)
+        let dst = self.order_ptr()?;
+        self.stage_in(dst, order)
+    }
+
+    fn upload(&mut self, dst: Region, src: &[f32]) -> Result<(), EngineError> {
+        self.not_capturing("upload")?;
+        let dst = contract::write(dst, src.len())?;
+        let base = self.regions("upload", &[], &[dst])?;
+        self.stage_in(at(base, dst), src)
+    }
+
+    fn peek(&mut self, src: Region, dst: &mut [f32]) -> Result<bool, EngineError> {
+        self.not_capturing("peek")?;
+        let src = contract::read(src, dst.len())?;
+        let base = self.regions("peek", &[src], &[])?;
+        self.peek_out(at(base, src), dst)
+    }
+
+    fn gather_fused(
+        &mut self,
+        split: Split,
+        start: usize,
+        rows: usize,
+        batch: usize,
+        x: Region,
+        y: Region,
+        trials: usize,
+    ) -> Result<(), EngineError> {
+        let op = "gather_fused";
+        let len = self.data.sample_len;
+        let (samples, order) = match split {
+            Split::Train => (&self.data.train, self.order_ptr()?),
+            Split::Test => (&self.data.test, self.data.test_order.ptr()),
+        };
+        contract::gather(start, rows, samples.len, len, x, y)?;
+        contract::gather_fused(rows, batch, len, trials, x, y)?;
+        let x = Region::new(x.offset, trials * batch * len);
+        let y = Region::new(y.offset, trials * batch);
+        let base = self.regions(op, &[], &[x, y])?;
+        let args = [
+            Arg::Ptr(samples.images.ptr()),
+            Arg::Ptr(samples.labels.ptr()),
+            Arg::Ptr(order),
+            Arg::Ptr(at(base, x)),
+            Arg::Ptr(at(base, y)),
+            Arg::U32(to_u32(op, "sample length", len)?),
+            Arg::U32(to_u32(op, "start", start)?),
+            Arg::U32(to_u32(op, "rows", rows)?),
+            Arg::U32(to_u32(op, "batch", batch)?),
+            Arg::U32(to_u32(op, "trials", trials)?),
+        ];
+        let e = self.ctx.enter()?;
+        self.elementwise(&e, op, (rows * len).max(rows) * trials, &args)
     }
 
     fn gather(
@@ -338,6 +394,79 @@ impl Backend for CudaBackend {
         let e = self.ctx.enter()?;
         self.blas
             .gemm_batched(&e, &g, batch, at(base, a), at(base, b), at(base, c))
+    }
+
+    fn dense_fwd(
+        &mut self,
+        g: GemmShape,
+        batch: GemmBatch,
+        x: Region,
+        w: Region,
+        y: Region,
+        bias: Region,
+        bias_stride: usize,
+        relu: bool,
+    ) -> Result<(), EngineError> {
+        let op = "dense_fwd";
+        let [x, w, y, bias] = contract::dense_fwd(&g, &batch, x, w, y, bias, bias_stride)?;
+        let base = self.regions(op, &[x, w, bias], &[y])?;
+        if batch.count == 0 {
+            return Ok(());
+        }
+        let args = [
+            Arg::Ptr(at(base, y)),
+            Arg::Ptr(at(base, bias)),
+            Arg::U32(to_u32(op, "rows", g.m)?),
+            Arg::U32(to_u32(op, "cols", g.n)?),
+            Arg::U32(to_u32(op, "trials", batch.count)?),
+            Arg::U32(to_u32(op, "bias stride", bias_stride)?),
+            Arg::U32(relu.into()),
+        ];
+        let e = self.ctx.enter()?;
+        let (x, w, y_at) = (at(base, x), at(base, w), at(base, y));
+        if batch.count == 1 {
+            self.blas.gemm(&e, &g, x, w, y_at)?;
+        } else {
+            self.blas.gemm_batched(&e, &g, batch, x, w, y_at)?;
+        }
+        self.elementwise(&e, "bias_act_fused", y.len, &args)
+    }
+
+    fn dense_bwd_relu(
+        &mut self,
+        g: GemmShape,
+        batch: GemmBatch,
+        dy: Region,
+        w: Region,
+        dx: Region,
+        y: Region,
+        db: BiasGrad,
+    ) -> Result<(), EngineError> {
+        let op = "dense_bwd_relu";
+        let stride = db.stride;
+        let [dy, w, dx, y, db] = contract::dense_bwd_relu(&g, &batch, dy, w, dx, y, db)?;
+        let base = self.regions(op, &[dy, w, y], &[dx, db])?;
+        if batch.count == 0 {
+            return Ok(());
+        }
+        let args = [
+            Arg::Ptr(at(base, y)),
+            Arg::Ptr(at(base, dx)),
+            Arg::Ptr(at(base, db)),
+            Arg::U32(to_u32(op, "rows", g.m)?),
+            Arg::U32(to_u32(op, "cols", g.n)?),
+            Arg::U32(to_u32(op, "trials", batch.count)?),
+            Arg::U32(to_u32(op, "db stride", stride)?),
+        ];
+        let e = self.ctx.enter()?;
+        let (dy, w, dx) = (at(base, dy), at(base, w), at(base, dx));
+        if batch.count == 1 {
+            self.blas.gemm(&e, &g, dy, w, dx)?;
+        } else {
+            self.blas.gemm_batched(&e, &g, batch, dy, w, dx)?;
+        }
+        // One thread per (trial, column).
+        self.elementwise(&e, "relu_bias_grad_fused", g.n * batch.count, &args)
     }
 
     fn bias_add(
@@ -683,7 +812,6 @@ impl Backend for CudaBackend {
         let [logits, labels, dlogits, stats] =
             contract::softmax_xent(logits, labels, dlogits, stats, rows, classes)?;
         let base = self.regions(op, &[logits, labels], &[dlogits, stats])?;
-        self.check_labels(base, labels, classes)?;
         let args = [
             Arg::Ptr(at(base, logits)),
             Arg::Ptr(at(base, labels)),
@@ -712,7 +840,6 @@ impl Backend for CudaBackend {
         let [logits, labels, dlogits, stats] =
             contract::softmax_xent_fused(logits, labels, dlogits, stats, rows, classes, trials)?;
         let base = self.regions(op, &[logits, labels], &[dlogits, stats])?;
-        self.check_labels(base, labels, classes)?;
         let args = [
             Arg::Ptr(at(base, logits)),
             Arg::Ptr(at(base, labels)),
@@ -743,7 +870,6 @@ impl Backend for CudaBackend {
         let op = "eval_xent";
         let [logits, labels, stats] = contract::eval_xent(logits, labels, stats, rows, classes)?;
         let base = self.regions(op, &[logits, labels], &[stats])?;
-        self.check_labels(base, labels, classes)?;
         let args = [
             Arg::Ptr(at(base, logits)),
             Arg::Ptr(at(base, labels)),
@@ -756,6 +882,77 @@ impl Backend for CudaBackend {
         self.kernel(&e, op, (1, BLOCK), &args)
     }
 
+    fn softmax_xent_bias(
+        &mut self,
+        logits: Region,
+        labels: Region,
+        dlogits: Region,
+        stats: Region,
+        rows: usize,
+        classes: usize,
+        trials: usize,
+        db: BiasGrad,
+    ) -> Result<(), EngineError> {
+        let op = "softmax_xent_bias";
+        let [logits, labels, dlogits, stats] =
+            contract::softmax_xent_fused(logits, labels, dlogits, stats, rows, classes, trials)?;
+        let dbr = contract::xent_bias_grad(classes, trials, db)?;
+        let base = self.regions(op, &[logits, labels], &[dlogits, stats, dbr])?;
+        let args = [
+            Arg::Ptr(at(base, logits)),
+            Arg::Ptr(at(base, labels)),
+            Arg::Ptr(at(base, dlogits)),
+            Arg::Ptr(at(base, stats)),
+            Arg::U32(to_u32(op, "rows", rows)?),
+            Arg::U32(to_u32(op, "classes", classes)?),
+            Arg::U32(to_u32(op, "trials", trials)?),
+            Arg::Ptr(at(base, dbr)),
+            Arg::U32(to_u32(op, "db stride", db.stride)?),
+        ];
+        if trials == 0 {
+            return Ok(());
+        }
+        let e = self.ctx.enter()?;
+        // One block per trial, as softmax_xent_fused.
+        let grid = trials.min(MAX_BLOCKS as usize) as u32;
+        self.kernel(&e, op, (grid, BLOCK), &args)
+    }
+
+    fn eval_xent_fused(
+        &mut self,
+        logits: Region,
+        labels: Region,
+        stats: Region,
+        rows: usize,
+        batch: usize,
+        classes: usize,
+        trials: usize,
+    ) -> Result<(), EngineError> {
+        let op = "eval_xent_fused";
+        let [logits, labels, stats] =
+            contract::eval_xent_fused(logits, labels, stats, rows, batch, classes, trials)?;
+        let base = self.regions(op, &[logits, labels], &[stats])?;
+        let args = [
+            Arg::Ptr(at(base, logits)),
+            Arg::Ptr(at(base, labels)),
+            Arg::Ptr(at(base, stats)),
+            Arg::U32(to_u32(op, "rows", rows)?),
+            Arg::U32(to_u32(op, "batch", batch)?),
+            Arg::U32(to_u32(op, "classes", classes)?),
+            Arg::U32(to_u32(op, "trials", trials)?),
+        ];
+        if trials == 0 {
+            return Ok(());
+        }
+        let e = self.ctx.enter()?;
+        let grid = trials.min(MAX_BLOCKS as usize) as u32;
+        self.kernel(&e, op, (grid, BLOCK), &args)
+    }
+
+    fn update(&mut self, u: Update, counter: Region) -> Result<(), EngineError> {
+        self.optimizer(u, Some(counter), true)
+    }
+
     fn sgd_step(
         &mut self,
         w: Region,
@@ -763,19 +960,7 @@ impl Backend for CudaBackend {
         v: Region,
         p: SgdParams,
     ) -> Result<(), EngineError> {
-        let [g, v] = contract::elementwise("sgd_step", [("g", g), ("v", v)], w.len)?;
-        let base = self.regions("sgd_step", &[g], &[w, v])?;
-        let args = [
-            Arg::Ptr(at(base, w)),
-            Arg::Ptr(at(base, g)),
-            Arg::Ptr(at(base, v)),
-            Arg::U32(to_u32("sgd_step", "len", w.len)?),
-            Arg::F32(p.lr),
-            Arg::F32(p.momentum),
-            Arg::F32(p.weight_decay),
-        ];
-        let e = self.ctx.enter()?;
-        self.elementwise(&e, "sgd_step", w.len, &args)
+        self.optimizer(Update::Sgd { w, g, v, p }, None, false)
     }
 
     fn adam_step(
@@ -787,25 +972,7 @@ impl Backend for CudaBackend {
         p: AdamParams,
         counter: Region,
     ) -> Result<(), EngineError> {
-        let counter = contract::counter(counter)?;
-        let [g, m, v] = contract::elementwise("adam_step", [("g", g), ("m", m), ("v", v)], w.len)?;
-        // The counter is read by the kernel, so it is checked as a read region too.
-        let base = self.regions("adam_step", &[g, counter], &[w, m, v])?;
-        let args = [
-            Arg::Ptr(at(base, w)),
-            Arg::Ptr(at(base, g)),
-            Arg::Ptr(at(base, m)),
-            Arg::Ptr(at(base, v)),
-            Arg::U32(to_u32("adam_step", "len", w.len)?),
-            Arg::F32(p.lr),
-            Arg::F32(p.beta1),
-            Arg::F32(p.beta2),
-            Arg::F32(p.eps),
-            Arg::F32(p.weight_decay),
-            Arg::Ptr(at(base, counter)),
-        ];
-        let e = self.ctx.enter()?;
-        self.elementwise(&e, "adam_step", w.len, &args)
+        self.optimizer(Update::Adam { w, g, m, v, p }, Some(counter), false)
     }
 
     fn sgd_step_batched(
@@ -816,20 +983,14 @@ impl Backend for CudaBackend {
         hyper: Region,
         trials: usize,
     ) -> Result<(), EngineError> {
-        let op = "sgd_step_batched";
-        let (params, [g, v], hyper) =
-            contract::optim_batched(op, w, [("g", g), ("v", v)], hyper, trials)?;
-        let base = self.regions(op, &[g, hyper], &[w, v])?;
-        let args = [
-            Arg::Ptr(at(base, w)),
-            Arg::Ptr(at(base, g)),
-            Arg::Ptr(at(base, v)),
-            Arg::U32(to_u32(op, "len", w.len)?),
-            Arg::U32(to_u32(op, "params", params)?),
-            Arg::Ptr(at(base, hyper)),
-        ];
-        let e = self.ctx.enter()?;
-        self.elementwise(&e, op, w.len, &args)
+        let u = Update::SgdBatched {
+            w,
+            g,
+            v,
+            hyper,
+            trials,
+        };
+        self.optimizer(u, None, false)
     }
 
     fn adam_step_batched(
@@ -842,23 +1003,15 @@ impl Backend for CudaBackend {
         trials: usize,
         counter: Region,
     ) -> Result<(), EngineError> {
-        let op = "adam_step_batched";
-        let counter = contract::counter(counter)?;
-        let (params, [g, m, v], hyper) =
-            contract::optim_batched(op, w, [("g", g), ("m", m), ("v", v)], hyper, trials)?;
-        let base = self.regions(op, &[g, hyper, counter], &[w, m, v])?;
-        let args = [
-            Arg::Ptr(at(base, w)),
-            Arg::Ptr(at(base, g)),
-            Arg::Ptr(at(base, m)),
-            Arg::Ptr(at(base, v)),
-            Arg::U32(to_u32(op, "len", w.len)?),
-            Arg::U32(to_u32(op, "params", params)?),
-            Arg::Ptr(at(base, hyper)),
-            Arg::Ptr(at(base, counter)),
-        ];
-        let e = self.ctx.enter()?;
-        self.elementwise(&e, op, w.len, &args)
+        let u = Update::AdamBatched {
+            w,
+            g,
+            m,
+            v,
+            hyper,
+            trials,
+        };
+        self.optimizer(u, Some(counter), false)
     }
 
     fn synchronize(&mut self) -> Result<(), EngineError> {
@@ -921,25 +1074,6 @@ fn plane_dims(op: &'static str, s: &PlaneShape) -> Result<[Arg; 3], EngineError>
 }
 
 impl CudaBackend {
-    /// The labels in `labels` checked by the contract, read back from the device, so that a bad
-    /// label is refused as the CPU backend refuses it. A step being captured cannot read them: its
-    /// labels come from `gather_train` over the device's data set, whose labels were checked
-    /// against its classes when it was loaded (and a label that is not a class still gives a NaN
-    /// loss in the kernel, which the trial's loss check catches).
-    fn check_labels(
-        &self,
-        base: sys::CUdeviceptr,
-        labels: Region,
-        classes: usize,
-    ) -> Result<(), EngineError> {
-        if self.capturing {
-            return Ok(());
-        }
-        let mut host = vec![0.0f32; labels.len];
-        self.copy_out(at(base, labels), &mut host)?;
-        contract::labels(&host, classes)
-    }
-
     /// The workspace region of a convolution: cuDNN takes the whole region it is given (its
     /// algorithms are chosen to fit it; see `cudnn.rs`), the GEMM lowering needs its fixed size.
     fn conv_ws(
@@ -964,6 +1098,145 @@ impl CudaBackend {
             (true, 1) => ws.len,
             (true, _) => f.ws_stride,
         }
+    }
+
+    /// One optimizer step ([`Update`]) as one launch; Adam reads its `t` from `counter`. With
+    /// `advance`, the kernel's last block then advances `counter` (`kernels/optim.cu`'s
+    /// `advance_when_done`), so that [`Backend::update`] is one launch too.
+    fn optimizer(
+        &mut self,
+        u: Update,
+        counter: Option<Region>,
+        advance: bool,
+    ) -> Result<(), EngineError> {
+        let counter = counter.map(contract::counter).transpose()?;
+        let need_counter = || {
+            counter.ok_or_else(|| {
+                EngineError::Device("an optimizer step needs the step counter".into())
+            })
+        };
+        let (op, w, reads, writes): (&'static str, Region, Vec<Region>, Vec<Region>) = match u {
+            Update::Sgd { w, g, v, .. } => {
+                let [g, v] = contract::elementwise("sgd_step", [("g", g), ("v", v)], w.len)?;
+                ("sgd_step", w, vec![g], vec![w, v])
+            }
+            Update::Adam { w, g, m, v, .. } => {
+                let [g, m, v] =
+                    contract::elementwise("adam_step", [("g", g), ("m", m), ("v", v)], w.len)?;
+                ("adam_step", w, vec![g], vec![w, m, v])
+            }
+            Update::SgdBatched {
+                w,
+                g,
+                v,
+                hyper,
+                trials,
+            } => {
+                let op = "sgd_step_batched";
+                let (_, [g, v], hyper) =
+                    contract::optim_batched(op, w, [("g", g), ("v", v)], hyper, trials)?;
+                (op, w, vec![g, hyper], vec![w, v])
+            }
+            Update::AdamBatched {
+                w,
+                g,
+                m,
+                v,
+                hyper,
+                trials,
+            } => {
+                let op = "adam_step_batched";
+                let (_, [g, m, v], hyper) =
+                    contract::optim_batched(op, w, [("g", g), ("m", m), ("v", v)], hyper, trials)?;
+                (op, w, vec![g, hyper], vec![w, m, v])
+            }
+        };
+        let mut reads = reads;
+        let mut writes = writes;
+        // The counter is read (Adam's t) or written (the advance) by the kernel: checked too.
+        match (counter, advance) {
+            (Some(c), true) => writes.push(c),
+            (Some(c), false) if matches!(u, Update::Adam { .. } | Update::AdamBatched { .. }) => {
+                reads.push(c)
+            }
+            (None, true) => return Err(need_counter().unwrap_err()),
+            _ => {}
+        }
+        let base = self.regions(op, &reads, &writes)?;
+        let len = Arg::U32(to_u32(op, "len", w.len)?);
+        let advance_ptr = match (advance, counter) {
+            (true, Some(c)) => Arg::Ptr(at(base, c)),
+            _ => Arg::Ptr(0),
+        };
+        let args: Vec<Arg> = match u {
+            Update::Sgd { w, g, v, p } => vec![
+                Arg::Ptr(at(base, w)),
+                Arg::Ptr(at(base, g)),
+                Arg::Ptr(at(base, v)),
+                len,
+                Arg::F32(p.lr),
+                Arg::F32(p.momentum),
+                Arg::F32(p.weight_decay),
+                advance_ptr,
+            ],
+            Update::Adam { w, g, m, v, p } => vec![
+                Arg::Ptr(at(base, w)),
+                Arg::Ptr(at(base, g)),
+                Arg::Ptr(at(base, m)),
+                Arg::Ptr(at(base, v)),
+                len,
+                Arg::F32(p.lr),
+                Arg::F32(p.beta1),
+                Arg::F32(p.beta2),
+                Arg::F32(p.eps),
+                Arg::F32(p.weight_decay),
+                Arg::Ptr(at(base, need_counter()?)),
+                advance_ptr,
+            ],
+            Update::SgdBatched {
+                w,
+                g,
+                v,
+                hyper,
+                trials,
+            } => vec![
+                Arg::Ptr(at(base, w)),
+                Arg::Ptr(at(base, g)),
+                Arg::Ptr(at(base, v)),
+                len,
+                Arg::U32(to_u32(
+                    op,
+                    "params",
+                    w.len.checked_div(trials).unwrap_or(0),
+                )?),
+                Arg::Ptr(at(base, hyper)),
+                advance_ptr,
+            ],
+            Update::AdamBatched {
+                w,
+                g,
+                m,
+                v,
+                hyper,
+                trials,
+            } => vec![
+                Arg::Ptr(at(base, w)),
+                Arg::Ptr(at(base, g)),
+                Arg::Ptr(at(base, m)),
+                Arg::Ptr(at(base, v)),
+                len,
+                Arg::U32(to_u32(
+                    op,
+                    "params",
+                    w.len.checked_div(trials).unwrap_or(0),
+                )?),
+                Arg::Ptr(at(base, hyper)),
+                Arg::Ptr(at(base, need_counter()?)),
+                advance_ptr,
+            ],
+        };
+        let e = self.ctx.enter()?;
+        self.elementwise(&e, op, w.len, &args)
     }
 
     /// `dropout_fwd(x → y)` or `dropout_bwd(dy → dx)`: the same kernel signature.

@@ -177,7 +177,7 @@ mod tests {
             );
             seen += 1;
         }
-        assert_eq!(seen, 41);
+        assert_eq!(seen, 46);
     }
 
     #[test]

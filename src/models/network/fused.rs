@@ -18,7 +18,9 @@
 use crate::engine::fused::{
     HYPER_BETA1, HYPER_BETA2, HYPER_EPS, HYPER_LEN, HYPER_LIVE, HYPER_LR, HYPER_MOMENTUM, HYPER_WD,
 };
-use crate::engine::{Backend, FusedConv, GemmBatch, GemmShape, Region, Split, STATS_LEN};
+use crate::engine::{
+    Backend, BiasGrad, FusedConv, GemmBatch, GemmShape, Region, Split, Update, STATS_LEN,
+};
 use crate::error::EngineError;
 use crate::models::memplan::{MemKind, MemoryPlan, PlanEntry};
 use crate::models::{Hyper, Optimizer};
@@ -112,28 +114,56 @@ impl FusedNetwork {
     /// Marks trial `i` dead: from the next step on, the optimizer leaves its parameters alone.
     pub fn kill(&self, be: &mut dyn Backend, i: usize) -> Result<(), EngineError> {
         let at = Region::new(self.hyper.offset + i * HYPER_LEN + HYPER_LIVE, 1);
-        be.write(at, &[0.0])
+        be.upload(at, &[0.0])
     }
 
-    /// Writes trial `i`'s order of the training split for this epoch.
-    pub fn write_order(
+    /// Uploads every trial's order of the training split for this epoch (`orders[i]` is trial
+    /// `i`'s), in one copy that the host does not wait for.
+    pub fn write_orders(
         &self,
         be: &mut dyn Backend,
-        i: usize,
-        order: &[u32],
+        orders: &[Vec<u32>],
     ) -> Result<(), EngineError> {
-        crate::engine::contract::train_order(order, self.n_train)?;
-        let bits: Vec<f32> = order.iter().map(|&o| f32::from_bits(o)).collect();
-        be.write(
-            Region::new(self.orders.offset + i * self.n_train, self.n_train),
-            &bits,
-        )
+        if orders.len() != self.trials() {
+            return Err(EngineError::Shape {
+                op: "set_train_order",
+                message: format!(
+                    "{} orders for a fused group of {} trials",
+                    orders.len(),
+                    self.trials()
+                ),
+            });
+        }
+        let mut bits = Vec::with_capacity(self.orders.len);
+        for order in orders {
+            crate::engine::contract::train_order(order, self.n_train)?;
+            bits.extend(order.iter().map(|&o| f32::from_bits(o)));
+        }
+        be.upload(self.orders, &bits)
     }
 
     /// Every trial's `[Σ loss, #correct]`, one after another.
     pub fn stats(&self) -> Region {
         let first = self.first().stats;
         Region::new(first.offset, first.len * self.trials())
+    }
+
+    /// Every trial's test sums, one after another.
+    pub fn test_stats(&self) -> Region {
+        let first = self.first().test_stats;
+        Region::new(first.offset, first.len * self.trials())
+    }
+
+    /// Every trial's training sums, then every trial's test sums: what one read takes at an
+    /// epoch's end.
+    pub fn epoch_stats(&self) -> Region {
+        let (train, test) = (self.stats(), self.test_stats());
+        debug_assert_eq!(
+            train.end(),
+            test.offset,
+            "the test sums follow the training sums"
+        );
+        Region::new(train.offset, train.len + test.len)
     }
 
     /// The region spanning every trial's copy of `pick`'s region, and the stride between copies.
@@ -226,19 +256,19 @@ impl FusedNetwork {
         for i in (0..net.layers.len()).rev() {
             self.backward_layer(be, i, rows, seeds)?;
         }
-        self.update(be)?;
-        be.advance(net.counter)
+        self.update(be)
     }
 
-    /// Every trial's mean loss and accuracy over the test split, in batches of the training
-    /// batch (the last one partial): each batch gathered into every trial's input, one forward
-    /// pass over the group (batched where the training step is, trial by trial elsewhere) and
-    /// each trial's sums, read once for the group. Each trial computes what
-    /// [`Network::forward`] computes for it alone. With `hold_new_shapes`, the batches whose
-    /// shapes run for the first time (the first, and a last partial one) are issued with the
-    /// process's captures held off, since their kernels may load then. After each batch the host
-    /// is paced to at most `lead` batches ahead of the device ([`Backend::pace`]), and `stop` is
-    /// asked whether to go on: `None` when it said to stop.
+    /// Every trial's loss and correct predictions over the test split, added into
+    /// [`FusedNetwork::test_stats`] (zeroed first), in batches of the training batch (the last
+    /// one partial): each batch gathered into every trial's input by one op, one forward pass
+    /// over the group on whole batches (as [`Network::eval_batch`]) and one op adding every
+    /// trial's sums. Nothing is read: the caller reads the sums with the training ones. Each
+    /// trial computes what [`Network::eval_batch`] computes for it alone. With
+    /// `hold_new_shapes`, the first batch is issued with the process's captures held off, since
+    /// its kernels may load then. After each batch the host is paced to at most `lead` batches
+    /// ahead of the device ([`Backend::pace`]), and `stop` is asked whether to go on: `false`
+    /// when it said to stop.
     pub fn evaluate(
         &self,
         be: &mut dyn Backend,
@@ -246,44 +276,32 @@ impl FusedNetwork {
         hold_new_shapes: bool,
         lead: usize,
         stop: &dyn Fn() -> bool,
-    ) -> Result<Option<Vec<(f64, f64)>>, EngineError> {
+    ) -> Result<bool, EngineError> {
         let n = self.trials();
-        if n_test == 0 {
-            return Ok(Some(vec![(f64::NAN, f64::NAN); n]));
-        }
         let net = self.first();
-        be.fill(self.stats(), 0.0)?;
+        be.fill(self.test_stats(), 0.0)?;
+        let (input, labels) = (self.span(|m| m.input()).0, self.span(|m| m.labels).0);
+        let last = net.layers.len();
+        let logits = self.span(|m| m.acts[last]).0;
         let mut start = 0;
         while start < n_test {
             if stop() {
-                return Ok(None);
+                return Ok(false);
             }
             let rows = net.batch.min(n_test - start);
-            let new_shape = start == 0 || rows < net.batch;
             {
-                let _hold = (hold_new_shapes && new_shape).then(|| be.hold_captures());
-                for m in &self.members {
-                    be.gather(Split::Test, start, rows, m.input(), m.labels)?;
+                let _hold = (hold_new_shapes && start == 0).then(|| be.hold_captures());
+                be.gather_fused(Split::Test, start, rows, net.batch, input, labels, n)?;
+                for i in 0..last {
+                    self.forward_layer(be, i, net.batch, false, &[])?;
                 }
-                for i in 0..net.layers.len() {
-                    self.forward_layer(be, i, rows, false, &[])?;
-                }
-                for m in &self.members {
-                    be.eval_xent(m.logits(), m.labels, m.stats, rows, m.classes)?;
-                }
+                let stats = self.test_stats();
+                be.eval_xent_fused(logits, labels, stats, rows, net.batch, net.classes, n)?;
             }
             be.pace(lead)?;
             start += rows;
         }
-        let mut stats = vec![0f32; n * STATS_LEN];
-        be.read(self.stats(), &mut stats)?;
-        let mean = |v: f32| v as f64 / n_test as f64;
-        Ok(Some(
-            stats
-                .chunks(STATS_LEN)
-                .map(|s| (mean(s[0]), mean(s[1])))
-                .collect(),
-        ))
+        Ok(true)
     }
 
     /// Every trial's softmax cross-entropy: one fused op when each operand's copies lie one
@@ -296,7 +314,18 @@ impl FusedNetwork {
         let dlogits = self.flat(|m| m.dacts[last], rows * classes);
         let stats = self.flat(|m| m.stats, STATS_LEN);
         if let (Some(l), Some(y), Some(d), Some(s)) = (logits, labels, dlogits, stats) {
-            return be.softmax_xent_fused(l, y, d, s, rows, classes, self.trials());
+            let n = self.trials();
+            return match net.layers.last() {
+                Some(lay) if lay.fold.bias_grad_in_loss => {
+                    let (db, stride) = self.span(|m| m.layers[last - 1].db);
+                    let db = BiasGrad {
+                        db,
+                        stride: if n > 1 { stride } else { classes },
+                    };
+                    be.softmax_xent_bias(l, y, d, s, rows, classes, n, db)
+                }
+                _ => be.softmax_xent_fused(l, y, d, s, rows, classes, n),
+            };
         }
         for m in &self.members {
             m.loss(be, rows)?;
@@ -324,18 +353,22 @@ impl FusedNetwork {
                     trans_b: true,
                     ..GemmShape::nn(rows, outputs, inputs)
                 };
-                self.gemm(be, g, |m| m.acts[src], |m| m.layers[i].w, |m| m.acts[i + 1])?;
-                let (b, sb) = self.span(|m| m.layers[i].b);
-                match self.flat(|m| m.acts[i + 1], rows * outputs) {
-                    Some(y) => be.bias_add_fused(y, b, rows, outputs, n, sb)?,
-                    None => {
-                        for m in &self.members {
-                            be.bias_add(m.acts[i + 1], m.layers[i].b, rows, outputs)?;
-                        }
-                    }
+                let relu = l.fold.relu_fwd;
+                let out = if relu { i + 2 } else { i + 1 };
+                if let Some(y) = self.flat(|m| m.acts[out], rows * outputs) {
+                    let (x, sx) = self.span(|m| m.acts[src]);
+                    let (w, sw) = self.span(|m| m.layers[i].w);
+                    let (b, sb) = self.span(|m| m.layers[i].b);
+                    let batch = GemmBatch {
+                        count: n,
+                        stride_a: sx,
+                        stride_b: sw,
+                        stride_c: rows * outputs,
+                    };
+                    return be.dense_fwd(g, batch, x, w, y, b, sb, relu);
                 }
-                return Ok(());
             }
+            LayerDef::Relu if l.fold.by_dense_fwd => return Ok(()),
             LayerDef::Relu => {
                 let x = self.flat(|m| m.acts[src], out);
                 let y = self.flat(|m| m.acts[i + 1], out);
@@ -409,12 +442,16 @@ impl FusedNetwork {
                 self.gemm(be, gw, dy, |m| m.acts[src], |m| m.layers[i].dw)?;
                 let (db, sdb) = self.span(|m| m.layers[i].db);
                 match self.flat(|m| m.dacts[i + 1], rows * outputs) {
+                    _ if l.fold.bias_grad_elsewhere => {}
                     Some(dy) => be.bias_grad_fused(dy, db, rows, outputs, n, sdb)?,
                     None => {
                         for m in &self.members {
                             be.bias_grad(m.dacts[i + 1], m.layers[i].db, rows, outputs)?;
                         }
                     }
+                }
+                if let (true, Deliver::Write(_)) = (l.fold.relu_bwd, dsrc) {
+                    return self.dense_bwd_relu(be, i, rows, inputs, outputs);
                 }
                 if matches!(dsrc, Deliver::Write(_) | Deliver::Add(_)) {
                     let g = GemmShape::nn(rows, inputs, outputs);
@@ -477,35 +514,86 @@ impl FusedNetwork {
         Ok(())
     }
 
+    /// Dense layer `i`'s input gradient through the ReLU before it, with the bias gradient of
+    /// the dense layer before that ReLU, for every trial: one op when the gradients and the ReLU's
+    /// outputs lie one right after another, else one op per trial.
+    fn dense_bwd_relu(
+        &self,
+        be: &mut dyn Backend,
+        i: usize,
+        rows: usize,
+        inputs: usize,
+        outputs: usize,
+    ) -> Result<(), EngineError> {
+        let n = self.trials();
+        let src = self.first().layers[i].src;
+        let g = GemmShape::nn(rows, inputs, outputs);
+        let dx = self.flat(|m| deliver_region(m, i), rows * inputs);
+        let y = self.flat(|m| m.acts[src], rows * inputs);
+        if let (Some(dx), Some(y)) = (dx, y) {
+            let (dy, sdy) = self.span(|m| m.dacts[i + 1]);
+            let (w, sw) = self.span(|m| m.layers[i].w);
+            let (db, sdb) = self.span(|m| m.layers[i - 2].db);
+            let batch = GemmBatch {
+                count: n,
+                stride_a: sdy,
+                stride_b: sw,
+                stride_c: rows * inputs,
+            };
+            let db = BiasGrad {
+                db,
+                stride: if n > 1 { sdb } else { db.len },
+            };
+            return be.dense_bwd_relu(g, batch, dy, w, dx, y, db);
+        }
+        for m in &self.members {
+            let db = BiasGrad {
+                db: m.layers[i - 2].db,
+                stride: m.layers[i - 2].db.len,
+            };
+            let dx = deliver_region(m, i);
+            be.dense_bwd_relu(
+                g,
+                GemmBatch::one(&g),
+                m.dacts[i + 1],
+                m.layers[i].w,
+                dx,
+                m.acts[src],
+                db,
+            )?;
+        }
+        Ok(())
+    }
+
     /// One optimizer step of every trial, each with its row of the hyper table (a dead trial's
-    /// parameters stay as they are).
+    /// parameters stay as they are), and the group's step counter advanced.
     fn update(&self, be: &mut dyn Backend) -> Result<(), EngineError> {
         let n = self.trials();
         let whole = |pick: &dyn Fn(&Network) -> Region| self.span(pick).0;
-        match self.optimizer {
-            Optimizer::Sgd => be.sgd_step_batched(
-                whole(&|m| m.params),
-                whole(&|m| m.grads),
-                whole(&|net| match net.opt {
-                    OptState::Sgd { v } | OptState::Adam { v, .. } => v,
-                }),
-                self.hyper,
-                n,
-            ),
-            Optimizer::Adam => be.adam_step_batched(
-                whole(&|m| m.params),
-                whole(&|m| m.grads),
-                whole(&|net| match net.opt {
+        let (w, g) = (whole(&|m| m.params), whole(&|m| m.grads));
+        let v = whole(&|net| match net.opt {
+            OptState::Sgd { v } | OptState::Adam { v, .. } => v,
+        });
+        let u = match self.optimizer {
+            Optimizer::Sgd => Update::SgdBatched {
+                w,
+                g,
+                v,
+                hyper: self.hyper,
+                trials: n,
+            },
+            Optimizer::Adam => Update::AdamBatched {
+                w,
+                g,
+                m: whole(&|net| match net.opt {
                     OptState::Adam { m, .. } | OptState::Sgd { v: m } => m,
                 }),
-                whole(&|net| match net.opt {
-                    OptState::Sgd { v } | OptState::Adam { v, .. } => v,
-                }),
-                self.hyper,
-                n,
-                self.first().counter,
-            ),
-        }
+                v,
+                hyper: self.hyper,
+                trials: n,
+            },
+        };
+        be.update(u, self.first().counter)
     }
 }
 
@@ -615,6 +703,7 @@ impl Mapper {
             &mut m.ws,
             &mut m.labels,
             &mut m.stats,
+            &mut m.test_stats,
             &mut m.params,
             &mut m.grads,
             &mut m.counter,

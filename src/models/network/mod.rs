@@ -10,8 +10,8 @@
 //! added into it.
 
 use crate::engine::{
-    AdamParams, Backend, BnParams, Conv2dShape, DropoutMask, GemmShape, PlaneShape, PoolShape,
-    Region, SgdParams,
+    AdamParams, Backend, BiasGrad, BnParams, Conv2dShape, DropoutMask, GemmBatch, GemmShape,
+    PlaneShape, PoolShape, Region, SgdParams, Split, Update,
 };
 use crate::error::EngineError;
 use crate::rng::{derive, HostRng};
@@ -126,6 +126,30 @@ struct Layer {
     /// Where the backward step puts the gradient of `src` and of `other`.
     dsrc: Deliver,
     dother: Deliver,
+    /// Work of this layer done by another layer's op, or of another layer done by this one's.
+    fold: Fold,
+}
+
+/// Which layers' work is folded into fewer ops (see `plan::fold_layers`): a dense layer with the
+/// ReLU after it (`dense_fwd`), a dense layer's input gradient with the ReLU before it and that
+/// ReLU's dense layer's bias gradient (`dense_bwd_relu`), and the last dense layer's bias gradient
+/// with the loss (`softmax_xent_bias`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct Fold {
+    /// Dense: applies the ReLU that follows it, writing the ReLU's output.
+    relu_fwd: bool,
+    /// ReLU: applied by the dense layer before it.
+    by_dense_fwd: bool,
+    /// Dense: its input gradient goes through the ReLU before it, and gives the bias gradient of
+    /// the dense layer before that ReLU.
+    relu_bwd: bool,
+    /// ReLU: its gradient is computed by the dense layer after it.
+    by_dense_bwd: bool,
+    /// Dense: its bias gradient is computed by a later op (the loss, or the dense layer after
+    /// its ReLU).
+    bias_grad_elsewhere: bool,
+    /// Dense, the last layer: its bias gradient comes with the loss.
+    bias_grad_in_loss: bool,
 }
 
 /// How a layer's parameters start.
@@ -169,7 +193,10 @@ pub struct Network {
     /// Convolution lowering scratch, shared by every convolution (they run one at a time).
     ws: Region,
     pub labels: Region,
+    /// The training sums `[Σ loss, #correct]` of the epoch so far.
     pub stats: Region,
+    /// The test sums of an evaluation, right after [`Network::stats`] (one read takes both).
+    pub test_stats: Region,
     pub params: Region,
     grads: Region,
     opt: OptState,
@@ -248,7 +275,10 @@ impl Network {
                 }
             }
         }
-        be.write(self.counter, &[f32::from_bits(0)])?;
+        be.write(
+            self.counter,
+            &[f32::from_bits(0); crate::engine::COUNTER_LEN],
+        )?;
         Ok(())
     }
 
@@ -285,9 +315,11 @@ impl Network {
                     trans_b: true,
                     ..GemmShape::nn(rows, outputs, inputs)
                 };
-                be.gemm(g, x, l.w, y)?;
-                be.bias_add(y, l.b, rows, outputs)?;
+                // With the ReLU after it folded in, the output is the ReLU's.
+                let y = if l.fold.relu_fwd { self.acts[i + 2] } else { y };
+                be.dense_fwd(g, GemmBatch::one(&g), x, l.w, y, l.b, 0, l.fold.relu_fwd)?;
             }
+            LayerDef::Relu if l.fold.by_dense_fwd => {}
             LayerDef::Conv { shape, bias } => {
                 let b = bias.then_some(l.b);
                 be.conv2d_fwd(&shape.with_n(rows), x, l.w, b, y, self.ws)?;
@@ -319,17 +351,50 @@ impl Network {
         self.acts[self.layers.len()]
     }
 
-    /// Loss and its gradient on the logits; adds `[Σ loss, #correct]` into the stats region.
+    /// Loss and its gradient on the logits; adds `[Σ loss, #correct]` into the stats region
+    /// (and, when the last layer is dense, writes its bias gradient too).
     pub fn loss(&self, be: &mut dyn Backend, rows: usize) -> Result<(), EngineError> {
         let last = self.layers.len();
-        be.softmax_xent(
-            self.acts[last],
-            self.labels,
-            self.dacts[last],
-            self.stats,
-            rows,
-            self.classes,
-        )
+        let (logits, dlogits) = (self.acts[last], self.dacts[last]);
+        match self.layers.last() {
+            Some(l) if l.fold.bias_grad_in_loss => {
+                let db = BiasGrad {
+                    db: l.db,
+                    stride: self.classes,
+                };
+                be.softmax_xent_bias(
+                    logits,
+                    self.labels,
+                    dlogits,
+                    self.stats,
+                    rows,
+                    self.classes,
+                    1,
+                    db,
+                )
+            }
+            _ => be.softmax_xent(logits, self.labels, dlogits, self.stats, rows, self.classes),
+        }
+    }
+
+    /// One evaluation batch: samples `start..start + rows` of the test split gathered into the
+    /// input, the forward pass over the whole batch (rows past `rows` hold earlier samples and are
+    /// not counted: every batch then runs the same shapes), and the first `rows` rows' loss and
+    /// correct predictions added into [`Network::test_stats`].
+    pub fn eval_batch(
+        &self,
+        be: &mut dyn Backend,
+        start: usize,
+        rows: usize,
+    ) -> Result<(), EngineError> {
+        be.gather(Split::Test, start, rows, self.input(), self.labels)?;
+        let logits = self.forward(be, self.batch, false, 0)?;
+        be.eval_xent(logits, self.labels, self.test_stats, rows, self.classes)
+    }
+
+    /// The training sums, then the test sums: the region one read takes both from.
+    pub fn epoch_stats(&self) -> Region {
+        Region::new(self.stats.offset, self.stats.len + self.test_stats.len)
     }
 
     /// Backpropagates from the logits' gradient into every parameter gradient.
@@ -369,9 +434,16 @@ impl Network {
                     ..GemmShape::nn(outputs, inputs, rows)
                 };
                 be.gemm(gw, dy, x, l.dw)?;
-                be.bias_grad(dy, l.db, rows, outputs)?;
+                if !l.fold.bias_grad_elsewhere {
+                    be.bias_grad(dy, l.db, rows, outputs)?;
+                }
                 if let Some(dx) = dx {
-                    be.gemm(GemmShape::nn(rows, inputs, outputs), dy, l.w, dx)?;
+                    let g = GemmShape::nn(rows, inputs, outputs);
+                    match self.relu_before(i) {
+                        // Through the ReLU before, with its dense layer's bias gradient.
+                        Some(db) => be.dense_bwd_relu(g, GemmBatch::one(&g), dy, l.w, dx, x, db)?,
+                        None => be.gemm(g, dy, l.w, dx)?,
+                    }
                 }
             }
             LayerDef::Conv { shape, bias } => {
@@ -421,6 +493,20 @@ impl Network {
         Ok(())
     }
 
+    /// For a dense layer `i` whose input gradient goes through the ReLU before it, the bias
+    /// gradient of the dense layer before that ReLU.
+    fn relu_before(&self, i: usize) -> Option<BiasGrad> {
+        let l = &self.layers[i];
+        if !l.fold.relu_bwd || i < 2 {
+            return None;
+        }
+        let prev = &self.layers[i - 2];
+        Some(BiasGrad {
+            db: prev.db,
+            stride: prev.db.len,
+        })
+    }
+
     /// One training step on the device: gather batch `count % steps_per_epoch` of the epoch's
     /// order, forward, loss, backward, optimiser, and advance the step counter. Every argument is
     /// the same from step to step, so the whole step can be captured once as a graph.
@@ -441,37 +527,36 @@ impl Network {
         self.forward(be, self.batch, true, seed)?;
         self.loss(be, self.batch)?;
         self.backward(be, self.batch, seed)?;
-        self.update(be, h)?;
-        be.advance(self.counter)
+        be.update(self.update(h), self.counter)
     }
 
     /// One optimiser step over the whole parameter block (Adam's `t` comes from the step counter).
-    pub fn update(&self, be: &mut dyn Backend, h: &super::Hyper) -> Result<(), EngineError> {
+    pub fn update(&self, h: &super::Hyper) -> Update {
+        let (w, g) = (self.params, self.grads);
         match self.opt {
-            OptState::Sgd { v } => be.sgd_step(
-                self.params,
-                self.grads,
+            OptState::Sgd { v } => Update::Sgd {
+                w,
+                g,
                 v,
-                SgdParams {
+                p: SgdParams {
                     lr: h.lr as f32,
                     momentum: h.momentum as f32,
                     weight_decay: h.weight_decay as f32,
                 },
-            ),
-            OptState::Adam { m, v } => be.adam_step(
-                self.params,
-                self.grads,
+            },
+            OptState::Adam { m, v } => Update::Adam {
+                w,
+                g,
                 m,
                 v,
-                AdamParams {
+                p: AdamParams {
                     lr: h.lr as f32,
                     beta1: 0.9,
                     beta2: 0.999,
                     eps: 1e-8,
                     weight_decay: h.weight_decay as f32,
                 },
-                self.counter,
-            ),
+            },
         }
     }
 }

@@ -1,6 +1,6 @@
 //! Planning a network: the graph checked, its sizes bounded, and every tensor of training placed in one memory plan, gradients of values by liveness.
 
-use super::{Deliver, Init, Layer, LayerDef, Network, Node, OptState, MAX_PLAN_ELEMENTS};
+use super::{Deliver, Fold, Init, Layer, LayerDef, Network, Node, OptState, MAX_PLAN_ELEMENTS};
 use crate::engine::{Conv2dShape, Region, COUNTER_LEN, STATS_LEN};
 use crate::models::memplan::{MemKind, MemoryPlan, ALIGN};
 use crate::models::Optimizer;
@@ -236,9 +236,43 @@ fn lay_out_layers(nodes: &[Node], lens: &[usize]) -> (Vec<Layer>, usize) {
             saved: none,
             dsrc: Deliver::None,
             dother: Deliver::None,
+            fold: Fold::default(),
         });
     }
     (layers, param_len)
+}
+
+/// Marks the layers whose work another layer's op does ([`Fold`]): a ReLU right after a dense
+/// layer, read by nothing else, is applied by the dense layer's op; when a dense layer reads that
+/// ReLU's output alone, its input gradient goes through the ReLU in its own op, with the bias
+/// gradient of the dense layer before the ReLU; and the last layer's bias gradient, when it is
+/// dense, comes with the loss.
+fn fold_layers(layers: &mut [Layer], readers: &[usize]) {
+    let dense = |l: &Layer| matches!(l.def, LayerDef::Dense { .. });
+    for i in 0..layers.len() {
+        let relu_next = layers.get(i + 1).is_some_and(|r| {
+            matches!(r.def, LayerDef::Relu) && r.src == i + 1 && readers[i + 1] == 1
+        });
+        if !dense(&layers[i]) || !relu_next {
+            continue;
+        }
+        layers[i].fold.relu_fwd = true;
+        layers[i + 1].fold.by_dense_fwd = true;
+        let dense_after = layers
+            .get(i + 2)
+            .is_some_and(|d| dense(d) && d.src == i + 2 && readers[i + 2] == 1);
+        if dense_after {
+            layers[i + 2].fold.relu_bwd = true;
+            layers[i + 1].fold.by_dense_bwd = true;
+            layers[i].fold.bias_grad_elsewhere = true;
+        }
+    }
+    if let Some(last) = layers.last_mut() {
+        if dense(last) {
+            last.fold.bias_grad_elsewhere = true;
+            last.fold.bias_grad_in_loss = true;
+        }
+    }
 }
 
 /// The parameter, gradient and optimiser-state blocks added to `plan`, and every layer's
@@ -348,6 +382,13 @@ fn plan_gradients(
             }
             let len = batch * lens[s];
             match buf[s] {
+                // A ReLU whose gradient the dense layer after it computes: the gradient of its
+                // input is the one that layer writes, in the same buffer.
+                None if l.fold.by_dense_bwd => {
+                    live.retain(dy);
+                    buf[s] = Some(dy);
+                    Deliver::Alias
+                }
                 None if l.def.other().is_some() && readers[s] == 1 => {
                     live.retain(dy);
                     buf[s] = Some(dy);
@@ -454,6 +495,7 @@ impl Network {
         check_bounds(nodes, &values.lens, batch)?;
 
         let (mut layers, param_len) = lay_out_layers(nodes, &values.lens);
+        fold_layers(&mut layers, &values.readers);
         let mut plan = MemoryPlan::default();
         let (params, grads, opt) = place_parameters(&mut plan, &mut layers, param_len, optimizer);
         let (acts, ws) = place_values(&mut plan, &mut layers, batch, sample_len, ws_len);
@@ -461,7 +503,9 @@ impl Network {
         let (dacts, scratch) =
             place_gradients(&mut plan, &mut layers, gradients, &values.lens, batch);
         let labels = plan.add("labels", MemKind::Activations, batch);
+        // The training sums, then the test sums right after them: one read takes both.
         let stats = plan.add("stats", MemKind::Workspace, STATS_LEN);
+        let test_stats = plan.add_next("test stats", MemKind::Workspace, STATS_LEN);
         let counter = plan.add("step counter", MemKind::Workspace, COUNTER_LEN);
         Ok(Network {
             layers,
@@ -475,6 +519,7 @@ impl Network {
             ws,
             labels,
             stats,
+            test_stats,
             params,
             grads,
             opt,

@@ -497,8 +497,7 @@ impl Steps for Mirrored<'_> {
             Box::new(move |r: &mut Replica| {
                 let t = Instant::now();
                 r.be.write(r.net.grads(), &g)?;
-                r.net.update(r.be.as_mut(), &h)?;
-                r.be.advance(r.net.counter)?;
+                r.be.update(r.net.update(&h), r.net.counter)?;
                 r.be.synchronize()?;
                 Ok(Reply::Applied(t.elapsed().as_secs_f64()))
             })
@@ -511,6 +510,50 @@ impl Steps for Mirrored<'_> {
         Ok(())
     }
 
+    fn end_epoch(
+        &mut self,
+        epoch: u32,
+        evaluate: bool,
+    ) -> Result<super::epochs::EpochSums, TrialError> {
+        let sums = self.train_sums()?;
+        let test = if evaluate {
+            self.evaluate(epoch)?
+        } else {
+            (f64::NAN, f64::NAN)
+        };
+        Ok((sums, test))
+    }
+
+    fn finish(&mut self) -> Result<(), TrialError> {
+        self.params = self
+            .crew
+            .all(|_| {
+                Box::new(|r: &mut Replica| {
+                    r.be.synchronize()?;
+                    let mut p = vec![0f32; r.net.params.len];
+                    r.be.read(r.net.params, &mut p)?;
+                    Ok(Reply::Params(p))
+                })
+            })?
+            .into_iter()
+            .filter_map(|a| match a {
+                Reply::Params(p) => Some(p),
+                _ => None,
+            })
+            .collect();
+        Ok(())
+    }
+
+    fn arena_bytes(&self) -> u64 {
+        self.sizes.arena_bytes
+    }
+
+    fn param_count(&self) -> u64 {
+        self.sizes.param_count
+    }
+}
+
+impl Mirrored<'_> {
     fn train_sums(&mut self) -> Result<[f64; STATS_LEN], TrialError> {
         let mut stats = [0f64; STATS_LEN];
         for a in self.crew.all(|_| {
@@ -548,34 +591,6 @@ impl Steps for Mirrored<'_> {
             Reply::Eval(l, a) => (l, a),
             _ => (f64::NAN, f64::NAN),
         })
-    }
-
-    fn finish(&mut self) -> Result<(), TrialError> {
-        self.params = self
-            .crew
-            .all(|_| {
-                Box::new(|r: &mut Replica| {
-                    r.be.synchronize()?;
-                    let mut p = vec![0f32; r.net.params.len];
-                    r.be.read(r.net.params, &mut p)?;
-                    Ok(Reply::Params(p))
-                })
-            })?
-            .into_iter()
-            .filter_map(|a| match a {
-                Reply::Params(p) => Some(p),
-                _ => None,
-            })
-            .collect();
-        Ok(())
-    }
-
-    fn arena_bytes(&self) -> u64 {
-        self.sizes.arena_bytes
-    }
-
-    fn param_count(&self) -> u64 {
-        self.sizes.param_count
     }
 }
 

@@ -85,6 +85,49 @@ multiversion! {
     }
 }
 
+/// [`bias_add_fused`], then with `relu` `y = max(y, 0)` over the trials' blocks: the epilogue of
+/// a dense layer (`kernels/elementwise.cu`'s `bias_act_fused` is its twin). Bit-identical to
+/// [`bias_add_fused`] followed by [`relu_fwd`].
+pub fn bias_act_fused(
+    y: &mut [f32],
+    bias: &[f32],
+    rows: usize,
+    cols: usize,
+    trials: usize,
+    bias_stride: usize,
+    relu: bool,
+) {
+    bias_add_fused(y, bias, rows, cols, trials, bias_stride);
+    if relu {
+        let all = &mut y[..rows * cols * trials];
+        for v in all.iter_mut() {
+            *v = v.max(0.0);
+        }
+    }
+}
+
+/// `dx = dx · [y > 0]` over the trials' `rows × cols` blocks (one right after another), then
+/// [`bias_grad_fused`] of the result into `db`: the epilogue of a dense layer's input gradient
+/// through a ReLU (`kernels/elementwise.cu`'s `relu_bias_grad_fused` is its twin).
+/// Bit-identical to [`relu_bwd`] followed by [`bias_grad_fused`].
+pub fn relu_bias_grad_fused(
+    y: &[f32],
+    dx: &mut [f32],
+    db: &mut [f32],
+    rows: usize,
+    cols: usize,
+    trials: usize,
+    db_stride: usize,
+) {
+    let len = rows * cols * trials;
+    for (d, &y) in dx[..len].iter_mut().zip(&y[..len]) {
+        if y <= 0.0 || y.is_nan() {
+            *d = 0.0;
+        }
+    }
+    bias_grad_fused(dx, db, rows, cols, trials, db_stride);
+}
+
 multiversion! {
     /// `y = a + b`.
     pub fn add / add_baseline(a: &[f32], b: &[f32], y: &mut [f32]) {

@@ -14,8 +14,8 @@ mod pool;
 
 pub use conv::{conv2d_bwd, conv2d_fwd};
 pub use elementwise::{
-    add, add_assign, bias_add, bias_add_fused, bias_grad, bias_grad_fused, dropout_bwd,
-    dropout_fwd, dropout_keep, relu_bwd, relu_fwd,
+    add, add_assign, bias_act_fused, bias_add, bias_add_fused, bias_grad, bias_grad_fused,
+    dropout_bwd, dropout_fwd, dropout_keep, relu_bias_grad_fused, relu_bwd, relu_fwd,
 };
 pub use gemm::{gemm, gemm_batched};
 pub use loss::{eval_xent, softmax_xent, softmax_xent_fused};
