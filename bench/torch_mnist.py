@@ -19,6 +19,9 @@ Timing: one untimed warm-up epoch (training and evaluation) runs first on the sa
 CUDA context, cuBLAS/cuDNN handles and torch.compile's compilation stay out of the timed region;
 the model's weights are then restored to their seeded initial values and the optimiser is made anew
 before each timed repeat. Each timed region starts and ends with torch.cuda.synchronize().
+With --start-file PATH (for N processes timed together, bench/torch_procs.py), the process prints
+`ready: ...` on stderr once warm and reset, waits until PATH exists, and prints each timed region's
+start and end in Unix seconds on stderr (`timed region 1: started_at S ended_at E`).
 
 Output: a CSV header and one line per repeat on stdout (--out FILE appends the same lines, with the
 header only when FILE is new or empty); settings, per-epoch progress (-v) and the median go to stderr.
@@ -203,6 +206,11 @@ def parse_args(argv):
     p.add_argument("--data", default=os.path.join(root, "data", "mnist-10k"), help="folder with the two IDX files")
     p.add_argument("--test-fraction", type=float, default=0.2)
     p.add_argument("--out", help="append the CSV lines to this file too")
+    p.add_argument(
+        "--start-file",
+        help="after the warm-up, print 'ready' on stderr and wait until this file exists before the first timed "
+        "training; each repeat's start and end (Unix seconds) go to stderr (for N processes started together)",
+    )
     p.add_argument("--dry-run", action="store_true", help="check the data and split only; torch is not imported")
     p.add_argument("-v", "--verbose", action="store_true", help="per-epoch loss and accuracy on stderr")
     args = p.parse_args(argv)
@@ -392,6 +400,14 @@ class Trainer:
         return test_acc
 
 
+def wait_for_start(path):
+    """Says the process is warm ('ready' on stderr), then waits until `path` exists (polled every
+    millisecond), so that N processes warmed up one by one start their timed trainings together."""
+    log(f"ready: warm, waiting for {path}")
+    while not os.path.exists(path):
+        time.sleep(0.001)
+
+
 def set_tf32(torch, on):
     """Allows or forbids TF32 in CUDA matmuls and cuDNN convolutions (forbidden: full FP32)."""
     matmul = torch.backends.cuda.matmul
@@ -439,10 +455,15 @@ def run(args, data):
     for r in range(args.repeats):
         trainer.reset()
         trainer.sync()
+        if r == 0 and args.start_file:
+            wait_for_start(args.start_file)
+        wall_start = time.time()
         started = time.perf_counter()
         test_acc = trainer.train(args.epochs, f"repeat {r + 1}", args.eval == "each")
         trainer.sync()
         elapsed = time.perf_counter() - started
+        if args.start_file:
+            log(f"timed region {r + 1}: started_at {wall_start:.6f} ended_at {wall_start + elapsed:.6f}")
         times.append(elapsed)
         rows.append(csv_row(args, elapsed, test_acc, samples))
         log(f"repeat {r + 1}/{args.repeats}: {elapsed:.3f} s, test acc {test_acc:.4f}")
