@@ -6,7 +6,10 @@
 #   3. scripts/gpu-check.sh --rehearse exits 0 with every line marked REHEARSAL, a summary with
 #      each step's seconds and a SKIP for time, and summary.txt, device.txt and gpu-check.tgz
 #      in $OUT; then the other phases rehearsed (bench, results, tests) exit 0;
-#   4. scripts/gpu-check.sh, with no GPU here, exits 4 within 30 s saying there is no usable GPU.
+#   4. scripts/gpu-check.sh, with no GPU here, exits 4 within 30 s saying there is no usable GPU;
+#   5. bench/gpu-speed.sh --rehearse exits 0 within 90 s with ratios.csv's header and its seven
+#      rows (the PyTorch peers skipped, and said so), and without a GPU bench/gpu-speed.sh
+#      exits 4; a bad argument exits 2.
 #
 #   scripts/test-gpu-check.sh [--no-build]   (--no-build: use .carry/ as it is; skips 1 and 2)
 set -uo pipefail
@@ -136,6 +139,51 @@ else
         ok "without a GPU the check stops at once, exit 4, saying so"
     fi
 fi
+
+# 5. The speed table's flow, rehearsed on the CPU backend with the binary carried for the GPU.
+t0=$(date +%s)
+GPUMUX=.carry/gpumux bench/gpu-speed.sh --rehearse --out "$tmp/gpu-speed" >"$tmp/gpu-speed.log" 2>&1
+rc=$?
+took=$(($(date +%s) - t0))
+echo "test-gpu-check: bench/gpu-speed.sh --rehearse: exit $rc in $took s"
+sed -n '/^measure /,$p' "$tmp/gpu-speed.log"
+expected="measure,gpumux,peer,ratio,goal
+mlp_best_n_vs_alone
+fused_vs_best_nonfused
+fused_vs_torch_func
+shared_vs_torch_procs
+mlp_alone_vs_torch
+resnet50_fp32_vs_torch
+resnet50_tf32_vs_torch"
+before=$failed
+if [ "$rc" -ne 0 ]; then
+    fail "bench/gpu-speed.sh --rehearse exited $rc (log: $tmp/gpu-speed.log)"
+elif [ "$took" -gt 90 ]; then
+    fail "bench/gpu-speed.sh --rehearse took $took s (more than 90)"
+elif [ "$(head -n 1 "$tmp/gpu-speed/ratios.csv" 2>/dev/null; cut -d, -f1 "$tmp/gpu-speed/ratios.csv" 2>/dev/null | tail -n +2)" != "$expected" ]; then
+    fail "ratios.csv lacks its header or its seven rows, in order: $(cat "$tmp/gpu-speed/ratios.csv" 2>&1)"
+else
+    # gpumux's side of every row is measured; the PyTorch peers' are empty, and summary.md says why.
+    awk -F, 'NR > 1 && $2 == "" { bad = 1 } NR > 1 && $1 !~ /^(mlp_best_n_vs_alone|fused_vs_best_nonfused)$/ && ($3 != "" || $4 != "") { bad = 1 } END { exit bad }' \
+        "$tmp/gpu-speed/ratios.csv" || fail "ratios.csv of the rehearsal: a gpumux figure missing, or a skipped peer with a figure: $(cat "$tmp/gpu-speed/ratios.csv")"
+    if ! grep -q 'REHEARSAL' "$tmp/gpu-speed/summary.md" || ! grep -q 'peers were skipped' "$tmp/gpu-speed/summary.md"; then
+        fail "summary.md of the rehearsal does not say it is a rehearsal with the peers skipped"
+    fi
+    for f in command.txt raw/steps.csv; do
+        [ -s "$tmp/gpu-speed/$f" ] || fail "the rehearsal of bench/gpu-speed.sh wrote no $f"
+    done
+fi
+if ! .carry/gpumux devices 2>/dev/null | grep -q '^backend: cuda'; then
+    GPUMUX=.carry/gpumux timeout 60 bench/gpu-speed.sh --out "$tmp/gpu-speed-real" >"$tmp/gpu-speed-real.log" 2>&1
+    rc=$?
+    if [ "$rc" -ne 4 ] || ! grep -q '^gpu-speed: no usable GPU' "$tmp/gpu-speed-real.log"; then
+        fail "bench/gpu-speed.sh without a GPU: exit $rc, not 4 with a line saying so: $(head -n 3 "$tmp/gpu-speed-real.log")"
+    fi
+fi
+GPUMUX=.carry/gpumux bench/gpu-speed.sh --rehearse --budget 0 >"$tmp/gpu-speed-bad.log" 2>&1
+rc=$?
+[ "$rc" -eq 2 ] || fail "bench/gpu-speed.sh --budget 0: exit $rc, not 2"
+[ "$failed" = "$before" ] && ok "bench/gpu-speed.sh: the rehearsal's seven rows, exit 4 without a GPU, exit 2 on a bad argument"
 
 if [ "$failed" = 0 ]; then
     rm -rf "$tmp"
