@@ -154,6 +154,26 @@ pub fn trial_row(job: &Job, round: u32, split: SplitMode, n: u32, o: &TrialOutco
     }
 }
 
+/// What a round's trials asked of their backends, for `--verbose`: the range of their
+/// `launches_per_step` and `host_syncs`; `None` when no trial of them was counted.
+pub fn counts_line(rows: &[TrialRow]) -> Option<String> {
+    let range = |pick: &dyn Fn(&TrialRow) -> Option<u64>| {
+        let vals: Vec<u64> = rows.iter().filter_map(pick).collect();
+        let (lo, hi) = (vals.iter().min()?, vals.iter().max()?);
+        Some(if lo == hi {
+            lo.to_string()
+        } else {
+            format!("{lo}-{hi}")
+        })
+    };
+    let launches = range(&|r| r.launches_per_step)?;
+    let syncs = range(&|r| r.host_syncs).unwrap_or_else(|| "-".into());
+    Some(format!(
+        "{launches} backend calls per training step, {syncs} host waits inside the epochs \
+         (the per-epoch metric read excluded)"
+    ))
+}
+
 /// A CSV file written a row at a time, each row flushed and fsynced as it is written, so that a
 /// signal or a crash loses none of the rows before it.
 pub struct CsvFile {

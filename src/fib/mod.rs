@@ -11,7 +11,9 @@ use crate::error::{Error, Result};
 use crate::job::{BackendChoice, Job};
 use crate::plan::{self, Round};
 use crate::report::{self, RunRow, TrialRow};
-use crate::rounds::{builtin_context, check_batch, print_paths, progress_row, say, trial_row};
+use crate::rounds::{
+    builtin_context, check_batch, counts_line, print_paths, progress_row, say, trial_row,
+};
 use crate::run::{self, OutFolder};
 use crate::sched::{self, Event, TrialState};
 use crate::telemetry::Sampler;
@@ -161,6 +163,19 @@ pub fn run(job: &Job, opts: &FibOptions, out: &mut dyn Write) -> Result<PathBuf>
         }
         let row = rows::run_row(job, round, &outcome, &data, &r, &telemetry);
         writer.run(&row)?;
+        let this_round: Vec<_> = trials
+            .iter()
+            .filter(|t: &&crate::report::TrialRow| t.round == round.index)
+            .cloned()
+            .collect();
+        if let Some(line) = counts_line(&this_round) {
+            tracing::debug!(
+                "round {} (N={} {}): {line}",
+                round.index,
+                round.n,
+                round.split
+            );
+        }
         bar.println(format!(
             "round {:>3}: N={:<3} {:<8} makespan {:>8.2} s  time/training {:>7.3} s  ok {}  failed {}",
             round.index, round.n, round.split.name(), row.makespan_s, row.time_per_training_s, row.ok, row.failed

@@ -23,7 +23,7 @@ use crate::error::{Error, ReportError, Result};
 use crate::job::{Concurrency, Goal, Job, SplitMode};
 use crate::plan::{self, Round, TrialSpec};
 use crate::report::{self, ProgressRow, TrialRow};
-use crate::rounds::{builtin_context, progress_row, say, trial_row};
+use crate::rounds::{builtin_context, counts_line, progress_row, say, trial_row};
 use crate::run::{self, OutFolder, Resolved, Unavailable};
 use crate::sched::external::ExternalEnv;
 use crate::sched::{self, Device, Devices, Event, ExternalTrials, RoundContext, TrialState};
@@ -682,6 +682,9 @@ fn execute(
                     failed += 1;
                 }
                 let row = trial_row(job, round.index, round.split, round.n, o);
+                if let Some(line) = counts_line(std::slice::from_ref(&row)) {
+                    tracing::debug!("trial {}: {line}", row.trial_id);
+                }
                 let seen = if ctx.external.is_some() && !ctx.cancel.draining() {
                     same.see(o)
                 } else {
