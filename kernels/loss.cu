@@ -10,8 +10,9 @@
 
 // One row: its max logit, Σ exp(logit − max), loss, label, and whether the first argmax is the
 // label. A label that is not a class (not a whole number below `classes`) gives a NaN loss, so the
-// trial's loss check catches it; outside a captured step the backend refuses it first, as the
-// CPU backend does (`engine::contract::labels`).
+// trial's loss check catches it. Labels come from the resident data set, whose labels were
+// checked against its classes when it was loaded; the CPU backend also checks each batch's
+// (`engine::contract::labels`), and the GPU reads none back.
 struct XentRow {
     float max, sum, loss;
     unsigned int label;
