@@ -1317,6 +1317,43 @@ fn mlp_training_reaches_the_cpu_accuracy_with_and_without_graphs() {
     }
 }
 
+/// A slice that stays warm: a finished trial's backend goes back to the engine and the next trial
+/// of the same shapes takes it, and that trial holds no capture of the process off (its kernels
+/// are loaded), waits on the host for nothing inside its epochs and takes 8 launches a step.
+fn a_warm_slice_takes_no_hold_after_its_warm_up() {
+    let e = gpu_or_skip!();
+    let data = Arc::new(
+        DataSpec::of(Source::Mnist10k)
+            .load(None, 0)
+            .expect("mnist-10k"),
+    );
+    let dev = e.upload(&data).expect("upload");
+    let mut cfg = trial(ModelSpec::of(ModelKind::Mlp), Optimizer::Adam, true, &data);
+    cfg.hyper.dropout = 0.0;
+    cfg.epochs = 1;
+    let idle = e.idle_backends();
+    let mut be = e.backend(Arc::clone(&dev), None, None).expect("backend");
+    let first = run_trial(be.as_mut(), &cfg, &mut |_| {}).expect("first trial");
+    be.recycle();
+    assert_eq!(e.idle_backends(), idle + 1, "the backend is kept warm");
+    let holds = cuda::holds_taken();
+    let mut be = e
+        .backend(Arc::clone(&dev), None, None)
+        .expect("warm backend");
+    assert_eq!(e.idle_backends(), idle, "the warm backend is taken");
+    cfg.seed += 1;
+    let second = run_trial(be.as_mut(), &cfg, &mut |_| {}).expect("second trial");
+    assert_eq!(cuda::holds_taken(), holds, "a warm trial held captures off");
+    for r in [&first, &second] {
+        assert_eq!(r.launches_per_step, Some(8));
+        assert_eq!(r.host_syncs, Some(0));
+    }
+    println!(
+        "first trial {:.4} s, second on the warm slice {:.4} s",
+        first.wall_s, second.wall_s
+    );
+}
+
 /// A fused group of three MLP trials on the GPU (graphs on) against each trial alone on the GPU,
 /// after one epoch: the stated tolerance of `split: fused` on CUDA is a final training loss within
 /// 1e-4 relative and a test accuracy within 2 samples (the batched GEMMs may choose other
@@ -1731,6 +1768,10 @@ fn tests() -> Vec<(String, Needs, Body)> {
             gemm_matches_the_cpu_in_every_transpose,
         ),
         ("folded_ops_match_the_cpu", folded_ops_match_the_cpu),
+        (
+            "a_warm_slice_takes_no_hold_after_its_warm_up",
+            a_warm_slice_takes_no_hold_after_its_warm_up,
+        ),
         (
             "batched_gemm_matches_the_cpu_with_shared_operands",
             batched_gemm_matches_the_cpu_with_shared_operands,

@@ -123,6 +123,12 @@ impl Backend for Counted<'_> {
     fn end_capture(&mut self) -> Result<(), EngineError> {
         self.inner.end_capture()
     }
+    fn loaded(&self, signature: u64) -> bool {
+        self.inner.loaded(signature)
+    }
+    fn mark_loaded(&mut self, signature: u64) {
+        self.inner.mark_loaded(signature)
+    }
 
     launches! {
         fn fill(&mut self, dst: Region, value: f32);

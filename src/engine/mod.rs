@@ -642,6 +642,23 @@ pub trait Backend: Send {
         Ok(())
     }
 
+    /// Whether work of `signature` (a training's shapes: see [`work_signature`]) has run where
+    /// this backend runs, its kernels loaded: its first step and first evaluation then need no
+    /// hold on the process's captures ([`Backend::hold_captures`]). Backends that load nothing
+    /// say yes.
+    fn loaded(&self, signature: u64) -> bool {
+        let _ = signature;
+        true
+    }
+    /// Records that work of `signature` has run where this backend runs.
+    fn mark_loaded(&mut self, signature: u64) {
+        let _ = signature;
+    }
+    /// Hands the backend back once its trial is over, for the next trial on a slice like its own
+    /// to reuse (its stream, memory pool and library handles made once; the arena and graph
+    /// released). Backends with nothing worth keeping are dropped.
+    fn recycle(self: Box<Self>) {}
+
     /// Whether ops can be captured into a graph and replayed ([`Backend::begin_capture`]).
     fn supports_graphs(&self) -> bool {
         false
@@ -670,4 +687,22 @@ pub trait Backend: Send {
             "this backend cannot capture graphs".into(),
         ))
     }
+}
+
+/// The signature of a training's work for [`Backend::loaded`]: what decides which kernels it
+/// runs (its `key`: model, shapes, optimizer, engine options; and the fused group's width), and
+/// which part (the step, or the evaluation).
+pub fn work_signature(key: &str, width: usize, part: WorkPart) -> u64 {
+    let part = match part {
+        WorkPart::Step => "step",
+        WorkPart::Evaluation => "evaluation",
+    };
+    crate::hash::fnv1a(format!("{key}|{width}|{part}").as_bytes())
+}
+
+/// Which part of a training a [`work_signature`] is of.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WorkPart {
+    Step,
+    Evaluation,
 }

@@ -12,6 +12,7 @@ use super::{
 };
 use crate::engine::cuda::GreenPartition;
 use crate::engine::Backend;
+use crate::error::TrialError;
 use crate::plan::{SliceSpec, TrialSpec};
 use crate::train::run_trial;
 use crate::train::TrialResult;
@@ -29,6 +30,21 @@ fn open(
     Ok(open_backend(device, Arc::clone(&ctx.data), slice, partition).map_err(Failure::from)?)
 }
 
+/// Whether a trial that ended so leaves its backend fit for the next trial on a slice like its
+/// own ([`crate::engine::Backend::recycle`]): after a result, a diverged loss, a batch that does
+/// not fit or a stop. An engine error (a kernel fault poisons the context), a panic or anything
+/// else drops it.
+fn keeps_backend(err: Option<&TrialError>) -> bool {
+    matches!(
+        err,
+        None | Some(
+            TrialError::NonFiniteLoss { .. }
+                | TrialError::DoesNotFit { .. }
+                | TrialError::Interrupted
+        )
+    )
+}
+
 /// Runs one trial in this thread.
 pub fn run(
     ctx: &RoundContext,
@@ -41,9 +57,13 @@ pub fn run(
     let cfg = ctx.config(&trial);
     let res = catch_unwind(AssertUnwindSafe(|| -> Result<_, Stop> {
         let mut be = open(ctx, slice, partition)?;
-        Ok(run_trial(be.as_mut(), &cfg, &mut |s| {
+        let r = run_trial(be.as_mut(), &cfg, &mut |s| {
             epoch_event(events, &trial, slice.index, s)
-        })?)
+        });
+        if keeps_backend(r.as_ref().err()) {
+            be.recycle();
+        }
+        Ok(r?)
     }));
     let res = match res {
         Ok(r) => pruned_if_stopped(r, cfg.prune.as_ref()),
@@ -66,15 +86,15 @@ pub fn run_group(
     let cfgs: Vec<_> = trials.iter().map(|t| ctx.config(t)).collect();
     let res = catch_unwind(AssertUnwindSafe(|| -> Result<_, Stop> {
         let mut be = open(ctx, slice, partition)?;
-        Ok(crate::train::fused::run_group(
-            be.as_mut(),
-            &cfgs,
-            &mut |i, s| {
-                if let Some(t) = trials.get(i) {
-                    epoch_event(events, t, slice.index, s)
-                }
-            },
-        ))
+        let ends = crate::train::fused::run_group(be.as_mut(), &cfgs, &mut |i, s| {
+            if let Some(t) = trials.get(i) {
+                epoch_event(events, t, slice.index, s)
+            }
+        });
+        if ends.iter().all(|e| keeps_backend(e.as_ref().err())) {
+            be.recycle();
+        }
+        Ok(ends)
     }));
     let ends: Vec<Result<TrialResult, Stop>> = match res {
         Ok(Ok(ends)) => ends.into_iter().map(|r| r.map_err(Stop::from)).collect(),

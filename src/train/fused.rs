@@ -3,7 +3,7 @@
 use std::time::Instant;
 
 use super::epochs::{self, Schedule};
-use super::single::{capture_step, inject, Loads, StepGraph, Tally};
+use super::single::{capture_step, inject, Loads, Signatures, StepGraph, Tally};
 use super::{run_trial, seeds, EpochStats, TrialConfig, TrialResult};
 use crate::engine::cpu::denormals::FlushGuard;
 use crate::engine::fused::HYPER_LEN;
@@ -223,6 +223,7 @@ impl Group<'_> {
         let dropout_seeds: Vec<u64> = self.cfgs.iter().map(|c| seeds::dropout(c.seed)).collect();
         let graphs = first.engine.graphs && be.supports_graphs();
         let mut graph = StepGraph::new(graphs);
+        let signatures = Signatures::of(&group_key(first), n);
         let check_every = first.engine.check_every.max(1);
         let evaluate = plan.max_steps.is_none() && n_test > 0;
         let mut peeked = vec![0f32; n * STATS_LEN];
@@ -258,9 +259,13 @@ impl Group<'_> {
                 if graph.captured {
                     be.replay()?;
                 } else {
-                    let _hold = graph.eager_holds(warm_up).then(|| be.hold_captures());
+                    let loads = signatures.step_loads(be, warm_up);
+                    let _hold = graph.eager_holds(loads).then(|| be.hold_captures());
                     self.fused.train_step(be, steps_per_epoch, &dropout_seeds)?;
                     self.tally.step_issued(be, before);
+                    if warm_up {
+                        be.mark_loaded(signatures.step);
+                    }
                 }
                 be.pace(super::STEPS_AHEAD)?;
                 // A diverged trial stops soon, alone; the others go on. The look never waits:
@@ -275,7 +280,7 @@ impl Group<'_> {
             // Every trial's test figures in one pass over the test split (a dead trial's too,
             // unread: its regions are its own), then one read of every trial's sums.
             let tests = if evaluate {
-                let hold = Loads::at_epoch(graphs, epoch) == Loads::HoldCaptures;
+                let hold = signatures.evaluation_loads(be, graphs, epoch) == Loads::HoldCaptures;
                 let stop = || first.cancel.aborted();
                 if !self
                     .fused
@@ -283,6 +288,7 @@ impl Group<'_> {
                 {
                     return Err(TrialError::Interrupted);
                 }
+                be.mark_loaded(signatures.evaluation);
                 be.read_metrics(self.fused.epoch_stats(), &mut sums)?;
                 let mean = |v: f32| v as f64 / n_test as f64;
                 sums[n * STATS_LEN..]

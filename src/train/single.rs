@@ -8,7 +8,7 @@ use super::fault::{FaultKind, FaultSpec};
 use super::fit::largest_fitting;
 use super::{seeds, EpochStats, TrialConfig, TrialResult};
 use crate::engine::cpu::denormals::FlushGuard;
-use crate::engine::{Backend, BackendKind, Counted, Split, STATS_LEN};
+use crate::engine::{work_signature, Backend, BackendKind, Counted, Split, WorkPart, STATS_LEN};
 use crate::error::TrialError;
 use crate::models;
 use crate::units::MIB;
@@ -71,6 +71,8 @@ pub fn run_trial(
     net.init(be, seeds::init(cfg.seed))?;
     let graphs = cfg.engine.graphs && be.supports_graphs();
     let be = Counted::new(be);
+    let key = super::fused::group_key(cfg);
+    let signatures = Signatures::of(&key, 1);
     let plan = Schedule {
         seed: cfg.seed,
         epochs: cfg.epochs,
@@ -89,6 +91,7 @@ pub fn run_trial(
         graph: StepGraph::new(graphs),
         n_test,
         tally: Tally::default(),
+        signatures,
     };
     let mut result = epochs::train(
         &mut single,
@@ -157,6 +160,41 @@ struct Single<'a> {
     graph: StepGraph,
     n_test: usize,
     tally: Tally,
+    signatures: Signatures,
+}
+
+/// The signatures of a training's step and evaluation ([`crate::engine::work_signature`]): where
+/// work of the same signature has run already, its kernels are loaded, and its first step or
+/// evaluation holds no capture of the process off.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Signatures {
+    pub(super) step: u64,
+    pub(super) evaluation: u64,
+}
+
+impl Signatures {
+    /// Of a training with fused-group key `key` (a trial alone: its own key) and `width` trials.
+    pub(super) fn of(key: &str, width: usize) -> Signatures {
+        Signatures {
+            step: work_signature(key, width, WorkPart::Step),
+            evaluation: work_signature(key, width, WorkPart::Evaluation),
+        }
+    }
+
+    /// Whether the first step must hold captures off: it loads kernels unless its signature has
+    /// run where `be` runs.
+    pub(super) fn step_loads(&self, be: &dyn Backend, warm_up: bool) -> bool {
+        warm_up && !be.loaded(self.step)
+    }
+
+    /// What the evaluation after epoch `epoch` may load.
+    pub(super) fn evaluation_loads(&self, be: &dyn Backend, graphs: bool, epoch: u32) -> Loads {
+        if be.loaded(self.evaluation) {
+            Loads::Done
+        } else {
+            Loads::at_epoch(graphs, epoch)
+        }
+    }
 }
 
 impl Steps for Single<'_> {
@@ -187,9 +225,13 @@ impl Steps for Single<'_> {
         if self.graph.captured {
             be.replay()?;
         } else {
-            let _hold = self.graph.eager_holds(warm_up).then(|| be.hold_captures());
+            let loads = self.signatures.step_loads(be, warm_up);
+            let _hold = self.graph.eager_holds(loads).then(|| be.hold_captures());
             net.train_step(be, self.steps_per_epoch, self.dropout_seed, h)?;
             self.tally.step_issued(be, before);
+            if warm_up {
+                be.mark_loaded(self.signatures.step);
+            }
         }
         be.pace(super::STEPS_AHEAD)?;
         // A diverged trial stops soon rather than training on NaNs: a look at the loss every
@@ -213,8 +255,11 @@ impl Steps for Single<'_> {
         let test = if evaluate && self.n_test > 0 {
             // The first evaluation loads its kernels: issued with captures held off, as the
             // first step is.
-            let loads = Loads::at_epoch(self.graphs, epoch);
+            let loads = self
+                .signatures
+                .evaluation_loads(&self.be, self.graphs, epoch);
             issue_evaluation(&mut self.be, net, self.n_test, loads, &self.cfg.cancel)?;
+            self.be.mark_loaded(self.signatures.evaluation);
             self.be.read_metrics(net.epoch_stats(), &mut sums)?;
             let n = self.n_test as f64;
             (sums[STATS_LEN] as f64 / n, sums[STATS_LEN + 1] as f64 / n)

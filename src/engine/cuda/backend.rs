@@ -45,6 +45,10 @@ pub struct CudaBackend {
     pub(crate) data: Arc<DeviceData>,
     pub(crate) graphs: bool,
     pub(crate) capturing: bool,
+    /// Where a finished trial's backend goes to be reused ([`super::engine::recycle`]), and
+    /// what a slice must share with it to take it.
+    pub(crate) home: Option<std::sync::Weak<super::engine::Idle>>,
+    pub(crate) warm_key: super::engine::WarmKey,
 }
 
 /// Device address of `r` in an arena starting at `base`.
@@ -84,6 +88,8 @@ impl CudaBackend {
             data,
             graphs: opts.graphs,
             capturing: false,
+            home: None,
+            warm_key: Default::default(),
         })
     }
 
@@ -240,6 +246,16 @@ impl CudaBackend {
         });
         let identity: Vec<u32> = (0..to_u32("alloc_arena", "training samples", n_train)?).collect();
         self.copy_in(self.order_ptr()?, &identity)
+    }
+
+    /// Releases the trial's arena and graph (the memory goes back to the pool) once its work
+    /// has finished, keeping everything else for the next trial.
+    pub(crate) fn release(&mut self) -> Result<(), EngineError> {
+        self.not_capturing("release")?;
+        self.stream.wait()?;
+        self.graph = None;
+        self.arena = None;
+        Ok(())
     }
 
     pub(crate) fn allocated(&self) -> usize {

@@ -25,6 +25,9 @@ pub(crate) struct Ctx {
     /// Serialises calls into a green context; `None` for the primary context.
     lock: Option<Mutex<()>>,
     kernels: Kernels,
+    /// Signatures of the work that has run in this context (its kernels loaded, cuBLAS's and
+    /// cuDNN's included): such work needs no hold on the process's captures again.
+    loaded: Mutex<std::collections::HashSet<u64>>,
     /// Keeps the primary context retained for as long as any context is in use.
     device: Arc<Device>,
 }
@@ -84,6 +87,7 @@ impl Ctx {
             green: std::ptr::null_mut(),
             lock: None,
             kernels,
+            loaded: Default::default(),
             device,
         }))
     }
@@ -116,6 +120,7 @@ impl Ctx {
             green,
             lock: Some(Mutex::new(())),
             kernels,
+            loaded: Default::default(),
             device,
         }))
     }
@@ -129,6 +134,18 @@ impl Ctx {
             .map(|m| m.lock().unwrap_or_else(PoisonError::into_inner));
         let restore = self.is_green().then_some(self.device.primary);
         make_current(self.raw, lock, restore)
+    }
+
+    /// Whether work of `signature` has run in this context ([`Ctx::mark_loaded`]).
+    pub(crate) fn loaded(&self, signature: u64) -> bool {
+        let set = self.loaded.lock().unwrap_or_else(PoisonError::into_inner);
+        set.contains(&signature)
+    }
+
+    /// Records that work of `signature` has run in this context, its kernels loaded.
+    pub(crate) fn mark_loaded(&self, signature: u64) {
+        let mut set = self.loaded.lock().unwrap_or_else(PoisonError::into_inner);
+        set.insert(signature);
     }
 
     pub(crate) fn is_green(&self) -> bool {

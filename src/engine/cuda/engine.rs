@@ -32,6 +32,60 @@ pub struct CudaEngine {
     opts: EngineOptions,
     /// The cuDNN version the convolutions run on; `None` when they are GEMMs.
     cudnn: Option<usize>,
+    /// Backends of finished trials, kept warm for the next trial on a slice like theirs.
+    idle: Arc<Idle>,
+}
+
+/// The most backends kept warm at once; the oldest beyond it are dropped.
+const MAX_IDLE: usize = 64;
+
+/// Backends of finished trials, oldest first, each ready for a new arena ([`recycle`]).
+#[derive(Default)]
+pub(crate) struct Idle {
+    backends: std::sync::Mutex<std::collections::VecDeque<Box<CudaBackend>>>,
+}
+
+/// What a kept backend must share with the slice that takes it: its context (the primary one or
+/// a green partition's), the resident data set, and the cap its memory pool was made with.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct WarmKey {
+    ctx: usize,
+    data: usize,
+    cap: Option<u64>,
+}
+
+impl WarmKey {
+    fn of(ctx: &Arc<Ctx>, data: &Arc<DeviceData>, cap: Option<u64>) -> WarmKey {
+        WarmKey {
+            ctx: Arc::as_ptr(ctx) as usize,
+            data: Arc::as_ptr(data) as usize,
+            cap,
+        }
+    }
+}
+
+/// Keeps a finished trial's backend for the next trial on a slice like its own: its arena and
+/// graph are released (the memory goes back to its pool), its stream, pool, library handles,
+/// pacing events and staging buffers stay. A backend whose engine is gone, or that is still
+/// capturing (a trial that stopped mid-capture), is dropped instead.
+pub(crate) fn recycle(mut be: Box<CudaBackend>) {
+    let Some(home) = be.home.as_ref().and_then(std::sync::Weak::upgrade) else {
+        return;
+    };
+    if be.capturing || be.release().is_err() {
+        return;
+    }
+    let evicted: Vec<Box<CudaBackend>> = {
+        let mut q = home
+            .backends
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        q.push_back(be);
+        let extra = q.len().saturating_sub(MAX_IDLE);
+        q.drain(..extra).collect()
+    };
+    // Dropped outside the lock: a backend's teardown may wait for running captures.
+    drop(evicted);
 }
 
 impl CudaEngine {
@@ -76,7 +130,17 @@ impl CudaEngine {
             compiled,
             opts: opts.clone(),
             cudnn,
+            idle: Default::default(),
         }))
+    }
+
+    /// Backends kept warm for the next trial ([`crate::engine::Backend::recycle`]).
+    pub fn idle_backends(&self) -> usize {
+        self.idle
+            .backends
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .len()
     }
 
     /// What runs the convolutions: `cudnn 9.x.y` or `gemm` (im2col kernels and cuBLAS).
@@ -139,8 +203,24 @@ impl CudaEngine {
             Some(p) => Arc::clone(&p.ctx),
             None => Arc::clone(&self.primary),
         };
+        let key = WarmKey::of(&ctx, &data, cap_bytes);
+        let warm = {
+            let mut q = self
+                .idle
+                .backends
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            q.iter()
+                .position(|b| b.warm_key == key)
+                .and_then(|i| q.remove(i))
+        };
+        if let Some(b) = warm {
+            return Ok(b);
+        }
         let cudnn = self.cudnn.is_some();
-        let b = CudaBackend::new(ctx, self.device.dev, data, cap_bytes, &self.opts, cudnn)?;
+        let mut b = CudaBackend::new(ctx, self.device.dev, data, cap_bytes, &self.opts, cudnn)?;
+        b.warm_key = key;
+        b.home = Some(Arc::downgrade(&self.idle));
         Ok(Box::new(b))
     }
 

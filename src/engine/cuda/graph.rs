@@ -14,6 +14,14 @@ use crate::error::EngineError;
 static CAPTURES: Mutex<usize> = Mutex::new(0);
 /// Signalled when the last running capture ends.
 static NO_CAPTURES: Condvar = Condvar::new();
+/// Holds taken in this process so far ([`holds_taken`]).
+static HOLDS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// How many times a thread of this process has held every capture off so far: a trial whose
+/// kernels are loaded already (on a warm slice) takes none.
+pub fn holds_taken() -> u64 {
+    HOLDS.load(std::sync::atomic::Ordering::Relaxed)
+}
 
 thread_local! {
     /// Whether this thread holds captures off ([`hold`]).
@@ -58,6 +66,7 @@ pub(crate) fn hold() -> CaptureHold {
         n = NO_CAPTURES.wait(n).unwrap_or_else(PoisonError::into_inner);
     }
     HOLDING.with(|h| h.set(true));
+    HOLDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     CaptureHold { guard: Some(n) }
 }
 

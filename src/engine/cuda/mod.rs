@@ -37,5 +37,5 @@ pub use device::{
     MODULE_LOADING,
 };
 pub use engine::CudaEngine;
-pub use graph::CaptureHold;
+pub use graph::{holds_taken, CaptureHold};
 pub use green::GreenPartition;

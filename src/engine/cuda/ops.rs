@@ -1032,6 +1032,18 @@ impl Backend for CudaBackend {
         graph::hold()
     }
 
+    fn loaded(&self, signature: u64) -> bool {
+        self.ctx.loaded(signature)
+    }
+
+    fn mark_loaded(&mut self, signature: u64) {
+        self.ctx.mark_loaded(signature)
+    }
+
+    fn recycle(self: Box<Self>) {
+        super::engine::recycle(self)
+    }
+
     fn begin_capture(&mut self) -> Result<(), EngineError> {
         self.begin()
     }
