@@ -6,6 +6,20 @@
 
 typedef unsigned long long u64;
 
+// The hyper table of a fused group (src/engine/fused.rs): one row of HYPER_LEN floats per trial,
+// read by the batched optimizer steps and the fused dropout.
+#define HYPER_LR 0u
+#define HYPER_WD 1u
+#define HYPER_MOMENTUM 2u
+#define HYPER_BETA1 3u
+#define HYPER_BETA2 4u
+#define HYPER_EPS 5u
+#define HYPER_LIVE 6u
+#define HYPER_DROPOUT 7u
+#define HYPER_SEED_LO 8u
+#define HYPER_SEED_HI 9u
+#define HYPER_LEN 10u
+
 // The most threads a block may have, and the size of the reductions' shared arrays.
 #define MAX_THREADS 1024
 

@@ -184,6 +184,27 @@ extern "C" __global__ void dropout_fwd(const float* x, float* y, unsigned int n,
     FOR_EACH(u64, i, n) { y[i] = dropout_one(x[i], p, seed, stream, first + i); }
 }
 
+// dropout over a fused group: trial t = i / len with the rate and seed of its row of the hyper
+// table (CpuBackend::dropout_fused: ops::dropout_fwd per trial, bit for bit).
+extern "C" __global__ void dropout_fused(const float* src, float* dst, unsigned int len,
+                                         unsigned int trials, const float* hyper,
+                                         const unsigned int* counter, unsigned int layer,
+                                         u64 first)
+{
+    if (len == 0) {
+        return;
+    }
+    const u64 stream = dropout_stream(counter, layer);
+    FOR_EACH(u64, i, (u64)len * trials)
+    {
+        const u64 t = i / len;
+        const float* h = hyper + t * HYPER_LEN;
+        const u64 seed = (u64)__float_as_uint(h[HYPER_SEED_LO]) |
+                         ((u64)__float_as_uint(h[HYPER_SEED_HI]) << 32);
+        dst[i] = dropout_one(src[i], h[HYPER_DROPOUT], seed, stream, first + (i - t * len));
+    }
+}
+
 extern "C" __global__ void dropout_bwd(const float* dy, float* dx, unsigned int n, float p,
                                        u64 seed, const unsigned int* counter, unsigned int layer,
                                        u64 first)

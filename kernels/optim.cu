@@ -82,15 +82,7 @@ extern "C" __global__ void adam_step(float* w, const float* g, float* m, float* 
     advance_when_done(advance);
 }
 
-// The hyper table of a fused group (src/engine/fused.rs): one row of HYPER_LEN floats per trial.
-#define HYPER_LR 0u
-#define HYPER_WD 1u
-#define HYPER_MOMENTUM 2u
-#define HYPER_BETA1 3u
-#define HYPER_BETA2 4u
-#define HYPER_EPS 5u
-#define HYPER_LIVE 6u
-#define HYPER_LEN 7u
+// The hyper table of a fused group: HYPER_* in common.cuh.
 
 // sgd_step over n = trials·params elements: element i belongs to trial i / params and uses the
 // lr, momentum and wd of that trial's row of hyper; a trial with live == 0 is left untouched.

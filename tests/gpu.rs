@@ -994,6 +994,21 @@ fn folded_ops_match_the_cpu() {
         assert_eq!(c.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), want);
         assert_eq!(gpu.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), want);
     }
+    // Dropout over the group, each trial with its rate and seed from the table.
+    let len = 777;
+    let mut table = vec![0.0f32; trials * HYPER_LEN];
+    for (i, row) in table.chunks_mut(HYPER_LEN).enumerate() {
+        let [lo, hi] = seed_bits(0x9e37_79b9_7f4a_7c15u64.wrapping_mul(i as u64 + 1));
+        row[HYPER_DROPOUT] = 0.2 * i as f32;
+        row[HYPER_SEED_LO] = lo;
+        row[HYPER_SEED_HI] = hi;
+    }
+    let dropout_table = p.region(table.len());
+    p.set(dropout_table, &table);
+    let src = p.random(trials * len, -1.0, 1.0);
+    let dst = p.region(trials * len);
+    p.both(|b| b.dropout_fused(src, dst, len, trials, dropout_table, counter, 2, 11));
+    p.assert_exact(dst, "dropout_fused");
     // An upload lands in stream order; a peek gives the values it was issued at, later.
     let up = p.region(1000);
     let vals: Vec<f32> = (0..1000).map(|i| i as f32 * 0.5).collect();

@@ -280,6 +280,17 @@ impl Backend for Counted<'_> {
         fn maxpool_bwd(&mut self, s: &PoolShape, x: Region, y: Region, dy: Region, dx: Region);
         fn dropout_fwd(&mut self, x: Region, y: Region, len: usize, mask: DropoutMask);
         fn dropout_bwd(&mut self, dy: Region, dx: Region, len: usize, mask: DropoutMask);
+        fn dropout_fused(
+            &mut self,
+            src: Region,
+            dst: Region,
+            len: usize,
+            trials: usize,
+            hyper: Region,
+            counter: Region,
+            layer: u32,
+            first: u64,
+        );
         fn softmax_xent(
             &mut self,
             logits: Region,

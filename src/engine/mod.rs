@@ -421,6 +421,23 @@ pub trait Backend: Send {
         len: usize,
         mask: DropoutMask,
     ) -> Result<(), EngineError>;
+    /// Dropout over a fused group, forward or backward alike: trial `i`'s `len` elements at
+    /// `i·len` of `src` go to `dst` through the mask of its row of the hyper table `hyper` (its
+    /// rate [`fused::HYPER_DROPOUT`] and its seed, [`fused::seed_bits`]), the step counter's
+    /// count, `layer` and `first`, as [`Backend::dropout_fwd`] applies a [`DropoutMask`]. Each
+    /// trial computes what `dropout_fwd` (or `dropout_bwd`) computes with its own mask.
+    #[allow(clippy::too_many_arguments)]
+    fn dropout_fused(
+        &mut self,
+        src: Region,
+        dst: Region,
+        len: usize,
+        trials: usize,
+        hyper: Region,
+        counter: Region,
+        layer: u32,
+        first: u64,
+    ) -> Result<(), EngineError>;
     /// Softmax cross-entropy over `rows × classes` logits and `f32` labels. Writes
     /// `dlogits = (softmax − onehot)/rows` and adds `[Σ loss, #correct]` into `stats`.
     fn softmax_xent(

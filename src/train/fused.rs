@@ -216,11 +216,11 @@ impl Group<'_> {
             m.init(be, seeds::init(cfg.seed))?;
         }
         let hypers: Vec<_> = self.cfgs.iter().map(|c| c.hyper.clone()).collect();
-        self.fused.write_hyper(be, &hypers)?;
+        let dropout_seeds: Vec<u64> = self.cfgs.iter().map(|c| seeds::dropout(c.seed)).collect();
+        self.fused.write_hyper(be, &hypers, &dropout_seeds)?;
         debug_assert_eq!(self.fused.hyper.len, n * HYPER_LEN);
         let plan = schedule(first, n_train);
         let (steps, steps_per_epoch) = (plan.steps(), plan.steps_per_epoch());
-        let dropout_seeds: Vec<u64> = self.cfgs.iter().map(|c| seeds::dropout(c.seed)).collect();
         let graphs = first.engine.graphs && be.supports_graphs();
         let mut graph = StepGraph::new(graphs);
         let signatures = Signatures::of(&group_key(first), n);

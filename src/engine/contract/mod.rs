@@ -783,6 +783,27 @@ pub fn xent_bias_grad(
     )
 }
 
+/// `dropout_fused`: `src` and `dst` hold `trials` copies of `len` elements, `hyper` a row per
+/// trial, and the counter its elements. Returns `[src, dst, hyper, counter]`.
+pub fn dropout_fused(
+    src: Region,
+    dst: Region,
+    len: usize,
+    trials: usize,
+    hyper: Region,
+    counter_region: Region,
+) -> Result<[Region; 4], EngineError> {
+    let op = "dropout_fused";
+    let all = fused_len(op, "src", trials, Some(len))?;
+    let rows = fused_len(op, "hyper", trials, Some(HYPER_LEN))?;
+    Ok([
+        need(op, "src", src, all)?,
+        need(op, "dst", dst, all)?,
+        need(op, "hyper", hyper, rows)?,
+        counter(counter_region)?,
+    ])
+}
+
 /// One trial's part of `gather_fused`'s operands.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct GatherPart {

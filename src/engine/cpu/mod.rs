@@ -9,6 +9,7 @@ use std::sync::Arc;
 
 use crate::data::{Dataset, Samples};
 use crate::engine::contract::{self, need};
+use crate::engine::fused::{self, HYPER_DROPOUT, HYPER_LEN};
 use crate::engine::{
     dropout_stream, AdamParams, Backend, BackendKind, BiasGrad, BnParams, Conv2dShape, DropoutMask,
     FusedConv, GemmBatch, GemmShape, PlaneShape, PoolShape, Region, SgdParams, Split, COUNTER_LEN,
@@ -605,6 +606,30 @@ impl Backend for CpuBackend {
         let [dy, dx] = contract::elementwise("dropout_bwd", [("dy", dy), ("dx", dx)], len)?;
         let ([dy], [dx]) = self.views("dropout_bwd", [dy], [dx])?;
         ops::dropout_bwd(dy, dx, m.p, m.seed, stream, m.first);
+        Ok(())
+    }
+
+    fn dropout_fused(
+        &mut self,
+        src: Region,
+        dst: Region,
+        len: usize,
+        trials: usize,
+        hyper: Region,
+        counter: Region,
+        layer: u32,
+        first: u64,
+    ) -> Result<(), EngineError> {
+        let op = "dropout_fused";
+        let [src, dst, hyper, counter] =
+            contract::dropout_fused(src, dst, len, trials, hyper, counter)?;
+        let stream = dropout_stream(self.count(counter)?, layer);
+        let ([x, h], [y]) = self.views(op, [src, hyper], [dst])?;
+        for (t, row) in h.chunks_exact(HYPER_LEN).take(trials).enumerate() {
+            let part = t * len..(t + 1) * len;
+            let (p, seed) = (row[HYPER_DROPOUT], fused::row_seed(row));
+            ops::dropout_fwd(&x[part.clone()], &mut y[part], p, seed, stream, first);
+        }
         Ok(())
     }
 

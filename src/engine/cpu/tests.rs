@@ -520,3 +520,54 @@ fn an_update_is_the_optimizer_step_then_the_advance() {
         assert_eq!(a[counter.offset + 1].to_bits(), 0, "{u:?}");
     }
 }
+
+#[test]
+fn fused_dropout_is_each_trials_own_mask() {
+    use crate::engine::fused::{seed_bits, HYPER_DROPOUT, HYPER_LEN, HYPER_SEED_HI, HYPER_SEED_LO};
+    let (len, trials) = (50, 3);
+    let src = Region::new(0, len * trials);
+    let dst = Region::new(160, len * trials);
+    let hyper = Region::new(320, trials * HYPER_LEN);
+    let counter = Region::new(360, COUNTER_LEN);
+    let rates = [0.0f32, 0.25, 0.5];
+    let seeds = [7u64, u64::MAX - 3, 1 << 40];
+    let mut table = vec![0f32; hyper.len];
+    for (t, row) in table.chunks_mut(HYPER_LEN).enumerate() {
+        let [lo, hi] = seed_bits(seeds[t]);
+        row[HYPER_DROPOUT] = rates[t];
+        row[HYPER_SEED_LO] = lo;
+        row[HYPER_SEED_HI] = hi;
+    }
+    let (mut one, mut parts) = pair(400, 17);
+    for b in [&mut one, &mut parts] {
+        b.write(hyper, &table).unwrap();
+        b.write(counter, &[f32::from_bits(9), f32::from_bits(0)])
+            .unwrap();
+    }
+    one.dropout_fused(src, dst, len, trials, hyper, counter, 3, 5)
+        .unwrap();
+    for t in 0..trials {
+        let mask = DropoutMask {
+            p: rates[t],
+            seed: seeds[t],
+            counter,
+            layer: 3,
+            first: 5,
+        };
+        let (s, d) = (Region::new(t * len, len), Region::new(160 + t * len, len));
+        parts.dropout_fwd(s, d, len, mask).unwrap();
+    }
+    let (a, b) = (arena(&mut one), arena(&mut parts));
+    assert_eq!(
+        a.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+        b.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+    );
+    // The trial with a rate of 0.5 dropped some of its elements, the one with 0 none.
+    let dropped = |t: usize| {
+        a[160 + t * len..160 + (t + 1) * len]
+            .iter()
+            .filter(|&&v| v == 0.0)
+            .count()
+    };
+    assert!(dropped(2) > dropped(0), "{} vs {}", dropped(2), dropped(0));
+}

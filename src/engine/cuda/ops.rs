@@ -799,6 +799,35 @@ impl Backend for CudaBackend {
         self.dropout("dropout_bwd", len, mask, dy, dx)
     }
 
+    fn dropout_fused(
+        &mut self,
+        src: Region,
+        dst: Region,
+        len: usize,
+        trials: usize,
+        hyper: Region,
+        counter: Region,
+        layer: u32,
+        first: u64,
+    ) -> Result<(), EngineError> {
+        let op = "dropout_fused";
+        let [src, dst, hyper, counter] =
+            contract::dropout_fused(src, dst, len, trials, hyper, counter)?;
+        let base = self.regions(op, &[src, hyper, counter], &[dst])?;
+        let args = [
+            Arg::Ptr(at(base, src)),
+            Arg::Ptr(at(base, dst)),
+            Arg::U32(to_u32(op, "len", len)?),
+            Arg::U32(to_u32(op, "trials", trials)?),
+            Arg::Ptr(at(base, hyper)),
+            Arg::Ptr(at(base, counter)),
+            Arg::U32(layer),
+            Arg::U64(first),
+        ];
+        let e = self.ctx.enter()?;
+        self.elementwise(&e, op, len * trials, &args)
+    }
+
     fn softmax_xent(
         &mut self,
         logits: Region,

@@ -177,7 +177,7 @@ mod tests {
             );
             seen += 1;
         }
-        assert_eq!(seen, 46);
+        assert_eq!(seen, 47);
     }
 
     #[test]

@@ -16,7 +16,8 @@
 //! bit for bit what the trial computes alone.
 
 use crate::engine::fused::{
-    HYPER_BETA1, HYPER_BETA2, HYPER_EPS, HYPER_LEN, HYPER_LIVE, HYPER_LR, HYPER_MOMENTUM, HYPER_WD,
+    seed_bits, HYPER_BETA1, HYPER_BETA2, HYPER_DROPOUT, HYPER_EPS, HYPER_LEN, HYPER_LIVE, HYPER_LR,
+    HYPER_MOMENTUM, HYPER_SEED_HI, HYPER_SEED_LO, HYPER_WD,
 };
 use crate::engine::{
     Backend, BiasGrad, FusedConv, GemmBatch, GemmShape, Region, Split, Update, STATS_LEN,
@@ -95,10 +96,24 @@ impl FusedNetwork {
         &self.members[0]
     }
 
-    /// Writes each trial's row of the hyper table, every trial live.
-    pub fn write_hyper(&self, be: &mut dyn Backend, hypers: &[Hyper]) -> Result<(), EngineError> {
+    /// Writes each trial's row of the hyper table, every trial live: its rates, and its dropout
+    /// seed (`dropout_seeds[i]`, what its dropout layers draw their masks from).
+    pub fn write_hyper(
+        &self,
+        be: &mut dyn Backend,
+        hypers: &[Hyper],
+        dropout_seeds: &[u64],
+    ) -> Result<(), EngineError> {
         let mut table = vec![0f32; self.hyper.len];
-        for (row, h) in table.chunks_exact_mut(HYPER_LEN).zip(hypers) {
+        for ((row, h), &seed) in table
+            .chunks_exact_mut(HYPER_LEN)
+            .zip(hypers)
+            .zip(dropout_seeds)
+        {
+            let [lo, hi] = seed_bits(seed);
+            row[HYPER_DROPOUT] = h.dropout as f32;
+            row[HYPER_SEED_LO] = lo;
+            row[HYPER_SEED_HI] = hi;
             row[HYPER_LR] = h.lr as f32;
             row[HYPER_WD] = h.weight_decay as f32;
             row[HYPER_MOMENTUM] = h.momentum as f32;
@@ -410,7 +425,19 @@ impl FusedNetwork {
                     return be.conv2d_fwd_fused(&s, x, w, b, y, ws, f);
                 }
             }
-            LayerDef::Dropout { .. } | LayerDef::BatchNorm(_) => {}
+            LayerDef::Dropout { .. } => {
+                let x = self.flat(|m| m.acts[src], out);
+                let y = self.flat(|m| m.acts[i + 1], out);
+                if let (Some(x), Some(y)) = (x, y) {
+                    if !train {
+                        // Dropout is off outside training: a copy, as each trial's own.
+                        return be.copy(x, y, out * n);
+                    }
+                    let counter = self.first().counter;
+                    return be.dropout_fused(x, y, out, n, self.hyper, counter, i as u32, 0);
+                }
+            }
+            LayerDef::BatchNorm(_) => {}
         }
         debug_assert!(!train || seeds.len() == n, "a dropout seed per trial");
         for (t, m) in self.members.iter().enumerate() {
@@ -472,6 +499,14 @@ impl FusedNetwork {
                 let dx = self.flat(|m| deliver_region(m, i), n_in);
                 if let (Some(y), Some(dy), Some(dx)) = (y, dy, dx) {
                     return be.relu_bwd(y, dy, dx, n_in * n);
+                }
+            }
+            (LayerDef::Dropout { .. }, Deliver::Write(_)) => {
+                let dy = self.flat(|m| m.dacts[i + 1], n_in);
+                let dx = self.flat(|m| deliver_region(m, i), n_in);
+                if let (Some(dy), Some(dx)) = (dy, dx) {
+                    let counter = self.first().counter;
+                    return be.dropout_fused(dy, dx, n_in, n, self.hyper, counter, i as u32, 0);
                 }
             }
             (LayerDef::MaxPool(p), Deliver::Write(_)) => {
