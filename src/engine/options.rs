@@ -13,10 +13,15 @@ pub struct EngineOptions {
     pub graphs: bool,
     /// Let cuBLAS use TF32 tensor cores for FP32 GEMMs (GPU; default false).
     pub tf32: bool,
-    /// Read the loss back and check it is finite every this many steps (default 50; and at each epoch's end).
+    /// Look at the loss and check it is finite every this many steps, without waiting for the
+    /// device (default 50; and at each epoch's end).
     pub check_every: usize,
     /// How the GPU runs convolutions (default `auto`).
     pub conv: ConvEngine,
+    /// cuDNN algorithms from its heuristics, deterministic backward ones preferred, so that a
+    /// trial repeats bit for bit (default false: the fastest algorithms, measured once per
+    /// convolution shape in the process, deterministic or not).
+    pub deterministic: bool,
 }
 
 impl Default for EngineOptions {
@@ -26,6 +31,7 @@ impl Default for EngineOptions {
             tf32: false,
             check_every: 50,
             conv: ConvEngine::Auto,
+            deterministic: false,
         }
     }
 }

@@ -70,7 +70,11 @@ impl CudaBackend {
         let pool = Arc::new(Pool::new(Arc::clone(&stream), dev, cap, granule)?);
         let blas = Blas::new(Arc::clone(&stream), opts.tf32)?;
         let dnn = if cudnn {
-            Some(Dnn::new(Arc::clone(&stream), opts.tf32)?)
+            Some(Dnn::new(
+                Arc::clone(&stream),
+                opts.tf32,
+                opts.deterministic,
+            )?)
         } else {
             None
         };

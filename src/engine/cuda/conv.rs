@@ -187,6 +187,9 @@ impl CudaBackend {
         let Some(dnn) = self.dnn_for(s) else {
             return workspace_len(s);
         };
+        // Measuring a shape's algorithms synchronises the device: with every capture of the
+        // process held off, taken before the context is entered.
+        let _hold = dnn.needs_measuring(s).then(super::graph::hold);
         let bytes = self.ctx.enter().and_then(|e| dnn.workspace_bytes(&e, s));
         match bytes {
             Ok(b) => b.div_ceil(4),

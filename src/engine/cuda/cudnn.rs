@@ -1,11 +1,14 @@
 //! cuDNN convolutions for a trial: a handle on its stream, algorithms chosen once per shape, and their workspace inside the static memory plan.
 //!
 //! cuDNN 9 is loaded at run time (found like the other CUDA libraries, [`load`]). For each
-//! convolution shape the backend asks cuDNN's heuristics (`cudnnGet*Algorithm_v7`) once for its
-//! ranked forward, backward-data and backward-filter algorithms, and takes the first of each whose
-//! workspace fits the limit; backward ones must be deterministic when any that fits is. The choice
-//! depends on the shape and the limit only, so the plan ([`Dnn::workspace_bytes`], at planning
-//! time) and the run (with the planned workspace) agree. cuDNN never allocates: its workspace is
+//! convolution shape the backend ranks the forward, backward-data and backward-filter algorithms
+//! once, and takes the first of each whose workspace fits the limit. By default they are ranked
+//! by measuring them (`cudnnFind*Algorithm`, once per shape, precision and device in the process,
+//! with every capture of the process held off since it synchronises), fastest first, whether
+//! deterministic or not; with `engine: {deterministic: true}` by cuDNN's heuristics
+//! (`cudnnGet*Algorithm_v7`), and backward ones must be deterministic when any that fits is. The
+//! choice depends on the shape and the limit only, so the plan ([`Dnn::workspace_bytes`], at
+//! planning time) and the run (with the planned workspace) agree. cuDNN never allocates: its workspace is
 //! the plan's region, so the calls are also safe to capture in a CUDA graph. FP32 math
 //! (`CUDNN_FMA_MATH`) unless the engine's `tf32` option allows TF32 tensor cores.
 
@@ -167,7 +170,7 @@ fn probe_with(handle: dnn::cudnnHandle_t) -> Result<(), EngineError> {
     let y = tensor(s.n, s.c_out, s.h_out(), s.w_out())?;
     let w = filter(&s)?;
     let conv = convolution(&s, dnn::cudnnMathType_t::CUDNN_FMA_MATH)?;
-    let ranked = ranked(handle, &x, &y, &w, &conv)?;
+    let ranked = ranked(handle, &x, &y, &w, &conv, Ranking::Heuristic)?;
     let offer = pick(&ranked.fwd, 64 << 20, false, false).ok_or_else(|| {
         EngineError::Device("cuDNN offers no FP32 forward algorithm for a 3×3 convolution".into())
     })?;
@@ -417,7 +420,7 @@ fn convolution(s: &Conv2dShape, math: dnn::cudnnMathType_t) -> Result<ConvDesc, 
 /// `cudnnConvolution{Fwd,BwdData,BwdFilter}AlgoPerf_t`, whose enum fields could hold values a
 /// newer cuDNN added.
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
 struct RawPerf {
     algo: u32,
     status: u32,
@@ -508,6 +511,8 @@ pub(crate) struct Dnn {
     handle: dnn::cudnnHandle_t,
     stream: Arc<Stream>,
     tf32: bool,
+    /// Heuristic ranking with deterministic backward algorithms preferred, instead of measured.
+    deterministic: bool,
     plans: Mutex<Vec<ShapePlan>>,
 }
 
@@ -518,21 +523,48 @@ unsafe impl Send for Dnn {}
 const RANKED: usize = 16;
 
 /// cuDNN's ranked offers for each direction of one convolution.
+#[derive(Clone)]
 struct Ranked {
     fwd: Vec<Offer>,
     data: Vec<Offer>,
     filter: Vec<Offer>,
 }
 
-/// Asks cuDNN's heuristics (`cudnnGet*Algorithm_v7`) for the ranked forward, backward-data and
-/// backward-filter algorithms of the convolution `conv` from `x` through `w` to `y`.
+/// How the algorithms of a convolution are ranked.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Ranking {
+    /// cuDNN's heuristics (`cudnnGet*Algorithm_v7`).
+    Heuristic,
+    /// Measured on the device (`cudnnFind*Algorithm`), fastest first.
+    Measured,
+}
+
+/// Measured rankings, made once per shape, precision and device in the process: measuring runs
+/// every algorithm and synchronises the device.
+static MEASURED: Mutex<Vec<(MeasuredKey, Ranked)>> = Mutex::new(Vec::new());
+
+/// A convolution shape, whether TF32 is allowed, and the device (its UUID).
+type MeasuredKey = (Conv2dShape, bool, String);
+
+/// The measured ranking kept under `key`, if there is one.
+fn measured_ranking(key: &MeasuredKey) -> Option<Ranked> {
+    let m = MEASURED.lock().unwrap_or_else(PoisonError::into_inner);
+    m.iter().find(|(k, _)| k == key).map(|(_, r)| r.clone())
+}
+
+/// Asks cuDNN for the ranked forward, backward-data and backward-filter algorithms of the
+/// convolution `conv` from `x` through `w` to `y`: its heuristics, or its measurements.
 fn ranked(
     handle: dnn::cudnnHandle_t,
     x: &TensorDesc,
     y: &TensorDesc,
     w: &FilterDesc,
     conv: &ConvDesc,
+    how: Ranking,
 ) -> Result<Ranked, EngineError> {
+    if how == Ranking::Measured {
+        return measured(handle, x, y, w, conv);
+    }
     let mut raw = [RawPerf::default(); RANKED];
     let mut count = 0;
     // SAFETY: the handle and descriptors are live; `raw` holds RANKED entries laid out as the
@@ -586,6 +618,69 @@ fn ranked(
     Ok(Ranked { fwd, data, filter })
 }
 
+/// cuDNN's measured ranking of every algorithm of each direction (`cudnnFind*Algorithm`: it runs
+/// each one on scratch memory it allocates, synchronising the device), fastest first. The
+/// caller holds every capture of the process off.
+fn measured(
+    handle: dnn::cudnnHandle_t,
+    x: &TensorDesc,
+    y: &TensorDesc,
+    w: &FilterDesc,
+    conv: &ConvDesc,
+) -> Result<Ranked, EngineError> {
+    let mut raw = [RawPerf::default(); RANKED];
+    let mut count = 0;
+    // SAFETY: the handle and descriptors are live; `raw` holds RANKED entries laid out as the
+    // perf struct (see RawPerf), of which cuDNN writes `count`.
+    let r = unsafe {
+        dnn::cudnnFindConvolutionForwardAlgorithm(
+            handle,
+            x.0,
+            w.0,
+            conv.0,
+            y.0,
+            RANKED as i32,
+            &mut count,
+            raw.as_mut_ptr().cast(),
+        )
+    };
+    check_dnn(r, "cudnnFindConvolutionForwardAlgorithm")?;
+    let fwd = offers(&raw, count, 8);
+    let mut raw = [RawPerf::default(); RANKED];
+    // SAFETY: as above.
+    let r = unsafe {
+        dnn::cudnnFindConvolutionBackwardDataAlgorithm(
+            handle,
+            w.0,
+            y.0,
+            conv.0,
+            x.0,
+            RANKED as i32,
+            &mut count,
+            raw.as_mut_ptr().cast(),
+        )
+    };
+    check_dnn(r, "cudnnFindConvolutionBackwardDataAlgorithm")?;
+    let data = offers(&raw, count, 6);
+    let mut raw = [RawPerf::default(); RANKED];
+    // SAFETY: as above.
+    let r = unsafe {
+        dnn::cudnnFindConvolutionBackwardFilterAlgorithm(
+            handle,
+            x.0,
+            y.0,
+            conv.0,
+            w.0,
+            RANKED as i32,
+            &mut count,
+            raw.as_mut_ptr().cast(),
+        )
+    };
+    check_dnn(r, "cudnnFindConvolutionBackwardFilterAlgorithm")?;
+    let filter = offers(&raw, count, 7);
+    Ok(Ranked { fwd, data, filter })
+}
+
 fn fwd_algo(a: u32) -> Option<dnn::cudnnConvolutionFwdAlgo_t> {
     use dnn::cudnnConvolutionFwdAlgo_t as A;
     Some(match a {
@@ -631,7 +726,11 @@ fn filter_algo(a: u32) -> Option<dnn::cudnnConvolutionBwdFilterAlgo_t> {
 impl Dnn {
     /// A handle on `stream`'s context issuing to `stream`. Creating (and later destroying) a
     /// handle may synchronise the device, so it waits for other threads' captures to end.
-    pub(crate) fn new(stream: Arc<Stream>, tf32: bool) -> Result<Dnn, EngineError> {
+    pub(crate) fn new(
+        stream: Arc<Stream>,
+        tf32: bool,
+        deterministic: bool,
+    ) -> Result<Dnn, EngineError> {
         let handle = graph::without_captures(|| -> Result<_, EngineError> {
             let _in = stream.ctx().enter()?;
             let mut handle = std::ptr::null_mut();
@@ -650,6 +749,7 @@ impl Dnn {
             handle,
             stream,
             tf32,
+            deterministic,
             plans: Mutex::new(Vec::new()),
         })
     }
@@ -683,7 +783,7 @@ impl Dnn {
                 "cuDNN sizes the output of {s:?} as {n}×{c}×{h}×{wd}, not {want:?}"
             )));
         }
-        let Ranked { fwd, data, filter } = ranked(self.handle, &x, &y, &w, &conv)?;
+        let Ranked { fwd, data, filter } = self.ranking(s, &x, &y, &w, &conv)?;
         Ok(ShapePlan {
             shape: *s,
             x,
@@ -694,6 +794,52 @@ impl Dnn {
             filter,
             choices: Vec::new(),
         })
+    }
+
+    /// The ranked offers of `s`: measured unless `deterministic`, once per shape, precision and
+    /// device in the process. Measuring needs every capture of the process held off by this
+    /// thread ([`Dnn::needs_measuring`]); a shape first met without that hold is ranked by the
+    /// heuristics.
+    fn ranking(
+        &self,
+        s: &Conv2dShape,
+        x: &TensorDesc,
+        y: &TensorDesc,
+        w: &FilterDesc,
+        conv: &ConvDesc,
+    ) -> Result<Ranked, EngineError> {
+        if self.deterministic {
+            return ranked(self.handle, x, y, w, conv, Ranking::Heuristic);
+        }
+        let key = self.measured_key(s);
+        if let Some(r) = measured_ranking(&key) {
+            return Ok(r);
+        }
+        if !graph::holding() {
+            return ranked(self.handle, x, y, w, conv, Ranking::Heuristic);
+        }
+        let r = ranked(self.handle, x, y, w, conv, Ranking::Measured)?;
+        MEASURED
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push((key, r.clone()));
+        Ok(r)
+    }
+
+    /// Whether planning `s` would measure its algorithms (not planned yet on this handle, and
+    /// measured ones wanted): the caller then holds every capture of the process off first,
+    /// with no context entered.
+    pub(crate) fn needs_measuring(&self, s: &Conv2dShape) -> bool {
+        if self.deterministic || measured_ranking(&self.measured_key(s)).is_some() {
+            return false;
+        }
+        let plans = self.plans.lock().unwrap_or_else(PoisonError::into_inner);
+        !plans.iter().any(|p| p.shape == *s)
+    }
+
+    /// What a measured ranking of `s` on this handle's device is kept under.
+    fn measured_key(&self, s: &Conv2dShape) -> MeasuredKey {
+        (*s, self.tf32, self.stream.ctx().device().info.uuid.clone())
     }
 
     /// The descriptor an offer runs with: FMA math, or the TF32-allowing default.
@@ -714,9 +860,10 @@ impl Dnn {
                 "cuDNN offers no {dir} algorithm for {s:?} within {limit} bytes of workspace"
             ))
         };
+        let det = self.deterministic;
         let f = pick(&p.fwd, limit, self.tf32, false).ok_or_else(|| none("forward"))?;
-        let d = pick(&p.data, limit, self.tf32, true).ok_or_else(|| none("backward-data"))?;
-        let g = pick(&p.filter, limit, self.tf32, true).ok_or_else(|| none("backward-filter"))?;
+        let d = pick(&p.data, limit, self.tf32, det).ok_or_else(|| none("backward-data"))?;
+        let g = pick(&p.filter, limit, self.tf32, det).ok_or_else(|| none("backward-filter"))?;
         let fa = fwd_algo(f.algo).ok_or_else(|| none("forward"))?;
         let da = data_algo(d.algo).ok_or_else(|| none("backward-data"))?;
         let ga = filter_algo(g.algo).ok_or_else(|| none("backward-filter"))?;

@@ -100,6 +100,11 @@ pub(crate) fn capture_ended() {
 /// one thread from a device synchronisation on another, which invalidates it. Call it with no
 /// context entered (it may enter one inside `f`), and never from a thread with a capture of
 /// its own.
+/// Whether this thread holds every capture of the process off ([`hold`]).
+pub(crate) fn holding() -> bool {
+    HOLDING.with(Cell::get)
+}
+
 pub(crate) fn without_captures<R>(f: impl FnOnce() -> R) -> R {
     let _hold = hold();
     f()
