@@ -23,6 +23,9 @@
 #            against PyTorch, seed 000's even against auto ratios on green partitions of 80 and
 #            48 SMs (auto must be faster), and two GPUs (or a clean stop with one); (e) SIGTERM
 #            during ResNet-50 on 13 green slices: exit 3 within 20 s (scripts/stop-latency.sh)
+#   speed    bench/gpu-speed.sh: every ratio of the GPU speed table against its peers (PyTorch
+#            eager, N PyTorch processes, a torch.func ensemble) on this GPU, interleaved, warm
+#            against warm, into GPU_CHECK_DIR/gpu-speed (ratios.csv, summary.md, command.txt)
 #   tests    the library and CLI test binaries on this machine (those carried: the library's
 #            alone unless scripts/build-gpu-check.sh --all carried the others)
 #   bench    seed 003's mirrored table, a batch scan, and a ResNet-50 fib (N=1,2,5,13)
@@ -70,9 +73,9 @@ for a in "$@"; do
         usage
         exit 0
         ;;
-    check | tests | bench | results) phases+=("$a") ;;
+    check | speed | tests | bench | results) phases+=("$a") ;;
     *)
-        echo "gpu-check: unknown argument '$a' (--rehearse; phases: check, tests, bench, results)" >&2
+        echo "gpu-check: unknown argument '$a' (--rehearse; phases: check, speed, tests, bench, results)" >&2
         exit 2
         ;;
     esac
@@ -358,6 +361,7 @@ main() {
     for p in "${phases[@]}"; do
         case $p in
         check) phase_check ;;
+        speed) phase_speed ;;
         tests) phase_tests ;;
         bench) phase_bench ;;
         results) phase_results ;;
@@ -504,6 +508,13 @@ phase_tests() {
         step "test binary: $t" "tests-$t.log" 20/300 "$f" --test-threads=4
         tests_ran "tests-$t.log"
     done
+}
+
+phase_speed() {
+    local args=(--budget 300)
+    [ "$rehearse" = 1 ] && args=(--rehearse --budget 90)
+    step "gpu-speed: the speed table against PyTorch, N processes and torch.func" gpu-speed.log 60/330 \
+        env GPUMUX="$bin" bench/gpu-speed.sh "${args[@]}" --out "$out/gpu-speed"
 }
 
 phase_bench() {

@@ -114,8 +114,8 @@ before=$failed
 rehearse check
 [ "$failed" = "$before" ] && ok "the rehearsal of the default phase"
 before=$failed
-rehearse others bench results tests
-[ "$failed" = "$before" ] && ok "the rehearsal of the bench, results and tests phases"
+rehearse others speed bench results tests
+[ "$failed" = "$before" ] && ok "the rehearsal of the speed, bench, results and tests phases"
 
 # 4. The real check where no GPU can be used: exit 4 within 30 s, one line that says so.
 if .carry/gpumux devices 2>/dev/null | grep -q '^backend: cuda'; then

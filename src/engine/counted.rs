@@ -123,6 +123,9 @@ impl Backend for Counted<'_> {
     fn end_capture(&mut self) -> Result<(), EngineError> {
         self.inner.end_capture()
     }
+    fn end_capture_into(&mut self, slot: usize) -> Result<(), EngineError> {
+        self.inner.end_capture_into(slot)
+    }
     fn loaded(&self, signature: u64) -> bool {
         self.inner.loaded(signature)
     }
@@ -362,5 +365,6 @@ impl Backend for Counted<'_> {
         );
         fn update(&mut self, u: Update, counter: Region);
         fn replay(&mut self);
+        fn replay_slot(&mut self, slot: usize);
     }
 }

@@ -88,6 +88,10 @@ pub struct AdamParams {
     pub weight_decay: f32,
 }
 
+/// Graphs a backend keeps at once: the training step's (slot 0) and a training's evaluation
+/// batches, in at most `GRAPH_SLOTS − 1` chunks.
+pub const GRAPH_SLOTS: usize = 33;
+
 /// Training statistics accumulated on the device by [`Backend::softmax_xent`]: `[loss_sum, correct]`.
 pub const STATS_LEN: usize = 2;
 
@@ -692,14 +696,26 @@ pub trait Backend: Send {
             "this backend cannot capture graphs".into(),
         ))
     }
-    /// Ends the recording; the recorded ops become the graph that [`Backend::replay`] runs.
+    /// Ends the recording; the recorded ops become the graph that [`Backend::replay`] runs (the
+    /// training step's: graph slot 0).
     fn end_capture(&mut self) -> Result<(), EngineError> {
+        self.end_capture_into(0)
+    }
+    /// Runs the recorded graph once.
+    fn replay(&mut self) -> Result<(), EngineError> {
+        self.replay_slot(0)
+    }
+    /// Ends the recording as the graph in `slot` (at most [`GRAPH_SLOTS`]; 0 is the training
+    /// step's, the others a training's evaluation batches), replacing the one there.
+    fn end_capture_into(&mut self, slot: usize) -> Result<(), EngineError> {
+        let _ = slot;
         Err(EngineError::Device(
             "this backend cannot capture graphs".into(),
         ))
     }
-    /// Runs the recorded graph once.
-    fn replay(&mut self) -> Result<(), EngineError> {
+    /// Runs the graph in `slot` once.
+    fn replay_slot(&mut self, slot: usize) -> Result<(), EngineError> {
+        let _ = slot;
         Err(EngineError::Device(
             "this backend cannot capture graphs".into(),
         ))

@@ -3,7 +3,7 @@
 use std::time::Instant;
 
 use super::epochs::{self, Schedule};
-use super::single::{capture_step, inject, Loads, Signatures, StepGraph, Tally};
+use super::single::{capture_step, inject, EvalGraphs, Signatures, StepGraph, Tally};
 use super::{run_trial, seeds, EpochStats, TrialConfig, TrialResult};
 use crate::engine::cpu::denormals::FlushGuard;
 use crate::engine::fused::HYPER_LEN;
@@ -224,6 +224,7 @@ impl Group<'_> {
         let graphs = first.engine.graphs && be.supports_graphs();
         let mut graph = StepGraph::new(graphs);
         let signatures = Signatures::of(&group_key(first), n);
+        let mut eval_graphs = EvalGraphs::new(graphs);
         let check_every = first.engine.check_every.max(1);
         let evaluate = plan.max_steps.is_none() && n_test > 0;
         let mut peeked = vec![0f32; n * STATS_LEN];
@@ -280,12 +281,15 @@ impl Group<'_> {
             // Every trial's test figures in one pass over the test split (a dead trial's too,
             // unread: its regions are its own), then one read of every trial's sums.
             let tests = if evaluate {
-                let hold = signatures.evaluation_loads(be, graphs, epoch) == Loads::HoldCaptures;
+                let loads = signatures.evaluation_loads(be, graphs, epoch);
+                be.fill(self.fused.test_stats(), 0.0)?;
                 let stop = || first.cancel.aborted();
-                if !self
-                    .fused
-                    .evaluate(be, n_test, hold, super::STEPS_AHEAD, &stop)?
-                {
+                let fused = &self.fused;
+                let issue = |be: &mut dyn Backend, start: usize, rows: usize| {
+                    fused.eval_batch(be, start, rows)
+                };
+                let batch = fused.first_batch();
+                if !eval_graphs.run(be, n_test, batch, loads, &stop, &issue)? {
                     return Err(TrialError::Interrupted);
                 }
                 be.mark_loaded(signatures.evaluation);

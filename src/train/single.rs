@@ -8,8 +8,10 @@ use super::fault::{FaultKind, FaultSpec};
 use super::fit::largest_fitting;
 use super::{seeds, EpochStats, TrialConfig, TrialResult};
 use crate::engine::cpu::denormals::FlushGuard;
-use crate::engine::{work_signature, Backend, BackendKind, Counted, Split, WorkPart, STATS_LEN};
-use crate::error::TrialError;
+use crate::engine::{
+    work_signature, Backend, BackendKind, Counted, Split, WorkPart, GRAPH_SLOTS, STATS_LEN,
+};
+use crate::error::{EngineError, TrialError};
 use crate::models;
 use crate::units::MIB;
 
@@ -92,6 +94,7 @@ pub fn run_trial(
         n_test,
         tally: Tally::default(),
         signatures,
+        eval_graphs: EvalGraphs::new(graphs),
     };
     let mut result = epochs::train(
         &mut single,
@@ -161,6 +164,7 @@ struct Single<'a> {
     n_test: usize,
     tally: Tally,
     signatures: Signatures,
+    eval_graphs: EvalGraphs,
 }
 
 /// The signatures of a training's step and evaluation ([`crate::engine::work_signature`]): where
@@ -258,7 +262,18 @@ impl Steps for Single<'_> {
             let loads = self
                 .signatures
                 .evaluation_loads(&self.be, self.graphs, epoch);
-            issue_evaluation(&mut self.be, net, self.n_test, loads, &self.cfg.cancel)?;
+            self.be.fill(net.test_stats, 0.0)?;
+            let cancel = &self.cfg.cancel;
+            let stop = || cancel.aborted();
+            let issue =
+                |be: &mut dyn Backend, start: usize, rows: usize| net.eval_batch(be, start, rows);
+            let (n_test, batch) = (self.n_test, net.batch);
+            let ran = self
+                .eval_graphs
+                .run(&mut self.be, n_test, batch, loads, &stop, &issue)?;
+            if !ran {
+                return Err(TrialError::Interrupted);
+            }
             self.be.mark_loaded(self.signatures.evaluation);
             self.be.read_metrics(net.epoch_stats(), &mut sums)?;
             let n = self.n_test as f64;
@@ -371,20 +386,118 @@ pub(super) fn capture_step(
     be: &mut dyn Backend,
     step: impl FnOnce(&mut dyn Backend) -> Result<(), crate::error::EngineError>,
 ) -> Result<(), TrialError> {
+    capture_into(be, 0, step)
+}
+
+/// Records the ops `work` issues into the backend's graph in `slot`, ending the capture whatever
+/// happened, so that the stream is usable again.
+pub(super) fn capture_into(
+    be: &mut dyn Backend,
+    slot: usize,
+    work: impl FnOnce(&mut dyn Backend) -> Result<(), crate::error::EngineError>,
+) -> Result<(), TrialError> {
     be.begin_capture()?;
-    let body = step(&mut *be);
-    let end = be.end_capture();
+    let body = work(&mut *be);
+    let end = be.end_capture_into(slot);
     body?;
     end?;
     Ok(())
 }
 
+/// An evaluation's test batches run as graphs where the backend has them: captured at a
+/// training's second evaluation (its first loads its kernels, eagerly), in at most
+/// [`GRAPH_SLOTS`]` − 1` chunks of consecutive batches, one graph each, then replayed at every
+/// evaluation after. The host is paced and asked to stop between chunks, as between training
+/// steps. A capture that fails leaves the evaluations eager from then on.
+#[derive(Debug)]
+pub(super) struct EvalGraphs {
+    enabled: bool,
+    captured: bool,
+    failed: bool,
+    evaluations: u32,
+}
+
+impl EvalGraphs {
+    pub(super) fn new(enabled: bool) -> EvalGraphs {
+        EvalGraphs {
+            enabled,
+            captured: false,
+            failed: false,
+            evaluations: 0,
+        }
+    }
+
+    /// Runs one evaluation of `n_test` samples in batches of `batch` (the last one partial):
+    /// `issue(be, start, rows)` issues one batch's ops. With [`Loads::HoldCaptures`] the first
+    /// eager chunk holds the process's captures off. `false` when `stop` said to stop.
+    pub(super) fn run(
+        &mut self,
+        be: &mut dyn Backend,
+        n_test: usize,
+        batch: usize,
+        loads: Loads,
+        stop: &dyn Fn() -> bool,
+        issue: &IssueBatch<'_>,
+    ) -> Result<bool, TrialError> {
+        let chunks = eval_chunks(n_test, batch);
+        let capture = self.enabled && !self.captured && !self.failed && self.evaluations > 0;
+        for (k, chunk) in chunks.iter().enumerate() {
+            if stop() {
+                return Ok(false);
+            }
+            let slot = 1 + k;
+            if self.captured {
+                be.replay_slot(slot)?;
+            } else if capture && !self.failed {
+                let captured = capture_into(be, slot, |be| {
+                    chunk.iter().try_for_each(|&(s, r)| issue(be, s, r))
+                });
+                match captured {
+                    Ok(()) => be.replay_slot(slot)?,
+                    Err(e) => {
+                        tracing::warn!(
+                            "capturing an evaluation failed ({e}); evaluations run eagerly"
+                        );
+                        self.failed = true;
+                        for &(s, r) in chunk {
+                            issue(be, s, r)?;
+                        }
+                    }
+                }
+            } else {
+                let _hold = (loads == Loads::HoldCaptures && k == 0).then(|| be.hold_captures());
+                for &(s, r) in chunk {
+                    issue(be, s, r)?;
+                }
+            }
+            be.pace(super::STEPS_AHEAD)?;
+        }
+        self.evaluations += 1;
+        if capture && !self.failed {
+            self.captured = true;
+        }
+        Ok(true)
+    }
+}
+
+/// Issues one evaluation batch: `(backend, start, rows)`.
+pub(super) type IssueBatch<'a> =
+    dyn Fn(&mut dyn Backend, usize, usize) -> Result<(), EngineError> + 'a;
+
+/// The test batches `(start, rows)` of `n_test` samples in batches of `batch`, in at most
+/// [`GRAPH_SLOTS`]` − 1` chunks of consecutive batches, as even as they can be.
+pub(super) fn eval_chunks(n_test: usize, batch: usize) -> Vec<Vec<(usize, usize)>> {
+    let batch = batch.max(1);
+    let batches: Vec<(usize, usize)> = (0..n_test.div_ceil(batch))
+        .map(|b| (b * batch, batch.min(n_test - b * batch)))
+        .collect();
+    let per = batches.len().div_ceil(GRAPH_SLOTS - 1).max(1);
+    batches.chunks(per).map(<[_]>::to_vec).collect()
+}
+
 /// Issues an evaluation over the test split into the network's test sums (zeroed first), in
-/// batches (the last one partial; [`models::Network::eval_batch`]), paced like the training
-/// steps and stopped by `cancel` between batches. Nothing is read.
-///
-/// With [`Loads::HoldCaptures`], the first batch (whose kernels run for the first time) is
-/// issued with the process's captures held off, since its kernels may load then.
+/// batches (the last one partial; [`models::Network::eval_batch`]), eagerly, paced like the
+/// training steps and stopped by `cancel` between batches. Nothing is read.
 fn issue_evaluation(
     be: &mut dyn Backend,
     net: &models::Network,
@@ -393,20 +506,13 @@ fn issue_evaluation(
     cancel: &crate::cancel::Cancel,
 ) -> Result<(), TrialError> {
     be.fill(net.test_stats, 0.0)?;
-    let mut start = 0;
-    while start < n_test {
-        if cancel.aborted() {
-            return Err(TrialError::Interrupted);
-        }
-        let rows = net.batch.min(n_test - start);
-        {
-            let _hold = (loads == Loads::HoldCaptures && start == 0).then(|| be.hold_captures());
-            net.eval_batch(be, start, rows)?;
-        }
-        be.pace(super::STEPS_AHEAD)?;
-        start += rows;
+    let stop = || cancel.aborted();
+    let issue = |be: &mut dyn Backend, start: usize, rows: usize| net.eval_batch(be, start, rows);
+    if EvalGraphs::new(false).run(be, n_test, net.batch, loads, &stop, &issue)? {
+        Ok(())
+    } else {
+        Err(TrialError::Interrupted)
     }
-    Ok(())
 }
 
 /// Mean loss and accuracy over the test split ([`issue_evaluation`], then one read of the test
@@ -510,6 +616,40 @@ mod tests {
         cancel.abort();
         let e = evaluate(&mut be, &net, 10, Loads::Done, &cancel).unwrap_err();
         assert!(matches!(e, TrialError::Interrupted), "{e}");
+    }
+
+    #[test]
+    fn evaluation_chunks_cover_every_batch_in_order_within_the_graph_slots() {
+        for (n_test, batch) in [
+            (2000, 64),
+            (10000, 32),
+            (7, 4),
+            (5, 5),
+            (1, 64),
+            (0, 8),
+            (33, 1),
+        ] {
+            let chunks = eval_chunks(n_test, batch);
+            assert!(
+                chunks.len() < GRAPH_SLOTS,
+                "{n_test}/{batch}: {}",
+                chunks.len()
+            );
+            let flat: Vec<_> = chunks.concat();
+            assert_eq!(flat.iter().map(|b| b.1).sum::<usize>(), n_test);
+            let mut next = 0;
+            for &(start, rows) in &flat {
+                assert_eq!(start, next);
+                assert!(rows >= 1 && rows <= batch);
+                next += rows;
+            }
+            // Chunks differ by at most one chunk's share, the last may be shorter.
+            if let Some(first) = chunks.first() {
+                assert!(chunks.iter().all(|c| c.len() <= first.len()));
+            }
+        }
+        assert_eq!(eval_chunks(2000, 64).len(), 32);
+        assert_eq!(eval_chunks(10000, 32).len(), 32);
     }
 
     #[test]

@@ -28,7 +28,8 @@ pub(crate) struct Arena {
 pub struct CudaBackend {
     // Fields drop in this order: the graph and the library handles before the memory they use, the
     // memory before its pool. Each of them also holds the stream (and so the context) alive.
-    pub(crate) graph: Option<GraphExec>,
+    /// Captured graphs by slot: the training step's in 0, evaluation batches after it.
+    pub(crate) execs: Vec<Option<GraphExec>>,
     pub(crate) blas: Blas,
     /// cuDNN for the convolutions; `None` runs them as im2col and cuBLAS GEMMs.
     pub(crate) dnn: Option<Dnn>,
@@ -79,14 +80,14 @@ impl CudaBackend {
             None
         };
         Ok(CudaBackend {
-            graph: None,
+            execs: Vec::new(),
             blas,
             dnn,
             lowered: std::sync::Mutex::new(Vec::new()),
             arena: None,
             pool,
             pacer: Pacer::new(Arc::clone(&stream)),
-            staging: Staging::new(Arc::clone(&stream)),
+            staging: Staging::new(Arc::clone(&stream))?,
             stream,
             ctx,
             data,
@@ -228,8 +229,10 @@ impl CudaBackend {
     pub(crate) fn allocate(&mut self, elems: usize) -> Result<(), EngineError> {
         self.not_capturing("alloc_arena")?;
         // A graph records the old arena's addresses, and the old arena counts against the cap.
-        self.graph = None;
+        self.execs.clear();
         self.arena = None;
+        // A peek on its way reads the old arena: its values are not this one's.
+        self.staging.forget_peek();
         let n_train = self.data.train.len;
         let cc = self.ctx.device().info.compute_capability;
         let layout = layout(blas_workspace_bytes(cc), elems, n_train)?;
@@ -257,8 +260,9 @@ impl CudaBackend {
     pub(crate) fn release(&mut self) -> Result<(), EngineError> {
         self.not_capturing("release")?;
         self.stream.wait()?;
-        self.graph = None;
+        self.execs.clear();
         self.arena = None;
+        self.staging.forget_peek();
         Ok(())
     }
 
@@ -289,7 +293,7 @@ impl CudaBackend {
         Ok(())
     }
 
-    pub(crate) fn end(&mut self) -> Result<(), EngineError> {
+    pub(crate) fn end(&mut self, slot: usize) -> Result<(), EngineError> {
         if !self.capturing {
             return Err(EngineError::Device("no capture is running".into()));
         }
@@ -299,16 +303,29 @@ impl CudaBackend {
             .enter()
             .and_then(|entered| graph::end(&entered, &self.stream));
         graph::capture_ended();
+        let exec = exec?;
+        if slot >= crate::engine::GRAPH_SLOTS {
+            return Err(EngineError::Device(format!(
+                "graph slot {slot} is beyond the {} a backend keeps",
+                crate::engine::GRAPH_SLOTS
+            )));
+        }
+        if self.execs.len() <= slot {
+            self.execs.resize_with(slot + 1, || None);
+        }
         // Replacing the old graph enters the context to destroy it: not while entered above.
-        self.graph = Some(exec?);
+        self.execs[slot] = Some(exec);
         Ok(())
     }
 
-    pub(crate) fn launch_graph(&self) -> Result<(), EngineError> {
+    pub(crate) fn launch_graph(&self, slot: usize) -> Result<(), EngineError> {
         let g = self
-            .graph
-            .as_ref()
-            .ok_or_else(|| EngineError::Device("no graph has been captured".into()))?;
+            .execs
+            .get(slot)
+            .and_then(Option::as_ref)
+            .ok_or_else(|| {
+                EngineError::Device(format!("no graph has been captured in slot {slot}"))
+            })?;
         let entered = self.ctx.enter()?;
         g.launch(&entered)
     }
@@ -321,7 +338,7 @@ impl Drop for CudaBackend {
         // captures, which device-wide teardown waits on, goes back down. The fields then drop in
         // their declared order.
         if self.capturing {
-            let _ = self.end();
+            let _ = self.end(0);
         }
     }
 }

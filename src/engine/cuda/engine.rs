@@ -66,13 +66,15 @@ impl WarmKey {
 
 /// Keeps a finished trial's backend for the next trial on a slice like its own: its arena and
 /// graph are released (the memory goes back to its pool), its stream, pool, library handles,
-/// pacing events and staging buffers stay. A backend whose engine is gone, or that is still
-/// capturing (a trial that stopped mid-capture), is dropped instead.
+/// pacing events and staging buffers stay. A backend whose engine is gone, that is still
+/// capturing (a trial that stopped mid-capture), or that runs in a green partition (made anew
+/// each round, so never asked for again) is dropped instead.
 pub(crate) fn recycle(mut be: Box<CudaBackend>) {
     let Some(home) = be.home.as_ref().and_then(std::sync::Weak::upgrade) else {
         return;
     };
-    if be.capturing || be.release().is_err() {
+    // A green partition is made anew for each round, so its backends could not be taken again.
+    if be.capturing || be.ctx.is_green() || be.release().is_err() {
         return;
     }
     let evicted: Vec<Box<CudaBackend>> = {

@@ -1077,12 +1077,12 @@ impl Backend for CudaBackend {
         self.begin()
     }
 
-    fn end_capture(&mut self) -> Result<(), EngineError> {
-        self.end()
+    fn end_capture_into(&mut self, slot: usize) -> Result<(), EngineError> {
+        self.end(slot)
     }
 
-    fn replay(&mut self) -> Result<(), EngineError> {
-        self.launch_graph()
+    fn replay_slot(&mut self, slot: usize) -> Result<(), EngineError> {
+        self.launch_graph(slot)
     }
 }
 

@@ -5,11 +5,14 @@ use std::sync::Arc;
 use cudarc::driver::sys;
 
 use super::check::check;
+use super::graph;
 use super::stream::Stream;
 use crate::error::EngineError;
 
 /// The first capacity of an upload buffer: a few epochs' training orders of a fused group.
 const FIRST_UPLOAD_BYTES: usize = 4 << 20;
+/// The first capacity of the peek buffer: a fused group's training sums.
+const FIRST_PEEK_BYTES: usize = 4 << 10;
 
 /// A page-locked host buffer and the event recorded after the last copy that uses it.
 struct Pinned {
@@ -45,14 +48,34 @@ pub(crate) struct Staging {
 unsafe impl Send for Staging {}
 
 impl Staging {
-    pub(crate) fn new(stream: Arc<Stream>) -> Staging {
-        Staging {
+    /// The staging of a trial's stream, with its first buffers: page-locked memory is made and
+    /// freed with every capture of the process held off (both synchronise the device).
+    pub(crate) fn new(stream: Arc<Stream>) -> Result<Staging, EngineError> {
+        let ctx = Arc::clone(stream.ctx());
+        let (upload, peek) = graph::without_captures(|| -> Result<_, EngineError> {
+            let upload = allocate(&ctx, FIRST_UPLOAD_BYTES)?;
+            match allocate(&ctx, FIRST_PEEK_BYTES) {
+                Ok(peek) => Ok((upload, peek)),
+                Err(e) => {
+                    let mut upload = upload;
+                    release(&ctx, &mut upload);
+                    Err(e)
+                }
+            }
+        })?;
+        Ok(Staging {
             stream,
-            upload: Pinned::empty(),
+            upload,
             used: 0,
-            peek: Pinned::empty(),
+            peek,
             posted: None,
-        }
+        })
+    }
+
+    /// Forgets a peek on its way: the arena it was copying from has been replaced (a new
+    /// trial, or a part of a group), and its values belong to the old one.
+    pub(crate) fn forget_peek(&mut self) {
+        self.posted = None;
     }
 
     /// Copies `src` to device address `dst` in stream order without waiting for the copy: `src`
@@ -73,8 +96,12 @@ impl Staging {
             self.used = 0;
             if bytes > self.upload.bytes {
                 let ctx = Arc::clone(self.stream.ctx());
-                release(&ctx, &mut self.upload);
-                self.upload = allocate(&ctx, bytes.max(FIRST_UPLOAD_BYTES))?;
+                let upload = &mut self.upload;
+                graph::without_captures(|| {
+                    release(&ctx, upload);
+                    *upload = allocate(&ctx, (2 * bytes).max(FIRST_UPLOAD_BYTES))?;
+                    Ok::<_, EngineError>(())
+                })?;
             }
         }
         let at = self.used;
@@ -143,8 +170,12 @@ impl Staging {
             self.posted = None;
         }
         if bytes > self.peek.bytes {
-            release(&ctx, &mut self.peek);
-            self.peek = allocate(&ctx, bytes)?;
+            let peek = &mut self.peek;
+            graph::without_captures(|| {
+                release(&ctx, peek);
+                *peek = allocate(&ctx, bytes)?;
+                Ok::<_, EngineError>(())
+            })?;
         }
         {
             let _in = ctx.enter()?;
@@ -244,7 +275,9 @@ fn release(ctx: &super::context::Ctx, p: &mut Pinned) {
 impl Drop for Staging {
     fn drop(&mut self) {
         let ctx = Arc::clone(self.stream.ctx());
-        release(&ctx, &mut self.upload);
-        release(&ctx, &mut self.peek);
+        graph::without_captures(|| {
+            release(&ctx, &mut self.upload);
+            release(&ctx, &mut self.peek);
+        });
     }
 }

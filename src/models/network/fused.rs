@@ -87,6 +87,11 @@ impl FusedNetwork {
         })
     }
 
+    /// The batch each trial trains on.
+    pub fn first_batch(&self) -> usize {
+        self.first().batch
+    }
+
     /// Trials in the group.
     pub fn trials(&self) -> usize {
         self.members.len()
@@ -274,49 +279,28 @@ impl FusedNetwork {
         self.update(be)
     }
 
-    /// Every trial's loss and correct predictions over the test split, added into
-    /// [`FusedNetwork::test_stats`] (zeroed first), in batches of the training batch (the last
-    /// one partial): each batch gathered into every trial's input by one op, one forward pass
-    /// over the group on whole batches (as [`Network::eval_batch`]) and one op adding every
-    /// trial's sums. Nothing is read: the caller reads the sums with the training ones. Each
-    /// trial computes what [`Network::eval_batch`] computes for it alone. With
-    /// `hold_new_shapes`, the first batch is issued with the process's captures held off, since
-    /// its kernels may load then. After each batch the host is paced to at most `lead` batches
-    /// ahead of the device ([`Backend::pace`]), and `stop` is asked whether to go on: `false`
-    /// when it said to stop.
-    pub fn evaluate(
+    /// One evaluation batch of every trial: samples `start..start + rows` of the test split
+    /// gathered into every trial's input by one op, one forward pass over the group on whole
+    /// batches (rows past `rows` hold earlier samples and are not counted) and one op adding
+    /// every trial's sums for its first `rows` rows into [`FusedNetwork::test_stats`]. Each trial
+    /// computes what [`Network::eval_batch`] computes for it alone.
+    pub fn eval_batch(
         &self,
         be: &mut dyn Backend,
-        n_test: usize,
-        hold_new_shapes: bool,
-        lead: usize,
-        stop: &dyn Fn() -> bool,
-    ) -> Result<bool, EngineError> {
+        start: usize,
+        rows: usize,
+    ) -> Result<(), EngineError> {
         let n = self.trials();
         let net = self.first();
-        be.fill(self.test_stats(), 0.0)?;
         let (input, labels) = (self.span(|m| m.input()).0, self.span(|m| m.labels).0);
         let last = net.layers.len();
-        let logits = self.span(|m| m.acts[last]).0;
-        let mut start = 0;
-        while start < n_test {
-            if stop() {
-                return Ok(false);
-            }
-            let rows = net.batch.min(n_test - start);
-            {
-                let _hold = (hold_new_shapes && start == 0).then(|| be.hold_captures());
-                be.gather_fused(Split::Test, start, rows, net.batch, input, labels, n)?;
-                for i in 0..last {
-                    self.forward_layer(be, i, net.batch, false, &[])?;
-                }
-                let stats = self.test_stats();
-                be.eval_xent_fused(logits, labels, stats, rows, net.batch, net.classes, n)?;
-            }
-            be.pace(lead)?;
-            start += rows;
+        be.gather_fused(Split::Test, start, rows, net.batch, input, labels, n)?;
+        for i in 0..last {
+            self.forward_layer(be, i, net.batch, false, &[])?;
         }
-        Ok(true)
+        let logits = self.span(|m| m.acts[last]).0;
+        let stats = self.test_stats();
+        be.eval_xent_fused(logits, labels, stats, rows, net.batch, net.classes, n)
     }
 
     /// Every trial's softmax cross-entropy: one fused op when each operand's copies lie one
