@@ -20,8 +20,8 @@
 #            may be ignored; (c) a short MLP fib (N=1,2,5, 1 epoch, --verbose) in
 #            each split mode: shared, logical, process, green; (d) the comparisons: one MLP
 #            training against PyTorch eager (graphs on and off), ResNet-50 224px images/s
-#            against PyTorch, seed 000's even against auto ratios on green partitions of 80 and
-#            48 SMs (auto must be faster), and two GPUs (or a clean stop with one); (e) SIGTERM
+#            against PyTorch, seed 000's even against auto ratios on unequal green partitions
+#            (5:3 as the device's SM groups allow; auto must be faster), and two GPUs (or a clean stop with one); (e) SIGTERM
 #            during ResNet-50 on 13 green slices: exit 3 within 20 s (scripts/stop-latency.sh)
 #   speed    bench/gpu-speed.sh: every ratio of the GPU speed table against its peers (PyTorch
 #            eager, N PyTorch processes, a torch.func ensemble) on this GPU, interleaved, warm
@@ -484,7 +484,7 @@ backend: $backend
 YAML
         ratios=(JOB="$out/parallel-ratios.yaml")
     fi
-    step "seed 000: even vs auto ratios, $gsplit slices 5:3 (80+48 SMs)" parallel-ratios.log 30/120 \
+    step "seed 000: even vs auto ratios, $gsplit slices 5:3 (the log names their SMs)" parallel-ratios.log 30/120 \
         env GPUMUX="$bin" BACKEND="$backend" SPLIT="$gsplit" "${ratios[@]}" bench/parallel-ratios.sh "$out/parallel-ratios"
     checked ratios "$out/parallel-ratios/table.csv" "$backend" "$judge"
     step "slices on two GPUs (or a clean stop with one)" parallel-two-gpus.log 20/90 \
