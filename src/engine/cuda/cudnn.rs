@@ -553,7 +553,10 @@ fn measured_ranking(key: &MeasuredKey) -> Option<Ranked> {
 }
 
 /// Asks cuDNN for the ranked forward, backward-data and backward-filter algorithms of the
-/// convolution `conv` from `x` through `w` to `y`: its heuristics, or its measurements.
+/// convolution `conv` from `x` through `w` to `y`: its heuristics (`cudnnGet*Algorithm_v7`), or
+/// its measurements (`cudnnFind*Algorithm`: it runs each algorithm on scratch memory it allocates,
+/// synchronising the device, and ranks them fastest first; the caller then holds every capture
+/// of the process off). Both fill the same perf structs.
 fn ranked(
     handle: dnn::cudnnHandle_t,
     x: &TensorDesc,
@@ -562,124 +565,116 @@ fn ranked(
     conv: &ConvDesc,
     how: Ranking,
 ) -> Result<Ranked, EngineError> {
-    if how == Ranking::Measured {
-        return measured(handle, x, y, w, conv);
-    }
-    let mut raw = [RawPerf::default(); RANKED];
+    let (fwd_fn, fwd_name, data_fn, data_name, filter_fn, filter_name): (
+        RankFwd,
+        &str,
+        RankData,
+        &str,
+        RankFilter,
+        &str,
+    ) = match how {
+        Ranking::Heuristic => (
+            dnn::cudnnGetConvolutionForwardAlgorithm_v7,
+            "cudnnGetConvolutionForwardAlgorithm_v7",
+            dnn::cudnnGetConvolutionBackwardDataAlgorithm_v7,
+            "cudnnGetConvolutionBackwardDataAlgorithm_v7",
+            dnn::cudnnGetConvolutionBackwardFilterAlgorithm_v7,
+            "cudnnGetConvolutionBackwardFilterAlgorithm_v7",
+        ),
+        Ranking::Measured => (
+            dnn::cudnnFindConvolutionForwardAlgorithm,
+            "cudnnFindConvolutionForwardAlgorithm",
+            dnn::cudnnFindConvolutionBackwardDataAlgorithm,
+            "cudnnFindConvolutionBackwardDataAlgorithm",
+            dnn::cudnnFindConvolutionBackwardFilterAlgorithm,
+            "cudnnFindConvolutionBackwardFilterAlgorithm",
+        ),
+    };
+    let n = RANKED as i32;
     let mut count = 0;
+    let mut raw = [RawPerf::default(); RANKED];
     // SAFETY: the handle and descriptors are live; `raw` holds RANKED entries laid out as the
     // perf struct (see RawPerf), of which cuDNN writes `count`.
     let r = unsafe {
-        dnn::cudnnGetConvolutionForwardAlgorithm_v7(
+        fwd_fn(
             handle,
             x.0,
             w.0,
             conv.0,
             y.0,
-            RANKED as i32,
+            n,
             &mut count,
             raw.as_mut_ptr().cast(),
         )
     };
-    check_dnn(r, "cudnnGetConvolutionForwardAlgorithm_v7")?;
+    check_dnn(r, fwd_name)?;
     let fwd = offers(&raw, count, 8);
     let mut raw = [RawPerf::default(); RANKED];
     // SAFETY: as above.
     let r = unsafe {
-        dnn::cudnnGetConvolutionBackwardDataAlgorithm_v7(
+        data_fn(
             handle,
             w.0,
             y.0,
             conv.0,
             x.0,
-            RANKED as i32,
+            n,
             &mut count,
             raw.as_mut_ptr().cast(),
         )
     };
-    check_dnn(r, "cudnnGetConvolutionBackwardDataAlgorithm_v7")?;
+    check_dnn(r, data_name)?;
     let data = offers(&raw, count, 6);
     let mut raw = [RawPerf::default(); RANKED];
     // SAFETY: as above.
     let r = unsafe {
-        dnn::cudnnGetConvolutionBackwardFilterAlgorithm_v7(
+        filter_fn(
             handle,
             x.0,
             y.0,
             conv.0,
             w.0,
-            RANKED as i32,
+            n,
             &mut count,
             raw.as_mut_ptr().cast(),
         )
     };
-    check_dnn(r, "cudnnGetConvolutionBackwardFilterAlgorithm_v7")?;
+    check_dnn(r, filter_name)?;
     let filter = offers(&raw, count, 7);
     Ok(Ranked { fwd, data, filter })
 }
 
-/// cuDNN's measured ranking of every algorithm of each direction (`cudnnFind*Algorithm`: it runs
-/// each one on scratch memory it allocates, synchronising the device), fastest first. The
-/// caller holds every capture of the process off.
-fn measured(
-    handle: dnn::cudnnHandle_t,
-    x: &TensorDesc,
-    y: &TensorDesc,
-    w: &FilterDesc,
-    conv: &ConvDesc,
-) -> Result<Ranked, EngineError> {
-    let mut raw = [RawPerf::default(); RANKED];
-    let mut count = 0;
-    // SAFETY: the handle and descriptors are live; `raw` holds RANKED entries laid out as the
-    // perf struct (see RawPerf), of which cuDNN writes `count`.
-    let r = unsafe {
-        dnn::cudnnFindConvolutionForwardAlgorithm(
-            handle,
-            x.0,
-            w.0,
-            conv.0,
-            y.0,
-            RANKED as i32,
-            &mut count,
-            raw.as_mut_ptr().cast(),
-        )
-    };
-    check_dnn(r, "cudnnFindConvolutionForwardAlgorithm")?;
-    let fwd = offers(&raw, count, 8);
-    let mut raw = [RawPerf::default(); RANKED];
-    // SAFETY: as above.
-    let r = unsafe {
-        dnn::cudnnFindConvolutionBackwardDataAlgorithm(
-            handle,
-            w.0,
-            y.0,
-            conv.0,
-            x.0,
-            RANKED as i32,
-            &mut count,
-            raw.as_mut_ptr().cast(),
-        )
-    };
-    check_dnn(r, "cudnnFindConvolutionBackwardDataAlgorithm")?;
-    let data = offers(&raw, count, 6);
-    let mut raw = [RawPerf::default(); RANKED];
-    // SAFETY: as above.
-    let r = unsafe {
-        dnn::cudnnFindConvolutionBackwardFilterAlgorithm(
-            handle,
-            x.0,
-            y.0,
-            conv.0,
-            w.0,
-            RANKED as i32,
-            &mut count,
-            raw.as_mut_ptr().cast(),
-        )
-    };
-    check_dnn(r, "cudnnFindConvolutionBackwardFilterAlgorithm")?;
-    let filter = offers(&raw, count, 7);
-    Ok(Ranked { fwd, data, filter })
-}
+/// The signatures shared by cuDNN's heuristic and measured rankings of each direction.
+type RankFwd = unsafe fn(
+    dnn::cudnnHandle_t,
+    dnn::cudnnTensorDescriptor_t,
+    dnn::cudnnFilterDescriptor_t,
+    dnn::cudnnConvolutionDescriptor_t,
+    dnn::cudnnTensorDescriptor_t,
+    i32,
+    *mut i32,
+    *mut dnn::cudnnConvolutionFwdAlgoPerf_t,
+) -> dnn::cudnnStatus_t;
+type RankData = unsafe fn(
+    dnn::cudnnHandle_t,
+    dnn::cudnnFilterDescriptor_t,
+    dnn::cudnnTensorDescriptor_t,
+    dnn::cudnnConvolutionDescriptor_t,
+    dnn::cudnnTensorDescriptor_t,
+    i32,
+    *mut i32,
+    *mut dnn::cudnnConvolutionBwdDataAlgoPerf_t,
+) -> dnn::cudnnStatus_t;
+type RankFilter = unsafe fn(
+    dnn::cudnnHandle_t,
+    dnn::cudnnTensorDescriptor_t,
+    dnn::cudnnTensorDescriptor_t,
+    dnn::cudnnConvolutionDescriptor_t,
+    dnn::cudnnFilterDescriptor_t,
+    i32,
+    *mut i32,
+    *mut dnn::cudnnConvolutionBwdFilterAlgoPerf_t,
+) -> dnn::cudnnStatus_t;
 
 fn fwd_algo(a: u32) -> Option<dnn::cudnnConvolutionFwdAlgo_t> {
     use dnn::cudnnConvolutionFwdAlgo_t as A;
