@@ -491,7 +491,7 @@ YAML
         env GPUMUX="$bin" BACKEND="$backend" bench/parallel-two-gpus.sh "$out/parallel-two-gpus"
     # (e) SIGTERM in the middle of slow steps (ResNet-50 on 13 green slices of 8 SMs) stops the
     # run within 20 s: the host queues at most a few steps ahead of each trial's stream.
-    # The signal comes after fib's untimed warm-up round (2 steps of each trial).
+    # The signal comes after fib's untimed warm-up round (2 steps and one test batch of each trial).
     local stop=(40 20 jobs/resnet50-fib.yaml --n 13)
     [ "$rehearse" = 1 ] && stop=(3 10 jobs/cnn-fib.yaml --n 2)
     step "SIGTERM during slow steps: exit 3 within ${stop[1]} s" stop-latency.log 75/100 \

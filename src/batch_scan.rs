@@ -165,6 +165,7 @@ pub fn run(job: &Job, opts: &ScanOptions, out: &mut dyn Write) -> Result<PathBuf
             fault: None,
             engine: job.engine_options(),
             max_steps: None,
+            warm_up: false,
             cancel: cancel.clone(),
             prune: None,
         },

@@ -90,6 +90,7 @@ pub fn builtin_context(
         worker_exe: worker_exe.to_path_buf(),
         cancel: cancel.clone(),
         max_steps: None,
+        warm_up: false,
         external: None,
         metric: None,
         prune: None,

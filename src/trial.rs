@@ -34,6 +34,7 @@ pub fn run(job: &Job, trial: u32, data_dir: Option<&Path>, out: &mut dyn Write) 
         fault: spec.fault.clone(),
         engine: job.file.engine.clone(),
         max_steps: None,
+        warm_up: false,
         cancel,
         prune: None,
     };

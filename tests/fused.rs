@@ -60,6 +60,7 @@ fn config(model: &ModelSpec, optimizer: Optimizer, d: &Dataset, i: usize) -> Tri
         fault: None,
         engine: EngineOptions::default(),
         max_steps: None,
+        warm_up: false,
         cancel: Default::default(),
         prune: None,
     }

@@ -1290,6 +1290,7 @@ fn trial(model: ModelSpec, optimizer: Optimizer, graphs: bool, data: &Dataset) -
         classes: data.classes,
         fault: None,
         max_steps: None,
+        warm_up: false,
         cancel: Default::default(),
         prune: None,
         engine: EngineOptions {
@@ -1620,6 +1621,7 @@ fn mirrored_training_matches_one_slice() {
                     fault: None,
                     engine: EngineOptions::default(),
                     max_steps: Some(10),
+                    warm_up: false,
                     cancel: Default::default(),
                     prune: None,
                 },

@@ -209,7 +209,7 @@ pub fn run(job: &Job, opts: &FibOptions, out: &mut dyn Write) -> Result<PathBuf>
 
 /// An untimed warm-up round per in-process split mode before the timed rounds: each
 /// mode's first round (fused: its first with two trials or more, so that the group's kernels
-/// load) for two steps of one epoch, its rows unwritten. Without it the first timed round pays
+/// load) for two steps of one epoch and one evaluation, its rows unwritten. Without it the first timed round pays
 /// the process's one-time costs (on a GPU: kernel modules, cuBLAS and cuDNN initialisation, the
 /// first graph capture; on an H200 the MLP's first N=1 round took 0.16 s against 0.046 s for the
 /// next mode's), and the first mode's N=1 baseline inflates its speedups. `process` and `mps`
@@ -218,6 +218,7 @@ fn warm_up(rounds: &[Round], ctx: &sched::RoundContext) -> Result<()> {
     let mut warm = ctx.clone();
     warm.epochs = 1;
     warm.max_steps = Some(2);
+    warm.warm_up = true;
     let mut seen = Vec::new();
     for round in rounds {
         let split = round.split;
@@ -243,7 +244,7 @@ fn warm_up(rounds: &[Round], ctx: &sched::RoundContext) -> Result<()> {
             .filter(|o| o.state() != TrialState::Complete)
             .count();
         crate::note!(
-            "warm-up: {split}, N={}, 2 steps, {:.2} s (untimed){}",
+            "warm-up: {split}, N={}, 2 steps and an evaluation, {:.2} s (untimed){}",
             round.n,
             started.elapsed().as_secs_f64(),
             if failed > 0 {

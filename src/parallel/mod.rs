@@ -330,6 +330,7 @@ pub fn run(job: &Job, opts: &ParallelOptions, out: &mut dyn Write) -> Result<Pat
             fault: None,
             engine: job.engine_options(),
             max_steps: None,
+            warm_up: false,
             cancel,
             prune: None,
         },

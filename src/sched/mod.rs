@@ -137,6 +137,9 @@ pub struct RoundContext {
     pub cancel: cancel::Cancel,
     /// Short probes: at most this many steps per epoch.
     pub max_steps: Option<usize>,
+    /// A warm-up round: its trials evaluate once after their capped steps (see
+    /// [`TrialConfig::warm_up`]).
+    pub warm_up: bool,
     /// Trials run this command instead of a built-in model (sweeps with `command:`).
     pub external: Option<ExternalTrials>,
     /// The metric every COMPLETE trial must report (a sweep's `metric.name`): a trial whose
@@ -206,6 +209,7 @@ impl RoundContext {
             fault: trial.fault.clone(),
             engine: self.engine.clone(),
             max_steps: self.max_steps,
+            warm_up: self.warm_up,
             cancel: self.cancel.clone(),
             prune: self.prune.as_ref().map(|p| p.for_trial(trial)),
         }

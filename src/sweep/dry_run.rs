@@ -109,6 +109,7 @@ fn fused_groups(job: &Job, todo: &[TrialSpec], n: u32, slices: usize, cpu: bool)
                 fault: None,
                 engine: job.file.engine.clone(),
                 max_steps: None,
+                warm_up: false,
                 cancel: Default::default(),
                 prune: None,
             })

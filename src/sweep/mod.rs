@@ -559,6 +559,7 @@ fn external_context(
         worker_exe: opts.worker_exe.clone(),
         cancel: cancel.clone(),
         max_steps: None,
+        warm_up: false,
         external: Some(ExternalTrials {
             template: template.to_string(),
             trials_dir: out.join("trials"),

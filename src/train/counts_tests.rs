@@ -31,6 +31,7 @@ fn config(model: ModelKind, optimizer: Optimizer, seed: u64, dropout: f64) -> Tr
             ..EngineOptions::default()
         },
         max_steps: None,
+        warm_up: false,
         cancel: Default::default(),
         prune: None,
     }
@@ -113,5 +114,31 @@ fn no_built_in_model_waits_inside_an_epoch() {
     assert!(cnn.launches_per_step.is_some_and(|l| l > 8));
     for r in group(3, ModelKind::Cnn, Optimizer::Adam) {
         assert_eq!(r.host_syncs, Some(0));
+    }
+}
+
+#[test]
+fn a_warm_up_evaluates_one_batch_after_its_capped_steps_and_a_probe_none() {
+    for fused in [false, true] {
+        let run = |warm_up: bool| {
+            let mut cfg = config(ModelKind::Mlp, Optimizer::Adam, 4, 0.0);
+            cfg.max_steps = Some(2);
+            cfg.warm_up = warm_up;
+            if fused {
+                let cfgs = vec![cfg.clone(), cfg];
+                let ends = run_group(&mut backend(), &cfgs, &mut |_, _| {});
+                ends.into_iter().next().unwrap().unwrap()
+            } else {
+                alone(&cfg)
+            }
+        };
+        let (warm, probe) = (run(true), run(false));
+        assert!(
+            warm.test_acc.is_finite(),
+            "fused {fused}: {}",
+            warm.test_acc
+        );
+        assert!(probe.test_acc.is_nan(), "fused {fused}: {}", probe.test_acc);
+        assert_eq!(warm.host_syncs, Some(0));
     }
 }

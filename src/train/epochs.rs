@@ -51,12 +51,19 @@ pub struct Schedule {
     pub batch: usize,
     /// Stop after this many steps per epoch and skip evaluation (short probes and tests).
     pub max_steps: Option<usize>,
+    /// Evaluate after each epoch even with `max_steps` (a warm-up that loads every kernel).
+    pub warm_up: bool,
 }
 
 impl Schedule {
     /// Steps of a whole epoch: every full batch of the epoch's order.
     pub fn steps_per_epoch(&self) -> usize {
         self.n_train / self.batch.max(1)
+    }
+
+    /// Whether each epoch ends with an evaluation: whole epochs, or a warm-up's.
+    pub fn evaluates(&self) -> bool {
+        self.max_steps.is_none() || self.warm_up
     }
 
     /// Steps each epoch takes.
@@ -123,8 +130,8 @@ pub fn train<S: Steps + ?Sized>(
             s.step(StepAt { epoch, step, steps })?;
         }
         let train_s = steps_start.elapsed().as_secs_f64().max(1e-9);
-        // Short runs (max_steps) time training alone and skip evaluation.
-        let (sums, test) = s.end_epoch(epoch, plan.max_steps.is_none())?;
+        // Short runs (max_steps) time training alone and skip evaluation, warm-ups aside.
+        let (sums, test) = s.end_epoch(epoch, plan.evaluates())?;
         let e = Epoch {
             stats: epoch_stats(epoch, plan, sums, test, started),
             train_s,

@@ -3,7 +3,9 @@
 use std::time::Instant;
 
 use super::epochs::{self, Schedule};
-use super::single::{capture_step, inject, EvalGraphs, Signatures, StepGraph, Tally};
+use super::single::{
+    capture_step, inject, warm_up_test_len, EvalGraphs, Signatures, StepGraph, Tally,
+};
 use super::{run_trial, seeds, EpochStats, TrialConfig, TrialResult};
 use crate::engine::cpu::denormals::FlushGuard;
 use crate::engine::fused::HYPER_LEN;
@@ -168,6 +170,7 @@ fn schedule(cfg: &TrialConfig, n_train: usize) -> Schedule {
         n_train,
         batch: cfg.hyper.batch_size as usize,
         max_steps: cfg.max_steps,
+        warm_up: cfg.warm_up,
     }
 }
 
@@ -226,7 +229,7 @@ impl Group<'_> {
         let signatures = Signatures::of(&group_key(first), n);
         let mut eval_graphs = EvalGraphs::new(graphs);
         let check_every = first.engine.check_every.max(1);
-        let evaluate = plan.max_steps.is_none() && n_test > 0;
+        let evaluate = plan.evaluates() && n_test > 0;
         let mut peeked = vec![0f32; n * STATS_LEN];
         let mut sums = vec![0f32; 2 * n * STATS_LEN];
         for epoch in 1..=plan.epochs {
@@ -289,6 +292,7 @@ impl Group<'_> {
                     fused.eval_batch(be, start, rows)
                 };
                 let batch = fused.first_batch();
+                let n_test = warm_up_test_len(first, n_test, batch);
                 if !eval_graphs.run(be, n_test, batch, loads, &stop, &issue)? {
                     return Err(TrialError::Interrupted);
                 }

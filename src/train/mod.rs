@@ -43,6 +43,10 @@ pub struct TrialConfig {
     /// Stop after this many steps per epoch (short probes); `None` runs whole epochs.
     #[serde(default)]
     pub max_steps: Option<usize>,
+    /// A warm-up: its steps capped by `max_steps`, it still evaluates once after each epoch, so
+    /// that every kernel a trial runs (its evaluation's too) is loaded before timed trials run.
+    #[serde(default)]
+    pub warm_up: bool,
     /// Checked at every step: an aborted trial stops with
     /// [`crate::error::TrialError::Interrupted`].
     #[serde(skip)]

@@ -81,6 +81,7 @@ pub fn run_trial(
         n_train,
         batch,
         max_steps: cfg.max_steps,
+        warm_up: cfg.warm_up,
     };
     let mut single = Single {
         be,
@@ -267,7 +268,8 @@ impl Steps for Single<'_> {
             let stop = || cancel.aborted();
             let issue =
                 |be: &mut dyn Backend, start: usize, rows: usize| net.eval_batch(be, start, rows);
-            let (n_test, batch) = (self.n_test, net.batch);
+            let batch = net.batch;
+            let n_test = warm_up_test_len(self.cfg, self.n_test, batch);
             let ran = self
                 .eval_graphs
                 .run(&mut self.be, n_test, batch, loads, &stop, &issue)?;
@@ -276,7 +278,7 @@ impl Steps for Single<'_> {
             }
             self.be.mark_loaded(self.signatures.evaluation);
             self.be.read_metrics(net.epoch_stats(), &mut sums)?;
-            let n = self.n_test as f64;
+            let n = n_test as f64;
             (sums[STATS_LEN] as f64 / n, sums[STATS_LEN + 1] as f64 / n)
         } else {
             self.be.read_metrics(net.stats, &mut sums[..STATS_LEN])?;
@@ -480,6 +482,16 @@ impl EvalGraphs {
     }
 }
 
+/// The test samples an evaluation covers: all of them, or for a warm-up the first batch alone
+/// (every batch runs the same shapes, so one loads every kernel an evaluation runs).
+pub(super) fn warm_up_test_len(cfg: &TrialConfig, n_test: usize, batch: usize) -> usize {
+    if cfg.warm_up {
+        n_test.min(batch)
+    } else {
+        n_test
+    }
+}
+
 /// Issues one evaluation batch: `(backend, start, rows)`.
 pub(super) type IssueBatch<'a> =
     dyn Fn(&mut dyn Backend, usize, usize) -> Result<(), EngineError> + 'a;
@@ -590,6 +602,7 @@ mod tests {
             fault: None,
             engine: EngineOptions::default(),
             max_steps: Some(1),
+            warm_up: false,
             cancel: Default::default(),
             prune: None,
         }

@@ -361,6 +361,7 @@ fn drive(
         n_train: sizes.n_train,
         batch: global,
         max_steps: t.max_steps,
+        warm_up: t.warm_up,
     };
     let mut mirrored = Mirrored {
         crew,

@@ -67,6 +67,7 @@ fn config(
             fault: None,
             engine: Default::default(),
             max_steps: Some(steps),
+            warm_up: false,
             cancel: Default::default(),
             prune: None,
         },
