@@ -105,7 +105,7 @@ pub fn run_trial(
         started,
         &mut |_, e| on_epoch(&e.stats),
     )?;
-    single.tally.into_result(&mut result);
+    single.tally.fill(&mut result);
     Ok(result)
 }
 
@@ -135,10 +135,6 @@ impl Tally {
     /// After the last epoch, before the final wait.
     pub(super) fn epochs_end(&mut self, be: &Counted) {
         self.syncs_at_end = Some(be.counts().host_syncs);
-    }
-
-    pub(super) fn into_result(self, r: &mut TrialResult) {
-        self.fill(r);
     }
 
     /// Writes the counts into a trial's result.
