@@ -587,12 +587,12 @@ fn cudnn_runs_in_the_workspace_it_planned() {
 }
 
 /// Batch norm in training (per-channel statistics in double on both sides, in another order),
-/// in inference (bit for bit) and backward. Tolerance: the double sums round to the same float
+/// in inference (bit for bit) and backward, with one block a channel and, for a shape of few
+/// channels and many values, several blocks a channel. Tolerance: the double sums round to the same float
 /// but for the last bit, so outputs of order one agree to 1e-5 absolute and relative (dx, a
 /// difference of sums, to 1e-4 relative).
 fn batch_norm_matches_the_cpu() {
     let e = gpu_or_skip!();
-    let mut p = Pair::new(&e);
     for s in [
         PlaneShape { n: 3, c: 5, hw: 37 },
         PlaneShape {
@@ -605,7 +605,14 @@ fn batch_norm_matches_the_cpu() {
             c: 70,
             hw: 1,
         },
+        // Few channels of many values: each channel's sums split over several blocks.
+        PlaneShape {
+            n: 2,
+            c: 2,
+            hw: 12288,
+        },
     ] {
+        let mut p = Pair::new(&e);
         let what = format!("{s:?}");
         let x = p.random(s.len(), -2.0, 3.0);
         let gamma = p.random(s.c, 0.5, 1.5);

@@ -10,7 +10,7 @@ use super::context::{Ctx, Entered};
 use super::cudnn::Dnn;
 use super::data::DeviceData;
 use super::graph::{self, GraphExec};
-use super::launch::{grid_for, launch, Arg, BLOCK};
+use super::launch::{grid_for, launch, launch_2d, Arg, BLOCK};
 use super::pool::{blas_workspace_bytes, layout, Allocation, Layout, Pool};
 use super::staging::Staging;
 use super::stream::{Pacer, Stream};
@@ -123,6 +123,17 @@ impl CudaBackend {
         Ok(arena.alloc.ptr() + arena.layout.order_offset as u64)
     }
 
+    /// Device address of the reductions' scratch ([`super::pool::REDUCE_SCRATCH_BYTES`]): the
+    /// partial pairs, the channels' means, the tickets (zero between ops).
+    pub(crate) fn scratch_ptrs(&self) -> Result<[sys::CUdeviceptr; 3], EngineError> {
+        use super::pool::{REDUCE_CHANNELS, REDUCE_PARTIALS};
+        let arena = self.arena.as_ref().ok_or(EngineError::NoArena)?;
+        let base = arena.alloc.ptr() + arena.layout.scratch_offset as u64;
+        let means = base + (REDUCE_PARTIALS * 16) as u64;
+        let tickets = means + (REDUCE_CHANNELS * 8) as u64;
+        Ok([base, means, tickets])
+    }
+
     /// Host-side copies and waits are not allowed while ops are being recorded.
     pub(crate) fn not_capturing(&self, op: &str) -> Result<(), EngineError> {
         if self.capturing {
@@ -143,6 +154,20 @@ impl CudaBackend {
     ) -> Result<(), EngineError> {
         let f = self.ctx.kernels().get(name)?;
         launch(entered, name, f, shape, self.stream.raw(), args)
+    }
+
+    /// Launches kernel `name` as a `grid.0 × grid.1` grid of `block`-thread blocks on the trial's
+    /// stream.
+    pub(crate) fn kernel2(
+        &self,
+        entered: &Entered,
+        name: &'static str,
+        grid: (u32, u32),
+        block: u32,
+        args: &[Arg],
+    ) -> Result<(), EngineError> {
+        let f = self.ctx.kernels().get(name)?;
+        launch_2d(entered, name, f, grid, block, self.stream.raw(), args)
     }
 
     /// Launches an element-wise (grid-stride) kernel sized for `n` elements.

@@ -163,10 +163,23 @@ impl Arg {
 /// Launches `func` (named `name` in errors) as `grid` blocks of `block` threads on `stream`,
 /// after checking the arguments against the kernel's declared parameters.
 pub(crate) fn launch(
-    _in: &Entered,
+    entered: &Entered,
     name: &str,
     func: sys::CUfunction,
     (grid, block): (u32, u32),
+    stream: sys::CUstream,
+    args: &[Arg],
+) -> Result<(), EngineError> {
+    launch_2d(entered, name, func, (grid, 1), block, stream, args)
+}
+
+/// [`launch`] on a grid of `grid.0 × grid.1` blocks.
+pub(crate) fn launch_2d(
+    _in: &Entered,
+    name: &str,
+    func: sys::CUfunction,
+    (grid_x, grid_y): (u32, u32),
+    block: u32,
     stream: sys::CUstream,
     args: &[Arg],
 ) -> Result<(), EngineError> {
@@ -181,8 +194,8 @@ pub(crate) fn launch(
     let r = unsafe {
         sys::cuLaunchKernel(
             func,
-            grid,
-            1,
+            grid_x,
+            grid_y,
             1,
             block,
             1,

@@ -14,9 +14,13 @@ use crate::engine::{
 };
 use crate::error::EngineError;
 
-/// Threads per block of the batch-norm reductions (one block per channel): the most a block may
-/// have, for the most loads in flight on the few blocks a layer of 64 channels gives.
+/// Threads per block of the batch-norm reductions: the most a block may have, for the most loads
+/// in flight.
 const NORM_BLOCK: u32 = 1024;
+/// The fewest values of a channel one block of a batch-norm reduction takes when a channel is
+/// split over several blocks, and the most blocks a channel is split over.
+const NORM_MIN_CHUNK: usize = 16 << 10;
+const NORM_MAX_CHUNKS: usize = 32;
 
 impl Backend for CudaBackend {
     fn batchnorm_fwd(
@@ -45,6 +49,33 @@ impl Backend for CudaBackend {
                 Arg::Ptr(at(base, saved)),
                 Arg::Ptr(at(base, y)),
             ];
+            let chunks = self.norm_chunks(s, 1);
+            if chunks > 1 {
+                let [partials, means, tickets] = self.scratch_ptrs()?;
+                for pass in 0..2u32 {
+                    let mut a = vec![
+                        Arg::Ptr(at(base, x)),
+                        Arg::Ptr(at(base, running)),
+                        Arg::Ptr(at(base, saved)),
+                        Arg::Ptr(partials),
+                        Arg::Ptr(means),
+                        Arg::Ptr(tickets),
+                    ];
+                    a.extend(plane_dims(op, s)?);
+                    a.extend([Arg::F32(p.momentum), Arg::F32(p.eps), Arg::U32(pass)]);
+                    let grid = (chunks, s.c as u32);
+                    self.kernel2(&e, "batchnorm_fwd_partial", grid, NORM_BLOCK, &a)?;
+                }
+                let mut a = vec![
+                    Arg::Ptr(at(base, x)),
+                    Arg::Ptr(at(base, gamma)),
+                    Arg::Ptr(at(base, beta)),
+                    Arg::Ptr(at(base, saved)),
+                    Arg::Ptr(at(base, y)),
+                ];
+                a.extend(plane_dims(op, s)?);
+                return self.elementwise(&e, "batchnorm_normalize", s.len(), &a);
+            }
             args.extend(dims);
             args.extend([Arg::F32(p.momentum), Arg::F32(p.eps)]);
             // One block per channel (blocks loop over channels beyond the grid).
@@ -91,6 +122,33 @@ impl Backend for CudaBackend {
         ];
         args.extend(plane_dims(op, s)?);
         let e = self.ctx.enter()?;
+        let chunks = self.norm_chunks(s, 2);
+        if chunks > 1 {
+            let [partials, _, tickets] = self.scratch_ptrs()?;
+            let mut a = vec![
+                Arg::Ptr(at(base, x)),
+                Arg::Ptr(at(base, saved)),
+                Arg::Ptr(at(base, dy)),
+                Arg::Ptr(at(base, dgamma)),
+                Arg::Ptr(at(base, dbeta)),
+                Arg::Ptr(partials),
+                Arg::Ptr(tickets),
+            ];
+            a.extend(plane_dims(op, s)?);
+            let grid = (chunks, s.c as u32);
+            self.kernel2(&e, "batchnorm_bwd_partial", grid, NORM_BLOCK, &a)?;
+            let mut a = vec![
+                Arg::Ptr(at(base, x)),
+                Arg::Ptr(at(base, gamma)),
+                Arg::Ptr(at(base, saved)),
+                Arg::Ptr(at(base, dy)),
+                Arg::Ptr(at(base, dgamma)),
+                Arg::Ptr(at(base, dbeta)),
+                Arg::Ptr(at(base, dx)),
+            ];
+            a.extend(plane_dims(op, s)?);
+            return self.elementwise(&e, "batchnorm_bwd_dx", s.len(), &a);
+        }
         let grid = s.c.clamp(1, MAX_BLOCKS as usize) as u32;
         self.kernel(&e, "batchnorm_bwd", (grid, NORM_BLOCK), &args)
     }
@@ -1278,6 +1336,23 @@ impl CudaBackend {
         };
         let e = self.ctx.enter()?;
         self.elementwise(&e, op, w.len, &args)
+    }
+
+    /// Blocks each channel of a batch-norm reduction over `s` is split over: enough for two
+    /// blocks an SM over all channels, each taking at least [`NORM_MIN_CHUNK`] values, at most
+    /// [`NORM_MAX_CHUNKS`], and within the reductions' scratch (`pairs` doubles a partial); 1
+    /// (one block a channel, the single-kernel path) when a layer has channels enough.
+    fn norm_chunks(&self, s: &PlaneShape, pairs: usize) -> u32 {
+        use super::pool::{REDUCE_CHANNELS, REDUCE_PARTIALS};
+        let c = s.c.max(1);
+        let sms = self.ctx.device().info.sm_count as usize;
+        let fill = (2 * sms).div_ceil(c);
+        let by_size = (s.n * s.hw).div_ceil(NORM_MIN_CHUNK);
+        let k = fill.min(by_size).clamp(1, NORM_MAX_CHUNKS);
+        if k == 1 || c > REDUCE_CHANNELS || c * k * pairs > 2 * REDUCE_PARTIALS {
+            return 1;
+        }
+        k as u32
     }
 
     /// `dropout_fwd(x → y)` or `dropout_bwd(dy → dx)`: the same kernel signature.

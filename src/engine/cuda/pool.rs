@@ -37,11 +37,22 @@ pub(crate) struct Layout {
     /// The training split's order (`u32` per sample).
     pub order_offset: usize,
     pub order_bytes: usize,
+    /// The reductions' scratch ([`REDUCE_SCRATCH_BYTES`]: batch norm's partial sums over many
+    /// blocks a channel, its means, and the tickets the last block of a channel takes).
+    pub scratch_offset: usize,
     pub total: usize,
 }
 
+/// Partial sums the reduction scratch holds (one `double` pair each).
+pub(crate) const REDUCE_PARTIALS: usize = 4096;
+/// Channels the reduction scratch holds a mean (`double`) and a ticket (`u32`) for.
+pub(crate) const REDUCE_CHANNELS: usize = 4096;
+/// Bytes of the reduction scratch: the partial pairs, then the means, then the tickets.
+pub(crate) const REDUCE_SCRATCH_BYTES: usize =
+    REDUCE_PARTIALS * 16 + REDUCE_CHANNELS * 8 + REDUCE_CHANNELS * 4;
+
 /// The layout for `blas_bytes` of cuBLAS workspace (a multiple of 256), an arena of `elems`
-/// `f32` and an order of `order_len` `u32`.
+/// `f32`, an order of `order_len` `u32` and the reductions' scratch.
 pub(crate) fn layout(
     blas_bytes: usize,
     elems: usize,
@@ -57,8 +68,12 @@ pub(crate) fn layout(
         .checked_add(arena_bytes)
         .and_then(|e| e.checked_next_multiple_of(PART_ALIGN))
         .ok_or_else(too_big)?;
-    let total = order_offset
+    let scratch_offset = order_offset
         .checked_add(order_bytes)
+        .and_then(|e| e.checked_next_multiple_of(PART_ALIGN))
+        .ok_or_else(too_big)?;
+    let total = scratch_offset
+        .checked_add(REDUCE_SCRATCH_BYTES)
         .and_then(|e| e.checked_next_multiple_of(PART_ALIGN))
         .ok_or_else(too_big)?;
     Ok(Layout {
@@ -67,6 +82,7 @@ pub(crate) fn layout(
         arena_bytes,
         order_offset,
         order_bytes,
+        scratch_offset,
         total,
     })
 }
@@ -368,7 +384,9 @@ mod tests {
         assert_eq!(l.order_offset % PART_ALIGN, 0);
         assert!(l.order_offset >= l.arena_offset + l.arena_bytes);
         assert_eq!(l.order_bytes, 40);
-        assert!(l.total >= l.order_offset + l.order_bytes);
+        assert_eq!(l.scratch_offset % PART_ALIGN, 0);
+        assert!(l.scratch_offset >= l.order_offset + l.order_bytes);
+        assert!(l.total >= l.scratch_offset + REDUCE_SCRATCH_BYTES);
         assert_eq!(l.total % PART_ALIGN, 0);
         assert!(layout(BLAS_WORKSPACE_BYTES, usize::MAX / 2, 0).is_err());
     }

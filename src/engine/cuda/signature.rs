@@ -177,7 +177,7 @@ mod tests {
             );
             seen += 1;
         }
-        assert_eq!(seen, 47);
+        assert_eq!(seen, 51);
     }
 
     #[test]
