@@ -6,7 +6,8 @@
 // then a fixed-order shared-memory tree adds the per-thread sums, so results are the same on every
 // run with the same blockDim (at most MAX_THREADS). Layers with few channels and large planes split
 // each channel over several blocks instead (the *_partial kernels), whose partial sums the
-// channel's last block adds in a fixed order, in the backend's reduction scratch.
+// channel's last block adds in a fixed order, in the backend's reduction scratch; the number of
+// blocks depends on the shape alone, so the results are the same on every GPU.
 
 #include "common.cuh"
 

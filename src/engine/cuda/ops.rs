@@ -21,6 +21,8 @@ const NORM_BLOCK: u32 = 1024;
 /// split over several blocks, and the most blocks a channel is split over.
 const NORM_MIN_CHUNK: usize = 16 << 10;
 const NORM_MAX_CHUNKS: usize = 32;
+/// Blocks a batch-norm reduction aims for over all its channels.
+const NORM_TARGET_BLOCKS: usize = 256;
 
 impl Backend for CudaBackend {
     fn batchnorm_fwd(
@@ -1338,16 +1340,21 @@ impl CudaBackend {
         self.elementwise(&e, op, w.len, &args)
     }
 
-    /// Blocks each channel of a batch-norm reduction over `s` is split over: enough for two
-    /// blocks an SM over all channels, each taking at least [`NORM_MIN_CHUNK`] values, at most
+    /// Blocks each channel of a batch-norm reduction over `s` is split over: enough for about
+    /// [`NORM_TARGET_BLOCKS`] blocks over all channels (two an SM on the largest GPUs), each
+    /// taking about [`NORM_MIN_CHUNK`] values or more (at least half that), at most
     /// [`NORM_MAX_CHUNKS`], and within the reductions' scratch (`pairs` doubles a partial); 1
-    /// (one block a channel, the single-kernel path) when a layer has channels enough.
+    /// (one block a channel, the single-kernel path) when a layer has channels enough. It depends
+    /// on the shape alone, not on the device, so the sums' order (and their last bits) is the
+    /// same on every GPU.
     fn norm_chunks(&self, s: &PlaneShape, pairs: usize) -> u32 {
         use super::pool::{REDUCE_CHANNELS, REDUCE_PARTIALS};
-        let c = s.c.max(1);
-        let sms = self.ctx.device().info.sm_count as usize;
-        let fill = (2 * sms).div_ceil(c);
-        let by_size = (s.n * s.hw).div_ceil(NORM_MIN_CHUNK);
+        let (c, m) = (s.c, s.n * s.hw);
+        if c == 0 || m == 0 {
+            return 1;
+        }
+        let fill = NORM_TARGET_BLOCKS.div_ceil(c);
+        let by_size = m.div_ceil(NORM_MIN_CHUNK);
         let k = fill.min(by_size).clamp(1, NORM_MAX_CHUNKS);
         if k == 1 || c > REDUCE_CHANNELS || c * k * pairs > 2 * REDUCE_PARTIALS {
             return 1;

@@ -43,11 +43,13 @@ pub(crate) struct Layout {
     pub total: usize,
 }
 
-/// Partial sums the reduction scratch holds (one `double` pair each).
+/// Pairs of `double`s the reduction scratch holds for partial sums (the forward pass of batch
+/// norm takes one `double` a partial, the backward pass a pair).
 pub(crate) const REDUCE_PARTIALS: usize = 4096;
 /// Channels the reduction scratch holds a mean (`double`) and a ticket (`u32`) for.
 pub(crate) const REDUCE_CHANNELS: usize = 4096;
-/// Bytes of the reduction scratch: the partial pairs, then the means, then the tickets.
+/// Bytes of the reduction scratch (112 KiB): the partial pairs, then the means, then the
+/// tickets.
 pub(crate) const REDUCE_SCRATCH_BYTES: usize =
     REDUCE_PARTIALS * 16 + REDUCE_CHANNELS * 8 + REDUCE_CHANNELS * 4;
 
