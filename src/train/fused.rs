@@ -293,9 +293,7 @@ impl Group<'_> {
                 };
                 let batch = fused.first_batch();
                 let n_test = warm_up_test_len(first, n_test, batch);
-                if !eval_graphs.run(be, n_test, batch, loads, &stop, &issue)? {
-                    return Err(TrialError::Interrupted);
-                }
+                eval_graphs.run(be, n_test, batch, loads, &stop, &issue)?;
                 be.mark_loaded(signatures.evaluation);
                 be.read_metrics(self.fused.epoch_stats(), &mut sums)?;
                 let mean = |v: f32| v as f64 / n_test as f64;

@@ -259,19 +259,9 @@ impl Steps for Single<'_> {
             let loads = self
                 .signatures
                 .evaluation_loads(&self.be, self.graphs, epoch);
-            self.be.fill(net.test_stats, 0.0)?;
-            let cancel = &self.cfg.cancel;
-            let stop = || cancel.aborted();
-            let issue =
-                |be: &mut dyn Backend, start: usize, rows: usize| net.eval_batch(be, start, rows);
-            let batch = net.batch;
-            let n_test = warm_up_test_len(self.cfg, self.n_test, batch);
-            let ran = self
-                .eval_graphs
-                .run(&mut self.be, n_test, batch, loads, &stop, &issue)?;
-            if !ran {
-                return Err(TrialError::Interrupted);
-            }
+            let n_test = warm_up_test_len(self.cfg, self.n_test, net.batch);
+            let (cancel, graphs) = (&self.cfg.cancel, &mut self.eval_graphs);
+            issue_evaluation(&mut self.be, net, n_test, loads, cancel, graphs)?;
             self.be.mark_loaded(self.signatures.evaluation);
             self.be.read_metrics(net.epoch_stats(), &mut sums)?;
             let n = n_test as f64;
@@ -427,7 +417,8 @@ impl EvalGraphs {
 
     /// Runs one evaluation of `n_test` samples in batches of `batch` (the last one partial):
     /// `issue(be, start, rows)` issues one batch's ops. With [`Loads::HoldCaptures`] the first
-    /// eager chunk holds the process's captures off. `false` when `stop` said to stop.
+    /// eager chunk holds the process's captures off. [`TrialError::Interrupted`] when `stop`
+    /// said to stop.
     pub(super) fn run(
         &mut self,
         be: &mut dyn Backend,
@@ -436,12 +427,12 @@ impl EvalGraphs {
         loads: Loads,
         stop: &dyn Fn() -> bool,
         issue: &IssueBatch<'_>,
-    ) -> Result<bool, TrialError> {
+    ) -> Result<(), TrialError> {
         let chunks = eval_chunks(n_test, batch);
         let capture = self.enabled && !self.captured && !self.failed && self.evaluations > 0;
         for (k, chunk) in chunks.iter().enumerate() {
             if stop() {
-                return Ok(false);
+                return Err(TrialError::Interrupted);
             }
             let slot = 1 + k;
             if self.captured {
@@ -474,7 +465,7 @@ impl EvalGraphs {
         if capture && !self.failed {
             self.captured = true;
         }
-        Ok(true)
+        Ok(())
     }
 }
 
@@ -503,24 +494,21 @@ pub(super) fn eval_chunks(n_test: usize, batch: usize) -> Vec<Vec<(usize, usize)
     batches.chunks(per).map(<[_]>::to_vec).collect()
 }
 
-/// Issues an evaluation over the test split into the network's test sums (zeroed first), in
-/// batches (the last one partial; [`models::Network::eval_batch`]), eagerly, paced like the
-/// training steps and stopped by `cancel` between batches. Nothing is read.
+/// Issues an evaluation of the first `n_test` test samples into the network's test sums (zeroed
+/// first), in batches (the last one partial; [`models::Network::eval_batch`]) run by `graphs`,
+/// paced like the training steps and stopped by `cancel` between batches. Nothing is read.
 fn issue_evaluation(
     be: &mut dyn Backend,
     net: &models::Network,
     n_test: usize,
     loads: Loads,
     cancel: &crate::cancel::Cancel,
+    graphs: &mut EvalGraphs,
 ) -> Result<(), TrialError> {
     be.fill(net.test_stats, 0.0)?;
     let stop = || cancel.aborted();
     let issue = |be: &mut dyn Backend, start: usize, rows: usize| net.eval_batch(be, start, rows);
-    if EvalGraphs::new(false).run(be, n_test, net.batch, loads, &stop, &issue)? {
-        Ok(())
-    } else {
-        Err(TrialError::Interrupted)
-    }
+    graphs.run(be, n_test, net.batch, loads, &stop, &issue)
 }
 
 /// Mean loss and accuracy over the test split ([`issue_evaluation`], then one read of the test
@@ -535,7 +523,7 @@ pub(crate) fn evaluate(
     if n_test == 0 {
         return Ok((f64::NAN, f64::NAN));
     }
-    issue_evaluation(be, net, n_test, loads, cancel)?;
+    issue_evaluation(be, net, n_test, loads, cancel, &mut EvalGraphs::new(false))?;
     let mut stats = [0f32; STATS_LEN];
     be.read(net.test_stats, &mut stats)?;
     Ok((

@@ -1210,21 +1210,54 @@ impl CudaBackend {
         counter: Option<Region>,
         advance: bool,
     ) -> Result<(), EngineError> {
+        /// A kernel argument: a region of the arena (its address once the arena's base is
+        /// known), or a plain value.
+        enum Part {
+            At(Region),
+            Value(Arg),
+        }
+        use Part::{At, Value};
         let counter = counter.map(contract::counter).transpose()?;
         let need_counter = || {
             counter.ok_or_else(|| {
                 EngineError::Device("an optimizer step needs the step counter".into())
             })
         };
-        let (op, w, reads, writes): (&'static str, Region, Vec<Region>, Vec<Region>) = match u {
-            Update::Sgd { w, g, v, .. } => {
-                let [g, v] = contract::elementwise("sgd_step", [("g", g), ("v", v)], w.len)?;
-                ("sgd_step", w, vec![g], vec![w, v])
+        // The advance is the kernel's last argument: the counter it writes, or none.
+        let advance = if advance { Some(need_counter()?) } else { None };
+        let per_trial = |op, w: Region, trials: usize| {
+            to_u32(op, "params", w.len.checked_div(trials).unwrap_or(0)).map(Arg::U32)
+        };
+        let (op, w, reads, writes, parts) = match u {
+            Update::Sgd { w, g, v, p } => {
+                let op = "sgd_step";
+                let [g, v] = contract::elementwise(op, [("g", g), ("v", v)], w.len)?;
+                let params = [p.lr, p.momentum, p.weight_decay].map(|x| Value(Arg::F32(x)));
+                let mut parts = vec![
+                    At(w),
+                    At(g),
+                    At(v),
+                    Value(Arg::U32(to_u32(op, "len", w.len)?)),
+                ];
+                parts.extend(params);
+                (op, w, vec![g], vec![w, v], parts)
             }
-            Update::Adam { w, g, m, v, .. } => {
-                let [g, m, v] =
-                    contract::elementwise("adam_step", [("g", g), ("m", m), ("v", v)], w.len)?;
-                ("adam_step", w, vec![g], vec![w, m, v])
+            Update::Adam { w, g, m, v, p } => {
+                let op = "adam_step";
+                let [g, m, v] = contract::elementwise(op, [("g", g), ("m", m), ("v", v)], w.len)?;
+                let c = need_counter()?;
+                let params =
+                    [p.lr, p.beta1, p.beta2, p.eps, p.weight_decay].map(|x| Value(Arg::F32(x)));
+                let mut parts = vec![
+                    At(w),
+                    At(g),
+                    At(m),
+                    At(v),
+                    Value(Arg::U32(to_u32(op, "len", w.len)?)),
+                ];
+                parts.extend(params);
+                parts.push(At(c));
+                (op, w, vec![g, c], vec![w, m, v], parts)
             }
             Update::SgdBatched {
                 w,
@@ -1236,7 +1269,15 @@ impl CudaBackend {
                 let op = "sgd_step_batched";
                 let (_, [g, v], hyper) =
                     contract::optim_batched(op, w, [("g", g), ("v", v)], hyper, trials)?;
-                (op, w, vec![g, hyper], vec![w, v])
+                let parts = vec![
+                    At(w),
+                    At(g),
+                    At(v),
+                    Value(Arg::U32(to_u32(op, "len", w.len)?)),
+                    Value(per_trial(op, w, trials)?),
+                    At(hyper),
+                ];
+                (op, w, vec![g, hyper], vec![w, v], parts)
             }
             Update::AdamBatched {
                 w,
@@ -1249,93 +1290,32 @@ impl CudaBackend {
                 let op = "adam_step_batched";
                 let (_, [g, m, v], hyper) =
                     contract::optim_batched(op, w, [("g", g), ("m", m), ("v", v)], hyper, trials)?;
-                (op, w, vec![g, hyper], vec![w, m, v])
+                let c = need_counter()?;
+                let parts = vec![
+                    At(w),
+                    At(g),
+                    At(m),
+                    At(v),
+                    Value(Arg::U32(to_u32(op, "len", w.len)?)),
+                    Value(per_trial(op, w, trials)?),
+                    At(hyper),
+                    At(c),
+                ];
+                (op, w, vec![g, hyper, c], vec![w, m, v], parts)
             }
         };
-        let mut reads = reads;
-        let mut writes = writes;
-        // The counter is read (Adam's t) or written (the advance) by the kernel: checked too.
-        match (counter, advance) {
-            (Some(c), true) => writes.push(c),
-            (Some(c), false) if matches!(u, Update::Adam { .. } | Update::AdamBatched { .. }) => {
-                reads.push(c)
-            }
-            (None, true) => return Err(need_counter().unwrap_err()),
-            _ => {}
-        }
+        // The counter is written by the advance (and read by Adam): checked as written then.
+        let reads: Vec<Region> = reads.into_iter().filter(|r| Some(*r) != advance).collect();
+        let writes: Vec<Region> = writes.into_iter().chain(advance).collect();
         let base = self.regions(op, &reads, &writes)?;
-        let len = Arg::U32(to_u32(op, "len", w.len)?);
-        let advance_ptr = match (advance, counter) {
-            (true, Some(c)) => Arg::Ptr(at(base, c)),
-            _ => Arg::Ptr(0),
-        };
-        let args: Vec<Arg> = match u {
-            Update::Sgd { w, g, v, p } => vec![
-                Arg::Ptr(at(base, w)),
-                Arg::Ptr(at(base, g)),
-                Arg::Ptr(at(base, v)),
-                len,
-                Arg::F32(p.lr),
-                Arg::F32(p.momentum),
-                Arg::F32(p.weight_decay),
-                advance_ptr,
-            ],
-            Update::Adam { w, g, m, v, p } => vec![
-                Arg::Ptr(at(base, w)),
-                Arg::Ptr(at(base, g)),
-                Arg::Ptr(at(base, m)),
-                Arg::Ptr(at(base, v)),
-                len,
-                Arg::F32(p.lr),
-                Arg::F32(p.beta1),
-                Arg::F32(p.beta2),
-                Arg::F32(p.eps),
-                Arg::F32(p.weight_decay),
-                Arg::Ptr(at(base, need_counter()?)),
-                advance_ptr,
-            ],
-            Update::SgdBatched {
-                w,
-                g,
-                v,
-                hyper,
-                trials,
-            } => vec![
-                Arg::Ptr(at(base, w)),
-                Arg::Ptr(at(base, g)),
-                Arg::Ptr(at(base, v)),
-                len,
-                Arg::U32(to_u32(
-                    op,
-                    "params",
-                    w.len.checked_div(trials).unwrap_or(0),
-                )?),
-                Arg::Ptr(at(base, hyper)),
-                advance_ptr,
-            ],
-            Update::AdamBatched {
-                w,
-                g,
-                m,
-                v,
-                hyper,
-                trials,
-            } => vec![
-                Arg::Ptr(at(base, w)),
-                Arg::Ptr(at(base, g)),
-                Arg::Ptr(at(base, m)),
-                Arg::Ptr(at(base, v)),
-                len,
-                Arg::U32(to_u32(
-                    op,
-                    "params",
-                    w.len.checked_div(trials).unwrap_or(0),
-                )?),
-                Arg::Ptr(at(base, hyper)),
-                Arg::Ptr(at(base, need_counter()?)),
-                advance_ptr,
-            ],
-        };
+        let mut args: Vec<Arg> = parts
+            .into_iter()
+            .map(|part| match part {
+                At(r) => Arg::Ptr(at(base, r)),
+                Value(a) => a,
+            })
+            .collect();
+        args.push(Arg::Ptr(advance.map_or(0, |c| at(base, c))));
         let e = self.ctx.enter()?;
         self.elementwise(&e, op, w.len, &args)
     }
