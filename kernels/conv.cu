@@ -1,6 +1,6 @@
 // Convolution lowering over the whole batch: im2col/col2im and the layout changes around the GEMMs.
 // CPU twins: src/engine/cpu/im2col.rs (im2col, col2im, per sample) and ops::conv2d_fwd/conv2d_bwd
-// (bias add, bias gradient).
+// (bias add, bias gradient, and a fused group's weight gradient that split_k_sum adds up).
 // Zero padding and a stride: h_out = (h + 2·pad − k)/stride + 1, and the same for w_out
 // (engine::shapes).
 
@@ -124,48 +124,6 @@ extern "C" __global__ void col2im(const float* col, float* dx, unsigned int n, u
     }
 }
 
-// im2col per trial `t < trials` of a fused group: trial t's `x` starts t·n·c_in·h·w elements in,
-// its column matrix `t·col_stride` elements into `col`. One thread per entry of every trial's
-// column matrix (64-bit indices: the trials' matrices lie apart).
-extern "C" __global__ void im2col_fused(const float* x, float* col, unsigned int trials,
-                                        u64 col_stride, unsigned int n, unsigned int c_in,
-                                        unsigned int h, unsigned int w, unsigned int k,
-                                        unsigned int pad, unsigned int stride, unsigned int h_out,
-                                        unsigned int w_out)
-{
-    if (stride == 0) {
-        return;
-    }
-    const ConvSizes s = {n, c_in, h, w, k, pad, stride, h_out, w_out};
-    const u64 per = (u64)c_in * k * k * n * h_out * w_out, x_len = (u64)n * c_in * h * w;
-    FOR_EACH(u64, g, per * trials)
-    {
-        const u64 t = g / per, e = g - t * per;
-        col[t * col_stride + e] = im2col_entry<u64>(x + t * x_len, s, e);
-    }
-}
-
-// col2im per trial `t < trials` of a fused group: trial t's column matrix `t·col_stride`
-// elements into `col`, its `dx` t·n·c_in·h·w elements in. One thread per element of every
-// trial's `dx`.
-extern "C" __global__ void col2im_fused(const float* col, float* dx, unsigned int trials,
-                                        u64 col_stride, unsigned int n, unsigned int c_in,
-                                        unsigned int h, unsigned int w, unsigned int k,
-                                        unsigned int pad, unsigned int stride, unsigned int h_out,
-                                        unsigned int w_out)
-{
-    if (stride == 0) {
-        return;
-    }
-    const ConvSizes s = {n, c_in, h, w, k, pad, stride, h_out, w_out};
-    const u64 per = (u64)n * c_in * h * w;
-    FOR_EACH(u64, g, per * trials)
-    {
-        const u64 t = g / per, e = g - t * per;
-        dx[g] = col2im_entry<u64>(col + t * col_stride, s, e);
-    }
-}
-
 template <typename I>
 __device__ void nchw_to_cnhw_body(const float* src, float* dst, I n, I c, I hw)
 {
@@ -185,21 +143,6 @@ extern "C" __global__ void nchw_to_cnhw(const float* src, float* dst, unsigned i
         nchw_to_cnhw_body<unsigned int>(src, dst, n, c, hw);
     } else {
         nchw_to_cnhw_body<u64>(src, dst, n, c, hw);
-    }
-}
-
-// nchw_to_cnhw per trial `t < trials` of a fused group: trial t's `src` starts t·n·c·hw elements
-// in, its `dst` `t·dst_stride` elements in; one thread per element of every trial's `dst`.
-extern "C" __global__ void nchw_to_cnhw_fused(const float* src, float* dst, unsigned int trials,
-                                              u64 dst_stride, unsigned int n, unsigned int c,
-                                              unsigned int hw)
-{
-    const u64 per = (u64)n * c * hw, nhw = (u64)n * hw;
-    FOR_EACH(u64, g, per * trials)
-    {
-        const u64 t = g / per, e = g - t * per;
-        const u64 ch = e / nhw, rest = e - ch * nhw, b = rest / hw, j = rest - b * hw;
-        dst[t * dst_stride + e] = src[t * per + (b * c + ch) * hw + j];
     }
 }
 
@@ -227,21 +170,40 @@ extern "C" __global__ void cnhw_to_nchw_bias(const float* src, const float* bias
     }
 }
 
-// cnhw_to_nchw_bias per trial `t < trials` of a fused group: trial t's `src` starts
-// `t·src_stride` elements in, its bias `t·bias_stride` elements in (none when `bias` is null), its
-// `dst` t·n·c·hw elements in; one thread per element of every trial's `dst`.
+// cnhw_to_nchw_bias over a fused group of `trials` trials of `n` samples each, its channel-major
+// `src` over the whole group (`src[ch][(t·n + b)·hw + j]`): trial t's bias starts
+// `t·bias_stride` elements in (none when `bias` is null), its `dst` t·n·c·hw elements in. One
+// thread per element of every trial's `dst`.
 extern "C" __global__ void cnhw_to_nchw_bias_fused(const float* src, const float* bias,
-                                                   float* dst, unsigned int trials, u64 src_stride,
+                                                   float* dst, unsigned int trials,
                                                    u64 bias_stride, unsigned int n, unsigned int c,
                                                    unsigned int hw)
 {
-    const u64 per = (u64)n * c * hw;
+    const u64 per = (u64)n * c * hw, row = (u64)trials * n * hw;
     FOR_EACH(u64, g, per * trials)
     {
         const u64 t = g / per, e = g - t * per;
         const u64 plane = e / hw, j = e - plane * hw, b = plane / c, ch = plane - b * c;
-        const float v = src[t * src_stride + (ch * n + b) * hw + j];
+        const float v = src[ch * row + (t * n + b) * hw + j];
         dst[g] = bias ? v + bias[t * bias_stride + ch] : v;
+    }
+}
+
+// dst[t·dst_stride + e] = Σ_{j < splits} part[(t·splits + j)·len + e], the parts added in order:
+// a fused group's weight gradient from the partial sums of its split GEMM
+// (src/engine/cuda/conv_group.rs). One thread per element of every trial's `dst`.
+extern "C" __global__ void split_k_sum(const float* part, float* dst, unsigned int trials,
+                                       unsigned int splits, unsigned int len, u64 dst_stride)
+{
+    FOR_EACH(u64, g, (u64)trials * len)
+    {
+        const u64 t = g / len, e = g - t * len;
+        const float* p = part + t * splits * (u64)len + e;
+        float sum = 0.0f;
+        for (unsigned int j = 0; j < splits; ++j) {
+            sum += p[(u64)j * len];
+        }
+        dst[t * dst_stride + e] = sum;
     }
 }
 

@@ -497,22 +497,34 @@ fn convolutions_match_the_cpu(conv: ConvEngine) {
     }
 }
 
-/// The fused convolutions over 3 trials, every shape, with and without a bias, against the CPU
-/// (same tolerances as [`convolutions_match_the_cpu`]): each trial's weights then bias in a
-/// parameter block of an odd stride, the gaps between the blocks left as they are.
+/// The fused convolutions over 3 trials, every shape and one whose weight gradient is split, with
+/// and without a bias, against the CPU (same tolerances as [`convolutions_match_the_cpu`]): each
+/// trial's weights then bias in a parameter block of an odd stride, the gaps between the blocks
+/// left as they are. On the GEMM engine the group runs as one lowering; on cuDNN trial by trial.
 fn fused_convolutions_match_the_cpu(conv: ConvEngine) {
     gpu_or_skip!();
     let Some(e) = engine_with(conv) else {
         return;
     };
     let trials = 3;
-    for s in conv_shapes() {
+    // 4 samples of 64×64 outputs: a weight gradient long enough for the GEMM lowering to split.
+    let long = Conv2dShape {
+        n: 4,
+        c_in: 1,
+        h: 64,
+        w: 64,
+        c_out: 2,
+        k: 3,
+        pad: 1,
+        stride: 1,
+    };
+    for s in conv_shapes().into_iter().chain([long]) {
         for bias in [true, false] {
             let mut p = Pair::new(&e);
             let ws_stride = p
                 .cpu
-                .conv_workspace_len(&s)
-                .max(p.gpu.conv_workspace_len(&s));
+                .fused_conv_workspace_len(&s)
+                .max(p.gpu.fused_conv_workspace_len(&s));
             let f = FusedConv {
                 trials,
                 w_stride: s.w_len() + s.c_out + 5,

@@ -104,6 +104,10 @@ impl Backend for Counted<'_> {
     fn conv_workspace_len(&self, s: &Conv2dShape) -> usize {
         self.inner.conv_workspace_len(s)
     }
+
+    fn fused_conv_workspace_len(&self, s: &Conv2dShape) -> usize {
+        self.inner.fused_conv_workspace_len(s)
+    }
     fn synchronize(&mut self) -> Result<(), EngineError> {
         self.counts.host_syncs += 1;
         self.inner.synchronize()

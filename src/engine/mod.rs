@@ -239,6 +239,11 @@ pub trait Backend: Send {
     fn conv_workspace_len(&self, s: &Conv2dShape) -> usize {
         s.ws_len()
     }
+    /// Elements of convolution workspace each trial of a fused group needs for `s` (at least
+    /// [`Backend::conv_workspace_len`]): a GPU may lower the group's convolutions together.
+    fn fused_conv_workspace_len(&self, s: &Conv2dShape) -> usize {
+        self.conv_workspace_len(s)
+    }
 
     /// Row-major `C = alpha·op(A)·op(B) + beta·C`.
     fn gemm(&mut self, g: GemmShape, a: Region, b: Region, c: Region) -> Result<(), EngineError>;

@@ -77,7 +77,7 @@ pub fn run_group(
         batch,
         first.hyper.dropout as f32,
         first.hyper.optimizer,
-        &|s| be.conv_workspace_len(s),
+        &|s| be.fused_conv_workspace_len(s),
     ) {
         Ok(net) if batch <= n_train => net,
         // Each trial fails alone with the error it meets alone.

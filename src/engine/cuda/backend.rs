@@ -14,7 +14,7 @@ use super::launch::{grid_for, launch, launch_2d, Arg, BLOCK};
 use super::pool::{blas_workspace_bytes, layout, Allocation, Layout, Pool};
 use super::staging::Staging;
 use super::stream::{Pacer, Stream};
-use crate::engine::{contract, EngineOptions, Region};
+use crate::engine::{contract, ConvEngine, EngineOptions, Region};
 use crate::error::EngineError;
 
 /// The trial's one allocation and where its parts lie.
@@ -45,6 +45,9 @@ pub struct CudaBackend {
     pub(crate) ctx: Arc<Ctx>,
     pub(crate) data: Arc<DeviceData>,
     pub(crate) graphs: bool,
+    /// Whether a fused group's convolutions run as one lowering over the group even where cuDNN
+    /// could run them trial by trial (not with `engine.conv: cudnn`).
+    pub(crate) group_convs: bool,
     pub(crate) capturing: bool,
     /// Where a finished trial's backend goes to be reused ([`super::engine::recycle`]), and
     /// what a slice must share with it to take it.
@@ -92,6 +95,7 @@ impl CudaBackend {
             ctx,
             data,
             graphs: opts.graphs,
+            group_convs: opts.conv != ConvEngine::Cudnn,
             capturing: false,
             home: None,
             warm_key: Default::default(),

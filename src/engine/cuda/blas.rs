@@ -25,25 +25,48 @@ pub(crate) struct ColGemm {
     pub ldc: i32,
 }
 
-/// The column-major call that computes the row-major `C = op(A)·op(B)` of `g`.
+/// Row-major leading dimensions of a GEMM's operands: the distance between the starts of two
+/// rows of `A`, `B` and `C` as stored (so at least their rows' lengths).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Lds {
+    pub a: usize,
+    pub b: usize,
+    pub c: usize,
+}
+
+impl Lds {
+    /// Dense operands: each row right after the one before.
+    pub(crate) fn dense(g: &GemmShape) -> Lds {
+        Lds {
+            a: if g.trans_a { g.m } else { g.k },
+            b: if g.trans_b { g.k } else { g.n },
+            c: g.n,
+        }
+    }
+}
+
+/// The column-major call that computes the row-major `C = op(A)·op(B)` of `g` on dense operands.
+pub(crate) fn col_major(g: &GemmShape) -> Result<ColGemm, EngineError> {
+    col_major_ld(g, Lds::dense(g))
+}
+
+/// The column-major call that computes the row-major `C = op(A)·op(B)` of `g`, its operands'
+/// rows `ld` apart.
 ///
 /// A row-major `r×c` matrix is, read column-major, its `c×r` transpose. So cuBLAS computes
 /// `Cᵀ = op(B)ᵀ·op(A)ᵀ`: the first operand is B, the second is A, each with its own transpose
-/// flag, and `m`/`n` swap. Leading dimensions are the row-major row lengths.
-pub(crate) fn col_major(g: &GemmShape) -> Result<ColGemm, EngineError> {
+/// flag, and `m`/`n` swap. Leading dimensions are the row-major row strides.
+pub(crate) fn col_major_ld(g: &GemmShape, ld: Lds) -> Result<ColGemm, EngineError> {
     let dim = |what, v: usize| to_i32("gemm", what, v);
-    // B is stored k×n (or n×k when transposed); A is m×k (or k×m).
-    let ld_first = if g.trans_b { g.k } else { g.n };
-    let ld_second = if g.trans_a { g.m } else { g.k };
     Ok(ColGemm {
         trans_first: g.trans_b,
         trans_second: g.trans_a,
         m: dim("n", g.n)?,
         n: dim("m", g.m)?,
         k: dim("k", g.k)?,
-        ld_first: dim("ldb", ld_first.max(1))?,
-        ld_second: dim("lda", ld_second.max(1))?,
-        ldc: dim("ldc", g.n.max(1))?,
+        ld_first: dim("ldb", ld.b.max(1))?,
+        ld_second: dim("lda", ld.a.max(1))?,
+        ldc: dim("ldc", ld.c.max(1))?,
     })
 }
 
@@ -169,7 +192,23 @@ impl Blas {
         b: sys::CUdeviceptr,
         c: sys::CUdeviceptr,
     ) -> Result<(), EngineError> {
-        let cm = col_major(g)?;
+        self.gemm_strided(_in, g, Lds::dense(g), batch, a, b, c)
+    }
+
+    /// [`Blas::gemm_batched`] with operands whose rows lie `ld` apart (a matrix inside a wider
+    /// one).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn gemm_strided(
+        &self,
+        _in: &Entered,
+        g: &GemmShape,
+        ld: Lds,
+        batch: GemmBatch,
+        a: sys::CUdeviceptr,
+        b: sys::CUdeviceptr,
+        c: sys::CUdeviceptr,
+    ) -> Result<(), EngineError> {
+        let cm = col_major_ld(g, ld)?;
         let count = to_i32("gemm", "batch", batch.count)?;
         let stride = |what, v: usize| {
             i64::try_from(v).map_err(|_| EngineError::Shape {
@@ -288,6 +327,53 @@ mod tests {
                     (w - o).abs() < 1e-5,
                     "trans {trans_a}/{trans_b}: {want:?} vs {got:?}"
                 );
+            }
+        }
+    }
+
+    #[test]
+    fn matrices_inside_wider_ones_map_onto_column_major_cublas() {
+        let mut rng = HostRng::new(5);
+        for (trans_a, trans_b) in [(false, false), (true, false), (false, true), (true, true)] {
+            let g = GemmShape {
+                trans_a,
+                trans_b,
+                m: 4,
+                n: 3,
+                k: 5,
+                alpha: 1.0,
+                beta: 0.0,
+            };
+            let dense = Lds::dense(&g);
+            let ld = Lds {
+                a: dense.a + 2,
+                b: dense.b + 3,
+                c: dense.c + 1,
+            };
+            let rows = |t: bool, r: usize, c: usize| if t { c } else { r };
+            let a_rows = rows(trans_a, g.m, g.k);
+            let b_rows = rows(trans_b, g.k, g.n);
+            let mut fill = |n: usize| random(&mut rng, n, -1.0, 1.0);
+            let (a, b) = (fill(a_rows * ld.a), fill(b_rows * ld.b));
+            // The same operands packed densely.
+            let pack = |m: &[f32], rows: usize, len: usize, ld: usize| -> Vec<f32> {
+                (0..rows)
+                    .flat_map(|r| m[r * ld..r * ld + len].to_vec())
+                    .collect()
+            };
+            let a_dense = pack(&a, a_rows, dense.a, ld.a);
+            let b_dense = pack(&b, b_rows, dense.b, ld.b);
+            let mut want = vec![0.0; g.c_len()];
+            ops::gemm(&g, &a_dense, &b_dense, &mut want);
+            let cm = col_major_ld(&g, ld).unwrap();
+            let mut got = vec![7.0; g.m * ld.c];
+            sgemm_col(&cm, g.alpha, &b, &a, g.beta, &mut got);
+            for i in 0..g.m {
+                for j in 0..g.n {
+                    let (w, o) = (want[i * g.n + j], got[i * ld.c + j]);
+                    assert!((w - o).abs() < 1e-5, "trans {trans_a}/{trans_b} [{i}][{j}]");
+                }
+                assert_eq!(got[i * ld.c + g.n], 7.0, "past the row: untouched");
             }
         }
     }

@@ -3,8 +3,10 @@
 use cudarc::driver::sys;
 
 use super::backend::CudaBackend;
+use super::blas::Lds;
 use super::check::to_u32;
 use super::context::Entered;
+use super::conv_group::{self, Lowering};
 use super::launch::{Arg, MAX_BLOCKS};
 use crate::engine::{Conv2dShape, FusedConv, GemmBatch, GemmShape};
 use crate::error::EngineError;
@@ -157,17 +159,6 @@ impl BwdPtrs {
             ws: on(self.ws, i * f.ws_stride),
             ws_bytes: self.ws_bytes,
         }
-    }
-}
-
-/// The batch of a fused convolution's GEMMs: one per trial, `A`, `B` and `C` `stride_a`,
-/// `stride_b` and `stride_c` elements apart.
-fn per_trial(f: FusedConv, stride_a: usize, stride_b: usize, stride_c: usize) -> GemmBatch {
-    GemmBatch {
-        count: f.trials,
-        stride_a,
-        stride_b,
-        stride_c,
     }
 }
 
@@ -381,10 +372,16 @@ impl CudaBackend {
 }
 
 impl CudaBackend {
+    /// Whether a fused group of `f` runs convolution `s` as one lowering over all its trials
+    /// ([`conv_group`]): where it fits, unless `engine.conv: cudnn` asked for cuDNN and cuDNN
+    /// planned the shape.
+    pub(crate) fn groups_conv(&self, s: &Conv2dShape, f: FusedConv) -> bool {
+        conv_group::fits(s, f) && (self.group_convs || self.dnn_for(s).is_none())
+    }
+
     /// [`CudaBackend::conv_fwd`] over a fused group whose trial 0's operands are `p` (each trial's
-    /// workspace `p.ws_bytes`, `f.ws_stride` elements apart): cuDNN and pointwise convolutions
-    /// trial by trial; the GEMM lowering with one launch of each layout kernel over every trial,
-    /// each trial in its own workspace, and one batched GEMM over the trials.
+    /// workspace `f.ws_stride` elements apart): one lowering over the group
+    /// ([`conv_group::forward`]), or trial by trial.
     pub(crate) fn conv_fwd_fused(
         &self,
         e: &Entered,
@@ -392,38 +389,18 @@ impl CudaBackend {
         p: &FwdPtrs,
         f: FusedConv,
     ) -> Result<(), EngineError> {
-        let op = "conv2d_fwd_fused";
-        let d = Dims::new(op, s)?;
-        if self.dnn_for(s).is_some() || s.is_pointwise() {
-            for i in 0..f.trials {
-                self.conv_fwd(e, s, &p.trial(i, s, f))?;
-            }
-            return Ok(());
+        if self.groups_conv(s, f) {
+            return conv_group::forward(&mut Launcher { be: self, e }, s, p, f);
         }
-        let d = d.lowered(op, s)?;
-        let (col, yt) = split_ws(s, p.ws);
-        self.im2col_fused(e, &d, f, p.x, col)?;
-        let g = GemmShape::nn(s.c_out, d.nhw, d.kk);
-        let batch = per_trial(f, f.w_stride, f.ws_stride, f.ws_stride);
-        self.blas.gemm_batched(e, &g, batch, p.w, col, yt)?;
-        let args = [
-            Arg::Ptr(yt),
-            Arg::Ptr(p.b.unwrap_or(NO_BIAS)),
-            Arg::Ptr(p.y),
-            Arg::U32(to_u32(op, "trials", f.trials)?),
-            Arg::U64(f.ws_stride as u64),
-            Arg::U64(f.w_stride as u64),
-            Arg::U32(d.n),
-            Arg::U32(d.c_out),
-            Arg::U32(d.hw_out()),
-        ];
-        let len = s.y_len() * f.trials;
-        self.elementwise(e, "cnhw_to_nchw_bias_fused", len, &args)
+        for i in 0..f.trials {
+            self.conv_fwd(e, s, &p.trial(i, s, f))?;
+        }
+        Ok(())
     }
 
     /// [`CudaBackend::conv_bwd`] over a fused group laid out as in
-    /// [`CudaBackend::conv_fwd_fused`]: the GEMM lowering's layout kernels and bias sums one
-    /// launch each over every trial, its `dW` and `dcol` GEMMs batched over the trials.
+    /// [`CudaBackend::conv_fwd_fused`]: one lowering over the group ([`conv_group::backward`]),
+    /// or trial by trial.
     pub(crate) fn conv_bwd_fused(
         &self,
         e: &Entered,
@@ -431,83 +408,146 @@ impl CudaBackend {
         p: &BwdPtrs,
         f: FusedConv,
     ) -> Result<(), EngineError> {
-        let op = "conv2d_bwd_fused";
-        let d = Dims::new(op, s)?;
-        if self.dnn_for(s).is_some() || s.is_pointwise() {
-            for i in 0..f.trials {
-                self.conv_bwd(e, s, &p.trial(i, s, f))?;
-            }
-            return Ok(());
+        if self.groups_conv(s, f) {
+            return conv_group::backward(&mut Launcher { be: self, e }, s, p, f);
         }
-        let d = d.lowered(op, s)?;
-        let (col, dyt) = split_ws(s, p.ws);
-        let trials = to_u32(op, "trials", f.trials)?;
-        let to_cnhw = [
-            Arg::Ptr(p.dy),
-            Arg::Ptr(dyt),
-            Arg::U32(trials),
-            Arg::U64(f.ws_stride as u64),
-            Arg::U32(d.n),
-            Arg::U32(d.c_out),
-            Arg::U32(d.hw_out()),
-        ];
-        self.elementwise(e, "nchw_to_cnhw_fused", s.y_len() * f.trials, &to_cnhw)?;
-        if let Some(db) = p.db {
-            let args = [
-                Arg::Ptr(p.dy),
-                Arg::Ptr(db),
-                Arg::U32(trials),
-                Arg::U64(f.w_stride as u64),
-                Arg::U32(d.n),
-                Arg::U32(d.c_out),
-                Arg::U32(d.hw_out()),
-            ];
-            let blocks = (d.c_out as usize * f.trials).clamp(1, MAX_BLOCKS as usize) as u32;
-            self.kernel(e, "channel_sum_fused", (blocks, CHANNEL_SUM_THREADS), &args)?;
+        for i in 0..f.trials {
+            self.conv_bwd(e, s, &p.trial(i, s, f))?;
         }
-        self.im2col_fused(e, &d, f, p.x, col)?;
-        let gw = GemmShape {
-            trans_b: true,
-            ..GemmShape::nn(s.c_out, d.kk, d.nhw)
-        };
-        let batch = per_trial(f, f.ws_stride, f.ws_stride, f.w_stride);
-        self.blas.gemm_batched(e, &gw, batch, dyt, col, p.dw)?;
-        let Some(dx) = p.dx else { return Ok(()) };
-        let gx = GemmShape {
-            trans_a: true,
-            ..GemmShape::nn(d.kk, d.nhw, s.c_out)
-        };
-        let batch = per_trial(f, f.w_stride, f.ws_stride, f.ws_stride);
-        self.blas.gemm_batched(e, &gx, batch, p.w, dyt, col)?;
-        let mut args = vec![
-            Arg::Ptr(col),
-            Arg::Ptr(dx),
-            Arg::U32(trials),
-            Arg::U64(f.ws_stride as u64),
-        ];
-        args.extend(d.lowering());
-        self.elementwise(e, "col2im_fused", s.x_len() * f.trials, &args)
+        Ok(())
+    }
+}
+
+/// The group lowering's launches on a backend's stream.
+struct Launcher<'a, 'e> {
+    be: &'a CudaBackend,
+    e: &'a Entered<'e>,
+}
+
+/// The op name the group lowering's errors carry.
+const GROUP_OP: &str = "conv2d_fused";
+
+impl Lowering for Launcher<'_, '_> {
+    fn im2col(&mut self, s: &Conv2dShape, x: u64, col: u64) -> Result<(), EngineError> {
+        let d = Dims::new(GROUP_OP, s)?;
+        self.be.im2col(self.e, &d, x, col)
     }
 
-    /// im2col of every trial of a fused group in one launch: trial `i`'s input `i·x_len`
-    /// elements on from `x`, its column matrix `i·ws_stride` elements on from `col`.
-    fn im2col_fused(
-        &self,
-        e: &Entered,
-        d: &Dims,
-        f: FusedConv,
-        x: sys::CUdeviceptr,
-        col: sys::CUdeviceptr,
-    ) -> Result<(), EngineError> {
-        let trials = to_u32("im2col_fused", "trials", f.trials)?;
-        let mut args = vec![
-            Arg::Ptr(x),
-            Arg::Ptr(col),
-            Arg::U32(trials),
-            Arg::U64(f.ws_stride as u64),
-        ];
+    fn col2im(&mut self, s: &Conv2dShape, col: u64, dx: u64) -> Result<(), EngineError> {
+        let d = Dims::new(GROUP_OP, s)?;
+        let mut args = vec![Arg::Ptr(col), Arg::Ptr(dx)];
         args.extend(d.lowering());
-        self.elementwise(e, "im2col_fused", d.kk * d.nhw * f.trials, &args)
+        self.be.elementwise(self.e, "col2im", s.x_len(), &args)
+    }
+
+    fn to_cnhw(
+        &mut self,
+        n: usize,
+        c: usize,
+        hw: usize,
+        src: u64,
+        dst: u64,
+    ) -> Result<(), EngineError> {
+        let u = |what, v| to_u32(GROUP_OP, what, v);
+        let args = [
+            Arg::Ptr(src),
+            Arg::Ptr(dst),
+            Arg::U32(u("n", n)?),
+            Arg::U32(u("c", c)?),
+            Arg::U32(u("hw", hw)?),
+        ];
+        self.be
+            .elementwise(self.e, "nchw_to_cnhw", n * c * hw, &args)
+    }
+
+    fn to_nchw(
+        &mut self,
+        trials: usize,
+        n: usize,
+        c: usize,
+        hw: usize,
+        src: u64,
+        bias: Option<u64>,
+        bias_stride: usize,
+        dst: u64,
+    ) -> Result<(), EngineError> {
+        let u = |what, v| to_u32(GROUP_OP, what, v);
+        let args = [
+            Arg::Ptr(src),
+            Arg::Ptr(bias.unwrap_or(NO_BIAS)),
+            Arg::Ptr(dst),
+            Arg::U32(u("trials", trials)?),
+            Arg::U64(bias_stride as u64),
+            Arg::U32(u("n", n)?),
+            Arg::U32(u("c", c)?),
+            Arg::U32(u("hw", hw)?),
+        ];
+        let len = trials * n * c * hw;
+        self.be
+            .elementwise(self.e, "cnhw_to_nchw_bias_fused", len, &args)
+    }
+
+    fn channel_sums(
+        &mut self,
+        trials: usize,
+        n: usize,
+        c: usize,
+        hw: usize,
+        dy: u64,
+        db: u64,
+        db_stride: usize,
+    ) -> Result<(), EngineError> {
+        let u = |what, v| to_u32(GROUP_OP, what, v);
+        let args = [
+            Arg::Ptr(dy),
+            Arg::Ptr(db),
+            Arg::U32(u("trials", trials)?),
+            Arg::U64(db_stride as u64),
+            Arg::U32(u("n", n)?),
+            Arg::U32(u("c", c)?),
+            Arg::U32(u("hw", hw)?),
+        ];
+        let blocks = (c * trials).clamp(1, MAX_BLOCKS as usize) as u32;
+        self.be.kernel(
+            self.e,
+            "channel_sum_fused",
+            (blocks, CHANNEL_SUM_THREADS),
+            &args,
+        )
+    }
+
+    fn gemm(
+        &mut self,
+        g: &GemmShape,
+        ld: Lds,
+        batch: GemmBatch,
+        a: u64,
+        b: u64,
+        c: u64,
+    ) -> Result<(), EngineError> {
+        self.be.blas.gemm_strided(self.e, g, ld, batch, a, b, c)
+    }
+
+    fn split_sum(
+        &mut self,
+        trials: usize,
+        splits: usize,
+        len: usize,
+        part: u64,
+        dst: u64,
+        dst_stride: usize,
+    ) -> Result<(), EngineError> {
+        let u = |what, v| to_u32(GROUP_OP, what, v);
+        let args = [
+            Arg::Ptr(part),
+            Arg::Ptr(dst),
+            Arg::U32(u("trials", trials)?),
+            Arg::U32(u("splits", splits)?),
+            Arg::U32(u("len", len)?),
+            Arg::U64(dst_stride as u64),
+        ];
+        self.be
+            .elementwise(self.e, "split_k_sum", trials * len, &args)
     }
 }
 

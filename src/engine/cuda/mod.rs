@@ -16,6 +16,7 @@ mod bound;
 mod check;
 mod context;
 mod conv;
+mod conv_group;
 mod cudnn;
 mod data;
 mod device;

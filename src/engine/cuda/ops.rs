@@ -5,6 +5,7 @@ use cudarc::driver::sys;
 use super::backend::{at, CudaBackend};
 use super::check::{check, to_u32};
 use super::conv::{workspace_len, BwdPtrs, FwdPtrs};
+use super::conv_group::group_workspace_len;
 use super::graph::{self, CaptureHold};
 use super::launch::{Arg, BLOCK, MAX_BLOCKS};
 use crate::engine::contract::{self, need};
@@ -428,6 +429,15 @@ impl Backend for CudaBackend {
 
     fn conv_workspace_len(&self, s: &Conv2dShape) -> usize {
         self.conv_workspace(s)
+    }
+
+    fn fused_conv_workspace_len(&self, s: &Conv2dShape) -> usize {
+        let own = self.conv_workspace(s);
+        if self.group_convs || self.dnn_for(s).is_none() {
+            own.max(group_workspace_len(s))
+        } else {
+            own
+        }
     }
 
     fn gemm(&mut self, g: GemmShape, a: Region, b: Region, c: Region) -> Result<(), EngineError> {
@@ -1194,6 +1204,9 @@ impl CudaBackend {
     /// for cuDNN (which takes what it is given) the whole stride, or with one trial the whole
     /// region.
     fn fused_ws_len(&self, s: &Conv2dShape, ws: Region, f: FusedConv) -> usize {
+        if self.groups_conv(s, f) {
+            return group_workspace_len(s);
+        }
         match (self.dnn_for(s).is_some(), f.trials) {
             (false, _) => workspace_len(s),
             (true, 1) => ws.len,

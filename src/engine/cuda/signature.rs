@@ -177,7 +177,7 @@ mod tests {
             );
             seen += 1;
         }
-        assert_eq!(seen, 51);
+        assert_eq!(seen, 49);
     }
 
     #[test]
