@@ -1,5 +1,6 @@
 // Per-channel ops over NCHW data seen as n × c planes of hw (n·c·hw < 2^32, checked by the
-// launchers): batch normalisation and global average pooling. CPU twins: ops::batchnorm_fwd, ops::batchnorm_bwd, ops::avgpool_fwd,
+// launchers, per trial): batch normalisation (of one trial, or of every trial of a fused group in
+// one launch) and global average pooling. CPU twins: ops::batchnorm_fwd, ops::batchnorm_bwd, ops::avgpool_fwd,
 // ops::avgpool_bwd (statistics accumulated in double, as the twins do in f64).
 // The batch-norm reductions run one block per channel (blocks loop over channels when there are
 // more channels than blocks): thread t takes the channel's values t, t + blockDim.x, ... in order,
@@ -32,69 +33,101 @@ __device__ __forceinline__ u64 at(u64 j, unsigned int ch, unsigned int c, unsign
     return ((u64)b * c + ch) * hw + (jj - b * hw);
 }
 
+// A fused group's batch norm runs every trial's channels in one launch: `trials` trials, trial t's
+// x, y, dy and dx t·n·c·hw elements in, its gamma, beta, dgamma and dbeta `t·ps` elements in, its
+// running statistics `t·rs` in and its saved ones `t·ss` in (one trial: trials = 1). A block
+// takes channel g of the group's trials·c, trial g / c's channel g % c, and computes what it
+// computes for that trial alone, bit for bit.
+struct Trial {
+    u64 x, param, running, saved;
+};
+
+__device__ __forceinline__ Trial trial_of(u64 t, unsigned int n, unsigned int c, unsigned int hw,
+                                          u64 ps, u64 rs, u64 ss)
+{
+    return Trial{t * n * c * hw, t * ps, t * rs, t * ss};
+}
+
+// Trial and channel of element e of the group's trials·n·c·hw.
+__device__ __forceinline__ void element_of(u64 e, unsigned int n, unsigned int c, unsigned int hw,
+                                           unsigned int trials, u64& t, unsigned int& ch)
+{
+    const u64 per = (u64)n * c * hw;
+    t = trials == 1 ? 0 : e / per;
+    const unsigned int r = (unsigned int)(e - t * per);
+    ch = (r / hw) % c;
+}
+
 // Training: per channel, mean and biased variance over its n·hw values (two passes, in double);
 // saved = [mean; c] ++ [1/√(var+eps); c]; running = (1−momentum)·running + momentum·batch, the
 // variance unbiased by m/(m−1) when m > 1; y = gamma·((x − mean)·invstd) + beta in float with
 // mean and invstd rounded to float.
-extern "C" __global__ void __launch_bounds__(MAX_THREADS) batchnorm_fwd_train(const float* x, const float* gamma, const float* beta,
-                                               float* running, float* saved, float* y,
-                                               unsigned int n, unsigned int c, unsigned int hw,
-                                               float momentum, float eps)
+extern "C" __global__ void __launch_bounds__(MAX_THREADS)
+    batchnorm_fwd_train(const float* x, const float* gamma, const float* beta, float* running,
+                        float* saved, float* y, unsigned int n, unsigned int c, unsigned int hw,
+                        float momentum, float eps, unsigned int trials, u64 ps, u64 rs, u64 ss)
 {
     if (blockDim.x > MAX_THREADS) {
         return;
     }
     const u64 m = (u64)n * hw;
-    for (unsigned int ch = blockIdx.x; ch < c; ch += gridDim.x) {
+    for (u64 g = blockIdx.x; g < (u64)trials * c; g += gridDim.x) {
+        const u64 t = g / c;
+        const unsigned int ch = (unsigned int)(g - t * c);
+        const Trial o = trial_of(t, n, c, hw, ps, rs, ss);
+        const float* xt = x + o.x;
+        float* yt = y + o.x;
         double sum = 0.0, unused = 0.0;
         for (u64 j = threadIdx.x; j < m; j += blockDim.x) {
-            sum += (double)x[at(j, ch, c, hw)];
+            sum += (double)xt[at(j, ch, c, hw)];
         }
         block_sum2(sum, unused);
         const double mean = sum / (double)m;
         double sq = 0.0;
         unused = 0.0;
         for (u64 j = threadIdx.x; j < m; j += blockDim.x) {
-            const double d = (double)x[at(j, ch, c, hw)] - mean;
+            const double d = (double)xt[at(j, ch, c, hw)] - mean;
             sq += d * d;
         }
         block_sum2(sq, unused);
         const double var = sq / (double)m;
         const double invstd_d = 1.0 / sqrt(var + (double)eps);
         if (threadIdx.x == 0) {
+            float* run = running + o.running;
+            float* sv = saved + o.saved;
             const double unbiased = m > 1 ? var * (double)m / (double)(m - 1) : var;
             const double mom = (double)momentum;
-            running[ch] = (float)((1.0 - mom) * (double)running[ch] + mom * mean);
-            running[c + ch] = (float)((1.0 - mom) * (double)running[c + ch] + mom * unbiased);
-            saved[ch] = (float)mean;
-            saved[c + ch] = (float)invstd_d;
+            run[ch] = (float)((1.0 - mom) * (double)run[ch] + mom * mean);
+            run[c + ch] = (float)((1.0 - mom) * (double)run[c + ch] + mom * unbiased);
+            sv[ch] = (float)mean;
+            sv[c + ch] = (float)invstd_d;
         }
-        const float mf = (float)mean, invstd = (float)invstd_d, g = gamma[ch], bt = beta[ch];
+        const float mf = (float)mean, invstd = (float)invstd_d;
+        const float gm = gamma[o.param + ch], bt = beta[o.param + ch];
         for (u64 j = threadIdx.x; j < m; j += blockDim.x) {
             const u64 i = at(j, ch, c, hw);
-            y[i] = g * ((x[i] - mf) * invstd) + bt;
+            yt[i] = gm * ((xt[i] - mf) * invstd) + bt;
         }
     }
 }
 
 // The same statistics over many blocks a channel, for layers with few channels and large planes
-// (one block a channel would leave most SMs idle): block (k, ch) of a grid of K × c blocks takes
-// chunk k of the channel's m = n·hw values (values k·per .. (k+1)·per), its threads as above, and
-// writes its partial sum to partials[ch·K + k]; the channel's last block to finish (its ticket)
-// adds the K partials in order, so the result is the same on every run with the same launch.
-// pass 0 sums the values and leaves the mean in means[ch]; pass 1 sums (x − mean)² and writes
-// the statistics and running ones as batchnorm_fwd_train does; batchnorm_normalize then writes y.
-// The tickets are zero between launches (the last block resets its channel's).
-__device__ __forceinline__ bool last_of_channel(unsigned int* tickets, unsigned int ch,
-                                                unsigned int blocks)
+// (one block a channel would leave most SMs idle): block (k, g) of a grid of K × (trials·c) blocks
+// takes chunk k of channel g's m = n·hw values (values k·per .. (k+1)·per), its threads as above,
+// and writes its partial sum to partials[g·K + k]; the channel's last block to finish (its
+// ticket) adds the K partials in order, so the result is the same on every run with the same
+// launch. pass 0 sums the values and leaves the mean in means[g]; pass 1 sums (x − mean)² and
+// writes the statistics and running ones as batchnorm_fwd_train does; batchnorm_normalize then
+// writes y. The tickets are zero between launches (the last block resets its channel's).
+__device__ __forceinline__ bool last_of_channel(unsigned int* tickets, u64 g, unsigned int blocks)
 {
     __shared__ bool last;
     __syncthreads();
     if (threadIdx.x == 0) {
         __threadfence();
-        last = atomicAdd(tickets + ch, 1u) == blocks - 1u;
+        last = atomicAdd(tickets + g, 1u) == blocks - 1u;
         if (last) {
-            tickets[ch] = 0u;
+            tickets[g] = 0u;
             __threadfence();
         }
     }
@@ -102,11 +135,11 @@ __device__ __forceinline__ bool last_of_channel(unsigned int* tickets, unsigned 
     return last;
 }
 
-extern "C" __global__ void __launch_bounds__(MAX_THREADS) batchnorm_fwd_partial(const float* x, float* running, float* saved,
-                                                 double* partials, double* means,
-                                                 unsigned int* tickets, unsigned int n,
-                                                 unsigned int c, unsigned int hw, float momentum,
-                                                 float eps, unsigned int pass)
+extern "C" __global__ void __launch_bounds__(MAX_THREADS)
+    batchnorm_fwd_partial(const float* x, float* running, float* saved, double* partials,
+                          double* means, unsigned int* tickets, unsigned int n, unsigned int c,
+                          unsigned int hw, float momentum, float eps, unsigned int pass,
+                          unsigned int trials, u64 ps, u64 rs, u64 ss)
 {
     if (blockDim.x > MAX_THREADS) {
         return;
@@ -114,36 +147,42 @@ extern "C" __global__ void __launch_bounds__(MAX_THREADS) batchnorm_fwd_partial(
     const unsigned int k = blockIdx.x, K = gridDim.x;
     const u64 m = (u64)n * hw, per = (m + K - 1) / K;
     const u64 lo = (u64)k * per, hi = lo + per < m ? lo + per : m;
-    for (unsigned int ch = blockIdx.y; ch < c; ch += gridDim.y) {
-        const double mean = pass == 0 ? 0.0 : means[ch];
+    for (u64 g = blockIdx.y; g < (u64)trials * c; g += gridDim.y) {
+        const u64 t = g / c;
+        const unsigned int ch = (unsigned int)(g - t * c);
+        const Trial o = trial_of(t, n, c, hw, ps, rs, ss);
+        const float* xt = x + o.x;
+        const double mean = pass == 0 ? 0.0 : means[g];
         double part = 0.0, unused = 0.0;
         for (u64 j = lo + threadIdx.x; j < hi; j += blockDim.x) {
-            const double v = (double)x[at(j, ch, c, hw)];
+            const double v = (double)xt[at(j, ch, c, hw)];
             part += pass == 0 ? v : (v - mean) * (v - mean);
         }
         block_sum2(part, unused);
         if (threadIdx.x == 0) {
-            partials[(u64)ch * K + k] = part;
+            partials[g * K + k] = part;
         }
-        if (!last_of_channel(tickets, ch, K)) {
+        if (!last_of_channel(tickets, g, K)) {
             continue;
         }
         if (threadIdx.x == 0) {
             double total = 0.0;
             for (unsigned int i = 0; i < K; ++i) {
-                total += ((volatile double*)partials)[(u64)ch * K + i];
+                total += ((volatile double*)partials)[g * K + i];
             }
             if (pass == 0) {
-                means[ch] = total / (double)m;
+                means[g] = total / (double)m;
             } else {
+                float* run = running + o.running;
+                float* sv = saved + o.saved;
                 const double var = total / (double)m;
                 const double invstd_d = 1.0 / sqrt(var + (double)eps);
                 const double unbiased = m > 1 ? var * (double)m / (double)(m - 1) : var;
                 const double mom = (double)momentum;
-                running[ch] = (float)((1.0 - mom) * (double)running[ch] + mom * mean);
-                running[c + ch] = (float)((1.0 - mom) * (double)running[c + ch] + mom * unbiased);
-                saved[ch] = (float)mean;
-                saved[c + ch] = (float)invstd_d;
+                run[ch] = (float)((1.0 - mom) * (double)run[ch] + mom * mean);
+                run[c + ch] = (float)((1.0 - mom) * (double)run[c + ch] + mom * unbiased);
+                sv[ch] = (float)mean;
+                sv[c + ch] = (float)invstd_d;
             }
         }
         __syncthreads();
@@ -151,75 +190,90 @@ extern "C" __global__ void __launch_bounds__(MAX_THREADS) batchnorm_fwd_partial(
 }
 
 // y = gamma·((x − mean)·invstd) + beta from the saved statistics (rounded to float, as
-// batchnorm_fwd_train applies them); one thread per element.
+// batchnorm_fwd_train applies them); one thread per element of every trial.
 extern "C" __global__ void batchnorm_normalize(const float* x, const float* gamma,
                                                const float* beta, const float* saved, float* y,
-                                               unsigned int n, unsigned int c, unsigned int hw)
+                                               unsigned int n, unsigned int c, unsigned int hw,
+                                               unsigned int trials, u64 ps, u64 ss)
 {
-    FOR_EACH(u64, e, (u64)n * c * hw)
+    FOR_EACH(u64, e, (u64)trials * n * c * hw)
     {
-        const unsigned int ch = ((unsigned int)e / hw) % c;
-        y[e] = gamma[ch] * ((x[e] - saved[ch]) * saved[c + ch]) + beta[ch];
+        u64 t;
+        unsigned int ch;
+        element_of(e, n, c, hw, trials, t, ch);
+        const float* sv = saved + t * ss;
+        const u64 pc = t * ps + ch;
+        y[e] = gamma[pc] * ((x[e] - sv[ch]) * sv[c + ch]) + beta[pc];
     }
 }
 
 // Inference: y = gamma·((x − mean)·invstd) + beta with the running statistics,
-// invstd = 1/√(var + eps) in float; one thread per element, nothing else written.
+// invstd = 1/√(var + eps) in float; one thread per element of every trial, nothing else written.
 extern "C" __global__ void batchnorm_fwd_infer(const float* x, const float* gamma,
                                                const float* beta, const float* running, float* y,
                                                unsigned int n, unsigned int c, unsigned int hw,
-                                               float eps)
+                                               float eps, unsigned int trials, u64 ps, u64 rs)
 {
-    FOR_EACH(u64, e, (u64)n * c * hw)
+    FOR_EACH(u64, e, (u64)trials * n * c * hw)
     {
-        const unsigned int ch = ((unsigned int)e / hw) % c;
-        const float invstd = 1.0f / sqrtf(running[c + ch] + eps);
-        y[e] = gamma[ch] * ((x[e] - running[ch]) * invstd) + beta[ch];
+        u64 t;
+        unsigned int ch;
+        element_of(e, n, c, hw, trials, t, ch);
+        const float* run = running + t * rs;
+        const u64 pc = t * ps + ch;
+        const float invstd = 1.0f / sqrtf(run[c + ch] + eps);
+        y[e] = gamma[pc] * ((x[e] - run[ch]) * invstd) + beta[pc];
     }
 }
 
 // Gradients from the saved statistics: dbeta = Σ dy, dgamma = Σ dy·x̂ (in double, x̂ in float),
 // dx = (gamma·invstd/m)·(m·dy − dbeta − x̂·dgamma) in float with the sums rounded to float.
 // Overwrites dx, dgamma and dbeta.
-extern "C" __global__ void __launch_bounds__(MAX_THREADS) batchnorm_bwd(const float* x, const float* gamma, const float* saved,
-                                         const float* dy, float* dx, float* dgamma, float* dbeta,
-                                         unsigned int n, unsigned int c, unsigned int hw)
+extern "C" __global__ void __launch_bounds__(MAX_THREADS)
+    batchnorm_bwd(const float* x, const float* gamma, const float* saved, const float* dy,
+                  float* dx, float* dgamma, float* dbeta, unsigned int n, unsigned int c,
+                  unsigned int hw, unsigned int trials, u64 ps, u64 ss)
 {
     if (blockDim.x > MAX_THREADS) {
         return;
     }
     const u64 m = (u64)n * hw;
-    for (unsigned int ch = blockIdx.x; ch < c; ch += gridDim.x) {
-        const float mean = saved[ch], invstd = saved[c + ch];
+    for (u64 g = blockIdx.x; g < (u64)trials * c; g += gridDim.x) {
+        const u64 t = g / c;
+        const unsigned int ch = (unsigned int)(g - t * c);
+        const Trial o = trial_of(t, n, c, hw, ps, 0, ss);
+        const float *xt = x + o.x, *dyt = dy + o.x, *sv = saved + o.saved;
+        float* dxt = dx + o.x;
+        const float mean = sv[ch], invstd = sv[c + ch];
         double sdy = 0.0, sdyx = 0.0;
         for (u64 j = threadIdx.x; j < m; j += blockDim.x) {
             const u64 i = at(j, ch, c, hw);
-            const float g = dy[i];
-            sdy += (double)g;
-            sdyx += (double)g * (double)((x[i] - mean) * invstd);
+            const float gr = dyt[i];
+            sdy += (double)gr;
+            sdyx += (double)gr * (double)((xt[i] - mean) * invstd);
         }
         block_sum2(sdy, sdyx);
         if (threadIdx.x == 0) {
-            dbeta[ch] = (float)sdy;
-            dgamma[ch] = (float)sdyx;
+            dbeta[o.param + ch] = (float)sdy;
+            dgamma[o.param + ch] = (float)sdyx;
         }
-        const float mf = (float)m, k = gamma[ch] * invstd / mf;
+        const float mf = (float)m, k = gamma[o.param + ch] * invstd / mf;
         const float sdy_f = (float)sdy, sdyx_f = (float)sdyx;
         for (u64 j = threadIdx.x; j < m; j += blockDim.x) {
             const u64 i = at(j, ch, c, hw);
-            const float xhat = (x[i] - mean) * invstd;
-            dx[i] = k * (mf * dy[i] - sdy_f - xhat * sdyx_f);
+            const float xhat = (xt[i] - mean) * invstd;
+            dxt[i] = k * (mf * dyt[i] - sdy_f - xhat * sdyx_f);
         }
     }
 }
 
-// batchnorm_bwd's sums over many blocks a channel (as batchnorm_fwd_partial): block (k, ch)
-// adds its chunk's dy and dy·x̂ into partials[ch·K + k]; the channel's last block adds the K pairs
-// in order into dbeta and dgamma. batchnorm_bwd_dx then writes dx from them.
-extern "C" __global__ void __launch_bounds__(MAX_THREADS) batchnorm_bwd_partial(const float* x, const float* saved, const float* dy,
-                                                 float* dgamma, float* dbeta, double* partials,
-                                                 unsigned int* tickets, unsigned int n,
-                                                 unsigned int c, unsigned int hw)
+// batchnorm_bwd's sums over many blocks a channel (as batchnorm_fwd_partial): block (k, g) adds
+// its chunk's dy and dy·x̂ into partials[g·K + k]; the channel's last block adds the K pairs in
+// order into dbeta and dgamma. batchnorm_bwd_dx then writes dx from them.
+extern "C" __global__ void __launch_bounds__(MAX_THREADS)
+    batchnorm_bwd_partial(const float* x, const float* saved, const float* dy, float* dgamma,
+                          float* dbeta, double* partials, unsigned int* tickets, unsigned int n,
+                          unsigned int c, unsigned int hw, unsigned int trials, u64 ps, u64 ss)
 {
     if (blockDim.x > MAX_THREADS) {
         return;
@@ -227,51 +281,60 @@ extern "C" __global__ void __launch_bounds__(MAX_THREADS) batchnorm_bwd_partial(
     const unsigned int k = blockIdx.x, K = gridDim.x;
     const u64 m = (u64)n * hw, per = (m + K - 1) / K;
     const u64 lo = (u64)k * per, hi = lo + per < m ? lo + per : m;
-    for (unsigned int ch = blockIdx.y; ch < c; ch += gridDim.y) {
-        const float mean = saved[ch], invstd = saved[c + ch];
+    for (u64 g = blockIdx.y; g < (u64)trials * c; g += gridDim.y) {
+        const u64 t = g / c;
+        const unsigned int ch = (unsigned int)(g - t * c);
+        const Trial o = trial_of(t, n, c, hw, ps, 0, ss);
+        const float *xt = x + o.x, *dyt = dy + o.x, *sv = saved + o.saved;
+        const float mean = sv[ch], invstd = sv[c + ch];
         double sdy = 0.0, sdyx = 0.0;
         for (u64 j = lo + threadIdx.x; j < hi; j += blockDim.x) {
             const u64 i = at(j, ch, c, hw);
-            const float g = dy[i];
-            sdy += (double)g;
-            sdyx += (double)g * (double)((x[i] - mean) * invstd);
+            const float gr = dyt[i];
+            sdy += (double)gr;
+            sdyx += (double)gr * (double)((xt[i] - mean) * invstd);
         }
         block_sum2(sdy, sdyx);
         if (threadIdx.x == 0) {
-            partials[2 * ((u64)ch * K + k)] = sdy;
-            partials[2 * ((u64)ch * K + k) + 1] = sdyx;
+            partials[2 * (g * K + k)] = sdy;
+            partials[2 * (g * K + k) + 1] = sdyx;
         }
-        if (!last_of_channel(tickets, ch, K)) {
+        if (!last_of_channel(tickets, g, K)) {
             continue;
         }
         if (threadIdx.x == 0) {
             double a = 0.0, b = 0.0;
             for (unsigned int i = 0; i < K; ++i) {
-                a += ((volatile double*)partials)[2 * ((u64)ch * K + i)];
-                b += ((volatile double*)partials)[2 * ((u64)ch * K + i) + 1];
+                a += ((volatile double*)partials)[2 * (g * K + i)];
+                b += ((volatile double*)partials)[2 * (g * K + i) + 1];
             }
-            dbeta[ch] = (float)a;
-            dgamma[ch] = (float)b;
+            dbeta[o.param + ch] = (float)a;
+            dgamma[o.param + ch] = (float)b;
         }
         __syncthreads();
     }
 }
 
 // dx = (gamma·invstd/m)·(m·dy − dbeta − x̂·dgamma) from the sums batchnorm_bwd_partial left in
-// dbeta and dgamma (batchnorm_bwd's arithmetic); one thread per element.
+// dbeta and dgamma (batchnorm_bwd's arithmetic); one thread per element of every trial.
 extern "C" __global__ void batchnorm_bwd_dx(const float* x, const float* gamma, const float* saved,
                                             const float* dy, const float* dgamma,
                                             const float* dbeta, float* dx, unsigned int n,
-                                            unsigned int c, unsigned int hw)
+                                            unsigned int c, unsigned int hw, unsigned int trials,
+                                            u64 ps, u64 ss)
 {
     const float mf = (float)((u64)n * hw);
-    FOR_EACH(u64, e, (u64)n * c * hw)
+    FOR_EACH(u64, e, (u64)trials * n * c * hw)
     {
-        const unsigned int ch = ((unsigned int)e / hw) % c;
-        const float mean = saved[ch], invstd = saved[c + ch];
-        const float k = gamma[ch] * invstd / mf;
+        u64 t;
+        unsigned int ch;
+        element_of(e, n, c, hw, trials, t, ch);
+        const float* sv = saved + t * ss;
+        const u64 pc = t * ps + ch;
+        const float mean = sv[ch], invstd = sv[c + ch];
+        const float k = gamma[pc] * invstd / mf;
         const float xhat = (x[e] - mean) * invstd;
-        dx[e] = k * (mf * dy[e] - dbeta[ch] - xhat * dgamma[ch]);
+        dx[e] = k * (mf * dy[e] - dbeta[pc] - xhat * dgamma[pc]);
     }
 }
 

@@ -1,4 +1,4 @@
-//! Fused groups on the CPU backend: each trial's whole trajectory (every epoch's figures, its result and its final weights) is bit for bit the one it has trained alone, at N = 1, 2, 5 and 13, for the MLP and the CNN with mixed hyperparameters; a diverging trial fails alone.
+//! Fused groups on the CPU backend: each trial's whole trajectory (every epoch's figures, its result and its final weights) is bit for bit the one it has trained alone, at N = 1, 2, 5 and 13, for the MLP and the CNN with mixed hyperparameters (and a reduced ResNet-50 at N = 1 and 3); a diverging trial fails alone.
 
 use std::sync::Arc;
 
@@ -219,6 +219,20 @@ fn fused_cnn_trials_match_their_runs_alone_bit_for_bit() {
         (13, Optimizer::Adam),
     ] {
         let cfgs: Vec<_> = (0..n).map(|i| config(&cnn(), optimizer, &d, i)).collect();
+        check(&d, &cfgs);
+    }
+}
+
+#[test]
+fn fused_resnet_trials_match_their_runs_alone_bit_for_bit() {
+    // Batch norm over the group's channels, residual adds and global pooling.
+    let d = data([3, 8, 8], 48, 20);
+    let resnet = ModelSpec {
+        width: Some(1.0 / 64.0),
+        ..ModelSpec::of(ModelKind::Resnet50)
+    };
+    for (n, optimizer) in [(1, Optimizer::Sgd), (3, Optimizer::Adam)] {
+        let cfgs: Vec<_> = (0..n).map(|i| config(&resnet, optimizer, &d, i)).collect();
         check(&d, &cfgs);
     }
 }

@@ -17,8 +17,8 @@ use gpumux::data::{synthetic, DataSpec, Dataset, Source};
 use gpumux::engine::cpu::CpuBackend;
 use gpumux::engine::cuda::{self, CudaEngine, DeviceData};
 use gpumux::engine::{
-    AdamParams, Backend, BiasGrad, BnParams, Conv2dShape, DropoutMask, FusedConv, GemmBatch,
-    GemmShape, PlaneShape, PoolShape, Region, SgdParams, Split, Update, COUNTER_LEN,
+    AdamParams, Backend, BiasGrad, BnParams, Conv2dShape, DropoutMask, FusedConv, FusedNorm,
+    GemmBatch, GemmShape, PlaneShape, PoolShape, Region, SgdParams, Split, Update, COUNTER_LEN,
 };
 use gpumux::error::EngineError;
 use gpumux::job::{ConvEngine, EngineOptions, Hyper, ModelKind, ModelSpec, Optimizer};
@@ -658,6 +658,113 @@ fn batch_norm_matches_the_cpu() {
         p.assert_exact(y, &format!("bn inference y {what}"));
         p.assert_exact(running, &format!("bn inference running {what}"));
         p.assert_exact(saved, &format!("bn inference saved {what}"));
+    }
+}
+
+/// Batch norm over a fused group of 3 trials in one call (odd strides between the trials'
+/// parameters and statistics): against the CPU with [`batch_norm_matches_the_cpu`]'s
+/// tolerances, and on the GPU bit for bit what each trial computes alone.
+fn fused_batch_norm_is_each_trials_own() {
+    let e = gpu_or_skip!();
+    let trials = 3;
+    for s in [
+        PlaneShape { n: 3, c: 5, hw: 37 },
+        PlaneShape {
+            n: 16,
+            c: 70,
+            hw: 1,
+        },
+        // Few channels of many values: each channel's sums split over several blocks.
+        PlaneShape {
+            n: 2,
+            c: 2,
+            hw: 12288,
+        },
+    ] {
+        let mut p = Pair::new(&e);
+        let what = format!("{s:?} × {trials}");
+        let f = FusedNorm {
+            trials,
+            param_stride: s.c + 3,
+            running_stride: 2 * s.c + 5,
+            saved_stride: 2 * s.c + 1,
+        };
+        let span = |stride: usize, len: usize| (trials - 1) * stride + len;
+        let x = p.random(trials * s.len(), -2.0, 3.0);
+        let gamma = p.random(span(f.param_stride, s.c), 0.5, 1.5);
+        let beta = p.random(span(f.param_stride, s.c), -0.5, 0.5);
+        let running = p.random(span(f.running_stride, 2 * s.c), 0.5, 1.5);
+        let (running0, _) = p.outputs(running);
+        let saved = p.region(span(f.saved_stride, 2 * s.c));
+        let y = p.region(trials * s.len());
+        let train = BnParams::default();
+        p.both(|b| b.batchnorm_fwd_fused(&s, x, gamma, beta, running, saved, y, train, f));
+        p.assert_close(saved, 1e-6, 1e-5, &format!("fused bn saved {what}"));
+        p.assert_close(running, 1e-6, 1e-5, &format!("fused bn running {what}"));
+        p.assert_close(y, 1e-5, 1e-5, &format!("fused bn y {what}"));
+        let read = |gpu: &mut dyn Backend, r: Region| {
+            let mut v = vec![0f32; r.len];
+            gpu.read(r, &mut v).expect("gpu read");
+            v
+        };
+        let group_fwd = [y, saved, running].map(|r| read(p.gpu.as_mut(), r));
+        let dy = p.random(trials * s.len(), -1.0, 1.0);
+        let dx = p.region(trials * s.len());
+        let (dg, db) = (
+            p.random(span(f.param_stride, s.c), 9.0, 9.5),
+            p.random(span(f.param_stride, s.c), 9.0, 9.5),
+        );
+        // The same saved statistics on both sides, so the gradients are compared alone.
+        let (stats, _) = p.outputs(saved);
+        p.set(saved, &stats);
+        p.both(|b| b.batchnorm_bwd_fused(&s, x, gamma, saved, dy, dx, dg, db, f));
+        p.assert_close(db, 1e-5, 1e-5, &format!("fused bn dbeta {what}"));
+        p.assert_close(dg, 1e-5, 1e-5, &format!("fused bn dgamma {what}"));
+        p.assert_close(dx, 1e-5, 1e-4, &format!("fused bn dx {what}"));
+        let group_bwd = [dx, dg, db].map(|r| read(p.gpu.as_mut(), r));
+        // Each trial alone on the GPU, from the same running and saved statistics: the same bits.
+        let gpu = p.gpu.as_mut();
+        gpu.write(running, &running0).expect("gpu write");
+        for i in 0..trials {
+            gpu.batchnorm_fwd(
+                &s,
+                f.plane(x, &s, i),
+                f.param(gamma, &s, i),
+                f.param(beta, &s, i),
+                f.running(running, &s, i),
+                f.saved(saved, &s, i),
+                f.plane(y, &s, i),
+                train,
+            )
+            .expect("alone fwd");
+        }
+        let alone_fwd = [y, saved, running].map(|r| read(gpu, r));
+        gpu.write(saved, &stats).expect("gpu write");
+        for i in 0..trials {
+            gpu.batchnorm_bwd(
+                &s,
+                f.plane(x, &s, i),
+                f.param(gamma, &s, i),
+                f.saved(saved, &s, i),
+                f.plane(dy, &s, i),
+                f.plane(dx, &s, i),
+                f.param(dg, &s, i),
+                f.param(db, &s, i),
+            )
+            .expect("alone bwd");
+        }
+        let alone_bwd = [dx, dg, db].map(|r| read(gpu, r));
+        let pairs = group_fwd
+            .iter()
+            .chain(&group_bwd)
+            .zip(alone_fwd.iter().chain(&alone_bwd));
+        for (k, (g, a)) in pairs.enumerate() {
+            let same = g.iter().zip(a).all(|(g, a)| g.to_bits() == a.to_bits());
+            assert!(
+                same,
+                "{what}: output {k} of the group differs from the trials alone"
+            );
+        }
     }
 }
 
@@ -1818,6 +1925,10 @@ fn tests() -> Vec<(String, Needs, Body)> {
             fused_bias_and_softmax_match_the_cpu,
         ),
         ("batch_norm_matches_the_cpu", batch_norm_matches_the_cpu),
+        (
+            "fused_batch_norm_is_each_trials_own",
+            fused_batch_norm_is_each_trials_own,
+        ),
         (
             "average_pooling_adds_and_copies_are_bit_identical",
             average_pooling_adds_and_copies_are_bit_identical,

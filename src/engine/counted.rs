@@ -11,7 +11,8 @@
 
 use super::{
     AdamParams, Backend, BackendKind, BiasGrad, BnParams, CaptureHold, Conv2dShape, DropoutMask,
-    FusedConv, GemmBatch, GemmShape, PlaneShape, PoolShape, Region, SgdParams, Split, Update,
+    FusedConv, FusedNorm, GemmBatch, GemmShape, PlaneShape, PoolShape, Region, SgdParams, Split,
+    Update,
 };
 use crate::error::EngineError;
 
@@ -277,6 +278,30 @@ impl Backend for Counted<'_> {
             dx: Region,
             dgamma: Region,
             dbeta: Region,
+        );
+        fn batchnorm_fwd_fused(
+            &mut self,
+            s: &PlaneShape,
+            x: Region,
+            gamma: Region,
+            beta: Region,
+            running: Region,
+            saved: Region,
+            y: Region,
+            p: BnParams,
+            f: FusedNorm,
+        );
+        fn batchnorm_bwd_fused(
+            &mut self,
+            s: &PlaneShape,
+            x: Region,
+            gamma: Region,
+            saved: Region,
+            dy: Region,
+            dx: Region,
+            dgamma: Region,
+            dbeta: Region,
+            f: FusedNorm,
         );
         fn avgpool_fwd(&mut self, s: &PlaneShape, x: Region, y: Region);
         fn avgpool_bwd(&mut self, s: &PlaneShape, dy: Region, dx: Region);

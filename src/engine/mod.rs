@@ -17,7 +17,8 @@ pub use counted::{Counted, OpCounts};
 pub use cuda::CaptureHold;
 pub use options::{ConvEngine, EngineOptions};
 pub use shapes::{
-    BnParams, Conv2dShape, FusedConv, GemmBatch, GemmShape, PlaneShape, PoolShape, Window,
+    BnParams, Conv2dShape, FusedConv, FusedNorm, GemmBatch, GemmShape, PlaneShape, PoolShape,
+    Window,
 };
 
 /// A span of `f32` elements inside a trial's arena.
@@ -393,6 +394,73 @@ pub trait Backend: Send {
         dgamma: Region,
         dbeta: Region,
     ) -> Result<(), EngineError>;
+    /// [`Backend::batchnorm_fwd`] for every trial of a fused group laid out as [`FusedNorm`]
+    /// says: `x` and `y` span every trial's copy, the other regions run from trial 0's to the last
+    /// trial's. Each trial computes what [`Backend::batchnorm_fwd`] computes on its operands.
+    #[allow(clippy::too_many_arguments)]
+    fn batchnorm_fwd_fused(
+        &mut self,
+        s: &PlaneShape,
+        x: Region,
+        gamma: Region,
+        beta: Region,
+        running: Region,
+        saved: Region,
+        y: Region,
+        p: BnParams,
+        f: FusedNorm,
+    ) -> Result<(), EngineError> {
+        let op = "batchnorm_fwd_fused";
+        let planes = [("x", x), ("y", y)];
+        let params = [("gamma", gamma), ("beta", beta)];
+        contract::fused_norm(op, s, f, &planes, &params, Some(running), saved)?;
+        for i in 0..f.trials {
+            self.batchnorm_fwd(
+                s,
+                f.plane(x, s, i),
+                f.param(gamma, s, i),
+                f.param(beta, s, i),
+                f.running(running, s, i),
+                f.saved(saved, s, i),
+                f.plane(y, s, i),
+                p,
+            )?;
+        }
+        Ok(())
+    }
+    /// [`Backend::batchnorm_bwd`] for every trial of a fused group, laid out as in
+    /// [`Backend::batchnorm_fwd_fused`] (`dy` and `dx` as `x`, `dgamma` and `dbeta` as `gamma`).
+    #[allow(clippy::too_many_arguments)]
+    fn batchnorm_bwd_fused(
+        &mut self,
+        s: &PlaneShape,
+        x: Region,
+        gamma: Region,
+        saved: Region,
+        dy: Region,
+        dx: Region,
+        dgamma: Region,
+        dbeta: Region,
+        f: FusedNorm,
+    ) -> Result<(), EngineError> {
+        let op = "batchnorm_bwd_fused";
+        let planes = [("x", x), ("dy", dy), ("dx", dx)];
+        let params = [("gamma", gamma), ("dgamma", dgamma), ("dbeta", dbeta)];
+        contract::fused_norm(op, s, f, &planes, &params, None, saved)?;
+        for i in 0..f.trials {
+            self.batchnorm_bwd(
+                s,
+                f.plane(x, s, i),
+                f.param(gamma, s, i),
+                f.saved(saved, s, i),
+                f.plane(dy, s, i),
+                f.plane(dx, s, i),
+                f.param(dgamma, s, i),
+                f.param(dbeta, s, i),
+            )?;
+        }
+        Ok(())
+    }
     /// Global average pooling: `y[n, c]` is the mean of plane `(n, c)`.
     fn avgpool_fwd(&mut self, s: &PlaneShape, x: Region, y: Region) -> Result<(), EngineError>;
     /// `dx[n, c, :] = dy[n, c] / hw`.

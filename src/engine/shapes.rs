@@ -1,5 +1,7 @@
 //! Shapes of the engine's ops, shared by the CPU twins and the CUDA launchers.
 
+use crate::engine::Region;
+
 /// Row-major GEMM: `C[m×n] = alpha·op(A)[m×k]·op(B)[k×n] + beta·C`.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct GemmShape {
@@ -270,6 +272,45 @@ impl PlaneShape {
     }
     pub fn with_n(&self, n: usize) -> Self {
         PlaneShape { n, ..*self }
+    }
+}
+
+/// A batch norm over a fused group of `trials` trials: trial `i`'s input and output (and their
+/// gradients) lie `i` whole copies in, its `γ` and `β` (and their gradients) `i·param_stride`
+/// elements in, its running statistics `i·running_stride` and its saved ones `i·saved_stride`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FusedNorm {
+    pub trials: usize,
+    pub param_stride: usize,
+    pub running_stride: usize,
+    pub saved_stride: usize,
+}
+
+impl FusedNorm {
+    /// Trial `i`'s copy of the plane region `r` (an input, an output or a gradient of them).
+    pub fn plane(&self, r: Region, s: &PlaneShape, i: usize) -> Region {
+        Region::new(r.offset + i * s.len(), s.len())
+    }
+    /// Trial `i`'s `γ` or `β` (or its gradient) in `r`.
+    pub fn param(&self, r: Region, s: &PlaneShape, i: usize) -> Region {
+        Region::new(r.offset + i * self.param_stride, s.c)
+    }
+    /// Trial `i`'s running statistics in `r`.
+    pub fn running(&self, r: Region, s: &PlaneShape, i: usize) -> Region {
+        Region::new(r.offset + i * self.running_stride, 2 * s.c)
+    }
+    /// Trial `i`'s saved statistics in `r`.
+    pub fn saved(&self, r: Region, s: &PlaneShape, i: usize) -> Region {
+        Region::new(r.offset + i * self.saved_stride, 2 * s.c)
+    }
+    /// One trial alone.
+    pub fn one() -> FusedNorm {
+        FusedNorm {
+            trials: 1,
+            param_stride: 0,
+            running_stride: 0,
+            saved_stride: 0,
+        }
     }
 }
 

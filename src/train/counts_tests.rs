@@ -108,6 +108,30 @@ fn a_fused_cnn_with_dropout_takes_as_many_launches_per_step_at_two_trials_as_at_
 }
 
 #[test]
+fn a_fused_resnet_takes_as_many_launches_per_step_at_two_trials_as_at_three() {
+    // Batch norm, convolutions, residual adds and pooling each one call over the group.
+    let launches = |n: u64| {
+        let cfgs: Vec<_> = (0..n)
+            .map(|s| {
+                let mut c = config(ModelKind::Resnet50, Optimizer::Sgd, s, 0.0);
+                c.model.width = Some(1.0 / 64.0);
+                c.epochs = 1;
+                c.max_steps = Some(2);
+                c
+            })
+            .collect();
+        let ends = run_group(&mut backend(), &cfgs, &mut |_, _| {});
+        let l: Vec<_> = ends
+            .into_iter()
+            .map(|r| r.unwrap().launches_per_step)
+            .collect();
+        assert!(l.windows(2).all(|w| w[0] == w[1]), "{l:?}");
+        l[0].expect("counted")
+    };
+    assert_eq!(launches(2), launches(3));
+}
+
+#[test]
 fn no_built_in_model_waits_inside_an_epoch() {
     let cnn = alone(&config(ModelKind::Cnn, Optimizer::Sgd, 2, 0.25));
     assert_eq!(cnn.host_syncs, Some(0));

@@ -2,8 +2,8 @@
 
 use super::fused::HYPER_LEN;
 use super::{
-    Conv2dShape, FusedConv, GemmBatch, GemmShape, PlaneShape, PoolShape, Region, COUNTER_LEN,
-    STATS_LEN,
+    Conv2dShape, FusedConv, FusedNorm, GemmBatch, GemmShape, PlaneShape, PoolShape, Region,
+    COUNTER_LEN, STATS_LEN,
 };
 use crate::error::EngineError;
 
@@ -583,6 +583,38 @@ pub fn fused_ws(
 ) -> Result<Region, EngineError> {
     let span = strided_len(op, "workspace", f.trials, f.ws_stride, len)?;
     need(op, "workspace", ws, span)
+}
+
+/// A fused batch norm's regions (see [`FusedNorm`]): each of `planes` spans every trial's copy,
+/// each of `params` (`γ`, `β` and their gradients) `(trials − 1)·param_stride + c` elements, and
+/// `running` (when given) and `saved` their strides' spans of `2c`.
+pub fn fused_norm(
+    op: &'static str,
+    s: &PlaneShape,
+    f: FusedNorm,
+    planes: &[(&str, Region)],
+    params: &[(&str, Region)],
+    running: Option<Region>,
+    saved: Region,
+) -> Result<(), EngineError> {
+    let plane_len = f
+        .trials
+        .checked_mul(s.len())
+        .ok_or_else(|| shape_error(op, format!("{} trials overflow the planes", f.trials)))?;
+    for &(name, r) in planes {
+        need(op, name, r, plane_len)?;
+    }
+    let per = strided_len(op, "each parameter", f.trials, f.param_stride, s.c)?;
+    for &(name, r) in params {
+        need(op, name, r, per)?;
+    }
+    if let Some(r) = running {
+        let len = strided_len(op, "running", f.trials, f.running_stride, 2 * s.c)?;
+        need(op, "running", r, len)?;
+    }
+    let len = strided_len(op, "saved", f.trials, f.saved_stride, 2 * s.c)?;
+    need(op, "saved", saved, len)?;
+    Ok(())
 }
 
 /// `batchnorm_fwd`: `[x, gamma, beta, running, saved, y]`.

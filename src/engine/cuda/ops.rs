@@ -11,7 +11,7 @@ use super::launch::{Arg, BLOCK, MAX_BLOCKS};
 use crate::engine::contract::{self, need};
 use crate::engine::{
     AdamParams, Backend, BackendKind, BiasGrad, BnParams, Conv2dShape, DropoutMask, FusedConv,
-    GemmBatch, GemmShape, PlaneShape, PoolShape, Region, SgdParams, Split, Update,
+    FusedNorm, GemmBatch, GemmShape, PlaneShape, PoolShape, Region, SgdParams, Split, Update,
 };
 use crate::error::EngineError;
 
@@ -37,66 +37,63 @@ impl Backend for CudaBackend {
         y: Region,
         p: BnParams,
     ) -> Result<(), EngineError> {
-        let op = "batchnorm_fwd";
         let [x, gamma, beta, running, saved, y] =
             contract::batchnorm_fwd(s, x, gamma, beta, running, saved, y)?;
-        let dims = plane_dims(op, s)?;
-        let e = self.ctx.enter()?;
-        if p.train {
-            let base = self.regions(op, &[x, gamma, beta], &[running, saved, y])?;
-            let mut args = vec![
-                Arg::Ptr(at(base, x)),
-                Arg::Ptr(at(base, gamma)),
-                Arg::Ptr(at(base, beta)),
-                Arg::Ptr(at(base, running)),
-                Arg::Ptr(at(base, saved)),
-                Arg::Ptr(at(base, y)),
-            ];
-            let chunks = self.norm_chunks(s, 1);
-            if chunks > 1 {
-                let [partials, means, tickets] = self.scratch_ptrs()?;
-                for pass in 0..2u32 {
-                    let mut a = vec![
-                        Arg::Ptr(at(base, x)),
-                        Arg::Ptr(at(base, running)),
-                        Arg::Ptr(at(base, saved)),
-                        Arg::Ptr(partials),
-                        Arg::Ptr(means),
-                        Arg::Ptr(tickets),
-                    ];
-                    a.extend(plane_dims(op, s)?);
-                    a.extend([Arg::F32(p.momentum), Arg::F32(p.eps), Arg::U32(pass)]);
-                    let grid = (chunks, s.c as u32);
-                    self.kernel2(&e, "batchnorm_fwd_partial", grid, NORM_BLOCK, &a)?;
-                }
-                let mut a = vec![
-                    Arg::Ptr(at(base, x)),
-                    Arg::Ptr(at(base, gamma)),
-                    Arg::Ptr(at(base, beta)),
-                    Arg::Ptr(at(base, saved)),
-                    Arg::Ptr(at(base, y)),
-                ];
-                a.extend(plane_dims(op, s)?);
-                return self.elementwise(&e, "batchnorm_normalize", s.len(), &a);
-            }
-            args.extend(dims);
-            args.extend([Arg::F32(p.momentum), Arg::F32(p.eps)]);
-            // One block per channel (blocks loop over channels beyond the grid).
-            let grid = s.c.clamp(1, MAX_BLOCKS as usize) as u32;
-            self.kernel(&e, "batchnorm_fwd_train", (grid, NORM_BLOCK), &args)
-        } else {
-            let base = self.regions(op, &[x, gamma, beta, running], &[y])?;
-            let mut args = vec![
-                Arg::Ptr(at(base, x)),
-                Arg::Ptr(at(base, gamma)),
-                Arg::Ptr(at(base, beta)),
-                Arg::Ptr(at(base, running)),
-                Arg::Ptr(at(base, y)),
-            ];
-            args.extend(dims);
-            args.push(Arg::F32(p.eps));
-            self.elementwise(&e, "batchnorm_fwd_infer", s.len(), &args)
+        self.norm_fwd(
+            "batchnorm_fwd",
+            s,
+            [x, gamma, beta, running, saved, y],
+            p,
+            FusedNorm::one(),
+        )
+    }
+
+    fn batchnorm_fwd_fused(
+        &mut self,
+        s: &PlaneShape,
+        x: Region,
+        gamma: Region,
+        beta: Region,
+        running: Region,
+        saved: Region,
+        y: Region,
+        p: BnParams,
+        f: FusedNorm,
+    ) -> Result<(), EngineError> {
+        let op = "batchnorm_fwd_fused";
+        let planes = [("x", x), ("y", y)];
+        let params = [("gamma", gamma), ("beta", beta)];
+        contract::fused_norm(op, s, f, &planes, &params, Some(running), saved)?;
+        if f.trials == 0 {
+            return Ok(());
         }
+        // Every trial's operands pass the single op's checks (and the arena's, below).
+        for i in 0..f.trials {
+            contract::batchnorm_fwd(
+                s,
+                f.plane(x, s, i),
+                f.param(gamma, s, i),
+                f.param(beta, s, i),
+                f.running(running, s, i),
+                f.saved(saved, s, i),
+                f.plane(y, s, i),
+            )?;
+        }
+        if !self.norm_groups(s, f, 1) {
+            for i in 0..f.trials {
+                let one = [
+                    f.plane(x, s, i),
+                    f.param(gamma, s, i),
+                    f.param(beta, s, i),
+                    f.running(running, s, i),
+                    f.saved(saved, s, i),
+                    f.plane(y, s, i),
+                ];
+                self.norm_fwd(op, s, one, p, FusedNorm::one())?;
+            }
+            return Ok(());
+        }
+        self.norm_fwd(op, s, [x, gamma, beta, running, saved, y], p, f)
     }
 
     fn batchnorm_bwd(
@@ -110,50 +107,57 @@ impl Backend for CudaBackend {
         dgamma: Region,
         dbeta: Region,
     ) -> Result<(), EngineError> {
-        let op = "batchnorm_bwd";
-        let [x, gamma, saved, dy, dx, dgamma, dbeta] =
-            contract::batchnorm_bwd(s, x, gamma, saved, dy, dx, dgamma, dbeta)?;
-        let base = self.regions(op, &[x, gamma, saved, dy], &[dx, dgamma, dbeta])?;
-        let mut args = vec![
-            Arg::Ptr(at(base, x)),
-            Arg::Ptr(at(base, gamma)),
-            Arg::Ptr(at(base, saved)),
-            Arg::Ptr(at(base, dy)),
-            Arg::Ptr(at(base, dx)),
-            Arg::Ptr(at(base, dgamma)),
-            Arg::Ptr(at(base, dbeta)),
-        ];
-        args.extend(plane_dims(op, s)?);
-        let e = self.ctx.enter()?;
-        let chunks = self.norm_chunks(s, 2);
-        if chunks > 1 {
-            let [partials, _, tickets] = self.scratch_ptrs()?;
-            let mut a = vec![
-                Arg::Ptr(at(base, x)),
-                Arg::Ptr(at(base, saved)),
-                Arg::Ptr(at(base, dy)),
-                Arg::Ptr(at(base, dgamma)),
-                Arg::Ptr(at(base, dbeta)),
-                Arg::Ptr(partials),
-                Arg::Ptr(tickets),
-            ];
-            a.extend(plane_dims(op, s)?);
-            let grid = (chunks, s.c as u32);
-            self.kernel2(&e, "batchnorm_bwd_partial", grid, NORM_BLOCK, &a)?;
-            let mut a = vec![
-                Arg::Ptr(at(base, x)),
-                Arg::Ptr(at(base, gamma)),
-                Arg::Ptr(at(base, saved)),
-                Arg::Ptr(at(base, dy)),
-                Arg::Ptr(at(base, dgamma)),
-                Arg::Ptr(at(base, dbeta)),
-                Arg::Ptr(at(base, dx)),
-            ];
-            a.extend(plane_dims(op, s)?);
-            return self.elementwise(&e, "batchnorm_bwd_dx", s.len(), &a);
+        let regions = contract::batchnorm_bwd(s, x, gamma, saved, dy, dx, dgamma, dbeta)?;
+        self.norm_bwd("batchnorm_bwd", s, regions, FusedNorm::one())
+    }
+
+    fn batchnorm_bwd_fused(
+        &mut self,
+        s: &PlaneShape,
+        x: Region,
+        gamma: Region,
+        saved: Region,
+        dy: Region,
+        dx: Region,
+        dgamma: Region,
+        dbeta: Region,
+        f: FusedNorm,
+    ) -> Result<(), EngineError> {
+        let op = "batchnorm_bwd_fused";
+        let planes = [("x", x), ("dy", dy), ("dx", dx)];
+        let params = [("gamma", gamma), ("dgamma", dgamma), ("dbeta", dbeta)];
+        contract::fused_norm(op, s, f, &planes, &params, None, saved)?;
+        if f.trials == 0 {
+            return Ok(());
         }
-        let grid = s.c.clamp(1, MAX_BLOCKS as usize) as u32;
-        self.kernel(&e, "batchnorm_bwd", (grid, NORM_BLOCK), &args)
+        for i in 0..f.trials {
+            contract::batchnorm_bwd(
+                s,
+                f.plane(x, s, i),
+                f.param(gamma, s, i),
+                f.saved(saved, s, i),
+                f.plane(dy, s, i),
+                f.plane(dx, s, i),
+                f.param(dgamma, s, i),
+                f.param(dbeta, s, i),
+            )?;
+        }
+        if !self.norm_groups(s, f, 2) {
+            for i in 0..f.trials {
+                let one = [
+                    f.plane(x, s, i),
+                    f.param(gamma, s, i),
+                    f.saved(saved, s, i),
+                    f.plane(dy, s, i),
+                    f.plane(dx, s, i),
+                    f.param(dgamma, s, i),
+                    f.param(dbeta, s, i),
+                ];
+                self.norm_bwd(op, s, one, FusedNorm::one())?;
+            }
+            return Ok(());
+        }
+        self.norm_bwd(op, s, [x, gamma, saved, dy, dx, dgamma, dbeta], f)
     }
 
     fn avgpool_fwd(&mut self, s: &PlaneShape, x: Region, y: Region) -> Result<(), EngineError> {
@@ -1175,6 +1179,200 @@ fn pool_dims(op: &'static str, s: &PoolShape) -> Result<[Arg; 9], EngineError> {
 }
 
 /// The size arguments of the per-channel kernels: `n, c, hw` (all elements within 32 bits).
+impl CudaBackend {
+    /// Every trial's regions of a fused batch norm for the arena's checks: trial `i`'s copy of
+    /// each plane in `planes` and of each per-trial operand (`region`, `stride`, `len`) in
+    /// `strided`, read or written.
+    fn norm_regions(
+        &self,
+        op: &'static str,
+        s: &PlaneShape,
+        f: FusedNorm,
+        reads: (&[Region], &[(Region, usize, usize)]),
+        writes: (&[Region], &[(Region, usize, usize)]),
+    ) -> Result<sys::CUdeviceptr, EngineError> {
+        let mut base = 0;
+        let copies = |(planes, strided): (&[Region], &[(Region, usize, usize)]), i: usize| {
+            planes
+                .iter()
+                .map(|&r| f.plane(r, s, i))
+                .chain(
+                    strided
+                        .iter()
+                        .map(|&(r, stride, len)| FusedConv::at(r, i, stride, len)),
+                )
+                .collect::<Vec<Region>>()
+        };
+        for i in 0..f.trials {
+            base = self.regions(op, &copies(reads, i), &copies(writes, i))?;
+        }
+        Ok(base)
+    }
+
+    /// Batch norm's forward pass over `f`'s trials (one trial: [`FusedNorm::one`]), regions
+    /// `[x, gamma, beta, running, saved, y]` spanning every trial's.
+    fn norm_fwd(
+        &mut self,
+        op: &'static str,
+        s: &PlaneShape,
+        [x, gamma, beta, running, saved, y]: [Region; 6],
+        p: BnParams,
+        f: FusedNorm,
+    ) -> Result<(), EngineError> {
+        let (c, c2) = (s.c, 2 * s.c);
+        let (ps, rs, ss) = (f.param_stride, f.running_stride, f.saved_stride);
+        let trials = Arg::U32(to_u32(op, "trials", f.trials)?);
+        let (ps_arg, rs_arg, ss_arg) = (
+            Arg::U64(ps as u64),
+            Arg::U64(rs as u64),
+            Arg::U64(ss as u64),
+        );
+        let dims = plane_dims(op, s)?;
+        let group = s.with_n(s.n * f.trials);
+        let e = self.ctx.enter()?;
+        if !p.train {
+            let base = self.norm_regions(
+                op,
+                s,
+                f,
+                (&[x], &[(gamma, ps, c), (beta, ps, c), (running, rs, c2)]),
+                (&[y], &[]),
+            )?;
+            let mut args = vec![
+                Arg::Ptr(at(base, x)),
+                Arg::Ptr(at(base, gamma)),
+                Arg::Ptr(at(base, beta)),
+                Arg::Ptr(at(base, running)),
+                Arg::Ptr(at(base, y)),
+            ];
+            args.extend(dims);
+            args.extend([Arg::F32(p.eps), trials, ps_arg, rs_arg]);
+            return self.elementwise(&e, "batchnorm_fwd_infer", group.len(), &args);
+        }
+        let base = self.norm_regions(
+            op,
+            s,
+            f,
+            (&[x], &[(gamma, ps, c), (beta, ps, c)]),
+            (&[y], &[(running, rs, c2), (saved, ss, c2)]),
+        )?;
+        let channels = s.c * f.trials;
+        let chunks = self.norm_chunks(s, 1);
+        if chunks > 1 {
+            let [partials, means, tickets] = self.scratch_ptrs()?;
+            for pass in 0..2u32 {
+                let mut a = vec![
+                    Arg::Ptr(at(base, x)),
+                    Arg::Ptr(at(base, running)),
+                    Arg::Ptr(at(base, saved)),
+                    Arg::Ptr(partials),
+                    Arg::Ptr(means),
+                    Arg::Ptr(tickets),
+                ];
+                a.extend(plane_dims(op, s)?);
+                a.extend([Arg::F32(p.momentum), Arg::F32(p.eps), Arg::U32(pass)]);
+                a.extend([trials, ps_arg, rs_arg, ss_arg]);
+                let grid = (chunks, to_u32(op, "channels", channels)?);
+                self.kernel2(&e, "batchnorm_fwd_partial", grid, NORM_BLOCK, &a)?;
+            }
+            let mut a = vec![
+                Arg::Ptr(at(base, x)),
+                Arg::Ptr(at(base, gamma)),
+                Arg::Ptr(at(base, beta)),
+                Arg::Ptr(at(base, saved)),
+                Arg::Ptr(at(base, y)),
+            ];
+            a.extend(plane_dims(op, s)?);
+            a.extend([trials, ps_arg, ss_arg]);
+            return self.elementwise(&e, "batchnorm_normalize", group.len(), &a);
+        }
+        let mut args = vec![
+            Arg::Ptr(at(base, x)),
+            Arg::Ptr(at(base, gamma)),
+            Arg::Ptr(at(base, beta)),
+            Arg::Ptr(at(base, running)),
+            Arg::Ptr(at(base, saved)),
+            Arg::Ptr(at(base, y)),
+        ];
+        args.extend(dims);
+        args.extend([Arg::F32(p.momentum), Arg::F32(p.eps)]);
+        args.extend([trials, ps_arg, rs_arg, ss_arg]);
+        // One block per channel of every trial (blocks loop over channels beyond the grid).
+        let grid = channels.clamp(1, MAX_BLOCKS as usize) as u32;
+        self.kernel(&e, "batchnorm_fwd_train", (grid, NORM_BLOCK), &args)
+    }
+
+    /// Batch norm's backward pass over `f`'s trials, regions
+    /// `[x, gamma, saved, dy, dx, dgamma, dbeta]` spanning every trial's.
+    fn norm_bwd(
+        &mut self,
+        op: &'static str,
+        s: &PlaneShape,
+        [x, gamma, saved, dy, dx, dgamma, dbeta]: [Region; 7],
+        f: FusedNorm,
+    ) -> Result<(), EngineError> {
+        let (c, c2) = (s.c, 2 * s.c);
+        let (ps, ss) = (f.param_stride, f.saved_stride);
+        let base = self.norm_regions(
+            op,
+            s,
+            f,
+            (&[x, dy], &[(gamma, ps, c), (saved, ss, c2)]),
+            (&[dx], &[(dgamma, ps, c), (dbeta, ps, c)]),
+        )?;
+        let tail = [
+            Arg::U32(to_u32(op, "trials", f.trials)?),
+            Arg::U64(ps as u64),
+            Arg::U64(ss as u64),
+        ];
+        let group = s.with_n(s.n * f.trials);
+        let channels = s.c * f.trials;
+        let e = self.ctx.enter()?;
+        let chunks = self.norm_chunks(s, 2);
+        if chunks > 1 {
+            let [partials, _, tickets] = self.scratch_ptrs()?;
+            let mut a = vec![
+                Arg::Ptr(at(base, x)),
+                Arg::Ptr(at(base, saved)),
+                Arg::Ptr(at(base, dy)),
+                Arg::Ptr(at(base, dgamma)),
+                Arg::Ptr(at(base, dbeta)),
+                Arg::Ptr(partials),
+                Arg::Ptr(tickets),
+            ];
+            a.extend(plane_dims(op, s)?);
+            a.extend(tail);
+            let grid = (chunks, to_u32(op, "channels", channels)?);
+            self.kernel2(&e, "batchnorm_bwd_partial", grid, NORM_BLOCK, &a)?;
+            let mut a = vec![
+                Arg::Ptr(at(base, x)),
+                Arg::Ptr(at(base, gamma)),
+                Arg::Ptr(at(base, saved)),
+                Arg::Ptr(at(base, dy)),
+                Arg::Ptr(at(base, dgamma)),
+                Arg::Ptr(at(base, dbeta)),
+                Arg::Ptr(at(base, dx)),
+            ];
+            a.extend(plane_dims(op, s)?);
+            a.extend(tail);
+            return self.elementwise(&e, "batchnorm_bwd_dx", group.len(), &a);
+        }
+        let mut args = vec![
+            Arg::Ptr(at(base, x)),
+            Arg::Ptr(at(base, gamma)),
+            Arg::Ptr(at(base, saved)),
+            Arg::Ptr(at(base, dy)),
+            Arg::Ptr(at(base, dx)),
+            Arg::Ptr(at(base, dgamma)),
+            Arg::Ptr(at(base, dbeta)),
+        ];
+        args.extend(plane_dims(op, s)?);
+        args.extend(tail);
+        let grid = channels.clamp(1, MAX_BLOCKS as usize) as u32;
+        self.kernel(&e, "batchnorm_bwd", (grid, NORM_BLOCK), &args)
+    }
+}
+
 fn plane_dims(op: &'static str, s: &PlaneShape) -> Result<[Arg; 3], EngineError> {
     to_u32(op, "elements", s.len())?;
     Ok([
@@ -1340,6 +1538,21 @@ impl CudaBackend {
     /// (one block a channel, the single-kernel path) when a layer has channels enough. It depends
     /// on the shape alone, not on the device, so the sums' order (and their last bits) is the
     /// same on every GPU.
+    /// Whether a fused group's batch norm over `s` runs as one launch per kernel: where each
+    /// trial's channel takes one block, or where the reductions' scratch holds every trial's
+    /// partial sums (`pairs` doubles each). Either way each trial's sums add in the order they add
+    /// alone (the blocks a channel depend on one trial's shape), so a trial computes in a group
+    /// what it computes alone, bit for bit; else the group's trials run one after another.
+    fn norm_groups(&self, s: &PlaneShape, f: FusedNorm, pairs: usize) -> bool {
+        use super::pool::{REDUCE_CHANNELS, REDUCE_PARTIALS};
+        let k = self.norm_chunks(s, pairs) as usize;
+        let channels = s.c.saturating_mul(f.trials);
+        k == 1
+            || (channels <= REDUCE_CHANNELS
+                && channels.saturating_mul(k * pairs) <= 2 * REDUCE_PARTIALS
+                && channels <= u16::MAX as usize)
+    }
+
     fn norm_chunks(&self, s: &PlaneShape, pairs: usize) -> u32 {
         use super::pool::{REDUCE_CHANNELS, REDUCE_PARTIALS};
         let (c, m) = (s.c, s.n * s.hw);

@@ -20,13 +20,14 @@ use crate::engine::fused::{
     HYPER_MOMENTUM, HYPER_SEED_HI, HYPER_SEED_LO, HYPER_WD,
 };
 use crate::engine::{
-    Backend, BiasGrad, FusedConv, GemmBatch, GemmShape, Region, Split, Update, STATS_LEN,
+    Backend, BiasGrad, BnParams, FusedConv, FusedNorm, GemmBatch, GemmShape, Region, Split, Update,
+    STATS_LEN,
 };
 use crate::error::EngineError;
 use crate::models::memplan::{MemKind, MemoryPlan, PlanEntry};
 use crate::models::{Hyper, Optimizer};
 
-use super::{Deliver, LayerDef, Network, OptState, GRADIENT_BLOCK};
+use super::{Deliver, Layer, LayerDef, Network, OptState, GRADIENT_BLOCK};
 
 /// The networks of a fused group's trials, in one arena.
 #[derive(Clone, Debug)]
@@ -236,6 +237,54 @@ impl FusedNetwork {
         (self.trials() == 1 || !bias || b == w).then_some(f)
     }
 
+    /// The first `len` elements of the group's gradient scratch as one region of `len` per
+    /// trial: the scratch is free between one op and the add that follows it, so a group op may
+    /// use all of it (every trial's copy) when each copy holds `len`.
+    fn group_scratch(&self, len: usize) -> Option<Region> {
+        let (scratch, stride) = self.span(|m| m.scratch);
+        let total = len.checked_mul(self.trials())?;
+        let fits = self.trials() == 1 || stride >= len;
+        (fits && scratch.len >= total).then(|| Region::new(scratch.offset, total))
+    }
+
+    /// Where layer `i`'s input gradient (`len` elements a trial) goes over the whole group, when
+    /// it lies one trial after another; `None` when it does not.
+    fn group_dx(&self, i: usize, len: usize) -> Option<GroupDx> {
+        match self.first().layers[i].dsrc {
+            Deliver::None | Deliver::Alias => Some(GroupDx::None),
+            Deliver::Write(_) => self.flat(|m| deliver_region(m, i), len).map(GroupDx::Write),
+            Deliver::Add(_) => {
+                let into = self.flat(
+                    |m| match m.layers[i].dsrc {
+                        Deliver::Add(r) => r,
+                        _ => m.scratch,
+                    },
+                    len,
+                )?;
+                let scratch = self.group_scratch(len)?;
+                Some(GroupDx::Add { scratch, into })
+            }
+        }
+    }
+
+    /// The layout of batch-norm layer `i` over the group, when its two parameters (`γ` and `β`,
+    /// or their gradients) repeat at one stride; `None` when they do not.
+    fn norm_layout(
+        &self,
+        i: usize,
+        gamma: impl Fn(&Network) -> Region,
+        beta: impl Fn(&Network) -> Region,
+    ) -> Option<FusedNorm> {
+        let (g, b) = (self.span(gamma).1, self.span(beta).1);
+        let f = FusedNorm {
+            trials: self.trials(),
+            param_stride: g,
+            running_stride: self.span(|m| m.layers[i].running).1,
+            saved_stride: self.span(|m| m.layers[i].saved).1,
+        };
+        (self.trials() == 1 || g == b).then_some(f)
+    }
+
     /// The region covering the first `len` elements of every trial's copy of `pick`'s region
     /// when they lie one right after another (so that one elementwise op covers them all);
     /// `None` when they do not.
@@ -421,7 +470,22 @@ impl FusedNetwork {
                     return be.dropout_fused(x, y, out, n, self.hyper, counter, i as u32, 0);
                 }
             }
-            LayerDef::BatchNorm(_) => {}
+            LayerDef::BatchNorm(p) => {
+                let s = p.with_n(rows);
+                let x = self.flat(|m| m.acts[src], s.len());
+                let y = self.flat(|m| m.acts[i + 1], s.len());
+                let (gamma, beta) = (|m: &Network| m.layers[i].w, |m: &Network| m.layers[i].b);
+                if let (Some(x), Some(y), Some(f)) = (x, y, self.norm_layout(i, gamma, beta)) {
+                    let bn = BnParams {
+                        train,
+                        ..BnParams::default()
+                    };
+                    let (gamma, beta) = (self.span(gamma).0, self.span(beta).0);
+                    let running = self.span(|m| m.layers[i].running).0;
+                    let saved = self.span(|m| m.layers[i].saved).0;
+                    return be.batchnorm_fwd_fused(&s, x, gamma, beta, running, saved, y, bn, f);
+                }
+            }
         }
         debug_assert!(!train || seeds.len() == n, "a dropout seed per trial");
         for (t, m) in self.members.iter().enumerate() {
@@ -477,43 +541,75 @@ impl FusedNetwork {
                 }
                 return Ok(());
             }
-            (LayerDef::Relu, Deliver::Write(_)) => {
+            (LayerDef::Relu, Deliver::Write(_) | Deliver::Add(_)) => {
                 let y = self.flat(|m| m.acts[i + 1], n_in);
                 let dy = self.flat(|m| m.dacts[i + 1], n_in);
-                let dx = self.flat(|m| deliver_region(m, i), n_in);
-                if let (Some(y), Some(dy), Some(dx)) = (y, dy, dx) {
-                    return be.relu_bwd(y, dy, dx, n_in * n);
+                if let (Some(y), Some(dy), Some(dx)) = (y, dy, self.group_dx(i, n_in)) {
+                    if let Some(target) = dx.target() {
+                        be.relu_bwd(y, dy, target, n_in * n)?;
+                    }
+                    return dx.finish(be);
                 }
             }
-            (LayerDef::Dropout { .. }, Deliver::Write(_)) => {
+            (LayerDef::Dropout { .. }, Deliver::Write(_) | Deliver::Add(_)) => {
                 let dy = self.flat(|m| m.dacts[i + 1], n_in);
-                let dx = self.flat(|m| deliver_region(m, i), n_in);
-                if let (Some(dy), Some(dx)) = (dy, dx) {
-                    let counter = self.first().counter;
-                    return be.dropout_fused(dy, dx, n_in, n, self.hyper, counter, i as u32, 0);
+                if let (Some(dy), Some(dx)) = (dy, self.group_dx(i, n_in)) {
+                    if let Some(target) = dx.target() {
+                        let counter = self.first().counter;
+                        let (hyper, layer) = (self.hyper, i as u32);
+                        be.dropout_fused(dy, target, n_in, n, hyper, counter, layer, 0)?;
+                    }
+                    return dx.finish(be);
                 }
             }
-            (LayerDef::MaxPool(p), Deliver::Write(_)) => {
+            (LayerDef::MaxPool(p), Deliver::Write(_) | Deliver::Add(_)) => {
                 let out = rows * l.out_len;
                 let x = self.flat(|m| m.acts[src], n_in);
                 let y = self.flat(|m| m.acts[i + 1], out);
                 let dy = self.flat(|m| m.dacts[i + 1], out);
-                let dx = self.flat(|m| deliver_region(m, i), n_in);
+                let dx = self.group_dx(i, n_in);
                 if let (Some(x), Some(y), Some(dy), Some(dx)) = (x, y, dy, dx) {
-                    return be.maxpool_bwd(&p.with_n(rows * n), x, y, dy, dx);
+                    if let Some(target) = dx.target() {
+                        be.maxpool_bwd(&p.with_n(rows * n), x, y, dy, target)?;
+                    }
+                    return dx.finish(be);
                 }
             }
-            (
-                LayerDef::Conv { shape, bias },
-                Deliver::Write(_) | Deliver::None | Deliver::Alias,
-            ) => {
+            (LayerDef::GlobalAvgPool(p), Deliver::Write(_) | Deliver::Add(_)) => {
+                let dy = self.flat(|m| m.dacts[i + 1], rows * l.out_len);
+                if let (Some(dy), Some(dx)) = (dy, self.group_dx(i, n_in)) {
+                    if let Some(target) = dx.target() {
+                        be.avgpool_bwd(&p.with_n(rows * n), dy, target)?;
+                    }
+                    return dx.finish(be);
+                }
+            }
+            (LayerDef::BatchNorm(p), _) => {
+                let s = p.with_n(rows);
+                let x = self.flat(|m| m.acts[src], s.len());
+                let dy = self.flat(|m| m.dacts[i + 1], s.len());
+                // γ and β need the pass even when the input has no gradient: into the scratch.
+                let dx = self.group_dx(i, s.len());
+                let target = dx.and_then(|d| d.target().or_else(|| self.group_scratch(s.len())));
+                let (gamma, beta) = (|m: &Network| m.layers[i].w, |m: &Network| m.layers[i].b);
+                let (dgamma, dbeta) = (|m: &Network| m.layers[i].dw, |m: &Network| m.layers[i].db);
+                let f = self.norm_layout(i, gamma, beta);
+                let fd = self.norm_layout(i, dgamma, dbeta);
+                let f = f.filter(|f| fd.is_some_and(|d| d.param_stride == f.param_stride));
+                if let (Some(x), Some(dy), Some(dx), Some(target), Some(f)) = (x, dy, dx, target, f)
+                {
+                    let saved = self.span(|m| m.layers[i].saved).0;
+                    let (gamma, dgamma, dbeta) =
+                        (self.span(gamma).0, self.span(dgamma).0, self.span(dbeta).0);
+                    be.batchnorm_bwd_fused(&s, x, gamma, saved, dy, target, dgamma, dbeta, f)?;
+                    return dx.finish(be);
+                }
+            }
+            (LayerDef::Conv { shape, bias }, _) => {
                 let s = shape.with_n(rows);
                 let x = self.flat(|m| m.acts[src], s.x_len());
                 let dy = self.flat(|m| m.dacts[i + 1], s.y_len());
-                let dx = match l.dsrc {
-                    Deliver::Write(_) => self.flat(|m| deliver_region(m, i), s.x_len()).map(Some),
-                    _ => Some(None),
-                };
+                let dx = self.group_dx(i, s.x_len());
                 let (w, b) = (|m: &Network| m.layers[i].w, |m: &Network| m.layers[i].b);
                 let (dw, db) = (|m: &Network| m.layers[i].dw, |m: &Network| m.layers[i].db);
                 let f = self.conv_layout(bias, w, b);
@@ -522,7 +618,35 @@ impl FusedNetwork {
                 if let (Some(x), Some(dy), Some(dx), Some(f)) = (x, dy, dx, f) {
                     let db = bias.then_some(self.span(db).0);
                     let (w, dw, ws) = (self.span(w).0, self.span(dw).0, self.span(|m| m.ws).0);
-                    return be.conv2d_bwd_fused(&s, x, w, dy, dx, dw, db, ws, f);
+                    be.conv2d_bwd_fused(&s, x, w, dy, dx.target(), dw, db, ws, f)?;
+                    return dx.finish(be);
+                }
+            }
+            (LayerDef::Add { .. }, _) => {
+                // The gradient goes on, unchanged, to both inputs.
+                let dy = self.flat(|m| m.dacts[i + 1], n_in);
+                let to = |d: fn(&Layer) -> Deliver| {
+                    let first = d(&self.first().layers[i]);
+                    let r = self.flat(
+                        |m| match d(&m.layers[i]) {
+                            Deliver::Write(r) | Deliver::Add(r) => r,
+                            Deliver::None | Deliver::Alias => m.scratch,
+                        },
+                        n_in,
+                    );
+                    match first {
+                        Deliver::None | Deliver::Alias => Some(None),
+                        Deliver::Write(_) | Deliver::Add(_) => r.map(|r| Some((first, r))),
+                    }
+                };
+                if let (Some(dy), Some(a), Some(b)) = (dy, to(|l| l.dsrc), to(|l| l.dother)) {
+                    for (deliver, r) in [a, b].into_iter().flatten() {
+                        match deliver {
+                            Deliver::Add(_) => be.add_assign(r, dy, n_in * n)?,
+                            _ => be.copy(dy, r, n_in * n)?,
+                        }
+                    }
+                    return Ok(());
                 }
             }
             _ => {}
@@ -622,6 +746,36 @@ fn deliver_region(m: &Network, i: usize) -> Region {
     match m.layers[i].dsrc {
         Deliver::Write(r) => r,
         _ => m.scratch,
+    }
+}
+
+/// Where a layer's input gradient goes over a fused group ([`FusedNetwork::group_dx`]).
+#[derive(Clone, Copy, Debug)]
+enum GroupDx {
+    /// Nowhere: the input has no gradient.
+    None,
+    /// Written into this region, every trial's copy one after another.
+    Write(Region),
+    /// Written into the group's scratch, then added into `into`, laid out alike.
+    Add { scratch: Region, into: Region },
+}
+
+impl GroupDx {
+    /// The region the layer's op writes the gradient into.
+    fn target(&self) -> Option<Region> {
+        match *self {
+            GroupDx::None => None,
+            GroupDx::Write(r) => Some(r),
+            GroupDx::Add { scratch, .. } => Some(scratch),
+        }
+    }
+
+    /// Adds the gradient where it is added rather than written: one add over the group.
+    fn finish(&self, be: &mut dyn Backend) -> Result<(), EngineError> {
+        match *self {
+            GroupDx::Add { scratch, into } => be.add_assign(into, scratch, scratch.len),
+            _ => Ok(()),
+        }
     }
 }
 
