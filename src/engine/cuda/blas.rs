@@ -58,6 +58,13 @@ pub(crate) fn col_major(g: &GemmShape) -> Result<ColGemm, EngineError> {
 /// flag, and `m`/`n` swap. Leading dimensions are the row-major row strides.
 pub(crate) fn col_major_ld(g: &GemmShape, ld: Lds) -> Result<ColGemm, EngineError> {
     let dim = |what, v: usize| to_i32("gemm", what, v);
+    let dense = Lds::dense(g);
+    if ld.a < dense.a || ld.b < dense.b || ld.c < dense.c {
+        return Err(EngineError::Shape {
+            op: "gemm",
+            message: format!("rows {ld:?} apart are shorter than the matrices' rows {dense:?}"),
+        });
+    }
     Ok(ColGemm {
         trans_first: g.trans_b,
         trans_second: g.trans_a,
@@ -376,6 +383,17 @@ mod tests {
                 assert_eq!(got[i * ld.c + g.n], 7.0, "past the row: untouched");
             }
         }
+    }
+
+    #[test]
+    fn rows_shorter_than_the_matrix_are_refused() {
+        let g = GemmShape::nn(4, 3, 5);
+        let short = Lds {
+            a: 4,
+            ..Lds::dense(&g)
+        };
+        assert!(col_major_ld(&g, short).is_err());
+        assert!(col_major_ld(&g, Lds::dense(&g)).is_ok());
     }
 
     #[test]

@@ -79,7 +79,8 @@ impl Backend for CudaBackend {
                 f.plane(y, s, i),
             )?;
         }
-        if !self.norm_groups(s, f, 1) {
+        // Inference takes no partial sums: one launch over the group whatever the shape.
+        if p.train && !self.norm_groups(s, f, 1) {
             for i in 0..f.trials {
                 let one = [
                     f.plane(x, s, i),
@@ -759,6 +760,10 @@ impl Backend for CudaBackend {
         if f.trials == 0 {
             return Ok(());
         }
+        // The trials run at once: no trial's output may overlap another's input or output.
+        let all = |r: Region, len: usize| Region::new(r.offset, len * f.trials);
+        let ws_all = self.fused_ws_written(s, ws, ws_len, f);
+        self.regions(op, &[all(r.x, x_len)], &[all(r.y, y_len), ws_all])?;
         let p = FwdPtrs {
             x: at(base, r.x),
             w: at(base, r.w),
@@ -807,6 +812,15 @@ impl Backend for CudaBackend {
         if f.trials == 0 {
             return Ok(());
         }
+        // The trials run at once: no trial's output may overlap another's input or output.
+        let all = |r: Region, len: usize| Region::new(r.offset, len * f.trials);
+        let ws_all = self.fused_ws_written(s, ws, ws_len, f);
+        let writes: Vec<Region> =
+            r.dx.map(|dx| all(dx, x_len))
+                .into_iter()
+                .chain([ws_all])
+                .collect();
+        self.regions(op, &[all(r.x, x_len), all(r.dy, y_len)], &writes)?;
         let p = BwdPtrs {
             x: at(base, r.x),
             w: at(base, r.w),
@@ -1178,7 +1192,6 @@ fn pool_dims(op: &'static str, s: &PoolShape) -> Result<[Arg; 9], EngineError> {
     ])
 }
 
-/// The size arguments of the per-channel kernels: `n, c, hw` (all elements within 32 bits).
 impl CudaBackend {
     /// Every trial's regions of a fused batch norm for the arena's checks: trial `i`'s copy of
     /// each plane in `planes` and of each per-trial operand (`region`, `stride`, `len`) in
@@ -1373,6 +1386,7 @@ impl CudaBackend {
     }
 }
 
+/// The size arguments of the per-channel kernels: `n, c, hw` (all elements within 32 bits).
 fn plane_dims(op: &'static str, s: &PlaneShape) -> Result<[Arg; 3], EngineError> {
     to_u32(op, "elements", s.len())?;
     Ok([
@@ -1401,6 +1415,16 @@ impl CudaBackend {
     /// The workspace each trial of a fused convolution takes: the GEMM lowering's fixed size, or
     /// for cuDNN (which takes what it is given) the whole stride, or with one trial the whole
     /// region.
+    /// The workspace a fused convolution writes, all trials together: the group lowering's
+    /// `trials·len` from the start, else every trial's copy of `len` (and the gaps between).
+    fn fused_ws_written(&self, s: &Conv2dShape, ws: Region, len: usize, f: FusedConv) -> Region {
+        if self.groups_conv(s, f) {
+            Region::new(ws.offset, len * f.trials)
+        } else {
+            ws
+        }
+    }
+
     fn fused_ws_len(&self, s: &Conv2dShape, ws: Region, f: FusedConv) -> usize {
         if self.groups_conv(s, f) {
             return group_workspace_len(s);
@@ -1531,13 +1555,6 @@ impl CudaBackend {
         self.elementwise(&e, op, w.len, &args)
     }
 
-    /// Blocks each channel of a batch-norm reduction over `s` is split over: enough for about
-    /// [`NORM_TARGET_BLOCKS`] blocks over all channels (two an SM on the largest GPUs), each
-    /// taking about [`NORM_MIN_CHUNK`] values or more (at least half that), at most
-    /// [`NORM_MAX_CHUNKS`], and within the reductions' scratch (`pairs` doubles a partial); 1
-    /// (one block a channel, the single-kernel path) when a layer has channels enough. It depends
-    /// on the shape alone, not on the device, so the sums' order (and their last bits) is the
-    /// same on every GPU.
     /// Whether a fused group's batch norm over `s` runs as one launch per kernel: where each
     /// trial's channel takes one block, or where the reductions' scratch holds every trial's
     /// partial sums (`pairs` doubles each). Either way each trial's sums add in the order they add
@@ -1553,6 +1570,13 @@ impl CudaBackend {
                 && channels <= u16::MAX as usize)
     }
 
+    /// Blocks each channel of a batch-norm reduction over `s` is split over: enough for about
+    /// [`NORM_TARGET_BLOCKS`] blocks over all channels (two an SM on the largest GPUs), each
+    /// taking about [`NORM_MIN_CHUNK`] values or more (at least half that), at most
+    /// [`NORM_MAX_CHUNKS`], and within the reductions' scratch (`pairs` doubles a partial); 1
+    /// (one block a channel, the single-kernel path) when a layer has channels enough. It depends
+    /// on the shape alone, not on the device, so the sums' order (and their last bits) is the
+    /// same on every GPU.
     fn norm_chunks(&self, s: &PlaneShape, pairs: usize) -> u32 {
         use super::pool::{REDUCE_CHANNELS, REDUCE_PARTIALS};
         let (c, m) = (s.c, s.n * s.hw);

@@ -243,8 +243,10 @@ impl FusedNetwork {
     fn group_scratch(&self, len: usize) -> Option<Region> {
         let (scratch, stride) = self.span(|m| m.scratch);
         let total = len.checked_mul(self.trials())?;
-        let fits = self.trials() == 1 || stride >= len;
-        (fits && scratch.len >= total).then(|| Region::new(scratch.offset, total))
+        // The copies lie one right after another: the span is the group's whole scratch.
+        let whole = self.trials() == 1 || stride == self.first().scratch.len;
+        let fits = total <= u32::MAX as usize && scratch.len >= total;
+        (whole && fits).then(|| Region::new(scratch.offset, total))
     }
 
     /// Where layer `i`'s input gradient (`len` elements a trial) goes over the whole group, when
