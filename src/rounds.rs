@@ -148,7 +148,7 @@ pub fn trial_row(job: &Job, round: u32, split: SplitMode, n: u32, o: &TrialOutco
             .filter(|x| *x > 0.0),
         mem_cap_mib: o.slice.cap_mib(),
         error: o.error().unwrap_or_default(),
-        metric: metric(&job.file.metric.name),
+        metric: r.and_then(|r| crate::train::metric_in(&r.metrics, &job.file.metric.name)),
         params: serde_json::to_string(&o.trial.params).unwrap_or_default(),
         launches_per_step: r.and_then(|r| r.launches_per_step),
         host_syncs: r.and_then(|r| r.host_syncs),

@@ -188,6 +188,11 @@ fn to_value(v: &Value, key: &str) -> Result<ParamValue, SpaceError> {
     }
 }
 
+/// How many standard deviations from its mean a normal draw can reach: the sampler's
+/// Box–Muller transform reaches `√(−2·ln u)` for its smallest `u` (the smallest positive
+/// `f64`), about 37.6.
+pub const NORMAL_REACH: f64 = 38.0;
+
 /// The largest magnitude of an `int_uniform` bound: every integer up to it is exact in an `f64`.
 pub const MAX_EXACT_INT: f64 = 9_007_199_254_740_992.0;
 
@@ -288,6 +293,14 @@ impl ParamSpec {
                 format!("must be above min ({max} <= {min})"),
             ));
         }
+        if !(max - min).is_finite() {
+            return Err(err(
+                base.clone(),
+                format!(
+                    "the range from {min} to {max} is wider than a double holds (its width overflows to infinity, and draws would be infinite): narrow it"
+                ),
+            ));
+        }
         let both_int = min.fract() == 0.0 && max.fract() == 0.0;
         let dist = self.distribution.as_deref().unwrap_or(if written_as_ints {
             "int_uniform"
@@ -325,7 +338,19 @@ impl ParamSpec {
             }
             "uniform" => Ok(Dist::Uniform { min, max }),
             "q_uniform" => Ok(Dist::QUniform { min, max, q: q()? }),
-            "log_uniform" => Ok(Dist::LogUniform { min, max }),
+            "log_uniform" => {
+                // min and max are exponents: e^max must be a finite double.
+                if !max.exp().is_finite() {
+                    return Err(err(
+                        key("max"),
+                        format!(
+                            "is a natural-log exponent for log_uniform, and e^{max} overflows a double (at most {:.2}); for bounds given as values use log_uniform_values",
+                            f64::MAX.ln()
+                        ),
+                    ));
+                }
+                Ok(Dist::LogUniform { min, max })
+            }
             "log_uniform_values" | "q_log_uniform_values" => {
                 if min <= 0.0 {
                     return Err(err(key("min"), format!("must be positive for {dist}")));
@@ -417,8 +442,50 @@ impl Dist {
             Dist::LogUniform { min, max } => {
                 vec![ParamValue::Num(min.exp()), ParamValue::Num(max.exp())]
             }
-            // Unbounded: the sampled value is checked when drawn.
-            Dist::Normal { .. } | Dist::LogNormal { .. } => Vec::new(),
+            // As far as the sampler reaches: every draw lies between these.
+            Dist::Normal { mu, sigma } => vec![
+                ParamValue::Num(mu - NORMAL_REACH * sigma),
+                ParamValue::Num(mu + NORMAL_REACH * sigma),
+            ],
+            Dist::LogNormal { mu, sigma } => vec![
+                ParamValue::Num((mu - NORMAL_REACH * sigma).exp()),
+                ParamValue::Num((mu + NORMAL_REACH * sigma).exp()),
+            ],
+        }
+    }
+
+    /// Whether the distribution is a normal or a log-normal one (unbounded, or nearly).
+    pub fn is_normal(&self) -> bool {
+        matches!(self, Dist::Normal { .. } | Dist::LogNormal { .. })
+    }
+
+    /// Whether `v` is a value this distribution can give: one of its values, or a number in its
+    /// range (a quantised range's ends widened by half a step, a log range's by rounding).
+    pub fn admits(&self, v: &ParamValue) -> bool {
+        let within = |x: f64, lo: f64, hi: f64| {
+            let slack = 1e-12 * lo.abs().max(hi.abs());
+            x.is_finite() && x >= lo - slack && x <= hi + slack
+        };
+        let num = match v {
+            ParamValue::Num(x) => Some(*x),
+            ParamValue::Word(_) => None,
+        };
+        match (self, num) {
+            (Dist::Constant(c), _) => c == v,
+            (Dist::Categorical { values, .. }, _) => values.contains(v),
+            (_, None) => false,
+            (Dist::IntUniform { min, max }, Some(x)) => {
+                x.fract() == 0.0 && within(x, *min as f64, *max as f64)
+            }
+            (Dist::Uniform { min, max }, Some(x)) => within(x, *min, *max),
+            (Dist::QUniform { min, max, q }, Some(x)) => within(x, min - q / 2.0, max + q / 2.0),
+            (Dist::LogUniform { min, max }, Some(x)) => within(x, min.exp(), max.exp()),
+            (Dist::LogUniformValues { min, max }, Some(x)) => within(x, *min, *max),
+            (Dist::QLogUniformValues { min, max, q }, Some(x)) => {
+                within(x, min - q / 2.0, max + q / 2.0)
+            }
+            (Dist::Normal { .. }, Some(x)) => x.is_finite(),
+            (Dist::LogNormal { .. }, Some(x)) => x.is_finite() && x > 0.0,
         }
     }
 
@@ -522,6 +589,21 @@ impl Space {
             .collect()
     }
 
+    /// The point of this space held in `params` (a trial's parameters, which may hold more),
+    /// when every parameter of the space is there with a value its distribution can give.
+    pub fn point_in(
+        &self,
+        params: &BTreeMap<String, ParamValue>,
+    ) -> Option<BTreeMap<String, ParamValue>> {
+        self.dists
+            .iter()
+            .map(|(name, d)| {
+                let v = params.get(name).filter(|v| d.admits(v))?;
+                Some((name.clone(), v.clone()))
+            })
+            .collect()
+    }
+
     /// The points of trials `0, 1, 2, ...`, each computed when asked for (see [`Space::point`]).
     pub fn points(&self, seed: u64) -> impl Iterator<Item = BTreeMap<String, ParamValue>> + '_ {
         (0..).map(move |i| self.point(seed, i))
@@ -551,6 +633,54 @@ mod tests {
 
     fn spec(yaml: &str) -> ParamSpec {
         serde_yaml::from_str(yaml).expect("test yaml parses")
+    }
+
+    #[test]
+    fn every_draw_is_admitted_and_values_outside_are_not() {
+        let mut rng = HostRng::new(3);
+        for yaml in [
+            "{min: 16, max: 256}",
+            "{min: -5.0, max: 10.0}",
+            "{min: 0.5, max: 3.0, distribution: q_uniform, q: 0.25}",
+            "{min: -9.0, max: -2.0, distribution: log_uniform}",
+            "{min: 0.0001, max: 0.1, distribution: log_uniform_values}",
+            "{min: 1.0, max: 100.0, distribution: q_log_uniform_values, q: 5}",
+            "{values: [sgd, adam]}",
+            "{value: 3}",
+            "{distribution: log_normal, mu: -3, sigma: 1}",
+        ] {
+            let d = spec(yaml).to_dist("x").unwrap();
+            for _ in 0..200 {
+                let v = d.sample(&mut rng);
+                assert!(d.admits(&v), "{yaml}: {v:?}");
+            }
+        }
+        let d = spec("{min: 0.0001, max: 0.1, distribution: log_uniform_values}")
+            .to_dist("x")
+            .unwrap();
+        assert!(!d.admits(&ParamValue::Num(0.2)));
+        assert!(!d.admits(&ParamValue::Word("0.01".into())));
+        let ints = spec("{min: 16, max: 256}").to_dist("x").unwrap();
+        assert!(!ints.admits(&ParamValue::Num(16.5)));
+        let words = spec("{values: [sgd, adam]}").to_dist("x").unwrap();
+        assert!(!words.admits(&ParamValue::Word("lion".into())));
+        assert!(!spec("{distribution: log_normal, mu: 0, sigma: 1}")
+            .to_dist("x")
+            .unwrap()
+            .admits(&ParamValue::Num(-1.0)));
+    }
+
+    #[test]
+    fn a_range_that_overflows_a_double_is_refused() {
+        let e = spec("{min: -1e308, max: 1e308}").to_dist("x").unwrap_err();
+        assert!(e.message.contains("wider than a double"), "{e:?}");
+        let e = spec("{min: 0, max: 710, distribution: log_uniform}")
+            .to_dist("x")
+            .unwrap_err();
+        assert_eq!(e.key, "parameters.x.max");
+        assert!(spec("{min: 0, max: 709, distribution: log_uniform}")
+            .to_dist("x")
+            .is_ok());
     }
 
     #[test]

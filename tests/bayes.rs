@@ -1,4 +1,4 @@
-//! `method: bayes` sweeps on the real binary: examples/fake_train.py (best near lr 3e-3) run to its run_cap, proposals moving toward the optimum, the dry run, `--resume` after SIGTERM and after SIGKILL, and a built-in model under fused.
+//! `method: bayes` sweeps on the real binary: examples/fake_train.py (best near lr 3e-3) run to its run_cap, proposals moving toward the optimum, the dry run, `--resume` after SIGTERM and after SIGKILL (ten kills in a row, three trials at a time: each index runs once), a resumed sweep of an edited job, and a built-in model under fused.
 
 mod support;
 use std::path::{Path, PathBuf};
@@ -113,6 +113,111 @@ fn an_interrupted_bayes_sweep_resumes_to_its_run_cap() {
 fn a_bayes_sweep_killed_with_sigkill_resumes_to_its_run_cap() {
     // No grace, no handler: the rows fsynced before the kill are all there is.
     stop_then_resume(libc::SIGKILL, None);
+}
+
+/// Each trial's (id, epoch) pairs in `progress.csv`, and how often each appears.
+fn epochs_seen(out: &Path) -> std::collections::BTreeMap<(String, String), usize> {
+    let mut seen = std::collections::BTreeMap::new();
+    for r in progress_csv(out) {
+        *seen
+            .entry((r["trial_id"].clone(), r["epoch"].clone()))
+            .or_insert(0) += 1;
+    }
+    seen
+}
+
+#[test]
+fn a_bayes_sweep_killed_ten_times_runs_each_of_its_indices_once() {
+    // Three trials at a time end out of order: a kill leaves holes below the last index.
+    let dir = sandbox();
+    let run_cap = 24u32;
+    let job = bayes_job(&dir, 0.15);
+    let text = std::fs::read_to_string(&job)
+        .unwrap()
+        .replace("run_cap: 16", &format!("run_cap: {run_cap}"));
+    std::fs::write(&job, text).unwrap();
+    let out = dir.join("out");
+    let trials = out.join("trials.csv");
+    let mut rows = 0;
+    for kill in 0..10 {
+        let mut args = vec!["sweep", s(&job), "--out", s(&out), "--concurrency", "3"];
+        if kill > 0 {
+            args.push("--resume");
+        }
+        let mut child = dir.spawn(&args);
+        // At a point that moves: one to three more rows than before, then SIGKILL.
+        let want = rows + 1 + kill % 3;
+        let reached = wait_for(&mut child, std::time::Duration::from_secs(120), || {
+            rows_in(&trials) >= want
+        });
+        child.kill().expect("SIGKILL");
+        let _ = child.wait();
+        assert!(reached, "kill {kill}: the sweep ended before {want} rows");
+        rows = rows_in(&trials);
+        assert!(rows < run_cap as usize, "kill {kill}: done too soon");
+    }
+    let o = dir.run_into("sweep", &job, &out, &["--resume", "--concurrency", "3"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let all = trials_csv(&out);
+    let ids: Vec<&str> = all.iter().map(|r| r["trial_id"].as_str()).collect();
+    let distinct: std::collections::BTreeSet<&str> = ids.iter().copied().collect();
+    assert_eq!(distinct.len(), ids.len(), "an id twice: {ids:?}");
+    assert_eq!(ids.len(), run_cap as usize, "{ids:?}");
+    assert!(all.iter().all(|r| r["state"] == "COMPLETE"), "{all:?}");
+    // Each index of the sweep once: the seeds are exactly those of indices 0..run_cap.
+    let seeds: std::collections::BTreeSet<u64> =
+        all.iter().map(|r| r["seed"].parse().unwrap()).collect();
+    let want: std::collections::BTreeSet<u64> = (0..run_cap)
+        .map(|i| gpumux::plan::trial_seed(7, i))
+        .collect();
+    assert_eq!(seeds, want);
+    // No epoch twice, and every trial's epochs there.
+    let seen = epochs_seen(&out);
+    assert!(seen.values().all(|&n| n == 1), "an epoch twice: {seen:?}");
+    assert_eq!(seen.len(), 3 * run_cap as usize, "{seen:?}");
+}
+
+#[test]
+fn a_resumed_bayes_sweep_of_an_edited_job_ignores_the_old_rows_and_says_so() {
+    let dir = sandbox();
+    let job = bayes_job(&dir, 0.0);
+    let text = std::fs::read_to_string(&job)
+        .unwrap()
+        .replace("run_cap: 16", "run_cap: 6");
+    std::fs::write(&job, &text).unwrap();
+    let out = dir.join("out");
+    let o = dir.run_into("sweep", &job, &out, &[]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert_eq!(complete(&out), 6);
+    // Another command (one more epoch), then another range: neither counts the old rows.
+    for (edit, old) in [
+        (text.replace("--sleep 0", "--sleep 0 --epochs 4"), 6),
+        (
+            text.replace("--sleep 0", "--sleep 0 --epochs 4")
+                .replace("min: 0.0001, max: 0.1", "min: 0.2, max: 0.5"),
+            12,
+        ),
+    ] {
+        std::fs::write(&job, &edit).unwrap();
+        let o = dir.run_into("sweep", &job, &out, &["--resume"]);
+        assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+        let said = stdout(&o);
+        assert!(said.contains("0 already COMPLETE, 6 to propose"), "{said}");
+        assert!(
+            said.contains(&format!(
+                "note: {old} rows of trials.csv are not this job's"
+            )),
+            "{said}"
+        );
+        assert_eq!(complete(&out), old + 6);
+    }
+    // The last job's trials all lie in its range.
+    let rows = trials_csv(&out);
+    for r in &rows[12..] {
+        let params: serde_json::Value = serde_json::from_str(&r["params"]).unwrap();
+        let lr = params["lr"].as_f64().unwrap();
+        assert!((0.2..=0.5).contains(&lr), "{r:?}");
+    }
 }
 
 /// A bayes sweep of a small built-in MLP on synthetic data, `run_cap` trials on `backend`.

@@ -1,4 +1,4 @@
-//! Early termination (`early_terminate: hyperband`) in real sweeps: built-in trials pruned at rungs, an external command ended when pruned, and a sweep killed with SIGKILL then resumed.
+//! Early termination (`early_terminate: hyperband`) in real sweeps: built-in trials pruned at rungs, an external command ended when pruned, a metric by its Keras name, a trial's last epoch never a rung, a sweep killed with SIGKILL then resumed, and one resumed without early termination.
 
 mod support;
 use std::collections::{BTreeMap, HashSet};
@@ -156,8 +156,13 @@ fn a_hyperband_sweep_killed_with_sigkill_resumes_without_running_a_done_trial_ag
         .collect();
     let o = dir.gpumux(&["sweep", job, "--out", s(&out), "--resume"]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let count = |state: &str| before.iter().filter(|(_, s)| s == state).count();
     assert!(
-        stdout(&o).contains(&format!("{} already COMPLETE or PRUNED", done.len())),
+        stdout(&o).contains(&format!(
+            "{} already COMPLETE, {} PRUNED",
+            count("COMPLETE"),
+            count("PRUNED")
+        )),
         "{}",
         stdout(&o)
     );
@@ -205,5 +210,183 @@ fn early_terminate_is_checked_with_its_line() {
         assert_eq!(o.status.code(), Some(2), "{spec}: {}", stderr(&o));
         let e = stderr(&o);
         assert!(e.contains(key) && e.contains(says), "{spec}: {e}");
+    }
+}
+
+/// A command that prints Keras's names (`val_accuracy`, `loss`) for `epochs` epochs, its
+/// accuracy set by its lr (best near 3e-3), one epoch every `sleep` seconds.
+fn keras_script(dir: &Sandbox, epochs: u32, sleep: f64) -> std::path::PathBuf {
+    let body = r#"#!/usr/bin/env python3
+import json, math, sys, time
+lr = float(sys.argv[1])
+top = max(0.1, 0.97 - 0.08 * (math.log10(lr) - math.log10(3e-3)) ** 2)
+for e in range(1, EPOCHS + 1):
+    time.sleep(SLEEP)
+    print(json.dumps({"epoch": e, "loss": 1.0 / e, "val_accuracy": top * e / EPOCHS}), flush=True)
+print(json.dumps({"val_accuracy": top, "loss": 1.0 / EPOCHS}))
+"#;
+    let body = body
+        .replace("EPOCHS", &epochs.to_string())
+        .replace("SLEEP", &sleep.to_string());
+    dir.script("keras.py", &body)
+}
+
+fn keras_job(dir: &Sandbox, epochs: u32, sleep: f64, metric: &str) -> std::path::PathBuf {
+    keras_script(dir, epochs, sleep);
+    dir.job(
+        "keras.yaml",
+        JobYaml::new()
+            .name("keras")
+            .command("python3 ./keras.py {lr}")
+            .run_cap(12)
+            .param(
+                "lr",
+                "{min: 0.00001, max: 1.0, distribution: log_uniform_values}",
+            )
+            .concurrency(2)
+            .set("metric", format!("{{name: {metric}, goal: maximize}}"))
+            .set(
+                "early_terminate",
+                "{type: hyperband, min_iter: 1, eta: 2, max_iter: 6}",
+            ),
+    )
+}
+
+#[test]
+fn hyperband_prunes_by_a_keras_metric_name_as_by_gpumuxs_own() {
+    for metric in ["val_accuracy", "test_acc"] {
+        let dir = sandbox();
+        let job = keras_job(&dir, 6, 0.05, metric);
+        let out = dir.join("out");
+        let o = dir.run_into("sweep", &job, &out, &[]);
+        assert_eq!(o.status.code(), Some(0), "{metric}: {}", stderr(&o));
+        let rows = trials_csv(&out);
+        let pruned = rows.iter().filter(|r| r["state"] == "PRUNED").count();
+        let complete = rows.iter().filter(|r| r["state"] == "COMPLETE").count();
+        assert!(pruned > 0 && complete > 0, "{metric}: {rows:?}");
+        assert_eq!(pruned + complete, 12, "{metric}: {rows:?}");
+        // Every row carries the metric, and the best is a COMPLETE trial's.
+        assert!(
+            rows.iter().all(|r| r["metric"].parse::<f64>().is_ok()),
+            "{rows:?}"
+        );
+        assert!(stdout(&o).contains("best trial"), "{}", stdout(&o));
+    }
+}
+
+#[test]
+fn the_last_epoch_a_trial_trains_is_never_a_rung() {
+    // A built-in model of 4 epochs under a schedule to 8: the rungs stop below epoch 4.
+    let dir = sandbox();
+    let job = dir.job(
+        "hb.yaml",
+        hb16("logical", 2).set(
+            "early_terminate",
+            "{type: hyperband, min_iter: 1, eta: 2, max_iter: 8}",
+        ),
+    );
+    let out = dir.join("out");
+    let o = dir.run_into("sweep", &job, &out, &["--dry-run"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(
+        stdout(&o).contains("rungs at epochs 1, 2 (eta 2)"),
+        "{}",
+        stdout(&o)
+    );
+    let o = dir.run_into("sweep", &job, &out, &[]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    for r in trials_csv(&out) {
+        let e: u32 = r["epochs"].parse().unwrap();
+        match r["state"].as_str() {
+            "PRUNED" => assert!(e < 4, "{r:?}"),
+            _ => assert_eq!((r["state"].as_str(), e), ("COMPLETE", 4), "{r:?}"),
+        }
+    }
+    // A command that trains 2 epochs where the schedule goes to 6 (rungs 1, 2, 4): its epoch
+    // 2 is its last, so it ends COMPLETE there, never PRUNED; the saved epochs count the 2.
+    let dir = sandbox();
+    let job = keras_job(&dir, 2, 0.3, "val_accuracy");
+    let out = dir.join("out");
+    let o = dir.run_into("sweep", &job, &out, &[]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let rows = trials_csv(&out);
+    for r in &rows {
+        match r["state"].as_str() {
+            "PRUNED" => assert_eq!(r["epochs"], "1", "{r:?}"),
+            "COMPLETE" => assert_eq!(r["epochs"], "2", "{r:?}"),
+            other => panic!("{other}: {r:?}"),
+        }
+    }
+    let pruned = rows.iter().filter(|r| r["state"] == "PRUNED").count();
+    assert!(pruned > 0, "{rows:?}");
+    assert!(
+        stdout(&o).contains(&format!(
+            "they left {pruned} of the 24 trial-epochs of the trials done untrained"
+        )),
+        "{}",
+        stdout(&o)
+    );
+}
+
+#[test]
+fn a_pruned_sweep_resumed_without_early_termination_keeps_its_pruned_trials_apart() {
+    let dir = sandbox();
+    let job = dir.job("hb.yaml", hb16("logical", 2));
+    let out = dir.join("out");
+    let o = dir.run_into("sweep", &job, &out, &[]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let rows = trials_csv(&out);
+    let count = |state: &str| rows.iter().filter(|r| r["state"] == state).count();
+    let (complete, pruned) = (count("COMPLETE"), count("PRUNED"));
+    assert!(pruned > 0, "{rows:?}");
+    let job = dir.job("hb.yaml", hb16("logical", 2).without("early_terminate"));
+    let o = dir.run_into("sweep", &job, &out, &["--resume"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let said = stdout(&o);
+    assert!(
+        said.contains(&format!(
+            "{complete} already COMPLETE, {pruned} PRUNED, 0 to run"
+        )),
+        "{said}"
+    );
+    assert!(
+        said.contains(&format!(
+            "{complete} COMPLETE, 0 FAIL, 0 INTERRUPTED, {pruned} PRUNED"
+        )),
+        "{said}"
+    );
+    assert_eq!(trials_csv(&out).len(), 16);
+}
+
+#[test]
+fn merge_keeps_a_complete_row_over_a_pruned_one_in_either_order() {
+    // The same sixteen trials, pruned in one folder and all COMPLETE in the other.
+    let dir = sandbox();
+    let (pruned_dir, complete_dir) = (dir.join("pruned"), dir.join("complete"));
+    let job = dir.job("hb.yaml", hb16("logical", 2));
+    let o = dir.run_into("sweep", &job, &pruned_dir, &[]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(states(&pruned_dir).iter().any(|(_, s)| s == "PRUNED"));
+    let job = dir.job("hb.yaml", hb16("logical", 2).without("early_terminate"));
+    let o = dir.run_into("sweep", &job, &complete_dir, &[]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    for (name, first, second) in [
+        ("m1", &pruned_dir, &complete_dir),
+        ("m2", &complete_dir, &pruned_dir),
+    ] {
+        let merged = dir.join(name);
+        let o = dir.gpumux(&["merge", s(first), s(second), "--out", s(&merged)]);
+        assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+        assert!(
+            stdout(&o).contains("merged 16 trials: 16 COMPLETE"),
+            "{name}: {}",
+            stdout(&o)
+        );
+        // Each kept row's epochs come from its own folder: all four of them.
+        let epochs = progress_epochs(&merged);
+        assert!(
+            epochs.values().all(|e| e == &vec![1, 2, 3, 4]),
+            "{name}: {epochs:?}"
+        );
     }
 }

@@ -726,3 +726,59 @@ fn a_byte_order_mark_is_accepted_in_a_job_and_named_in_a_data_file() {
         &["labels-idx1-ubyte", "byte-order mark"],
     );
 }
+
+#[test]
+fn a_space_that_cannot_run_to_its_end_is_refused_when_it_loads() {
+    let dir = sandbox();
+    for (method, spec, key, says) in [
+        // Every draw of this momentum lies in [0, 1) but for a tail the sampler reaches.
+        (
+            "bayes",
+            ("momentum", "{distribution: normal, mu: 0.5, sigma: 0.1}"),
+            "`parameters.momentum`",
+            "standard deviations from its mean",
+        ),
+        (
+            "random",
+            (
+                "batch_size",
+                "{distribution: log_normal, mu: 4, sigma: 0.5}",
+            ),
+            "`parameters.batch_size`",
+            "standard deviations from its mean",
+        ),
+        // A width that overflows a double: every draw would be infinite.
+        (
+            "random",
+            ("momentum", "{min: -1e308, max: 1e308}"),
+            "`parameters.momentum`",
+            "wider than a double holds",
+        ),
+        (
+            "bayes",
+            (
+                "weight_decay",
+                "{min: 0, max: 1000, distribution: log_uniform}",
+            ),
+            "`parameters.weight_decay.max`",
+            "overflows a double",
+        ),
+    ] {
+        let j = dir.job(
+            "space.yaml",
+            tiny_sweep(40).method(method).param(spec.0, spec.1),
+        );
+        refused(&sweep_dry(dir.path(), &j), &[key, says]);
+    }
+    // An external command's parameter takes any number: the same ranges load there.
+    let j = dir.job(
+        "ext.yaml",
+        JobYaml::new()
+            .command("true {x}")
+            .method("bayes")
+            .run_cap(40)
+            .param("x", "{distribution: normal, mu: 0.5, sigma: 0.1}"),
+    );
+    let o = sweep_dry(dir.path(), &j);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+}

@@ -60,13 +60,22 @@ impl Job {
         if f.metric.name.trim().is_empty() {
             return Err(self.invalid("metric.name", "must not be empty"));
         }
-        if f.command.is_none() && !BUILTIN_METRICS.contains(&f.metric.name.as_str()) {
+        let own = match crate::train::own_metric_name(&f.metric.name) {
+            "train_loss" => "final_loss",
+            own => own,
+        };
+        if f.command.is_none() && !BUILTIN_METRICS.contains(&own) {
             return Err(self.invalid(
                 "metric.name",
                 format!(
-                    "`{}` is not a metric of a built-in trial (expected one of {})",
+                    "`{}` is not a metric of a built-in trial (expected one of {}, or a common name of one: {})",
                     f.metric.name,
-                    BUILTIN_METRICS.join(", ")
+                    BUILTIN_METRICS.join(", "),
+                    crate::train::COMMON_METRIC_NAMES
+                        .iter()
+                        .map(|(common, _)| *common)
+                        .collect::<Vec<_>>()
+                        .join(", ")
                 ),
             ));
         }
@@ -287,12 +296,27 @@ impl Job {
             let checked = !external || PARAMETERS.contains(&name.as_str());
             for v in dist.extremes().into_iter().filter(|_| checked) {
                 let mut point = BTreeMap::new();
-                point.insert(name.clone(), v);
+                point.insert(name.clone(), v.clone());
                 if let Err((k, m)) = Hyper::from_point(&self.file.train, &point) {
                     let key = if k.starts_with("parameters.") {
                         k
                     } else {
                         format!("parameters.{name}")
+                    };
+                    // A normal draw is refused when it is drawn, mid-sweep: refused here instead.
+                    let m = if dist.is_normal() {
+                        format!(
+                            "{m}: a {} distribution draws as far as {} standard deviations from its mean, and `{name}` refuses that; use a range (`min`/`max`) or `values`{}",
+                            spec.distribution.as_deref().unwrap_or("normal"),
+                            crate::space::NORMAL_REACH,
+                            if matches!(dist, Dist::Normal { .. }) {
+                                ", or log_normal for a value that must be positive"
+                            } else {
+                                ""
+                            }
+                        )
+                    } else {
+                        m
                     };
                     return Err(self.invalid(&key, m));
                 }

@@ -160,8 +160,9 @@ impl EarlyTerminate {
         self.max_iter.unwrap_or(epochs)
     }
 
-    /// The rungs: the epochs `min_iter·eta^k` (k = 0, 1, ...) below `max_iter` (a trial's last
-    /// epoch is no rung: stopping there saves nothing), at most `s` of them.
+    /// The rungs: the epochs `min_iter·eta^k` (k = 0, 1, ...) below `max_iter` and below
+    /// `epochs` (a trial's last epoch is no rung: stopping there saves nothing, and would record
+    /// PRUNED a trial that trained all its epochs), at most `s` of them.
     pub fn rungs(&self, epochs: u32) -> Vec<u32> {
         let max_iter = self.max_iter(epochs);
         let eta = self.eta.max(2);
@@ -171,7 +172,8 @@ impl EarlyTerminate {
         });
         let mut out = Vec::new();
         let mut r = u64::from(min_iter.max(1));
-        while r < u64::from(max_iter) && self.s.is_none_or(|s| out.len() < s as usize) {
+        let end = u64::from(max_iter.min(epochs));
+        while r < end && self.s.is_none_or(|s| out.len() < s as usize) {
             out.push(r as u32);
             r *= u64::from(eta);
         }

@@ -18,14 +18,7 @@ use crate::train::EpochStats;
 
 /// The names Keras and most scripts print, and gpumux's name for each. gpumux's own name wins
 /// when a line has both; of two common names for one of gpumux's, the first here wins.
-pub const COMMON_NAMES: [(&str, &str); 6] = [
-    ("loss", "train_loss"),
-    ("accuracy", "train_acc"),
-    ("acc", "train_acc"),
-    ("val_loss", "test_loss"),
-    ("val_accuracy", "test_acc"),
-    ("val_acc", "test_acc"),
-];
+pub use crate::train::COMMON_METRIC_NAMES as COMMON_NAMES;
 
 /// Nesting deeper than this is not a metrics line (and would cost stack to read).
 const MAX_DEPTH: usize = 64;

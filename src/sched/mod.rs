@@ -606,6 +606,15 @@ fn run_external(
     let stop = ctx.cancel.child();
     let prune = ctx.prune.as_ref().map(|p| p.for_trial(&trial));
     let mut pruned: Option<EpochStats> = None;
+    // A command stopped at a rung may have trained its last epoch there: it is given
+    // PRUNE_GRACE to end on its own (COMPLETE), and stopped (PRUNED) at its next epoch line or
+    // when the grace is over, whichever comes first. `sent`: the stop came from here.
+    let sent = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let over = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let stop_now = |stop: &crate::cancel::Cancel| {
+        sent.store(true, std::sync::atomic::Ordering::SeqCst);
+        stop.abort();
+    };
     // Stderr is read on a thread of its own: it reaches the events through this, until the
     // trial is over (a reader that outlives its trial must not hold the round open).
     let relay = Arc::new(std::sync::Mutex::new(ext.stream.then(|| events.clone())));
@@ -630,14 +639,27 @@ fn run_external(
                     output_event(events, &trial.id, line);
                 }
                 for stats in metric_line::epochs(line, started) {
-                    // A pruned trial's epochs end where it was stopped: later lines are dropped.
-                    if pruned.is_none() && last_epoch.is_none_or(|e| stats.epoch > e) {
+                    // A pruned trial's epochs end where it was stopped: later lines are dropped,
+                    // and the first later epoch stops it at once.
+                    if let Some(p) = &pruned {
+                        if stats.epoch > p.epoch {
+                            stop_now(&stop);
+                        }
+                    } else if last_epoch.is_none_or(|e| stats.epoch > e) {
                         last_epoch = Some(stats.epoch);
                         reported += 1;
                         epoch_event(events, &trial, slice.index, &stats);
                         if prune.as_ref().is_some_and(|p| p.stops(&stats)) {
                             pruned = Some(stats);
-                            stop.abort();
+                            let (stop, sent, over) =
+                                (stop.clone(), Arc::clone(&sent), Arc::clone(&over));
+                            std::thread::spawn(move || {
+                                std::thread::sleep(PRUNE_GRACE);
+                                if !over.load(std::sync::atomic::Ordering::SeqCst) {
+                                    sent.store(true, std::sync::atomic::Ordering::SeqCst);
+                                    stop.abort();
+                                }
+                            });
                         }
                     }
                 }
@@ -652,12 +674,19 @@ fn run_external(
                 on_stderr,
             )
         });
+    over.store(true, std::sync::atomic::Ordering::SeqCst);
     relay.lock().unwrap_or_else(|p| p.into_inner()).take();
     let wall_s = started.elapsed().as_secs_f64();
-    if let Some(stats) = pruned {
-        // Ended for its early termination, whatever it printed after: PRUNED where it was.
-        let res = Err(Stop::Pruned(Box::new(pruned_result(stats, wall_s))));
-        return outcome(trial, slice, res, wall_s);
+    let stopped_here = sent.load(std::sync::atomic::Ordering::SeqCst);
+    match pruned {
+        // Stopped for its early termination, whatever it printed after: PRUNED where it was.
+        Some(stats) if stopped_here || res.is_err() && stop.aborted() => {
+            let res = Err(Stop::Pruned(Box::new(pruned_result(stats, wall_s))));
+            return outcome(trial, slice, res, wall_s);
+        }
+        // It ended on its own before it was stopped: its rung was its last epoch, and it ended
+        // as it would have without early termination (COMPLETE, or its own failure).
+        _ => {}
     }
     let res = res.map(|o| TrialResult {
         test_acc: o.metrics.get("test_acc").copied().unwrap_or(f64::NAN),
@@ -681,6 +710,10 @@ fn run_external(
     });
     outcome(trial, slice, res, wall_s)
 }
+
+/// How long an external command stopped at a rung has to end on its own, its last epoch being
+/// the rung, before it is stopped ([`run_external`]'s early termination).
+const PRUNE_GRACE: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// A training that ended with a result after its early termination stopped it was PRUNED.
 pub(crate) fn pruned_if_stopped(
@@ -721,7 +754,9 @@ pub(crate) fn pruned_result(stats: EpochStats, wall_s: f64) -> TrialResult {
 /// rank it, and a resumed sweep would never run it again.
 fn require_metric(end: TrialEnd, metric: Option<&str>) -> TrialEnd {
     match (end, metric) {
-        (TrialEnd::Complete(r), Some(m)) if !r.metrics.get(m).is_some_and(|v| v.is_finite()) => {
+        (TrialEnd::Complete(r), Some(m))
+            if !crate::train::metric_in(&r.metrics, m).is_some_and(|v| v.is_finite()) =>
+        {
             TrialEnd::Failed(Failure::MissingMetric {
                 metric: m.to_string(),
             })

@@ -29,8 +29,15 @@ impl Pruner {
     /// The pruner of a job with `early_terminate:`; `None` without.
     pub fn of(job: &Job) -> Option<Pruner> {
         let e = job.file.early_terminate.as_ref()?;
+        // A built-in trial trains `train.epochs`; a command as many as it does, `max_iter` by
+        // the schedule (its last epoch, should it come at a rung, is found when it ends there:
+        // see the scheduler's early termination of commands).
+        let last = match job.file.command {
+            None => job.file.train.epochs,
+            Some(_) => e.max_iter(job.file.train.epochs),
+        };
         Some(Pruner::new(
-            e.rungs(job.file.train.epochs),
+            e.rungs(last),
             e.eta,
             job.file.metric.goal,
             &job.file.metric.name,
@@ -142,14 +149,22 @@ pub fn promoted(rung: &BTreeMap<String, f64>, trial: &str, eta: u32, goal: Goal)
     rank < n / eta
 }
 
-/// The trial-epochs pruning saved: what the PRUNED rows did not train of `epochs` each, and
-/// what every finished trial would have trained without early termination.
+/// The trial-epochs pruning saved: what the PRUNED rows did not train of what a trial trains
+/// when it is not stopped, and what every finished trial would have trained so. A trial not
+/// stopped trains what the COMPLETE rows trained (the most of them: a command may train fewer
+/// epochs than `train.epochs`), or `epochs` when none is COMPLETE yet.
 pub fn saved(rows: &[&TrialRow], epochs: u32) -> (u64, u64) {
+    let full = rows
+        .iter()
+        .filter(|r| r.state == crate::report::COMPLETE)
+        .map(|r| r.epochs)
+        .max()
+        .unwrap_or(epochs);
     let finished = rows.iter().filter(|r| r.done());
-    let all = finished.clone().count() as u64 * u64::from(epochs);
+    let all = finished.clone().count() as u64 * u64::from(full);
     let saved = finished
         .filter(|r| r.state == crate::report::PRUNED)
-        .map(|r| u64::from(epochs.saturating_sub(r.epochs)))
+        .map(|r| u64::from(full.saturating_sub(r.epochs)))
         .sum();
     (saved, all)
 }
@@ -198,7 +213,10 @@ mod tests {
             hyperband(Some(1), Some(27), 3, Some(2)).rungs(5),
             vec![1, 3]
         );
-        assert_eq!(hyperband(None, Some(27), 3, Some(2)).rungs(5), vec![3, 9]);
+        // min_iter from s: 27/3² = 3; then 9, past the 5 epochs a trial trains.
+        assert_eq!(hyperband(None, Some(27), 3, Some(2)).rungs(5), vec![3]);
+        // max_iter past the epochs: the last epoch (9) is still no rung.
+        assert_eq!(hyperband(Some(1), Some(27), 3, None).rungs(9), vec![1, 3]);
         assert_eq!(
             hyperband(Some(5), None, 3, None).rungs(5),
             Vec::<u32>::new()
@@ -282,5 +300,12 @@ mod tests {
         ];
         let refs: Vec<&TrialRow> = rows.iter().collect();
         assert_eq!(saved(&refs, 9), (14, 27));
+        // A command that trains 4 epochs where the job says 9: counted against the 4 trained.
+        let short = [row("COMPLETE", 4), row("PRUNED", 1), row("PRUNED", 3)];
+        let refs: Vec<&TrialRow> = short.iter().collect();
+        assert_eq!(saved(&refs, 9), (4, 12));
+        // Before any trial is COMPLETE: against the job's epochs.
+        let refs: Vec<&TrialRow> = short[1..].iter().collect();
+        assert_eq!(saved(&refs, 9), (14, 18));
     }
 }

@@ -3,22 +3,27 @@
 //! A bayes sweep of `run_cap` trials proposes its trials as slices come free: each from the
 //! trials that ended with the metric (COMPLETE, and PRUNED rows that carry a metric value) and
 //! the trials still running, counted at the worst value seen so far (a constant liar), so that
-//! the proposals made while others run differ. A FAIL trial is no observation.
+//! the proposals made while others run differ. A FAIL trial is no observation. Trial `i`'s seed is
+//! the one `method: random` gives trial `i`; its first trials take random's points.
 //!
-//! On `--resume`, the observations are the rows of `trials.csv`; trials that did not complete
-//! are not run again: fresh proposals take their place, from the index after the last trial in
-//! the file, until `run_cap` trials are COMPLETE. A resumed run proposes what the uninterrupted
-//! one would have only when nothing was running when it stopped (the trials in flight then are
-//! gone from the history).
+//! On `--resume`, the rows of `trials.csv` that this job made are its history: a row is the
+//! job's when its seed is that of one of the sweep's indices, its parameters are what the job
+//! gives that index at a point of its space, and its id is theirs. Other rows (another command,
+//! another range, another seed) are ignored, and the run says how many. An index with a
+//! COMPLETE, PRUNED or FAIL row is done; an INTERRUPTED one runs again at its recorded point; an
+//! index without a row (a trial in flight when the sweep was killed, or not proposed yet) is
+//! proposed: a startup index at its random point, exactly as the uninterrupted sweep would, a
+//! later one by TPE from the whole history. So a resumed sweep runs each of its `run_cap` indices
+//! once, no id twice.
 //!
 //! Shard `i/n` proposes the indices `i-1, i-1+n, ...` below `run_cap` from its own results: the
 //! shards do not share their history, and `merge` combines them.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap, VecDeque};
 
 use crate::error::JobError;
 use crate::job::{Goal, Job};
-use crate::plan::{self, TrialSpec};
+use crate::plan::{self, trial_seed, TrialSpec};
 use crate::report::TrialRow;
 use crate::sched::{TrialEnd, TrialOutcome};
 use crate::space::tpe::{Observation, Tpe};
@@ -38,16 +43,29 @@ pub struct Proposer<'a> {
     done: Vec<Observation>,
     /// The points of the trials proposed and not ended, by index.
     pending: BTreeMap<u32, BTreeMap<String, ParamValue>>,
-    /// How many trials this shard has proposed, in this run and before it.
-    slot: u32,
+    /// This shard's slots still to run, in order (slot `k` is trial [`Proposer::index`]`(k)`).
+    queue: VecDeque<u32>,
+    /// The points of INTERRUPTED trials, by index: they run again there.
+    again: BTreeMap<u32, BTreeMap<String, ParamValue>>,
     /// Trials still to propose.
     pub left: u32,
-    /// The trials with an observation, earlier ones included, and those proposed in this run.
+    /// The trials with a row of this job that ended (COMPLETE, PRUNED or FAIL), and those
+    /// proposed in this run.
     pub ids: Vec<String>,
     /// The trials this shard runs in all (its part of `run_cap`).
     pub planned: u32,
+    /// Rows of `trials.csv` that are not this job's (see the module's notes), ignored.
+    pub ignored: usize,
+    /// This job's rows at the start, by state (COMPLETE, PRUNED, FAIL, INTERRUPTED).
+    pub before: BTreeMap<String, usize>,
     /// The first trial that could not be built (a proposal outside what a parameter accepts).
     pub error: Option<JobError>,
+}
+
+/// A row of the results that this job made: its index and its point.
+struct Own {
+    index: u32,
+    point: BTreeMap<String, ParamValue>,
 }
 
 impl<'a> Proposer<'a> {
@@ -58,32 +76,62 @@ impl<'a> Proposer<'a> {
             None => run_cap,
             Some(s) => (run_cap + s.count - s.index) / s.count,
         };
-        let latest = latest_rows(previous);
-        let mut done = Vec::new();
-        let mut ids = Vec::new();
-        for r in &latest {
-            if let Some(o) = observation(job, r) {
-                done.push(o);
-                ids.push(r.trial_id.clone());
-            }
-        }
-        Proposer {
+        let mut p = Proposer {
             job,
             tpe: Tpe::for_run_cap(planned),
             shard,
-            left: planned.saturating_sub(done.len() as u32),
-            done,
+            done: Vec::new(),
             pending: BTreeMap::new(),
-            slot: latest.len() as u32,
-            ids,
+            queue: VecDeque::new(),
+            again: BTreeMap::new(),
+            left: 0,
+            ids: Vec::new(),
             planned,
+            ignored: 0,
+            before: BTreeMap::new(),
             error: None,
+        };
+        // The seed of each of this shard's indices gives a row's index back.
+        let by_seed: HashMap<u64, (u32, u32)> = (0..planned)
+            .map(|slot| {
+                let i = p.index(slot);
+                (trial_seed(job.file.seed, i), (i, slot))
+            })
+            .collect();
+        let mut ended = std::collections::HashSet::new();
+        for r in latest_rows(previous) {
+            let Some(own) = own_row(job, &by_seed, p.tpe.startup, &r) else {
+                p.ignored += 1;
+                continue;
+            };
+            *p.before.entry(r.state.clone()).or_default() += 1;
+            if r.state == "INTERRUPTED" {
+                p.again.insert(own.index, own.point);
+                continue;
+            }
+            ended.insert(own.index);
+            p.ids.push(r.trial_id.clone());
+            if let Some(o) = observation(job, &r, own.point) {
+                p.done.push(o);
+            }
         }
+        // An index that ended is done, even where it also has an INTERRUPTED row.
+        p.again.retain(|i, _| !ended.contains(i));
+        p.queue = (0..planned)
+            .filter(|&slot| !ended.contains(&p.index(slot)))
+            .collect();
+        p.left = p.queue.len() as u32;
+        p
     }
 
     /// How many observations the results already hold.
     pub fn observed(&self) -> usize {
         self.done.len()
+    }
+
+    /// How many trials of this shard already ended (COMPLETE, PRUNED or FAIL).
+    pub fn ended(&self) -> u32 {
+        self.planned - self.left
     }
 
     /// The trial index of this shard's `slot`-th proposal.
@@ -104,7 +152,7 @@ impl<'a> Proposer<'a> {
                     _ => None,
                 };
                 let value = result
-                    .and_then(|r| r.metrics.get(&self.job.file.metric.name).copied())
+                    .and_then(|r| crate::train::metric_in(&r.metrics, &self.job.file.metric.name))
                     .filter(|v| v.is_finite());
                 if let Some(v) = value {
                     self.done.push(Observation {
@@ -114,21 +162,32 @@ impl<'a> Proposer<'a> {
                 }
             }
         }
-        if self.left == 0 || self.error.is_some() {
+        if self.error.is_some() {
             return None;
         }
-        let index = self.index(self.slot);
-        let pending: Vec<_> = self.pending.values().cloned().collect();
-        let point = self.tpe.propose(
-            &self.job.space,
-            self.job.file.seed,
-            index as usize,
-            &self.done,
-            &pending,
-        );
+        let slot = *self.queue.front()?;
+        let index = self.index(slot);
+        let point = match self.again.get(&index) {
+            Some(point) => point.clone(),
+            // A startup slot takes its random point whatever came before: as uninterrupted.
+            None if (slot as usize) < self.tpe.startup => self
+                .job
+                .space
+                .random_point(self.job.file.seed, index as usize),
+            None => {
+                let pending: Vec<_> = self.pending.values().cloned().collect();
+                self.tpe.propose(
+                    &self.job.space,
+                    self.job.file.seed,
+                    index as usize,
+                    &self.done,
+                    &pending,
+                )
+            }
+        };
         match trial(self.job, index, &point) {
             Ok(t) => {
-                self.slot += 1;
+                self.queue.pop_front();
                 self.left -= 1;
                 self.pending.insert(index, point);
                 self.ids.push(t.id.clone());
@@ -143,19 +202,40 @@ impl<'a> Proposer<'a> {
 
     /// The random trials this shard starts with that are not run yet (what `--dry-run` lists).
     pub fn startup_trials(&self) -> Result<Vec<TrialSpec>, JobError> {
-        let first = self.slot;
-        let last = (self.tpe.startup as u32).min(first + self.left);
-        (first..last)
-            .map(|slot| {
+        self.queue
+            .iter()
+            .filter(|&&slot| (slot as usize) < self.tpe.startup)
+            .map(|&slot| {
                 let i = self.index(slot);
-                trial(
-                    self.job,
-                    i,
-                    &self.job.space.point(self.job.file.seed, i as usize),
-                )
+                let point = match self.again.get(&i) {
+                    Some(p) => p.clone(),
+                    None => self.job.space.random_point(self.job.file.seed, i as usize),
+                };
+                trial(self.job, i, &point)
             })
             .collect()
     }
+}
+
+/// The index and point of a row that `job` made (see the module's notes), or `None`: its seed
+/// is that of one of the sweep's indices (`by_seed`: index and slot), its parameters are what
+/// the job gives that index at a point of its space (a startup slot's own random point), and
+/// its id is theirs.
+fn own_row(
+    job: &Job,
+    by_seed: &HashMap<u64, (u32, u32)>,
+    startup: usize,
+    row: &TrialRow,
+) -> Option<Own> {
+    let (index, slot) = *by_seed.get(&row.seed)?;
+    let params: BTreeMap<String, ParamValue> = serde_json::from_str(&row.params).ok()?;
+    let point = job.space.point_in(&params)?;
+    if (slot as usize) < startup && point != job.space.random_point(job.file.seed, index as usize) {
+        return None;
+    }
+    let made = job.params_at(index as usize, &point).ok()?;
+    (made == params && trial_key(job, &params, row.seed) == row.trial_id)
+        .then_some(Own { index, point })
 }
 
 /// The trial of index `i` at `point`, with a sweep's id (see [`trial_key`]).
@@ -173,13 +253,16 @@ fn loss(goal: Goal, value: f64) -> f64 {
     }
 }
 
-/// What a results row tells the sampler: its point and its value, if it has one.
-fn observation(job: &Job, row: &TrialRow) -> Option<Observation> {
+/// What a results row of this job tells the sampler: its point and its value, if it has one.
+fn observation(
+    job: &Job,
+    row: &TrialRow,
+    point: BTreeMap<String, ParamValue>,
+) -> Option<Observation> {
     if !OBSERVED.contains(&row.state.as_str()) {
         return None;
     }
     let value = row.metric.filter(|v| v.is_finite())?;
-    let point: BTreeMap<String, ParamValue> = serde_json::from_str(&row.params).ok()?;
     Some(Observation {
         point,
         loss: loss(job.file.metric.goal, value),

@@ -22,7 +22,7 @@ pub struct Merged {
 
 /// Reads every folder with the one reader of results files (a damaged file is refused, a cut
 /// last line dropped) and keeps, per trial id, its COMPLETE row when it has one, else its
-/// latest row. A folder of a `fib` run (rounds in runs.csv, the same trial id in every
+/// PRUNED row, else its latest row. A folder of a `fib` run (rounds in runs.csv, the same trial id in every
 /// round) is refused: one row per trial id would drop its rounds.
 pub fn merge(dirs: &[PathBuf]) -> Result<Merged> {
     if dirs.is_empty() {
@@ -47,12 +47,18 @@ pub fn merge(dirs: &[PathBuf]) -> Result<Merged> {
         rows.extend(trials.into_iter().map(|t| (i, t)));
         progress.extend(p.into_iter().map(|p| (i, p)));
     }
-    // Per trial id, the last COMPLETE (or PRUNED) row, else the last row, in the order given.
+    // Per trial id, the last COMPLETE row, else the last PRUNED one, else the last row, in the
+    // order given: a trial that completed anywhere is COMPLETE, whatever the folders' order.
+    let rank = |r: &TrialRow| match r.state.as_str() {
+        report::COMPLETE => 2,
+        report::PRUNED => 1,
+        _ => 0,
+    };
     let mut chosen: BTreeMap<String, (usize, TrialRow)> = BTreeMap::new();
     for (i, r) in rows {
         let replace = match chosen.get(&r.trial_id) {
             None => true,
-            Some((_, kept)) => r.done() || !kept.done(),
+            Some((_, kept)) => rank(&r) >= rank(kept),
         };
         if replace {
             chosen.insert(r.trial_id.clone(), (i, r));

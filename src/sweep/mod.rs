@@ -278,27 +278,51 @@ pub fn run(job: &Job, opts: &SweepOptions, out: &mut dyn Write) -> Result<PathBu
         .shard
         .map(|s| format!(", shard {s}"))
         .unwrap_or_default();
-    let or_pruned = if pruner.is_some() { " or PRUNED" } else { "" };
+    // What is there already, by state: a PRUNED trial is done, and said so apart.
+    let count_of =
+        |rows: &[&TrialRow], state: &str| rows.iter().filter(|r| r.state == state).count();
     match &proposer {
-        Some(p) => say(out, format!(
-            "sweep {}: bayes, {} trials{shard_note}: {} already COMPLETE{or_pruned}, {} to propose; split {split}; metric {} ({:?})",
-            job.name,
-            p.planned,
-            p.observed(),
-            p.left,
-            job.file.metric.name,
-            job.file.metric.goal
-        ))?,
-        None => say(out, format!(
-            "sweep {}: {} trials in the space{shard_note}: {} here, {} already COMPLETE{or_pruned}, {} to run; split {split}; metric {} ({:?})",
-            job.name,
-            all.len(),
-            mine.len(),
-            mine.len() - todo.len(),
-            todo.len(),
-            job.file.metric.name,
-            job.file.metric.goal
-        ))?,
+        Some(p) => {
+            let n = |state: &str| p.before.get(state).copied().unwrap_or(0);
+            say(out, format!(
+                "sweep {}: bayes, {} trials{shard_note}: {}, {} to propose; split {split}; metric {} ({:?})",
+                job.name,
+                p.planned,
+                already(n("COMPLETE"), n(report::PRUNED), n("FAIL"), pruner.is_some()),
+                p.left,
+                job.file.metric.name,
+                job.file.metric.goal
+            ))?;
+            if p.ignored > 0 {
+                say(out, format!(
+                    "note: {} rows of trials.csv are not this job's (another command, data, space, seed or epochs): they are kept, and ignored",
+                    p.ignored
+                ))?;
+            }
+        }
+        None => {
+            let ids: HashSet<&str> = mine.iter().map(|t| t.id.as_str()).collect();
+            let latest = latest_rows(&previous);
+            let held: Vec<&TrialRow> = latest
+                .iter()
+                .filter(|r| ids.contains(r.trial_id.as_str()))
+                .collect();
+            say(out, format!(
+                "sweep {}: {} trials in the space{shard_note}: {} here, {}, {} to run; split {split}; metric {} ({:?})",
+                job.name,
+                all.len(),
+                mine.len(),
+                already(
+                    count_of(&held, "COMPLETE"),
+                    count_of(&held, report::PRUNED),
+                    0,
+                    pruner.is_some()
+                ),
+                todo.len(),
+                job.file.metric.name,
+                job.file.metric.goal
+            ))?;
+        }
     }
     if opts.dry_run {
         if let Some(p) = &pruner {
@@ -407,6 +431,19 @@ pub fn run(job: &Job, opts: &SweepOptions, out: &mut dyn Write) -> Result<PathBu
         out,
     )?;
     Ok(dir)
+}
+
+/// What a sweep's start says it holds already: its COMPLETE trials, its PRUNED ones (when
+/// there are any, or early termination is on), and its FAIL ones (when there are any).
+fn already(complete: usize, pruned: usize, failed: usize, pruning: bool) -> String {
+    let mut parts = vec![format!("{complete} already COMPLETE")];
+    if pruned > 0 || pruning {
+        parts.push(format!("{pruned} PRUNED"));
+    }
+    if failed > 0 {
+        parts.push(format!("{failed} FAIL"));
+    }
+    parts.join(", ")
 }
 
 /// What an output folder already holds, read with the one reader of results files.
@@ -792,9 +829,10 @@ fn finish(
     let not_started = planned.saturating_sub(mine_rows.len());
     say(out, format!(
         "{complete} COMPLETE, {failed} FAIL, {interrupted} INTERRUPTED{}, {not_started} not started, of {} trials; results in {}",
-        match &job.file.early_terminate {
-            Some(_) => format!(", {pruned} PRUNED"),
-            None => String::new(),
+        if job.file.early_terminate.is_some() || pruned > 0 {
+            format!(", {pruned} PRUNED")
+        } else {
+            String::new()
         },
         planned,
         dir.display()

@@ -6,6 +6,8 @@ pub mod epochs;
 pub mod fault;
 pub mod fit;
 pub mod fused;
+#[cfg(test)]
+mod metric_names_tests;
 pub mod mirrored;
 pub mod seeds;
 mod single;
@@ -127,12 +129,56 @@ pub struct EpochStats {
     pub extra: std::collections::BTreeMap<String, f64>,
 }
 
+/// The metric names Keras, W&B and most scripts print, and gpumux's name for each: an epoch's
+/// figure answers to either. Of two common names for one of gpumux's, the first here wins.
+pub const COMMON_METRIC_NAMES: [(&str, &str); 6] = [
+    ("loss", "train_loss"),
+    ("accuracy", "train_acc"),
+    ("acc", "train_acc"),
+    ("val_loss", "test_loss"),
+    ("val_accuracy", "test_acc"),
+    ("val_acc", "test_acc"),
+];
+
+/// gpumux's name for the metric `name` (itself when it is no common name of one).
+pub fn own_metric_name(name: &str) -> &str {
+    COMMON_METRIC_NAMES
+        .iter()
+        .find(|(common, _)| *common == name)
+        .map_or(name, |(_, own)| own)
+}
+
+/// The value of the metric `name` in `metrics`: by that name, else by gpumux's name for it,
+/// else by a common name of gpumux's (a sweep whose metric is `val_accuracy` reads a built-in
+/// trial's `test_acc`, and one whose metric is `test_acc` a Keras script's `val_accuracy`).
+pub fn metric_in(metrics: &std::collections::BTreeMap<String, f64>, name: &str) -> Option<f64> {
+    let own = own_metric_name(name);
+    // A built-in trial's last training loss is its `final_loss`.
+    let builtin = if own == "train_loss" {
+        "final_loss"
+    } else {
+        own
+    };
+    metrics
+        .get(name)
+        .or_else(|| metrics.get(own))
+        .or_else(|| metrics.get(builtin))
+        .or_else(|| {
+            COMMON_METRIC_NAMES
+                .iter()
+                .filter(|(_, o)| *o == own)
+                .find_map(|(common, _)| metrics.get(*common))
+        })
+        .copied()
+}
+
 impl EpochStats {
     /// The value of the metric `name` after this epoch: a built-in trial's by its result's
-    /// names (`test_acc`, `test_loss`, `final_loss`, `train_acc`, and `train_loss`), else an
-    /// external command's own value by that name; `None` when it has none that is finite.
+    /// names (`test_acc`, `test_loss`, `final_loss`, `train_acc`, and `train_loss`, or their
+    /// common names: `val_accuracy`, `val_loss`, `loss`, ...), else an external command's own
+    /// value by that name; `None` when it has none that is finite.
     pub fn metric(&self, name: &str) -> Option<f64> {
-        let v = match name {
+        let v = match own_metric_name(name) {
             "test_acc" => self.test_acc,
             "test_loss" => self.test_loss,
             "final_loss" | "train_loss" => self.train_loss,
