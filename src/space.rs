@@ -31,10 +31,29 @@ pub enum Method {
 /// W&B, a range whose bounds are both written as integers is `int_uniform` by default, and one
 /// with a bound written as a float is `uniform`, whatever the float's value.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(untagged)]
+#[serde(untagged, try_from = "Value")]
 pub enum Bound {
     Int(i64),
     Float(f64),
+}
+
+impl TryFrom<Value> for Bound {
+    type Error = String;
+    fn try_from(v: Value) -> Result<Bound, String> {
+        match &v {
+            Value::Number(n) => match (n.as_i64(), n.as_f64()) {
+                (Some(i), _) => Ok(Bound::Int(i)),
+                (None, Some(x)) => Ok(Bound::Float(x)),
+                _ => Err(format!("min and max must be numbers, not {n}")),
+            },
+            other => Err(format!(
+                "min and max must be numbers, not {}",
+                serde_yaml::to_string(other)
+                    .map(|t| t.trim().to_string())
+                    .unwrap_or_else(|_| "that".into())
+            )),
+        }
+    }
 }
 
 impl Bound {
@@ -71,6 +90,64 @@ pub struct ParamSpec {
     pub mu: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sigma: Option<f64>,
+    /// `beta`'s shape parameters (W&B's names).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub a: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub b: Option<f64>,
+    /// Nested parameters (W&B): each is the parameter `<this name>.<its name>`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parameters: Option<BTreeMap<String, ParamSpec>>,
+}
+
+impl ParamSpec {
+    /// Every parameter under `parameters:`, nested ones flattened to dotted names
+    /// (`optimizer: {parameters: {lr: ...}}` is `optimizer.lr`), in name order; an error names
+    /// an entry that mixes `parameters` with a distribution of its own, or nests too deep.
+    pub fn flatten(
+        specs: &BTreeMap<String, ParamSpec>,
+    ) -> Result<Vec<(String, ParamSpec)>, SpaceError> {
+        let mut out = Vec::new();
+        flatten_into(specs, "", 0, &mut out)?;
+        out.sort_by(|a, b| a.0.cmp(&b.0));
+        Ok(out)
+    }
+}
+
+/// How deep `parameters` may nest.
+const MAX_NESTING: usize = 8;
+
+fn flatten_into(
+    specs: &BTreeMap<String, ParamSpec>,
+    prefix: &str,
+    depth: usize,
+    out: &mut Vec<(String, ParamSpec)>,
+) -> Result<(), SpaceError> {
+    for (name, spec) in specs {
+        let full = format!("{prefix}{name}");
+        let Some(inner) = &spec.parameters else {
+            out.push((full, spec.clone()));
+            continue;
+        };
+        let own = ParamSpec {
+            parameters: None,
+            ..spec.clone()
+        };
+        if own != ParamSpec::default() {
+            return Err(err(
+                format!("parameters.{full}"),
+                "has nested `parameters` and a distribution of its own: give one",
+            ));
+        }
+        if depth + 1 >= MAX_NESTING {
+            return Err(err(
+                format!("parameters.{full}"),
+                format!("nests parameters more than {MAX_NESTING} deep"),
+            ));
+        }
+        flatten_into(inner, &format!("{full}."), depth + 1, out)?;
+    }
+    Ok(())
 }
 
 /// A parameter's value: a number or a word.
@@ -160,6 +237,22 @@ pub enum Dist {
         mu: f64,
         sigma: f64,
     },
+    /// `exp(−U(min, max))`: W&B's `inv_log_uniform` (`log(1/X)` uniform on `[min, max]`).
+    InvLogUniform {
+        min: f64,
+        max: f64,
+    },
+    /// Beta(a, b) on [0, 1].
+    Beta {
+        a: f64,
+        b: f64,
+    },
+    /// Another distribution's draws rounded to a multiple of `q` (W&B's `q_normal`,
+    /// `q_log_normal`, `q_beta`).
+    Quantised {
+        inner: Box<Dist>,
+        q: f64,
+    },
 }
 
 /// A problem with one parameter: the key under `parameters.<name>` and the message.
@@ -188,6 +281,28 @@ fn to_value(v: &Value, key: &str) -> Result<ParamValue, SpaceError> {
     }
 }
 
+/// Every `distribution` a parameter may name: W&B's sweep-configuration list.
+pub const DISTRIBUTIONS: [&str; 18] = [
+    "constant",
+    "categorical",
+    "categorical_w_probabilities",
+    "int_uniform",
+    "uniform",
+    "q_uniform",
+    "log_uniform",
+    "log_uniform_values",
+    "q_log_uniform",
+    "q_log_uniform_values",
+    "inv_log_uniform",
+    "inv_log_uniform_values",
+    "normal",
+    "q_normal",
+    "log_normal",
+    "q_log_normal",
+    "beta",
+    "q_beta",
+];
+
 /// How many standard deviations from its mean a normal draw can reach: the sampler's
 /// Box–Muller transform reaches `√(−2·ln u)` for its smallest `u` (the smallest positive
 /// `f64`), about 37.6.
@@ -214,21 +329,27 @@ impl ParamSpec {
             self.values.is_some(),
             self.min.is_some() || self.max.is_some(),
             self.mu.is_some() || self.sigma.is_some(),
+            self.a.is_some() || self.b.is_some(),
         ];
+        let beta_named = matches!(self.distribution.as_deref(), Some("beta" | "q_beta"));
         match forms.iter().filter(|f| **f).count() {
+            0 if beta_named => {}
             0 => {
                 return Err(err(
                     base,
-                    "needs `value`, `values`, `min`/`max`, or `mu`/`sigma`",
+                    "needs `value`, `values`, `min`/`max`, `mu`/`sigma`, or (for beta) `a`/`b`",
                 ))
             }
             1 => {}
             _ => {
                 return Err(err(
                     base,
-                    "mixes `value`, `values`, `min`/`max` and `mu`/`sigma`: use one",
+                    "mixes `value`, `values`, `min`/`max`, `mu`/`sigma` and `a`/`b`: use one",
                 ))
             }
+        }
+        if beta_named || self.a.is_some() || self.b.is_some() {
+            return self.beta(name);
         }
         if self.probabilities.is_some() && self.values.is_none() {
             return Err(err(key("probabilities"), "only applies with `values`"));
@@ -272,12 +393,33 @@ impl ParamSpec {
             if sigma <= 0.0 {
                 return Err(err(key("sigma"), "must be positive"));
             }
+            if self.q.is_some()
+                && !matches!(
+                    self.distribution.as_deref(),
+                    Some("q_normal" | "q_log_normal")
+                )
+            {
+                return Err(err(
+                    key("q"),
+                    "applies to q_normal and q_log_normal, not to normal or log_normal",
+                ));
+            }
             return match self.distribution.as_deref() {
                 Some("normal") | None => Ok(Dist::Normal { mu, sigma }),
                 Some("log_normal") => Ok(Dist::LogNormal { mu, sigma }),
+                Some("q_normal") => Ok(Dist::Quantised {
+                    inner: Box::new(Dist::Normal { mu, sigma }),
+                    q: self.step(name)?,
+                }),
+                Some("q_log_normal") => Ok(Dist::Quantised {
+                    inner: Box::new(Dist::LogNormal { mu, sigma }),
+                    q: self.step(name)?,
+                }),
                 Some(d) => Err(err(
                     key("distribution"),
-                    format!("`{d}` does not take mu/sigma (use normal or log_normal)"),
+                    format!(
+                        "`{d}` does not take mu/sigma (use normal, log_normal, q_normal or q_log_normal)"
+                    ),
                 )),
             };
         }
@@ -351,6 +493,36 @@ impl ParamSpec {
                 }
                 Ok(Dist::LogUniform { min, max })
             }
+            "q_log_uniform" => {
+                // exp(U(min, max)) rounded: log-uniform between e^min and e^max.
+                if !max.exp().is_finite() {
+                    return Err(err(
+                        key("max"),
+                        format!("is a natural-log exponent for q_log_uniform, and e^{max} overflows a double"),
+                    ));
+                }
+                Ok(Dist::QLogUniformValues {
+                    min: min.exp(),
+                    max: max.exp(),
+                    q: q()?,
+                })
+            }
+            "inv_log_uniform" => {
+                if !(-min).exp().is_finite() {
+                    return Err(err(
+                        key("min"),
+                        format!("is a natural-log exponent for inv_log_uniform, and e^{} overflows a double", -min),
+                    ));
+                }
+                Ok(Dist::InvLogUniform { min, max })
+            }
+            // log(1/X) uniform between log(1/max) and log(1/min): X log-uniform on [min, max].
+            "inv_log_uniform_values" => {
+                if min <= 0.0 {
+                    return Err(err(key("min"), format!("must be positive for {dist}")));
+                }
+                Ok(Dist::LogUniformValues { min, max })
+            }
             "log_uniform_values" | "q_log_uniform_values" => {
                 if min <= 0.0 {
                     return Err(err(key("min"), format!("must be positive for {dist}")));
@@ -364,21 +536,73 @@ impl ParamSpec {
             other => Err(err(
                 key("distribution"),
                 format!(
-                    "unknown distribution `{other}` (expected one of int_uniform, uniform, q_uniform, \
-                     log_uniform, log_uniform_values, q_log_uniform_values, normal, log_normal)"
+                    "unknown distribution `{other}` (expected one of {})",
+                    DISTRIBUTIONS.join(", ")
                 ),
             )),
         }
     }
 
     fn no_distribution(&self, name: &str, form: &str) -> Result<(), SpaceError> {
+        let fits = match form {
+            "value" => ["constant"].as_slice(),
+            _ => ["categorical", "categorical_w_probabilities", "constant"].as_slice(),
+        };
         match &self.distribution {
-            Some(d) if d != "constant" && d != "categorical" => Err(err(
+            Some(d) if !fits.contains(&d.as_str()) => Err(err(
                 format!("parameters.{name}.distribution"),
-                format!("`{d}` does not apply to `{form}`"),
+                format!(
+                    "`{d}` does not apply to `{form}` (with `{form}`: {}; a range takes min/max)",
+                    fits.join(" or ")
+                ),
             )),
             _ => Ok(()),
         }
+    }
+
+    /// `q` of a quantised distribution: positive and finite (default 1).
+    fn step(&self, name: &str) -> Result<f64, SpaceError> {
+        let key = format!("parameters.{name}.q");
+        let q = finite(self.q.unwrap_or(1.0), &key)?;
+        if q <= 0.0 {
+            return Err(err(key, "must be positive"));
+        }
+        Ok(q)
+    }
+
+    /// `beta` (`q_beta`): Beta(a, b) on [0, 1], both positive (default 1).
+    fn beta(&self, name: &str) -> Result<Dist, SpaceError> {
+        let key = |k: &str| format!("parameters.{name}.{k}");
+        match self.distribution.as_deref() {
+            Some("beta" | "q_beta") => {}
+            other => {
+                return Err(err(
+                    key("distribution"),
+                    format!(
+                        "`a`/`b` are beta's: write `distribution: beta` (not {})",
+                        other.map_or("nothing".to_string(), |d| format!("`{d}`"))
+                    ),
+                ))
+            }
+        }
+        let a = finite(self.a.unwrap_or(1.0), &key("a"))?;
+        let b = finite(self.b.unwrap_or(1.0), &key("b"))?;
+        for (k, v) in [("a", a), ("b", b)] {
+            if v <= 0.0 {
+                return Err(err(key(k), format!("must be positive, not {v}")));
+            }
+        }
+        let beta = Dist::Beta { a, b };
+        if self.distribution.as_deref() == Some("q_beta") {
+            return Ok(Dist::Quantised {
+                inner: Box::new(beta),
+                q: self.step(name)?,
+            });
+        }
+        if self.q.is_some() {
+            return Err(err(key("q"), "applies to q_beta, not to beta"));
+        }
+        Ok(beta)
     }
 }
 
@@ -451,12 +675,28 @@ impl Dist {
                 ParamValue::Num((mu - NORMAL_REACH * sigma).exp()),
                 ParamValue::Num((mu + NORMAL_REACH * sigma).exp()),
             ],
+            Dist::InvLogUniform { min, max } => {
+                vec![ParamValue::Num((-max).exp()), ParamValue::Num((-min).exp())]
+            }
+            Dist::Beta { .. } => vec![ParamValue::Num(0.0), ParamValue::Num(1.0)],
+            Dist::Quantised { inner, q } => inner
+                .extremes()
+                .into_iter()
+                .map(|v| match v {
+                    ParamValue::Num(x) => ParamValue::Num((x / q).round() * q),
+                    w => w,
+                })
+                .collect(),
         }
     }
 
     /// Whether the distribution is a normal or a log-normal one (unbounded, or nearly).
     pub fn is_normal(&self) -> bool {
-        matches!(self, Dist::Normal { .. } | Dist::LogNormal { .. })
+        match self {
+            Dist::Normal { .. } | Dist::LogNormal { .. } => true,
+            Dist::Quantised { inner, .. } => inner.is_normal(),
+            _ => false,
+        }
     }
 
     /// Whether `v` is a value this distribution can give: one of its values, or a number in its
@@ -486,6 +726,18 @@ impl Dist {
             }
             (Dist::Normal { .. }, Some(x)) => x.is_finite(),
             (Dist::LogNormal { .. }, Some(x)) => x.is_finite() && x > 0.0,
+            (Dist::InvLogUniform { min, max }, Some(x)) => within(x, (-max).exp(), (-min).exp()),
+            (Dist::Beta { .. }, Some(x)) => within(x, 0.0, 1.0),
+            (Dist::Quantised { inner, q }, Some(x)) => {
+                let whole = (x / q).round() * q;
+                x.is_finite()
+                    && (whole - x).abs() <= 1e-9 * q.max(x.abs())
+                    && match inner.as_ref() {
+                        Dist::LogNormal { .. } => x >= 0.0,
+                        Dist::Beta { .. } => within(x, 0.0, 1.0),
+                        _ => true,
+                    }
+            }
         }
     }
 
@@ -536,6 +788,39 @@ impl Dist {
             }
             Dist::Normal { mu, sigma } => ParamValue::Num(mu + sigma * rng.normal()),
             Dist::LogNormal { mu, sigma } => ParamValue::Num((mu + sigma * rng.normal()).exp()),
+            Dist::InvLogUniform { min, max } => {
+                ParamValue::Num((-(min + (max - min) * rng.next_f64())).exp())
+            }
+            Dist::Beta { a, b } => {
+                let x = gamma(*a, rng);
+                let y = gamma(*b, rng);
+                ParamValue::Num(if x + y > 0.0 { x / (x + y) } else { 0.5 })
+            }
+            Dist::Quantised { inner, q } => match inner.sample(rng) {
+                ParamValue::Num(x) => ParamValue::Num(quantise(x, *q)),
+                w => w,
+            },
+        }
+    }
+}
+
+/// A Gamma(shape, 1) draw (Marsaglia and Tsang; for shape < 1, boosted by `U^(1/shape)`).
+fn gamma(shape: f64, rng: &mut HostRng) -> f64 {
+    if shape < 1.0 {
+        let u = rng.next_f64().max(f64::MIN_POSITIVE);
+        return gamma(shape + 1.0, rng) * u.powf(1.0 / shape);
+    }
+    let d = shape - 1.0 / 3.0;
+    let c = 1.0 / (9.0 * d).sqrt();
+    loop {
+        let x = rng.normal();
+        let v = (1.0 + c * x).powi(3);
+        if v <= 0.0 {
+            continue;
+        }
+        let u = rng.next_f64().max(f64::MIN_POSITIVE);
+        if u.ln() < 0.5 * x * x + d - d * v + d * v.ln() {
+            return d * v;
         }
     }
 }

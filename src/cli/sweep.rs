@@ -36,6 +36,9 @@ pub struct Args {
     /// Split mode; overrides the job's `split`.
     #[arg(long, value_enum)]
     split: Option<SplitArg>,
+    /// The sweep's seed; overrides the job's `seed`, so one file runs over several seeds.
+    #[arg(long)]
+    seed: Option<u64>,
     #[command(flatten)]
     run: RunFlags,
     #[command(flatten)]
@@ -46,6 +49,9 @@ pub fn run(a: Args, out: &mut dyn Write) -> Result<(), Error> {
     let job = load_with(&a.job, |file| {
         a.run.apply(file);
         a.engine.apply(file);
+        if let Some(seed) = a.seed {
+            file.seed = seed;
+        }
     })?;
     let concurrency = match a.concurrency.as_deref() {
         None => None,

@@ -11,6 +11,7 @@ use crate::space::{Dist, Method};
 
 impl Job {
     pub(super) fn check(&mut self) -> Result<(), JobError> {
+        self.take_wandb_keys()?;
         let f = &self.file;
         if let Err(why) = check_name(&self.name) {
             // Shown escaped (control characters included) and cut short, on one line.
@@ -174,6 +175,45 @@ impl Job {
     }
 
     /// Checks `early_terminate`: hyperband, with rungs a trial can reach.
+    /// W&B's keys: `program` without `command` runs W&B's default command; `description`,
+    /// `project` and `entity` are accepted and said to be unused.
+    fn take_wandb_keys(&mut self) -> Result<(), JobError> {
+        if let Some(program) = &self.file.program {
+            if program.trim().is_empty() {
+                return Err(self.invalid("program", "must not be empty"));
+            }
+            if self.file.command.is_none() {
+                self.file.command = Some(super::WANDB_DEFAULT_COMMAND.into());
+            }
+        }
+        Ok(())
+    }
+
+    /// The notes a loaded job file gets, once: the metric's goal when the file names none, and
+    /// W&B's keys that gpumux does not use.
+    pub(super) fn say_notes(&self) {
+        if !self.file.metric.goal_given {
+            crate::note!(
+                "note: {}: metric.goal is not given: {} minimized, as W&B does (add `goal: maximize` for a metric where larger is better)",
+                self.path.display(),
+                self.file.metric.name
+            );
+        }
+        let unused = [
+            ("description", self.file.description.is_some()),
+            ("project", self.file.project.is_some()),
+            ("entity", self.file.entity.is_some()),
+        ];
+        for (key, given) in unused {
+            if given {
+                crate::note!(
+                    "note: {}: `{key}` is W&B's; gpumux keeps its results in the output folder and does not use it",
+                    self.path.display()
+                );
+            }
+        }
+    }
+
     fn check_early_terminate(&self) -> Result<(), JobError> {
         let Some(e) = &self.file.early_terminate else {
             return Ok(());
@@ -187,7 +227,7 @@ impl Job {
         if e.min_iter == Some(0) {
             return Err(self.invalid("early_terminate.min_iter", "must be at least 1"));
         }
-        if e.eta < 2 {
+        if !(e.eta >= 2.0 && e.eta.is_finite()) {
             return Err(self.invalid(
                 "early_terminate.eta",
                 format!("must be at least 2, not {}", e.eta),
@@ -274,7 +314,9 @@ impl Job {
     fn check_space(&mut self) -> Result<(), JobError> {
         let mut dists = BTreeMap::new();
         let external = self.file.command.is_some();
-        for (name, spec) in &self.file.parameters {
+        let flat = crate::space::ParamSpec::flatten(&self.file.parameters)
+            .map_err(|e| self.invalid(&e.key, e.message))?;
+        for (name, spec) in &flat {
             if !external && !PARAMETERS.contains(&name.as_str()) {
                 return Err(self.invalid(
                     &format!("parameters.{name}"),
@@ -293,7 +335,8 @@ impl Job {
                     "grid search needs `value` or `values`, not a range",
                 ));
             }
-            let checked = !external || PARAMETERS.contains(&name.as_str());
+            // An external command's parameters are its own, whatever their names.
+            let checked = !external;
             for v in dist.extremes().into_iter().filter(|_| checked) {
                 let mut point = BTreeMap::new();
                 point.insert(name.clone(), v.clone());

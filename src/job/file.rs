@@ -80,8 +80,25 @@ pub struct JobFile {
     pub data: Option<DataSpec>,
     /// An external training command run for each trial in place of a built-in model, with
     /// `{name}` replaced by the trial's parameter values; its last stdout line is JSON metrics.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// Also W&B's list form (`[${env}, python3, ${program}, ${args}]`), held as the template of
+    /// its words.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "command_words"
+    )]
     pub command: Option<String>,
+    /// W&B's `program`: the script the command runs (`${program}`); without `command`, W&B's
+    /// default command `${env} ${interpreter} ${program} ${args}`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub program: Option<String>,
+    /// W&B's `description`, `project` and `entity`: accepted, and unused (said when loaded).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub description: Option<Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub project: Option<Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub entity: Option<Value>,
     /// What a sweep optimises (W&B vocabulary): default `{name: test_acc, goal: maximize}`.
     #[serde(default)]
     pub metric: MetricSpec,
@@ -128,6 +145,81 @@ pub struct JobFile {
     pub early_terminate: Option<EarlyTerminate>,
 }
 
+/// W&B's command macros, written `${name}`: `${args}` and `${args_no_hyphens}` stand alone as
+/// a word of the command (each becomes one word per parameter); the others may sit inside one.
+pub const WANDB_MACROS: [&str; 7] = [
+    "env",
+    "interpreter",
+    "program",
+    "args",
+    "args_no_hyphens",
+    "args_json",
+    "args_json_file",
+];
+
+/// W&B's default command for a job with `program` and no `command`.
+pub const WANDB_DEFAULT_COMMAND: &str = "${env} ${interpreter} ${program} ${args}";
+
+/// `command`: gpumux's template string, or W&B's list of words, made the template of those
+/// words (each quoted for the shell-words split, its braces literal but in W&B's `${macro}`s).
+fn command_words<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Form {
+        Template(String),
+        Words(Vec<Value>),
+    }
+    let form = Option::<Form>::deserialize(d).map_err(|_| {
+        serde::de::Error::custom(
+            "command must be a string (gpumux's template) or a list of words (W&B's form)",
+        )
+    })?;
+    let words = match form {
+        None => return Ok(None),
+        Some(Form::Template(t)) => return Ok(Some(t)),
+        Some(Form::Words(w)) => w,
+    };
+    let mut out = Vec::new();
+    for w in words {
+        let word = match w {
+            Value::String(s) => s,
+            Value::Number(n) => n.to_string(),
+            Value::Bool(b) => b.to_string(),
+            _ => {
+                return Err(serde::de::Error::custom(
+                    "each word of a command list must be a string or a number",
+                ))
+            }
+        };
+        out.push(shell_words::quote(&literal_braces(&word)).into_owned());
+    }
+    Ok(Some(out.join(" ")))
+}
+
+/// `word` with its braces doubled (literal in a template), but in W&B's `${macro}`s.
+fn literal_braces(word: &str) -> String {
+    let mut out = String::new();
+    let mut rest = word;
+    'scan: while !rest.is_empty() {
+        for name in WANDB_MACROS {
+            let token = format!("${{{name}}}");
+            if rest.starts_with(&token) {
+                out.push_str(&token);
+                rest = &rest[token.len()..];
+                continue 'scan;
+            }
+        }
+        let c = rest.chars().next().unwrap_or(' ');
+        match c {
+            '{' => out.push_str("{{"),
+            '}' => out.push_str("}}"),
+            c => out.push(c),
+        }
+        rest = &rest[c.len_utf8()..];
+    }
+    out
+}
+
 /// `early_terminate:` as W&B names it: `type: hyperband`, checked asynchronously at rungs,
 /// the epochs `min_iter·eta^k` below `max_iter` (at most `s` of them).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -142,16 +234,21 @@ pub struct EarlyTerminate {
     /// The epochs a trial trains in all (default: the job's `train.epochs`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_iter: Option<u32>,
-    /// At each rung a trial goes on only in the top 1/eta of those that reached it (default 3).
+    /// At each rung a trial goes on only in the top 1/eta of those that reached it (default 3;
+    /// a float, as W&B allows, is fine).
     #[serde(default = "default_eta")]
-    pub eta: u32,
+    pub eta: f64,
+    /// W&B's `strict` (its bracket bookkeeping): accepted; the asynchronous rule here has no
+    /// other mode.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub strict: Option<bool>,
     /// How many rungs at most (W&B's brackets); all that fit below `max_iter` by default.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub s: Option<u32>,
 }
 
-fn default_eta() -> u32 {
-    3
+fn default_eta() -> f64 {
+    3.0
 }
 
 impl EarlyTerminate {
@@ -165,17 +262,27 @@ impl EarlyTerminate {
     /// PRUNED a trial that trained all its epochs), at most `s` of them.
     pub fn rungs(&self, epochs: u32) -> Vec<u32> {
         let max_iter = self.max_iter(epochs);
-        let eta = self.eta.max(2);
+        let eta = if self.eta.is_finite() {
+            self.eta.max(2.0)
+        } else {
+            3.0
+        };
         let min_iter = self.min_iter.unwrap_or_else(|| match self.s {
-            Some(s) => (u64::from(max_iter) / u64::from(eta).saturating_pow(s)).max(1) as u32,
+            Some(s) => (f64::from(max_iter) / eta.powi(s.min(64) as i32))
+                .floor()
+                .max(1.0) as u32,
             None => 1,
         });
-        let mut out = Vec::new();
-        let mut r = u64::from(min_iter.max(1));
-        let end = u64::from(max_iter.min(epochs));
-        while r < end && self.s.is_none_or(|s| out.len() < s as usize) {
-            out.push(r as u32);
-            r *= u64::from(eta);
+        let mut out: Vec<u32> = Vec::new();
+        let mut r = f64::from(min_iter.max(1));
+        let end = f64::from(max_iter.min(epochs));
+        // With a float eta the rungs are the whole epochs min_iter·eta^k rounded down.
+        while r.floor() < end && self.s.is_none_or(|s| out.len() < s as usize) {
+            let epoch = r.floor() as u32;
+            if out.last() != Some(&epoch) {
+                out.push(epoch);
+            }
+            r *= eta;
         }
         out
     }
@@ -283,13 +390,42 @@ pub enum Goal {
     Minimize,
 }
 
-/// The `metric:` of a sweep.
+/// The `metric:` of a sweep. As in W&B, a `metric` without `goal` minimizes (a job without
+/// `metric` ranks by `test_acc`, maximized).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(from = "MetricWritten")]
 pub struct MetricSpec {
     pub name: String,
-    #[serde(default)]
     pub goal: Goal,
+    /// W&B's `target`: the sweep stops starting trials once one reaches it (at or past it, by
+    /// the goal).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target: Option<f64>,
+    /// Whether the job wrote `goal` (a load says which goal it took when it did not).
+    #[serde(skip)]
+    pub goal_given: bool,
+}
+
+/// `metric:` as written.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct MetricWritten {
+    name: String,
+    #[serde(default)]
+    goal: Option<Goal>,
+    #[serde(default)]
+    target: Option<f64>,
+}
+
+impl From<MetricWritten> for MetricSpec {
+    fn from(m: MetricWritten) -> Self {
+        MetricSpec {
+            name: m.name,
+            goal: m.goal.unwrap_or(Goal::Minimize),
+            target: m.target,
+            goal_given: m.goal.is_some(),
+        }
+    }
 }
 
 impl Default for MetricSpec {
@@ -297,6 +433,8 @@ impl Default for MetricSpec {
         MetricSpec {
             name: "test_acc".into(),
             goal: Goal::Maximize,
+            target: None,
+            goal_given: true,
         }
     }
 }

@@ -131,6 +131,15 @@ impl Job {
     ) -> Result<Hyper, JobError> {
         let mut point = point.clone();
         point.retain(|name, _| PARAMETERS.contains(&name.as_str()));
+        if self.file.command.is_some() {
+            // An external command gives its parameters its own meaning: one named like a
+            // built-in hyperparameter (`optimizer: adamw`) is its own, and the built-in columns
+            // of trials.csv keep what they can hold.
+            point.retain(|name, v| {
+                let one = BTreeMap::from([(name.clone(), v.clone())]);
+                Hyper::from_point(&self.file.train, &one).is_ok()
+            });
+        }
         Hyper::from_point(&self.file.train, &point).map_err(|(k, m)| {
             let key = if k.starts_with("parameters.") {
                 k

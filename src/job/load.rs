@@ -81,6 +81,7 @@ impl Job {
             text: text.into(),
         };
         job.check()?;
+        job.say_notes();
         Ok(job)
     }
 

@@ -21,7 +21,8 @@ pub mod text;
 pub use check::check_name;
 pub use file::{
     AutoWord, BatchRatios, CapPolicy, Concurrency, EarlyTerminate, Goal, JobFile, MemorySpec,
-    MetricSpec, ParallelSpec, SliceDef, TrainSpec, BUILTIN_METRICS,
+    MetricSpec, ParallelSpec, SliceDef, TrainSpec, BUILTIN_METRICS, WANDB_DEFAULT_COMMAND,
+    WANDB_MACROS,
 };
 pub use hyper::PARAMETERS;
 pub use load::locate;

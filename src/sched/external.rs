@@ -93,12 +93,12 @@ pub struct ExternalOutcome {
 /// [`render`]). Its folder, `trials_dir/<trial id>` (the same one when the trial runs again), is
 /// made first when the template names `{out_dir}`; it is given as an absolute path.
 pub fn command(
-    template: &str,
+    ext: &super::ExternalTrials,
     trial: &TrialSpec,
     slice: &SliceSpec,
-    trials_dir: &std::path::Path,
 ) -> Result<Vec<String>, Failure> {
-    let dir = trials_dir.join(&trial.id);
+    let template = ext.template.as_str();
+    let dir = ext.trials_dir.join(&trial.id);
     let cannot = |e: std::io::Error| {
         Failure::Command(format!(
             "cannot make the trial's folder {}: {e}",
@@ -114,6 +114,8 @@ pub fn command(
         trial_id: &trial.id,
         slice: slice.index,
         out_dir: &out_dir,
+        program: ext.program.as_deref(),
+        swept: &ext.swept,
     };
     render(template, &trial.params, &names).map_err(Failure::Command)
 }
@@ -713,13 +715,15 @@ mod tests {
             fault: None,
         };
         let out = tempfile::tempdir().unwrap();
-        let argv = command(
-            job.file.command.as_deref().unwrap(),
-            &trial,
-            &SLICE,
-            out.path(),
-        )
-        .unwrap();
+        let ext = super::super::ExternalTrials {
+            template: job.file.command.clone().unwrap(),
+            program: None,
+            swept: Vec::new(),
+            trials_dir: out.path().to_path_buf(),
+            envs: crate::plan::PerDevice::with(ExternalEnv::default(), Vec::new()),
+            stream: false,
+        };
+        let argv = command(&ext, &trial, &SLICE).unwrap();
         assert_eq!(argv[..2], ["python3", "examples/fake_train.py"]);
         let env = ExternalEnv {
             cwd: Some(root),

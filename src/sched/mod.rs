@@ -175,6 +175,10 @@ impl std::fmt::Debug for Pruning {
 #[derive(Clone, Debug)]
 pub struct ExternalTrials {
     pub template: String,
+    /// The job's `program` (W&B), for `${program}`.
+    pub program: Option<String>,
+    /// The names of the sweep's own parameters, which `${args}` and its kin pass.
+    pub swept: Vec<String>,
     /// The folder of the trials' own folders: `{out_dir}` is `<trials_dir>/<trial id>`.
     pub trials_dir: PathBuf,
     /// Where a trial runs, by the device of its slice.
@@ -618,7 +622,7 @@ fn run_external(
     // Stderr is read on a thread of its own: it reaches the events through this, until the
     // trial is over (a reader that outlives its trial must not hold the round open).
     let relay = Arc::new(std::sync::Mutex::new(ext.stream.then(|| events.clone())));
-    let res = external::command(&ext.template, &trial, slice, &ext.trials_dir)
+    let res = external::command(ext, &trial, slice)
         .map_err(Stop::from)
         .and_then(|argv| {
             // Epochs go up: a line whose epoch is not above the last one passed on (the same
@@ -865,6 +869,8 @@ mod tests {
         };
         let ext = ExternalTrials {
             template: "train".into(),
+            program: None,
+            swept: Vec::new(),
             trials_dir: PathBuf::from("trials"),
             envs: PerDevice::with(env("GPU-a"), vec![(2, env("GPU-c"))]),
             stream: false,

@@ -1,4 +1,4 @@
-//! Command templates: a job's `command` with `{name}` placeholders, filled from a trial's parameters and its own names (`{seed}`, `{trial_id}`, `{slice}`, `{out_dir}`) into argv, and checked when the job loads.
+//! Command templates: a job's `command` with `{name}` placeholders, filled from a trial's parameters and its own names (`{seed}`, `{trial_id}`, `{slice}`, `{out_dir}`) and W&B's macros (`${program}`, `${args}`, ...) into argv, and checked when the job loads.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -10,7 +10,15 @@ use crate::space::ParamValue;
 /// The names every trial fills besides its parameters; a parameter of the space may not take one.
 pub const TRIAL_NAMES: [&str; 4] = ["seed", "trial_id", "slice", "out_dir"];
 
-/// What a trial fills [`TRIAL_NAMES`] with.
+pub use crate::job::WANDB_MACROS;
+
+/// The macros that pass the sweep's parameters to the command.
+const ARGS_MACROS: [&str; 4] = ["args", "args_no_hyphens", "args_json", "args_json_file"];
+
+/// The file `${args_json_file}` names, in the trial's folder.
+pub const ARGS_JSON_FILE: &str = "args.json";
+
+/// What a trial fills [`TRIAL_NAMES`] and W&B's macros with.
 #[derive(Clone, Copy, Debug)]
 pub struct TrialNames<'a> {
     /// The trial's seed, as `trials.csv` records it.
@@ -20,6 +28,11 @@ pub struct TrialNames<'a> {
     pub slice: u32,
     /// Its own folder (`<out>/trials/<trial_id>`), made before the command starts.
     pub out_dir: &'a Path,
+    /// The job's `program` (W&B), for `${program}`.
+    pub program: Option<&'a str>,
+    /// The names of the sweep's own parameters (its `parameters:`), which `${args}` and its kin
+    /// pass, in name order.
+    pub swept: &'a [String],
 }
 
 impl TrialNames<'_> {
@@ -35,6 +48,52 @@ impl TrialNames<'_> {
     }
 }
 
+/// The interpreter `${interpreter}` names: `python3` where it is on the PATH, else `python`.
+fn interpreter() -> String {
+    let on_path = |name: &str| {
+        std::env::var_os("PATH")
+            .is_some_and(|path| std::env::split_paths(&path).any(|dir| dir.join(name).is_file()))
+    };
+    if on_path("python3") || !on_path("python") {
+        "python3".into()
+    } else {
+        "python".into()
+    }
+}
+
+/// A parameter's value as W&B passes it on the command line: numbers as Rust's f64 Display,
+/// words as they are.
+fn arg_value(v: &ParamValue) -> String {
+    v.to_string()
+}
+
+/// The sweep's parameters as one JSON object, dotted names nested (`opt.lr` as
+/// `{"opt": {"lr": ...}}`), as W&B's `${args_json}` passes them.
+pub fn args_json(params: &BTreeMap<String, ParamValue>, swept: &[String]) -> String {
+    let mut root = serde_json::Map::new();
+    for name in swept {
+        let Some(v) = params.get(name) else { continue };
+        let value = serde_json::to_value(v).unwrap_or(serde_json::Value::Null);
+        let mut parts: Vec<&str> = name.split('.').collect();
+        let last = parts.pop().unwrap_or(name);
+        let mut node = &mut root;
+        for p in parts {
+            let entry = node
+                .entry(p.to_string())
+                .or_insert_with(|| serde_json::Value::Object(Default::default()));
+            if !entry.is_object() {
+                *entry = serde_json::Value::Object(Default::default());
+            }
+            node = match entry {
+                serde_json::Value::Object(m) => m,
+                _ => unreachable!("made an object just above"),
+            };
+        }
+        node.insert(last.to_string(), value);
+    }
+    serde_json::Value::Object(root).to_string()
+}
+
 /// Fills `{name}` in the template from the trial's params (numbers printed as Rust's f64 Display,
 /// so 0.001 stays 0.001 and 64.0 prints as 64; words as they are; `{{`/`}}` are literal braces)
 /// and from its [`TrialNames`], splits it into words with shell-words (no shell runs), and
@@ -48,7 +107,38 @@ pub fn render(
     trial: &TrialNames,
 ) -> Result<Vec<String>, String> {
     let known = known_names(params.keys().map(String::as_str));
-    fill_template(template, &mut |name| match trial.get(name) {
+    let swept = || {
+        trial
+            .swept
+            .iter()
+            .filter_map(|n| params.get(n).map(|v| (n.as_str(), v)))
+    };
+    let mut macros = |name: &str| -> Result<Vec<String>, String> {
+        Ok(match name {
+            "env" => vec!["/usr/bin/env".into()],
+            "interpreter" => vec![interpreter()],
+            "program" => vec![trial
+                .program
+                .ok_or("uses `${program}`, but the job has no `program`")?
+                .to_string()],
+            "args" => swept()
+                .map(|(n, v)| format!("--{n}={}", arg_value(v)))
+                .collect(),
+            "args_no_hyphens" => swept()
+                .map(|(n, v)| format!("{n}={}", arg_value(v)))
+                .collect(),
+            "args_json" => vec![args_json(params, trial.swept)],
+            "args_json_file" => {
+                let path = trial.out_dir.join(ARGS_JSON_FILE);
+                std::fs::create_dir_all(trial.out_dir)
+                    .and_then(|()| std::fs::write(&path, args_json(params, trial.swept)))
+                    .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+                vec![path.display().to_string()]
+            }
+            other => return Err(format!("uses `${{{other}}}`, which is no W&B macro")),
+        })
+    };
+    expand_template(template, &mut macros, &mut |name| match trial.get(name) {
         Some(v) => Ok(v),
         None => match params.get(name) {
             Some(v) => Ok(v.to_string()),
@@ -56,6 +146,22 @@ pub fn render(
         },
     })
     .map_err(|e| format!("the command {e}"))
+}
+
+/// The W&B macros a template uses (`args`, `program`, ...), each once.
+pub fn macros(template: &str) -> Vec<String> {
+    let mut used = Vec::new();
+    let _ = expand_template(
+        template,
+        &mut |name| {
+            if !used.iter().any(|u| u == name) {
+                used.push(name.to_string());
+            }
+            Ok(Vec::new())
+        },
+        &mut |_| Ok(String::new()),
+    );
+    used
 }
 
 /// The names a template uses, each once, in the order they first appear.
@@ -104,7 +210,14 @@ pub fn check_job(job: &Job) -> Result<(), JobError> {
         ));
     }
     let known: Vec<&str> = params.keys().map(String::as_str).collect();
-    check_template(template, &known).map_err(|e| job.invalid("command", e))
+    check_template(template, &known).map_err(|e| job.invalid("command", e))?;
+    if job.file.program.is_none() && macros(template).iter().any(|m| m == "program") {
+        return Err(job.invalid(
+            "command",
+            "uses `${program}`, but the job has no `program` (give the script W&B's way, `program: train.py`)",
+        ));
+    }
+    Ok(())
 }
 
 /// The parameters of `params` that a command run from `template` receives: those its template
@@ -113,7 +226,19 @@ pub fn check_job(job: &Job) -> Result<(), JobError> {
 pub fn received(
     template: &str,
     params: BTreeMap<String, ParamValue>,
+    swept: &[String],
 ) -> BTreeMap<String, ParamValue> {
+    // `${args}` and its kin pass every parameter of the sweep.
+    if macros(template)
+        .iter()
+        .any(|m| ARGS_MACROS.contains(&m.as_str()))
+    {
+        let used = placeholders(template).unwrap_or_default();
+        return params
+            .into_iter()
+            .filter(|(k, _)| swept.contains(k) || used.contains(k))
+            .collect();
+    }
     match placeholders(template) {
         Ok(used) => params
             .into_iter()
@@ -133,12 +258,53 @@ fn fill_template(
     template: &str,
     value: &mut dyn FnMut(&str) -> Result<String, String>,
 ) -> Result<Vec<String>, String> {
+    expand_template(template, &mut |_| Ok(Vec::new()), value)
+}
+
+/// The template split into words: a word that is one of W&B's macros `${name}` becomes the
+/// words `macros(name)` gives; a macro inside a word becomes its one word there; every other
+/// word is filled with `value(name)` for its `{name}`s.
+fn expand_template(
+    template: &str,
+    macros: &mut dyn FnMut(&str) -> Result<Vec<String>, String>,
+    value: &mut dyn FnMut(&str) -> Result<String, String>,
+) -> Result<Vec<String>, String> {
     let words =
         shell_words::split(template).map_err(|e| format!("cannot be split into words: {e}"))?;
     if words.is_empty() {
         return Err("is empty".into());
     }
-    words.iter().map(|w| fill(w, value)).collect()
+    let mut out = Vec::new();
+    for w in &words {
+        if let Some(name) = whole_macro(w) {
+            out.extend(macros(name)?);
+            continue;
+        }
+        // A macro inside a word becomes its one word there, its braces literal; the word's own
+        // placeholders are filled after.
+        let mut word = w.clone();
+        for name in WANDB_MACROS {
+            let token = format!("${{{name}}}");
+            if !word.contains(&token) {
+                continue;
+            }
+            if matches!(name, "args" | "args_no_hyphens") {
+                return Err(format!(
+                    "has `{token}` inside the word `{w}`: it stands alone, as a word of its own"
+                ));
+            }
+            let v = macros(name)?.join(" ");
+            word = word.replace(&token, &v.replace('{', "{{").replace('}', "}}"));
+        }
+        out.push(fill(&word, value)?);
+    }
+    Ok(out)
+}
+
+/// The macro's name when `word` is exactly one of W&B's `${name}`.
+fn whole_macro(word: &str) -> Option<&str> {
+    let name = word.strip_prefix("${")?.strip_suffix('}')?;
+    WANDB_MACROS.contains(&name).then_some(name)
 }
 
 /// One word with its `{name}`s replaced and `{{`/`}}` unescaped.
@@ -225,6 +391,8 @@ mod tests {
             trial_id: "t3-ab12",
             slice: 2,
             out_dir: Path::new("/out/trials/t3-ab12"),
+            program: None,
+            swept: &[],
         };
         super::render(template, params, &trial)
     }
@@ -325,9 +493,88 @@ mod tests {
             ("batch_size", num(64.0)),
             ("opt", word("adam")),
         ]);
-        let got = received("t --lr {lr} --opt {opt} --seed {seed}", p.clone());
+        let got = received("t --lr {lr} --opt {opt} --seed {seed}", p.clone(), &[]);
         assert_eq!(got.keys().collect::<Vec<_>>(), ["lr", "opt"]);
-        assert!(received("t --fixed", p.clone()).is_empty());
-        assert_eq!(received("t {lr", p.clone()), p);
+        assert!(received("t --fixed", p.clone(), &[]).is_empty());
+        assert_eq!(received("t {lr", p.clone(), &[]), p);
+        // W&B's ${args} passes the sweep's own parameters.
+        let swept = ["lr".to_string(), "opt".to_string()];
+        let got = received("t ${args}", p.clone(), &swept);
+        assert_eq!(got.keys().collect::<Vec<_>>(), ["lr", "opt"]);
+    }
+
+    fn wandb(
+        template: &str,
+        params: &BTreeMap<String, ParamValue>,
+        swept: &[String],
+        out_dir: &Path,
+    ) -> Result<Vec<String>, String> {
+        let trial = TrialNames {
+            seed: 1,
+            trial_id: "t0",
+            slice: 0,
+            out_dir,
+            program: Some("train.py"),
+            swept,
+        };
+        super::render(template, params, &trial)
+    }
+
+    #[test]
+    fn wandbs_macros_fill_the_command_as_its_agent_does() {
+        let p = params(&[
+            ("lr", num(0.001)),
+            ("opt.name", word("adam")),
+            ("opt.beta", num(0.9)),
+            ("epochs", num(5.0)),
+        ]);
+        let swept: Vec<String> = ["lr", "opt.beta", "opt.name"].map(String::from).to_vec();
+        let dir = tempfile::tempdir().unwrap();
+        let argv = wandb(
+            "${env} ${interpreter} ${program} ${args}",
+            &p,
+            &swept,
+            dir.path(),
+        )
+        .unwrap();
+        assert_eq!(argv[0], "/usr/bin/env");
+        assert!(argv[1].starts_with("python"), "{argv:?}");
+        assert_eq!(
+            argv[2..],
+            [
+                "train.py",
+                "--lr=0.001",
+                "--opt.beta=0.9",
+                "--opt.name=adam"
+            ]
+        );
+        let argv = wandb(
+            "x ${args_no_hyphens} --all=${args_json}",
+            &p,
+            &swept,
+            dir.path(),
+        )
+        .unwrap();
+        assert_eq!(
+            argv,
+            [
+                "x",
+                "lr=0.001",
+                "opt.beta=0.9",
+                "opt.name=adam",
+                r#"--all={"lr":0.001,"opt":{"beta":0.9,"name":"adam"}}"#
+            ]
+        );
+        let argv = wandb("x ${args_json_file} {lr}", &p, &swept, dir.path()).unwrap();
+        let file = std::fs::read_to_string(&argv[1]).unwrap();
+        assert_eq!(file, r#"{"lr":0.001,"opt":{"beta":0.9,"name":"adam"}}"#);
+        assert_eq!(argv[2], "0.001");
+        // ${args} stands alone; an unknown ${name} keeps gpumux's meaning of {name}.
+        assert!(wandb("x --a${args}", &p, &swept, dir.path()).is_err());
+        assert_eq!(
+            wandb("x ${lr}", &p, &swept, dir.path()).unwrap(),
+            ["x", "$0.001"]
+        );
+        assert_eq!(macros("a ${program} ${args} {lr}"), ["program", "args"]);
     }
 }

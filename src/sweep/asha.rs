@@ -18,7 +18,7 @@ use crate::train::EpochStats;
 #[derive(Debug)]
 pub struct Pruner {
     rungs: Vec<u32>,
-    eta: u32,
+    eta: f64,
     goal: Goal,
     metric: String,
     /// Per rung epoch, each trial's value there, by trial id.
@@ -44,10 +44,10 @@ impl Pruner {
         ))
     }
 
-    pub fn new(rungs: Vec<u32>, eta: u32, goal: Goal, metric: &str) -> Pruner {
+    pub fn new(rungs: Vec<u32>, eta: f64, goal: Goal, metric: &str) -> Pruner {
         Pruner {
             rungs,
-            eta: eta.max(2),
+            eta: eta.max(2.0),
             goal,
             metric: metric.to_string(),
             seen: Mutex::default(),
@@ -128,10 +128,10 @@ fn stats_of(p: &ProgressRow) -> EpochStats {
 }
 
 /// The asynchronous rule at one rung: whether `trial` (recorded in `rung`) goes on.
-pub fn promoted(rung: &BTreeMap<String, f64>, trial: &str, eta: u32, goal: Goal) -> bool {
+pub fn promoted(rung: &BTreeMap<String, f64>, trial: &str, eta: f64, goal: Goal) -> bool {
     let n = rung.len();
-    let eta = eta.max(2) as usize;
-    if n < eta {
+    let eta = eta.max(2.0);
+    if (n as f64) < eta {
         return true;
     }
     let Some(&mine) = rung.get(trial) else {
@@ -146,7 +146,7 @@ pub fn promoted(rung: &BTreeMap<String, f64>, trial: &str, eta: u32, goal: Goal)
         ahead || (*v == mine && id.as_str() < trial)
     };
     let rank = rung.iter().filter(|&e| better(e)).count();
-    rank < n / eta
+    rank < (n as f64 / eta).floor() as usize
 }
 
 /// The trial-epochs pruning saved: what the PRUNED rows did not train of what a trial trains
@@ -192,12 +192,14 @@ mod tests {
         eta: u32,
         s: Option<u32>,
     ) -> EarlyTerminate {
+        let eta = f64::from(eta);
         EarlyTerminate {
             kind: "hyperband".into(),
             min_iter,
             max_iter,
             eta,
             s,
+            strict: None,
         }
     }
 
@@ -226,7 +228,7 @@ mod tests {
 
     #[test]
     fn the_first_trials_at_a_rung_go_on_then_only_the_top_third() {
-        let p = Pruner::new(vec![1, 3], 3, Goal::Maximize, "test_acc");
+        let p = Pruner::new(vec![1, 3], 3.0, Goal::Maximize, "test_acc");
         assert!(p.goes_on("a", &stats(1, 0.5)));
         assert!(p.goes_on("b", &stats(1, 0.4)));
         // n = 3: one goes on, the best.
@@ -247,12 +249,12 @@ mod tests {
         for id in ["a", "b", "c"] {
             rung.insert(id.to_string(), 1.0);
         }
-        assert!(promoted(&rung, "a", 3, Goal::Maximize));
-        assert!(!promoted(&rung, "b", 3, Goal::Maximize));
-        assert!(!promoted(&rung, "c", 3, Goal::Minimize));
+        assert!(promoted(&rung, "a", 3.0, Goal::Maximize));
+        assert!(!promoted(&rung, "b", 3.0, Goal::Maximize));
+        assert!(!promoted(&rung, "c", 3.0, Goal::Minimize));
         rung.insert("d".into(), 0.5);
-        assert!(promoted(&rung, "d", 2, Goal::Minimize));
-        assert!(!promoted(&rung, "d", 2, Goal::Maximize));
+        assert!(promoted(&rung, "d", 2.0, Goal::Minimize));
+        assert!(!promoted(&rung, "d", 2.0, Goal::Maximize));
     }
 
     #[test]
@@ -268,7 +270,7 @@ mod tests {
             test_acc: acc,
             ..Default::default()
         };
-        let p = Pruner::new(vec![1], 3, Goal::Maximize, "test_acc");
+        let p = Pruner::new(vec![1], 3.0, Goal::Maximize, "test_acc");
         let trials = [
             row("a", "COMPLETE"),
             row("b", "PRUNED"),

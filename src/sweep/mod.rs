@@ -136,9 +136,14 @@ fn received_params(job: &Job, row: &TrialRow) -> BTreeMap<String, ParamValue> {
     let params: BTreeMap<String, ParamValue> =
         serde_json::from_str(&row.params).unwrap_or_default();
     match &job.file.command {
-        Some(template) => crate::sched::external::received(template, params),
+        Some(template) => crate::sched::external::received(template, params, &swept_names(job)),
         None => params,
     }
+}
+
+/// The names of the sweep's own parameters (its space's), in name order.
+fn swept_names(job: &Job) -> Vec<String> {
+    job.space.dists.keys().cloned().collect()
 }
 
 /// Parameters as the console shows them: `lr=0.01 opt=adam`.
@@ -357,7 +362,21 @@ pub fn run(job: &Job, opts: &SweepOptions, out: &mut dyn Write) -> Result<PathBu
     };
     let mut rows = previous.clone();
     let mut stopped = None;
-    let to_run = proposer.as_ref().map_or(todo.len(), |p| p.left as usize);
+    let mut to_run = proposer.as_ref().map_or(todo.len(), |p| p.left as usize);
+    let held_latest = latest_rows(&previous);
+    let held_refs: Vec<&TrialRow> = held_latest.iter().collect();
+    if to_run > 0 {
+        if let Some(r) = target_reached(job, &held_refs) {
+            say(
+                out,
+                format!(
+                    "trial {} already reached metric.target: no trial is started",
+                    r.trial_id
+                ),
+            )?;
+            to_run = 0;
+        }
+    }
     if to_run > 0 {
         let mut ctx = context(job, opts, &resolved, &cancel, &dir)?;
         let n = match concurrency {
@@ -599,6 +618,8 @@ fn external_context(
         warm_up: false,
         external: Some(ExternalTrials {
             template: template.to_string(),
+            program: job.file.program.clone(),
+            swept: swept_names(job),
             trials_dir: out.join("trials"),
             envs,
             // Set once the round's concurrency is known (see `run`).
@@ -751,6 +772,24 @@ fn execute(
                     tracing::info!("{line}");
                 }
                 bar.inc(1);
+                if let (Some(target), Some(m), true) = (
+                    job.file.metric.target,
+                    row.metric,
+                    row.state == report::COMPLETE,
+                ) {
+                    if reaches(job.file.metric.goal, m, target) && !ctx.cancel.draining() {
+                        let line = format!(
+                            "trial {} reached metric.target ({} {m:.4}, target {target}): starting no more trials; the {running} running finish",
+                            row.trial_id, job.file.metric.name
+                        );
+                        if progress {
+                            bar.println(line);
+                        } else {
+                            tracing::info!("{line}");
+                        }
+                        ctx.cancel.drain();
+                    }
+                }
                 if let Seen::Stop(s) = seen {
                     let line = format!(
                         "stopping the sweep: its first {} trials to end failed the same way; \
@@ -803,6 +842,24 @@ fn execute(
         round.n
     );
     Ok((rows, stopped))
+}
+
+/// Whether `value` reaches `target` under `goal` (at or past it).
+fn reaches(goal: Goal, value: f64, target: f64) -> bool {
+    match goal {
+        Goal::Maximize => value >= target,
+        Goal::Minimize => value <= target,
+    }
+}
+
+/// The first COMPLETE row that reached the job's `metric.target`, if it has one.
+fn target_reached<'a>(job: &Job, rows: &[&'a TrialRow]) -> Option<&'a TrialRow> {
+    let target = job.file.metric.target?;
+    rows.iter().copied().find(|r| {
+        r.state == report::COMPLETE
+            && r.metric
+                .is_some_and(|m| reaches(job.file.metric.goal, m, target))
+    })
 }
 
 /// The end of a sweep: counts, the best trial and best.yaml, and the exit status.
@@ -863,6 +920,18 @@ fn finish(
     if let Some(s) = stopped {
         return Err(Error::TrialsFailed(s.message()));
     }
+    // A trial reached metric.target: the sweep is done, as W&B's is, whatever is not started.
+    let reached = target_reached(job, &mine_rows);
+    if let Some(r) = reached {
+        say(
+            out,
+            format!(
+                "metric.target {} reached by trial {}: the sweep is done ({not_started} trials not started)",
+                job.file.metric.target.unwrap_or(f64::NAN),
+                r.trial_id
+            ),
+        )?;
+    }
     // A signal that came while the last trials were finishing changes nothing when they all
     // did: the sweep (or the shard) is done, and a job array must not wait for a requeue.
     // A PRUNED trial is done: it ran as far as the sweep wanted.
@@ -876,7 +945,7 @@ fn finish(
                 "a signal came while the last trials ran, but every trial is COMPLETE: nothing is left to do"
             },
         )?;
-    } else if cancel.draining() {
+    } else if cancel.draining() && reached.is_none() {
         return Err(Error::Interrupted(format!(
             "{complete} of {} trials COMPLETE{}; run again with --resume to finish",
             planned,
