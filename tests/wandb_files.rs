@@ -252,3 +252,28 @@ fn wandb_entries_gpumux_cannot_take_are_refused_in_its_own_words() {
         );
     }
 }
+
+#[test]
+fn a_wandb_display_name_names_its_folders_and_unsafe_names_stay_refused() {
+    let (dir, job) = wandb_dir();
+    let text = std::fs::read_to_string(&job)
+        .unwrap()
+        .replace("name: wandb-program", "name: \"My sweep #1 (lr)\"");
+    let named = dir.job("named.yaml", text);
+    let o = dir.gpumux(&["sweep", s(&named), "--dry-run"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("its folders are named \"My-sweep-1-lr\""),
+        "{}",
+        stderr(&o)
+    );
+    assert!(stdout(&o).contains("My-sweep-1-lr-sweep"), "{}", stdout(&o));
+    for bad in ["\"a/b c\"", "\"..\"", "\"a\\tb\""] {
+        let text = std::fs::read_to_string(&job)
+            .unwrap()
+            .replace("name: wandb-program", &format!("name: {bad}"));
+        let j = dir.job("bad.yaml", text);
+        let o = dir.gpumux(&["sweep", s(&j), "--dry-run"]);
+        assert_eq!(o.status.code(), Some(2), "{bad}: {}", stderr(&o));
+    }
+}

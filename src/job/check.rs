@@ -12,6 +12,14 @@ use crate::space::{Dist, Method};
 impl Job {
     pub(super) fn check(&mut self) -> Result<(), JobError> {
         self.take_wandb_keys()?;
+        if let Some(folder) = self.file.name.as_deref().and_then(folder_name) {
+            crate::note!(
+                "note: {}: name {:?} is a display name, as W&B's are: its folders are named {folder:?}",
+                self.path.display(),
+                self.name
+            );
+            self.name = folder;
+        }
         let f = &self.file;
         if let Err(why) = check_name(&self.name) {
             // Shown escaped (control characters included) and cut short, on one line.
@@ -530,6 +538,30 @@ impl Job {
 
 /// Why `name` cannot name a job (it names the output folder, `out/<name>`), if it cannot: it
 /// must be 1 to [`MAX_NAME_LEN`] letters, digits, `-`, `_` or `.`, and not `.` or `..`.
+/// The folder name of a display name (W&B's sweep names hold spaces and signs): each run of
+/// characters a folder name cannot hold made one `-`. `None` when `name` is fine as it is, and
+/// when it holds a path separator, a control character or nothing else than dots, which are
+/// refused as they are.
+fn folder_name(name: &str) -> Option<String> {
+    if check_name(name).is_ok()
+        || name
+            .chars()
+            .any(|c| c.is_control() || c == '/' || c == '\\')
+    {
+        return None;
+    }
+    let mut out = String::new();
+    for c in name.trim().chars() {
+        if c.is_ascii_alphanumeric() || "-_.".contains(c) {
+            out.push(c);
+        } else if !out.ends_with('-') {
+            out.push('-');
+        }
+    }
+    let out = out.trim_matches('-').to_string();
+    check_name(&out).is_ok().then_some(out)
+}
+
 pub fn check_name(name: &str) -> Result<(), String> {
     if name.is_empty() {
         return Err("must not be empty".into());
