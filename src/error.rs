@@ -163,7 +163,7 @@ pub enum ReportError {
         source: std::io::Error,
     },
     /// A results file that cannot be written: a full disk, a read-only folder.
-    #[error("{path}: cannot write: {source}")]
+    #[error("{path}: cannot write: {}", write_reason(source))]
     Write {
         path: PathBuf,
         source: std::io::Error,
@@ -190,6 +190,28 @@ pub enum ReportError {
     /// Results that cannot be used as asked (no results files in a folder, other columns).
     #[error("{0}")]
     Invalid(String),
+}
+
+/// Why a write failed, in words: past the file-size limit (`ulimit -f`), the limit is named.
+fn write_reason(e: &std::io::Error) -> String {
+    if e.raw_os_error() != Some(libc::EFBIG) {
+        return e.to_string();
+    }
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes one rlimit into `lim`.
+    let limited = unsafe { libc::getrlimit(libc::RLIMIT_FSIZE, &mut lim) } == 0
+        && lim.rlim_cur != libc::RLIM_INFINITY;
+    if limited {
+        format!(
+            "{e}: the file-size limit (ulimit -f) is {} bytes; every whole row before it is kept",
+            lim.rlim_cur
+        )
+    } else {
+        e.to_string()
+    }
 }
 
 impl ReportError {

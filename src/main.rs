@@ -43,6 +43,7 @@ enum Command {
 }
 
 fn main() {
+    gpumux::outdir::file_size_limit_as_error();
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) => {

@@ -86,6 +86,16 @@ pub fn lock(dir: &Path) -> Result<OutLock, ReportError> {
     })
 }
 
+/// Makes a write past the file-size limit (`ulimit -f`, which batch systems set) an `EFBIG`
+/// error, which names the file it was written to, instead of SIGXFSZ, which would end the
+/// process with no message and a row cut short. Trials' commands get the default back.
+pub fn file_size_limit_as_error() {
+    // SAFETY: signal(2) with SIG_IGN installs no handler of ours; it is called once at start.
+    unsafe {
+        libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
+    }
+}
+
 /// Opens (or creates) the lock file without following a symbolic link, and only as a regular
 /// file: a link or a FIFO put there must not be written through.
 fn open_lock_file(path: &Path) -> Result<File, ReportError> {

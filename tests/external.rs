@@ -699,3 +699,27 @@ fn other_numeric_keys_of_epoch_lines_are_columns_of_progress_csv() {
     let again = std::fs::read_to_string(merged.join("progress.csv")).unwrap();
     assert_eq!(again.lines().next(), Some(header));
 }
+
+#[test]
+fn a_line_of_calls_nested_past_any_limit_is_read_without_a_crash() {
+    // A 45 KB line of 15,000 nested calls on stdout, then a good result line: the trial
+    // ends COMPLETE with a row, and gpumux exits 0 (no stack overflow on a reader thread).
+    let dir = sandbox();
+    dir.script(
+        "deep.sh",
+        "python3 -c \"d=15000; print('{\\\"test_acc\\\": ' + 'f('*d + '0.5' + ')'*d + '}'); print('{\\\"test_acc\\\": 0.75}')\"\n",
+    );
+    let job = dir.command_job("deep", "./deep.sh {lr}", &["0.1".into(), "0.2".into()], 2);
+    let out = dir.join("out");
+    let o = dir.run_into("sweep", &job, &out, &[]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let rows = trials_csv(&out);
+    assert_eq!(rows.len(), 2, "{rows:?}");
+    for r in &rows {
+        assert_eq!(
+            (r["state"].as_str(), r["metric"].as_str()),
+            ("COMPLETE", "0.75"),
+            "{r:?}"
+        );
+    }
+}

@@ -716,3 +716,116 @@ fn a_merge_into_a_folder_of_other_results_sets_them_aside_and_a_remerge_replaces
     assert_eq!(trials(&c).len(), 5);
     assert_eq!(earlier_folders(&c).len(), 1, "no second folder set aside");
 }
+
+/// `gpumux sweep` of `job` into `out` with `more` flags, ended after 20 s at most.
+fn sweep_within(dir: &Sandbox, job: &Path, out: &Path, more: &[&str]) -> std::process::Output {
+    let mut args = vec!["sweep", s(job), "--out", s(out)];
+    args.extend(more);
+    dir.run(&args).timeout(Duration::from_secs(20)).output()
+}
+
+#[test]
+fn a_fifo_a_link_or_a_folder_in_a_results_files_place_is_refused_at_once() {
+    let dir = sandbox();
+    let job = dir.job("rf.yaml", sweep_job(4, 1, 256));
+    let outside = dir.join("outside");
+    fs::create_dir(&outside).unwrap();
+    type Plant<'a> = &'a dyn Fn(&Path);
+    let planted: [(&str, Plant); 4] = [
+        ("a FIFO", &|p: &Path| {
+            let c = std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).unwrap();
+            // SAFETY: mkfifo(3) on a NUL-terminated path.
+            assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o644) }, 0);
+        }),
+        ("a symbolic link", &|p: &Path| {
+            fs::write(outside.join("target.csv"), "keep me\n").unwrap();
+            std::os::unix::fs::symlink(outside.join("target.csv"), p).unwrap();
+        }),
+        ("a symbolic link", &|p: &Path| {
+            std::os::unix::fs::symlink(outside.join("dangling.csv"), p).unwrap();
+        }),
+        ("a folder", &|p: &Path| fs::create_dir(p).unwrap()),
+    ];
+    for name in ["trials.csv", "progress.csv", "runs.csv"] {
+        for (what, plant) in &planted {
+            let out = dir.join(format!("out-{name}-{}", what.len()));
+            let _ = fs::remove_dir_all(&out);
+            fs::create_dir(&out).unwrap();
+            plant(&out.join(name));
+            for more in [&["--dry-run"][..], &[][..], &["--resume"][..]] {
+                let o = sweep_within(&dir, &job, &out, more);
+                let err = stderr(&o);
+                assert_eq!(o.status.code(), Some(2), "{name} {what} {more:?}: {err}");
+                assert!(
+                    err.contains(name) && err.contains(what),
+                    "{name} {what} {more:?}: {err}"
+                );
+            }
+        }
+    }
+    // Nothing was written through the links.
+    assert_eq!(
+        fs::read_to_string(outside.join("target.csv")).unwrap(),
+        "keep me\n"
+    );
+    assert!(!outside.join("dangling.csv").exists());
+    // A `trials/` link: no trial folder is made through it.
+    let out = dir.join("out-trials");
+    fs::create_dir(&out).unwrap();
+    std::os::unix::fs::symlink(&outside, out.join("trials")).unwrap();
+    let ext = dir.job(
+        "ext.yaml",
+        JobYaml::new()
+            .name("ext")
+            .command("sh -c 'echo {{\"test_acc\": 0.5}}' {out_dir}")
+            .run_cap(2)
+            .param("x", "{min: 0.0, max: 1.0}"),
+    );
+    let o = sweep_within(&dir, &ext, &out, &[]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("trials is a link"), "{}", stderr(&o));
+    assert_eq!(
+        fs::read_dir(&outside).unwrap().count(),
+        1,
+        "only target.csv"
+    );
+}
+
+#[test]
+fn a_file_size_limit_is_a_write_error_that_names_it_and_keeps_whole_rows() {
+    // Under `ulimit -f 1` (one block: 512 bytes in sh, 1 KiB in bash) the results outgrow the
+    // limit: exit 1, a message naming the file and the limit (not SIGXFSZ's silent exit 153),
+    // and every row kept whole.
+    let dir = sandbox();
+    let job = dir.job("rf.yaml", sweep_job(6, 1, 256));
+    let out = dir.join("out");
+    let script = format!(
+        "ulimit -f 1; exec {} sweep {} --out {}",
+        bin().display(),
+        job.display(),
+        out.display()
+    );
+    let o = Command::new("sh")
+        .arg("-c")
+        .arg(&script)
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(err.contains("trials.csv: cannot write"), "{err}");
+    assert!(err.contains("the file-size limit (ulimit -f) is "), "{err}");
+    for name in ["trials.csv", "progress.csv"] {
+        let text = fs::read(out.join(name)).unwrap();
+        assert!(
+            text.len() <= 1024 && text.ends_with(b"\n"),
+            "{name}: {text:?}"
+        );
+    }
+    // The rows read, and a resume without the limit finishes the sweep.
+    let before = trials(&out).len();
+    assert!(before < 6, "{before}");
+    let o = dir.run_into("sweep", &job, &out, &["--resume"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    complete_once(&out, 6);
+}

@@ -245,7 +245,8 @@ impl Sink {
         } else {
             options.write(true).create(true).truncate(true);
         }
-        let mut file = options.open(&path).map_err(write_err(&path))?;
+        check_regular(&path)?;
+        let mut file = open_regular(&path, &mut options, true)?;
         let len = if existing {
             end_with_newline(&path, &mut file)?
         } else {
@@ -361,7 +362,58 @@ impl Sink {
     }
 }
 
+/// Opens a results file with `options`, never through a symbolic link and never waiting on a
+/// FIFO (`O_NOFOLLOW | O_NONBLOCK`), and only as a regular file: a link, FIFO, folder or device
+/// in a results file's place is refused at once (bad input, exit 2), naming it.
+pub(crate) fn open_regular(
+    path: &Path,
+    options: &mut OpenOptions,
+    writing: bool,
+) -> Result<File, ReportError> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let refused = |what: &str| {
+        ReportError::Invalid(format!(
+            "{}: is {what}, not a regular file: results are written into the output folder only; move it away",
+            path.display()
+        ))
+    };
+    let file = options
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path)
+        .map_err(|e| match e.raw_os_error() {
+            Some(libc::ELOOP) => refused("a symbolic link"),
+            Some(libc::EISDIR) => refused("a folder"),
+            Some(libc::ENXIO) => refused("a FIFO"),
+            _ if writing => write_err(path)(e),
+            _ => read_err(path)(e),
+        })?;
+    let kind = file.metadata().map_err(read_err(path))?.file_type();
+    if !kind.is_file() {
+        use std::os::unix::fs::FileTypeExt;
+        return Err(refused(if kind.is_fifo() {
+            "a FIFO"
+        } else if kind.is_dir() {
+            "a folder"
+        } else {
+            "a device or socket"
+        }));
+    }
+    Ok(file)
+}
+
+/// Refuses a results file's place that holds anything but a regular file (or nothing), without
+/// opening it: see [`open_regular`].
+pub fn check_regular(path: &Path) -> Result<(), ReportError> {
+    match fs::symlink_metadata(path) {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(read_err(path)(e)),
+        Ok(meta) if meta.file_type().is_file() => Ok(()),
+        Ok(_) => open_regular(path, OpenOptions::new().read(true), false).map(|_| ()),
+    }
+}
+
 fn non_empty(path: &Path) -> Result<bool, ReportError> {
+    check_regular(path)?;
     match fs::metadata(path) {
         Ok(meta) => Ok(meta.len() > 0),
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
@@ -376,7 +428,7 @@ fn check_header<T: ResultsRow>(
     path: &Path,
     fixed: &::csv::ByteRecord,
 ) -> Result<(bool, Vec<String>), ReportError> {
-    let file = File::open(path).map_err(read_err(path))?;
+    let file = open_regular(path, OpenOptions::new().read(true), false)?;
     let mut reader = ::csv::ReaderBuilder::new()
         .has_headers(false)
         .from_reader(BufReader::new(file).take(MAX_LINE as u64));
@@ -565,7 +617,7 @@ pub fn write_rows<T: ResultsRow>(path: &Path, rows: &[T]) -> Result<(), ReportEr
 /// The extra columns of the header of the file at `path`, if it has one that reads; none
 /// otherwise.
 fn existing_extra(path: &Path, fixed: &::csv::ByteRecord) -> Vec<String> {
-    let Ok(file) = File::open(path) else {
+    let Ok(file) = open_regular(path, OpenOptions::new().read(true), false) else {
         return Vec::new();
     };
     let mut reader = ::csv::ReaderBuilder::new()
@@ -799,7 +851,7 @@ fn one_record(line: &[u8]) -> Result<::csv::ByteRecord, ReportError> {
 ///   does not match the row's checksum, a quoted cell never closed, a line over [`MAX_LINE`].
 /// - A file of zero bytes, or with its header alone, has no rows.
 pub fn read_rows<T: ResultsRow>(path: &Path) -> Result<Vec<T>, ReportError> {
-    let file = File::open(path).map_err(read_err(path))?;
+    let file = open_regular(path, OpenOptions::new().read(true), false)?;
     // A device, a pipe or a folder in a file's place could be read forever, or never end.
     if !file.metadata().map_err(read_err(path))?.is_file() {
         return Err(ReportError::Invalid(format!(

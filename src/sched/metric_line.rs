@@ -274,6 +274,8 @@ impl Reader<'_> {
         if !self.eat(b'(') {
             return None;
         }
+        // A call nests like a list: `f(f(f(...)))` is as deep as `[[[...]]]`.
+        self.deeper()?;
         let (args, depth) = (self.at, self.depth);
         let first = match self.peek() {
             Some(b')') => None,
@@ -284,6 +286,7 @@ impl Reader<'_> {
             (self.at, self.depth) = (args, depth);
         }
         self.skip_to_close()?;
+        self.depth -= 1;
         Some(first.unwrap_or(Value::Other))
     }
 
@@ -356,6 +359,38 @@ fn unescape(s: &str) -> String {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn nesting_ten_times_the_limit_is_no_line_and_no_crash() {
+        // Calls, lists, tuples and objects, each 10× MAX_DEPTH deep, read on a small stack.
+        let deep = 10 * MAX_DEPTH;
+        let lines = [
+            format!(
+                "{{'test_acc': {}0.5{}}}",
+                "f(".repeat(deep),
+                ")".repeat(deep)
+            ),
+            format!("{{\"a\": {}1{}}}", "[".repeat(deep), "]".repeat(deep)),
+            format!("{{\"a\": {}1{}}}", "(".repeat(deep), ")".repeat(deep)),
+            format!("{}{}", "{\"a\": ".repeat(deep), "}".repeat(deep)),
+        ];
+        let read = std::thread::Builder::new()
+            .stack_size(256 << 10)
+            .spawn(move || {
+                lines
+                    .iter()
+                    .map(|l| numbers(l).is_some_and(|m| !m.is_empty()))
+                    .collect::<Vec<_>>()
+            })
+            .unwrap()
+            .join()
+            .expect("no stack overflow");
+        // No value from any of them (the call's argument is too deep to be one).
+        assert_eq!(read, [false, false, false, false]);
+        // Within the limit a call still gives its value.
+        let ok = format!("{{'test_acc': {}0.5{}}}", "f(".repeat(8), ")".repeat(8));
+        assert_eq!(numbers(&ok).unwrap()["test_acc"], 0.5);
+    }
+
     use super::*;
 
     fn nums(line: &str) -> Option<Vec<(String, f64)>> {

@@ -64,8 +64,8 @@ pub fn spawn(cmd: &mut Command) -> io::Result<(Child, Ours)> {
     use std::os::unix::process::CommandExt;
     become_subreaper();
     cmd.process_group(0);
-    // SAFETY: the closure runs in the forked child before exec and only calls prctl(2), which
-    // is async-signal-safe and touches no memory of the parent.
+    // SAFETY: the closure runs in the forked child before exec and only calls prctl(2) and
+    // signal(2), which are async-signal-safe and touch no memory of the parent.
     unsafe {
         cmd.pre_exec(|| {
             if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0
@@ -73,6 +73,9 @@ pub fn spawn(cmd: &mut Command) -> io::Result<(Child, Ours)> {
             {
                 return Err(io::Error::last_os_error());
             }
+            // gpumux ignores SIGXFSZ (see `outdir::file_size_limit_as_error`); a trial's
+            // command gets the default, as it would without gpumux.
+            libc::signal(libc::SIGXFSZ, libc::SIG_DFL);
             Ok(())
         });
     }

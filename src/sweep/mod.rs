@@ -212,6 +212,14 @@ pub fn run(job: &Job, opts: &SweepOptions, out: &mut dyn Write) -> Result<PathBu
     // Every results file there is read whole first: one that cannot be read is refused (exit
     // 2) and left as it is, with or without --resume; a cut last line is dropped.
     let held = Held::read(&dir)?;
+    // The trials' own folders go under `trials/`: never through a link planted there.
+    let trials_dir = dir.join("trials");
+    if std::fs::symlink_metadata(&trials_dir).is_ok_and(|m| !m.is_dir()) {
+        return Err(Error::Usage(format!(
+            "{} is a link or a file, not a folder: the trials' folders are made inside the output folder only; move it away",
+            trials_dir.display()
+        )));
+    }
     if held.has_rows() && !opts.resume && !opts.dry_run {
         return Err(Error::Usage(format!(
             "{} already holds sweep results: add --resume to finish them, or choose another --out",
@@ -474,6 +482,10 @@ struct Held {
 
 impl Held {
     fn read(dir: &Path) -> Result<Held> {
+        // A link, FIFO or folder in a results file's place is refused before anything is read.
+        for name in [report::TRIALS_CSV, report::PROGRESS_CSV, report::RUNS_CSV] {
+            report::csv::check_regular(&dir.join(name))?;
+        }
         let present = |name: &str| dir.join(name).exists();
         Ok(Held {
             trials: if present(report::TRIALS_CSV) {
