@@ -407,3 +407,164 @@ fn a_dry_run_with_resume_leaves_the_results_untouched() {
         stdout(&o)
     );
 }
+
+/// Runs the Slurm script outside Slurm for task `task` of `count` (first id 0) with `env` set.
+fn slurm_task(
+    dir: &Sandbox,
+    job: &Path,
+    results: &Path,
+    task: &str,
+    count: &str,
+    env: &[(&str, &str)],
+) -> std::process::Output {
+    let mut c = Command::new("bash");
+    c.arg(root().join("jobs/slurm/sweep.sbatch"))
+        .arg(job)
+        .current_dir(dir.path())
+        .env("GPUMUX", bin())
+        .env("GPUMUX_OUT", results)
+        .env("SLURM_ARRAY_JOB_ID", "777")
+        .env("SLURM_ARRAY_TASK_ID", task)
+        .env("SLURM_ARRAY_TASK_MIN", "0")
+        .env("SLURM_ARRAY_TASK_COUNT", count);
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    c.output().expect("bash runs the script")
+}
+
+#[test]
+fn the_slurm_scripts_own_inputs_are_checked_before_anything_is_made() {
+    let dir = sandbox();
+    let job = dir.job("sw40.yaml", sw40().train(epochs(1, 32)).run_cap(4));
+    let results = dir.join("results");
+    for (task, count, env, file, says) in [
+        (
+            "0",
+            "2",
+            vec![("GPUMUX_SIGNAL_LEAD", "x")],
+            None,
+            "GPUMUX_SIGNAL_LEAD must be a whole number",
+        ),
+        (
+            "0",
+            "2",
+            vec![("GPUMUX_GRACE_MARGIN", "1e3")],
+            None,
+            "GPUMUX_GRACE_MARGIN must be",
+        ),
+        (
+            "0",
+            "2",
+            vec![("GPUMUX_GRACE", "-5")],
+            None,
+            "GPUMUX_GRACE must be",
+        ),
+        ("08", "2", vec![], None, "SLURM_ARRAY_TASK_ID must be"),
+        (
+            "0",
+            "99999999999999999999",
+            vec![],
+            None,
+            "SLURM_ARRAY_TASK_COUNT must be",
+        ),
+        (
+            "0",
+            "2",
+            vec![],
+            Some("1 08\n"),
+            "does not hold a task count and a first id",
+        ),
+        (
+            "0",
+            "2",
+            vec![],
+            Some("2 0 9\n"),
+            "does not hold a task count and a first id",
+        ),
+    ] {
+        let _ = std::fs::remove_dir_all(&results);
+        if let Some(text) = file {
+            std::fs::create_dir_all(&results).unwrap();
+            std::fs::write(results.join(".array"), text).unwrap();
+        }
+        let o = slurm_task(&dir, &job, &results, task, count, &env);
+        let err = stderr(&o);
+        assert_eq!(
+            o.status.code(),
+            Some(2),
+            "{task} {count} {env:?} {file:?}: {err}"
+        );
+        assert!(err.contains(says), "{says}: {err}");
+        assert!(
+            !err.contains("unbound variable") && !err.contains("value too great"),
+            "{err}"
+        );
+        let made: Vec<_> = std::fs::read_dir(&results)
+            .map(|d| d.map(|e| e.unwrap().file_name()).collect())
+            .unwrap_or_default();
+        assert!(
+            made.iter().all(|n| n == ".array"),
+            "nothing made for {says}: {made:?}"
+        );
+    }
+    // GPUMUX_ARGS is split at spaces and never glob-expanded: a `*` reaches gpumux as it is.
+    std::fs::write(dir.join("--resume"), "").unwrap();
+    let _ = std::fs::remove_dir_all(&results);
+    let o = slurm_task(
+        &dir,
+        &job,
+        &results,
+        "0",
+        "1",
+        &[("GPUMUX_ARGS", "--concurrency *")],
+    );
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("--concurrency wants a number from 1, or auto, not `*`"),
+        "{}",
+        stderr(&o)
+    );
+}
+
+#[test]
+fn the_slurm_merge_never_writes_through_a_link_nor_deletes_a_folder_of_its_own() {
+    let dir = sandbox();
+    let job = dir.job("sw40.yaml", sw40().train(epochs(1, 32)).run_cap(4));
+    let results = dir.join("results");
+    std::fs::create_dir_all(results.join("merged")).unwrap();
+    std::fs::write(results.join("merged/notes.txt"), "mine\n").unwrap();
+    let o = slurm_task(&dir, &job, &results, "0", "1", &[]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    // The folder was moved aside whole and kept; merged/ is now the merge.
+    let aside: Vec<_> = std::fs::read_dir(&results)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| {
+            p.file_name()
+                .unwrap()
+                .to_string_lossy()
+                .starts_with("merged-earlier-")
+        })
+        .collect();
+    assert_eq!(aside.len(), 1, "{}", stdout(&o));
+    assert_eq!(
+        std::fs::read_to_string(aside[0].join("notes.txt")).unwrap(),
+        "mine\n"
+    );
+    assert!(results.join("merged/trials.csv").exists());
+    // A lock that links elsewhere is refused, and its target left as it was.
+    let outside = dir.join("precious.txt");
+    std::fs::write(&outside, "keep\n").unwrap();
+    let other = dir.join("results2");
+    std::fs::create_dir_all(&other).unwrap();
+    std::os::unix::fs::symlink(&outside, other.join(".merge.lock")).unwrap();
+    let o = slurm_task(&dir, &job, &other, "0", "1", &[]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains(".merge.lock is a link"),
+        "{}",
+        stderr(&o)
+    );
+    assert_eq!(std::fs::read_to_string(&outside).unwrap(), "keep\n");
+}
