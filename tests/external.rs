@@ -723,3 +723,32 @@ fn a_line_of_calls_nested_past_any_limit_is_read_without_a_crash() {
         );
     }
 }
+
+#[test]
+fn an_out_folder_with_shell_code_in_its_name_is_no_code_in_an_sh_c_template() {
+    // `{out_dir}` inside `sh -c '...'` is substituted shell-quoted: the folder's name, which
+    // holds `$(touch pwned)`, is a name to the shell, not a command.
+    let dir = sandbox();
+    let job = dir.job(
+        "q.yaml",
+        JobYaml::new()
+            .name("q")
+            .command(r#"sh -c 'echo "{{\"test_acc\": {lr}}}" > {out_dir}/m.json && cat {out_dir}/m.json'"#)
+            .method("grid")
+            .param("lr", values(&["0.5"])),
+    );
+    let out = dir.join("x$(touch pwned)");
+    let o = dir.run_into("sweep", &job, &out, &[]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(
+        !dir.join("pwned").exists(),
+        "the shell ran code from the folder's name"
+    );
+    let rows = trials_csv(&out);
+    assert_eq!(
+        (rows[0]["state"].as_str(), rows[0]["metric"].as_str()),
+        ("COMPLETE", "0.5")
+    );
+    let m = out.join("trials").join(&rows[0]["trial_id"]).join("m.json");
+    assert!(m.exists(), "{m:?}");
+}

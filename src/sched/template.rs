@@ -275,9 +275,13 @@ fn expand_template(
         return Err("is empty".into());
     }
     let mut out = Vec::new();
-    for w in &words {
+    for (i, w) in words.iter().enumerate() {
         if let Some(name) = whole_macro(w) {
             out.extend(macros(name)?);
+            continue;
+        }
+        if is_shell_script(&words, i) {
+            out.push(fill_script(w, macros, value)?);
             continue;
         }
         // A macro inside a word becomes its one word there, its braces literal; the word's own
@@ -299,6 +303,149 @@ fn expand_template(
         out.push(fill(&word, value)?);
     }
     Ok(out)
+}
+
+/// The shells whose `-c` argument is a script a value must not be read as code in.
+const SHELLS: [&str; 7] = ["sh", "bash", "dash", "zsh", "ksh", "ash", "mksh"];
+
+/// Whether word `i` of a command is the script of a shell's `-c` (`sh -c '...'`, `bash -ec
+/// '...'`, after `env` and its `NAME=value`s too): its values are substituted shell-quoted.
+fn is_shell_script(words: &[String], i: usize) -> bool {
+    let base = |w: &str| w.rsplit('/').next().unwrap_or(w).to_string();
+    let mut p = 0;
+    if words.first().is_some_and(|w| base(w) == "env") {
+        p = 1;
+        while words
+            .get(p)
+            .is_some_and(|w| w.starts_with('-') || (w.contains('=') && !w.starts_with('=')))
+        {
+            p += 1;
+        }
+    }
+    let Some(program) = words.get(p) else {
+        return false;
+    };
+    if !SHELLS.contains(&base(program).as_str()) || i < p + 2 {
+        return false;
+    }
+    let flag = &words[i - 1];
+    let is_c = flag.len() > 1
+        && flag.starts_with('-')
+        && !flag.starts_with("--")
+        && flag[1..].chars().all(|c| c.is_ascii_alphabetic())
+        && flag.contains('c');
+    is_c && words[p + 1..i - 1].iter().all(|w| w.starts_with('-'))
+}
+
+/// Where a shell script stands at a point of it: inside single quotes, double quotes, or
+/// neither.
+#[derive(Clone, Copy, PartialEq)]
+enum Quoting {
+    Bare,
+    Single,
+    Double,
+}
+
+/// `v` written into a shell script where `q` says, so that the shell reads it back as `v`,
+/// one word, and never as code.
+fn shell_quoted(v: &str, q: Quoting) -> String {
+    match q {
+        Quoting::Bare => shell_words::quote(v).into_owned(),
+        Quoting::Single => v.replace('\'', r"'\''"),
+        Quoting::Double => {
+            let mut out = String::with_capacity(v.len());
+            for c in v.chars() {
+                if matches!(c, '\\' | '"' | '$' | '`') {
+                    out.push('\\');
+                }
+                out.push(c);
+            }
+            out
+        }
+    }
+}
+
+/// A shell script's word filled: each `{name}` and W&B macro by its value quoted for where it
+/// stands in the script ([`shell_quoted`]); `{{`/`}}` are literal braces.
+fn fill_script(
+    word: &str,
+    macros: &mut dyn FnMut(&str) -> Result<Vec<String>, String>,
+    value: &mut dyn FnMut(&str) -> Result<String, String>,
+) -> Result<String, String> {
+    let mut out = String::with_capacity(word.len());
+    let mut q = Quoting::Bare;
+    let mut chars = word.char_indices().peekable();
+    while let Some((at, c)) = chars.next() {
+        match (q, c) {
+            (_, '{') if chars.peek().map(|p| p.1) == Some('{') => {
+                chars.next();
+                out.push('{');
+            }
+            (_, '}') if chars.peek().map(|p| p.1) == Some('}') => {
+                chars.next();
+                out.push('}');
+            }
+            (_, '$') if word[at..].starts_with("${") && whole_macro_at(&word[at..]).is_some() => {
+                let name = whole_macro_at(&word[at..]).unwrap_or_default();
+                let words = macros(name)?;
+                let joined = match q {
+                    Quoting::Bare => words
+                        .iter()
+                        .map(|w| shell_quoted(w, q))
+                        .collect::<Vec<_>>()
+                        .join(" "),
+                    _ => shell_quoted(&words.join(" "), q),
+                };
+                out.push_str(&joined);
+                for _ in 0..name.len() + 2 {
+                    chars.next();
+                }
+            }
+            (_, '{') => {
+                let name = take_name(&mut chars.by_ref().map(|(_, c)| c)).ok_or_else(|| {
+                    format!("has an unclosed `{{` in `{word}` (write `{{{{` for a brace)")
+                })?;
+                out.push_str(&shell_quoted(&value(name.trim())?, q));
+            }
+            (_, '}') => {
+                return Err(format!(
+                    "has an unmatched `}}` in `{word}` (write `}}}}` for a brace)"
+                ))
+            }
+            (Quoting::Bare, '\\') | (Quoting::Double, '\\') => {
+                out.push(c);
+                if let Some((_, n)) = chars.next() {
+                    out.push(n);
+                }
+            }
+            (Quoting::Bare, '\'') => {
+                q = Quoting::Single;
+                out.push(c);
+            }
+            (Quoting::Single, '\'') => {
+                q = Quoting::Bare;
+                out.push(c);
+            }
+            (Quoting::Bare, '"') => {
+                q = Quoting::Double;
+                out.push(c);
+            }
+            (Quoting::Double, '"') => {
+                q = Quoting::Bare;
+                out.push(c);
+            }
+            _ => out.push(c),
+        }
+    }
+    Ok(out)
+}
+
+/// The W&B macro `text` starts with (`${name}`), if it is one.
+fn whole_macro_at(text: &str) -> Option<&'static str> {
+    WANDB_MACROS
+        .iter()
+        .copied()
+        .find(|name| text.starts_with(&format!("${{{name}}}")))
 }
 
 /// The macro's name when `word` is exactly one of W&B's `${name}`.
@@ -518,6 +665,47 @@ mod tests {
             swept,
         };
         super::render(template, params, &trial)
+    }
+
+    #[test]
+    fn a_value_inside_a_shell_script_is_quoted_for_where_it_stands() {
+        let p = params(&[("x", word("a'b\"$(touch pwned)`id`")), ("lr", num(0.5))]);
+        let one = |template: &str| render(template, &p).unwrap();
+        // Bare in the script: one shell-quoted word.
+        let argv = one("sh -c 'echo {x} {lr} > {out_dir}/log'");
+        assert_eq!(argv[..2], ["sh", "-c"]);
+        assert_eq!(
+            argv[2],
+            r#"echo 'a'\''b"$(touch pwned)`id`' 0.5 > /out/trials/t3-ab12/log"#
+        );
+        // Inside double quotes, and inside single quotes, of the script.
+        let argv = one(r#"bash -ec 'echo "{x}"'"#);
+        assert_eq!(argv[2], r#"echo "a'b\"\$(touch pwned)\`id\`""#);
+        let argv = one(r#"env A=1 /bin/sh -c "echo '{x}'""#);
+        assert_eq!(argv[4], r#"echo 'a'\''b"$(touch pwned)`id`'"#);
+        // The shell reads each back as the value itself.
+        for template in [
+            "sh -c 'printf %s {x}'",
+            r#"sh -c 'printf %s "{x}"'"#,
+            r#"sh -c "printf %s '{x}'""#,
+        ] {
+            let argv = one(template);
+            let out = std::process::Command::new(&argv[0])
+                .args(&argv[1..])
+                .current_dir(std::env::temp_dir())
+                .output()
+                .unwrap();
+            assert_eq!(
+                String::from_utf8_lossy(&out.stdout),
+                "a'b\"$(touch pwned)`id`",
+                "{template}"
+            );
+        }
+        // Not a shell's script: the value stands as it is, one argv word.
+        assert_eq!(
+            one("python3 -c 'print({lr})' {x}")[3],
+            "a'b\"$(touch pwned)`id`"
+        );
     }
 
     #[test]
