@@ -829,3 +829,45 @@ fn a_file_size_limit_is_a_write_error_that_names_it_and_keeps_whole_rows() {
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     complete_once(&out, 6);
 }
+
+#[test]
+fn a_trial_whose_progress_rows_were_not_all_written_is_never_complete() {
+    // Under a file-size limit progress.csv (three rows a trial) fills before trials.csv: at
+    // whatever epoch its write fails, no trial is recorded COMPLETE without all its epochs.
+    let dir = sandbox();
+    let job = dir.job("rf.yaml", sweep_job(12, 3, 256).concurrency(1));
+    for blocks in 2..=9 {
+        let out = dir.join(format!("out{blocks}"));
+        let script = format!(
+            "ulimit -f {blocks}; exec {} sweep {} --out {}",
+            bin().display(),
+            job.display(),
+            out.display()
+        );
+        let o = Command::new("sh")
+            .arg("-c")
+            .arg(&script)
+            .current_dir(dir.path())
+            .output()
+            .unwrap();
+        assert_eq!(o.status.code(), Some(1), "{blocks}: {}", stderr(&o));
+        let epochs: HashSet<(String, u32)> = progress(&out)
+            .into_iter()
+            .map(|p| (p.trial_id, p.epoch))
+            .collect();
+        for r in trials(&out) {
+            if r.state == "COMPLETE" {
+                for e in 1..=3 {
+                    assert!(
+                        epochs.contains(&(r.trial_id.clone(), e)),
+                        "{blocks}: {} COMPLETE without epoch {e}",
+                        r.trial_id
+                    );
+                }
+            }
+            if r.error.contains("progress rows could not all be written") {
+                assert_eq!(r.state, "FAIL", "{r:?}");
+            }
+        }
+    }
+}

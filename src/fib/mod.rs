@@ -113,6 +113,8 @@ pub fn run(job: &Job, opts: &FibOptions, out: &mut dyn Write) -> Result<PathBuf>
         };
         bar.set_message(states.line(round));
         let mut write_err = None;
+        // Trials with a progress row that could not be written: never recorded COMPLETE.
+        let mut lost: std::collections::HashMap<String, String> = Default::default();
         // NVML samples the device at 20 Hz while the round runs (GPU only).
         let sampler = run::telemetry(&r, 20.0);
         let outcome = sched::run_round(round, &ctx, &mut |ev| {
@@ -124,7 +126,12 @@ pub fn run(job: &Job, opts: &FibOptions, out: &mut dyn Write) -> Result<PathBuf>
                     Ok(())
                 }
                 Event::Epoch { trial, stats, .. } => {
-                    writer.progress(&progress_row(round, &trial.id, stats))
+                    let res = writer.progress(&progress_row(round, &trial.id, stats));
+                    if let Err(e) = &res {
+                        lost.entry(trial.id.clone())
+                            .or_insert_with(|| e.to_string());
+                    }
+                    res
                 }
                 Event::Finished(o) => {
                     bar.inc(1);
@@ -134,7 +141,11 @@ pub fn run(job: &Job, opts: &FibOptions, out: &mut dyn Write) -> Result<PathBuf>
                         _ => states.failed += 1,
                     }
                     bar.set_message(states.line(round));
-                    let row = trial_row(job, round.index, round.split, round.n, o);
+                    let mut row = trial_row(job, round.index, round.split, round.n, o);
+                    if let (Some(why), true) = (lost.get(&row.trial_id), row.done()) {
+                        row.state = "FAIL".into();
+                        row.error = format!("its progress rows could not all be written: {why}");
+                    }
                     let res = writer.trial(&row);
                     trials.push(row);
                     res

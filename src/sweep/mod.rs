@@ -26,7 +26,7 @@ use crate::report::{self, ProgressRow, TrialRow};
 use crate::rounds::{builtin_context, counts_line, progress_row, say, trial_row};
 use crate::run::{self, OutFolder, Resolved, Unavailable};
 use crate::sched::external::ExternalEnv;
-use crate::sched::{self, Device, Devices, Event, ExternalTrials, RoundContext, TrialState};
+use crate::sched::{self, Device, Devices, Event, ExternalTrials, RoundContext};
 use crate::space::{Method, ParamValue};
 use dry_run::{dry_run, slurm_line};
 pub use dry_run::{DRY_RUN_LISTED, SLURM_SHARDS};
@@ -656,16 +656,36 @@ struct Recorder<'a> {
     synced: Instant,
     /// The first row that could not be recorded.
     failed: Option<ReportError>,
+    /// The trials with a progress row that could not be written, and why: such a trial is
+    /// never recorded COMPLETE (its epochs would be missing, and `--resume` would not run it).
+    lost: std::collections::HashMap<String, String>,
 }
 
 impl Recorder<'_> {
     fn progress(&mut self, row: &ProgressRow) -> std::result::Result<(), ReportError> {
-        self.writer.progress_unsynced(row)?;
-        self.unsynced = true;
-        if self.synced.elapsed() >= PROGRESS_SYNC {
-            self.sync()?;
+        let res = self.writer.progress_unsynced(row).and_then(|()| {
+            self.unsynced = true;
+            if self.synced.elapsed() >= PROGRESS_SYNC {
+                self.sync()?;
+            }
+            Ok(())
+        });
+        if let Err(e) = &res {
+            self.lost
+                .entry(row.trial_id.clone())
+                .or_insert_with(|| e.to_string());
         }
-        Ok(())
+        res
+    }
+
+    /// A finished trial's row as it may be recorded: one whose progress rows could not all
+    /// be written is a FAIL that says why, never COMPLETE or PRUNED.
+    fn checked(&self, mut row: TrialRow) -> TrialRow {
+        if let (Some(why), true) = (self.lost.get(&row.trial_id), row.done()) {
+            row.state = "FAIL".into();
+            row.error = format!("its progress rows could not all be written: {why}");
+        }
+        row
     }
 
     /// Fsyncs the progress rows written since the last time.
@@ -734,6 +754,7 @@ fn execute(
         unsynced: false,
         synced: Instant::now(),
         failed: None,
+        lost: Default::default(),
     });
     let mut sink = |ev: &Event| {
         let mut rec = recorder.borrow_mut();
@@ -749,10 +770,10 @@ fn execute(
             Event::Finished(o) => {
                 running = running.saturating_sub(1);
                 finished += 1;
-                if !matches!(o.state(), TrialState::Complete | TrialState::Pruned) {
+                let row = rec.checked(trial_row(job, round.index, round.split, round.n, o));
+                if !row.done() {
                     failed += 1;
                 }
-                let row = trial_row(job, round.index, round.split, round.n, o);
                 if let Some(line) = counts_line(std::slice::from_ref(&row)) {
                     tracing::debug!("trial {}: {line}", row.trial_id);
                 }
@@ -1007,6 +1028,38 @@ mod tests {
             "{line}"
         );
         assert!(line.contains("--gres=gpu:1 on a GPU partition"), "{line}");
+    }
+
+    #[test]
+    fn a_trial_with_a_lost_progress_row_is_recorded_fail_not_complete() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut writer = report::ReportWriter::create(dir.path()).unwrap();
+        let mut rec = Recorder {
+            writer: &mut writer,
+            unsynced: false,
+            synced: Instant::now(),
+            failed: None,
+            lost: Default::default(),
+        };
+        rec.lost.insert("a".into(), "disk full".into());
+        let done = rec.checked(row("a", "COMPLETE", Some(0.5)));
+        assert_eq!(
+            (done.state.as_str(), done.error.as_str()),
+            (
+                "FAIL",
+                "its progress rows could not all be written: disk full"
+            )
+        );
+        assert_eq!(rec.checked(row("a", "PRUNED", Some(0.5))).state, "FAIL");
+        // A trial that failed anyway keeps its own reason; other trials are untouched.
+        assert_eq!(
+            rec.checked(row("a", "INTERRUPTED", None)).state,
+            "INTERRUPTED"
+        );
+        assert_eq!(
+            rec.checked(row("b", "COMPLETE", Some(0.5))).state,
+            "COMPLETE"
+        );
     }
 
     #[test]
