@@ -118,6 +118,20 @@ pub fn progress_row(
     }
 }
 
+/// A finished trial's row as it may be recorded, given the trials whose progress rows could
+/// not all be written (`lost`, with why): such a trial is a FAIL that says why, never COMPLETE
+/// or PRUNED (its epochs would be missing, and `--resume` would not run it again).
+pub fn unless_progress_lost(
+    mut row: TrialRow,
+    lost: &std::collections::HashMap<String, String>,
+) -> TrialRow {
+    if let (Some(why), true) = (lost.get(&row.trial_id), row.done()) {
+        row.state = "FAIL".into();
+        row.error = format!("its progress rows could not all be written: {why}");
+    }
+    row
+}
+
 /// The `trials.csv` row of a trial that ended in round `round` (N trials under `split`).
 pub fn trial_row(job: &Job, round: u32, split: SplitMode, n: u32, o: &TrialOutcome) -> TrialRow {
     let h = &o.trial.hyper;

@@ -415,16 +415,9 @@ pub trait Backend: Send {
         let params = [("gamma", gamma), ("beta", beta)];
         contract::fused_norm(op, s, f, &planes, &params, Some(running), saved)?;
         for i in 0..f.trials {
-            self.batchnorm_fwd(
-                s,
-                f.plane(x, s, i),
-                f.param(gamma, s, i),
-                f.param(beta, s, i),
-                f.running(running, s, i),
-                f.saved(saved, s, i),
-                f.plane(y, s, i),
-                p,
-            )?;
+            let [x, gamma, beta, running, saved, y] =
+                f.fwd_trial(s, [x, gamma, beta, running, saved, y], i);
+            self.batchnorm_fwd(s, x, gamma, beta, running, saved, y, p)?;
         }
         Ok(())
     }
@@ -448,16 +441,9 @@ pub trait Backend: Send {
         let params = [("gamma", gamma), ("dgamma", dgamma), ("dbeta", dbeta)];
         contract::fused_norm(op, s, f, &planes, &params, None, saved)?;
         for i in 0..f.trials {
-            self.batchnorm_bwd(
-                s,
-                f.plane(x, s, i),
-                f.param(gamma, s, i),
-                f.saved(saved, s, i),
-                f.plane(dy, s, i),
-                f.plane(dx, s, i),
-                f.param(dgamma, s, i),
-                f.param(dbeta, s, i),
-            )?;
+            let [x, gamma, saved, dy, dx, dgamma, dbeta] =
+                f.bwd_trial(s, [x, gamma, saved, dy, dx, dgamma, dbeta], i);
+            self.batchnorm_bwd(s, x, gamma, saved, dy, dx, dgamma, dbeta)?;
         }
         Ok(())
     }

@@ -303,6 +303,31 @@ impl FusedNorm {
     pub fn saved(&self, r: Region, s: &PlaneShape, i: usize) -> Region {
         Region::new(r.offset + i * self.saved_stride, 2 * s.c)
     }
+    /// Trial `i`'s copies of a forward pass's `[x, gamma, beta, running, saved, y]`.
+    pub fn fwd_trial(&self, s: &PlaneShape, r: [Region; 6], i: usize) -> [Region; 6] {
+        let [x, gamma, beta, running, saved, y] = r;
+        [
+            self.plane(x, s, i),
+            self.param(gamma, s, i),
+            self.param(beta, s, i),
+            self.running(running, s, i),
+            self.saved(saved, s, i),
+            self.plane(y, s, i),
+        ]
+    }
+    /// Trial `i`'s copies of a backward pass's `[x, gamma, saved, dy, dx, dgamma, dbeta]`.
+    pub fn bwd_trial(&self, s: &PlaneShape, r: [Region; 7], i: usize) -> [Region; 7] {
+        let [x, gamma, saved, dy, dx, dgamma, dbeta] = r;
+        [
+            self.plane(x, s, i),
+            self.param(gamma, s, i),
+            self.saved(saved, s, i),
+            self.plane(dy, s, i),
+            self.plane(dx, s, i),
+            self.param(dgamma, s, i),
+            self.param(dbeta, s, i),
+        ]
+    }
     /// One trial alone.
     pub fn one() -> FusedNorm {
         FusedNorm {

@@ -141,11 +141,10 @@ pub fn run(job: &Job, opts: &FibOptions, out: &mut dyn Write) -> Result<PathBuf>
                         _ => states.failed += 1,
                     }
                     bar.set_message(states.line(round));
-                    let mut row = trial_row(job, round.index, round.split, round.n, o);
-                    if let (Some(why), true) = (lost.get(&row.trial_id), row.done()) {
-                        row.state = "FAIL".into();
-                        row.error = format!("its progress rows could not all be written: {why}");
-                    }
+                    let row = crate::rounds::unless_progress_lost(
+                        trial_row(job, round.index, round.split, round.n, o),
+                        &lost,
+                    );
                     let res = writer.trial(&row);
                     trials.push(row);
                     res

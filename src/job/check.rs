@@ -69,10 +69,7 @@ impl Job {
         if f.metric.name.trim().is_empty() {
             return Err(self.invalid("metric.name", "must not be empty"));
         }
-        let own = match crate::train::own_metric_name(&f.metric.name) {
-            "train_loss" => "final_loss",
-            own => own,
-        };
+        let own = crate::train::builtin_metric_name(&f.metric.name);
         if f.command.is_none() && !BUILTIN_METRICS.contains(&own) {
             return Err(self.invalid(
                 "metric.name",

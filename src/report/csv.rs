@@ -245,7 +245,6 @@ impl Sink {
         } else {
             options.write(true).create(true).truncate(true);
         }
-        check_regular(&path)?;
         let mut file = open_regular(&path, &mut options, true)?;
         let len = if existing {
             end_with_newline(&path, &mut file)?
@@ -413,7 +412,6 @@ pub fn check_regular(path: &Path) -> Result<(), ReportError> {
 }
 
 fn non_empty(path: &Path) -> Result<bool, ReportError> {
-    check_regular(path)?;
     match fs::metadata(path) {
         Ok(meta) => Ok(meta.len() > 0),
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),

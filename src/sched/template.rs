@@ -280,27 +280,7 @@ fn expand_template(
             out.extend(macros(name)?);
             continue;
         }
-        if is_shell_script(&words, i) {
-            out.push(fill_script(w, macros, value)?);
-            continue;
-        }
-        // A macro inside a word becomes its one word there, its braces literal; the word's own
-        // placeholders are filled after.
-        let mut word = w.clone();
-        for name in WANDB_MACROS {
-            let token = format!("${{{name}}}");
-            if !word.contains(&token) {
-                continue;
-            }
-            if matches!(name, "args" | "args_no_hyphens") {
-                return Err(format!(
-                    "has `{token}` inside the word `{w}`: it stands alone, as a word of its own"
-                ));
-            }
-            let v = macros(name)?.join(" ");
-            word = word.replace(&token, &v.replace('{', "{{").replace('}', "}}"));
-        }
-        out.push(fill(&word, value)?);
+        out.push(fill_word(w, is_shell_script(&words, i), macros, value)?);
     }
     Ok(out)
 }
@@ -365,15 +345,26 @@ fn shell_quoted(v: &str, q: Quoting) -> String {
     }
 }
 
-/// A shell script's word filled: each `{name}` and W&B macro by its value quoted for where it
-/// stands in the script ([`shell_quoted`]); `{{`/`}}` are literal braces.
-fn fill_script(
+/// One word of the command filled: each `{name}` by `value(name)` and each W&B macro inside it
+/// by its words joined with spaces; `{{`/`}}` are literal braces. In a shell's script
+/// (`shell`), every value is quoted for where it stands in the script ([`shell_quoted`]);
+/// elsewhere it is put in as it is, and `${args}`/`${args_no_hyphens}` may not stand inside
+/// a word (they are words of their own).
+fn fill_word(
     word: &str,
+    shell: bool,
     macros: &mut dyn FnMut(&str) -> Result<Vec<String>, String>,
     value: &mut dyn FnMut(&str) -> Result<String, String>,
 ) -> Result<String, String> {
     let mut out = String::with_capacity(word.len());
     let mut q = Quoting::Bare;
+    let put = |v: &str, q: Quoting| {
+        if shell {
+            shell_quoted(v, q)
+        } else {
+            v.to_string()
+        }
+    };
     let mut chars = word.char_indices().peekable();
     while let Some((at, c)) = chars.next() {
         match (q, c) {
@@ -385,16 +376,21 @@ fn fill_script(
                 chars.next();
                 out.push('}');
             }
-            (_, '$') if word[at..].starts_with("${") && whole_macro_at(&word[at..]).is_some() => {
+            (_, '$') if whole_macro_at(&word[at..]).is_some() => {
                 let name = whole_macro_at(&word[at..]).unwrap_or_default();
+                if !shell && matches!(name, "args" | "args_no_hyphens") {
+                    return Err(format!(
+                        "has `${{{name}}}` inside the word `{word}`: it stands alone, as a word of its own"
+                    ));
+                }
                 let words = macros(name)?;
-                let joined = match q {
-                    Quoting::Bare => words
+                let joined = match (shell, q) {
+                    (true, Quoting::Bare) => words
                         .iter()
                         .map(|w| shell_quoted(w, q))
                         .collect::<Vec<_>>()
                         .join(" "),
-                    _ => shell_quoted(&words.join(" "), q),
+                    _ => put(&words.join(" "), q),
                 };
                 out.push_str(&joined);
                 for _ in 0..name.len() + 2 {
@@ -405,20 +401,21 @@ fn fill_script(
                 let name = take_name(&mut chars.by_ref().map(|(_, c)| c)).ok_or_else(|| {
                     format!("has an unclosed `{{` in `{word}` (write `{{{{` for a brace)")
                 })?;
-                out.push_str(&shell_quoted(&value(name.trim())?, q));
+                out.push_str(&put(&value(name.trim())?, q));
             }
             (_, '}') => {
                 return Err(format!(
                     "has an unmatched `}}` in `{word}` (write `}}}}` for a brace)"
                 ))
             }
-            (Quoting::Bare, '\\') | (Quoting::Double, '\\') => {
+            // Quotes and escapes are followed in a shell's script only.
+            (Quoting::Bare | Quoting::Double, '\\') if shell => {
                 out.push(c);
                 if let Some((_, n)) = chars.next() {
                     out.push(n);
                 }
             }
-            (Quoting::Bare, '\'') => {
+            (Quoting::Bare, '\'') if shell => {
                 q = Quoting::Single;
                 out.push(c);
             }
@@ -426,7 +423,7 @@ fn fill_script(
                 q = Quoting::Bare;
                 out.push(c);
             }
-            (Quoting::Bare, '"') => {
+            (Quoting::Bare, '"') if shell => {
                 q = Quoting::Double;
                 out.push(c);
             }
@@ -449,43 +446,8 @@ fn whole_macro_at(text: &str) -> Option<&'static str> {
 }
 
 /// The macro's name when `word` is exactly one of W&B's `${name}`.
-fn whole_macro(word: &str) -> Option<&str> {
-    let name = word.strip_prefix("${")?.strip_suffix('}')?;
-    WANDB_MACROS.contains(&name).then_some(name)
-}
-
-/// One word with its `{name}`s replaced and `{{`/`}}` unescaped.
-fn fill(
-    word: &str,
-    value: &mut dyn FnMut(&str) -> Result<String, String>,
-) -> Result<String, String> {
-    let mut out = String::with_capacity(word.len());
-    let mut chars = word.chars().peekable();
-    while let Some(c) = chars.next() {
-        match c {
-            '{' if chars.peek() == Some(&'{') => {
-                chars.next();
-                out.push('{');
-            }
-            '}' if chars.peek() == Some(&'}') => {
-                chars.next();
-                out.push('}');
-            }
-            '{' => {
-                let name = take_name(&mut chars).ok_or_else(|| {
-                    format!("has an unclosed `{{` in `{word}` (write `{{{{` for a brace)")
-                })?;
-                out.push_str(&value(name.trim())?);
-            }
-            '}' => {
-                return Err(format!(
-                    "has an unmatched `}}` in `{word}` (write `}}}}` for a brace)"
-                ))
-            }
-            c => out.push(c),
-        }
-    }
-    Ok(out)
+fn whole_macro(word: &str) -> Option<&'static str> {
+    whole_macro_at(word).filter(|name| word.len() == name.len() + 3)
 }
 
 /// The characters up to the next `}` (consumed); `None` when there is none.

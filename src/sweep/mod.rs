@@ -23,7 +23,9 @@ use crate::error::{Error, ReportError, Result};
 use crate::job::{Concurrency, Goal, Job, SplitMode};
 use crate::plan::{self, Round, TrialSpec};
 use crate::report::{self, ProgressRow, TrialRow};
-use crate::rounds::{builtin_context, counts_line, progress_row, say, trial_row};
+use crate::rounds::{
+    builtin_context, counts_line, progress_row, say, trial_row, unless_progress_lost,
+};
 use crate::run::{self, OutFolder, Resolved, Unavailable};
 use crate::sched::external::ExternalEnv;
 use crate::sched::{self, Device, Devices, Event, ExternalTrials, RoundContext};
@@ -292,8 +294,7 @@ pub fn run(job: &Job, opts: &SweepOptions, out: &mut dyn Write) -> Result<PathBu
         .map(|s| format!(", shard {s}"))
         .unwrap_or_default();
     // What is there already, by state: a PRUNED trial is done, and said so apart.
-    let count_of =
-        |rows: &[&TrialRow], state: &str| rows.iter().filter(|r| r.state == state).count();
+    let held_latest = latest_rows(&previous);
     match &proposer {
         Some(p) => {
             let n = |state: &str| p.before.get(state).copied().unwrap_or(0);
@@ -315,19 +316,19 @@ pub fn run(job: &Job, opts: &SweepOptions, out: &mut dyn Write) -> Result<PathBu
         }
         None => {
             let ids: HashSet<&str> = mine.iter().map(|t| t.id.as_str()).collect();
-            let latest = latest_rows(&previous);
-            let held: Vec<&TrialRow> = latest
+            let held: Vec<&TrialRow> = held_latest
                 .iter()
                 .filter(|r| ids.contains(r.trial_id.as_str()))
                 .collect();
+            let count_of = |state: &str| held.iter().filter(|r| r.state == state).count();
             say(out, format!(
                 "sweep {}: {} trials in the space{shard_note}: {} here, {}, {} to run; split {split}; metric {} ({:?})",
                 job.name,
                 all.len(),
                 mine.len(),
                 already(
-                    count_of(&held, "COMPLETE"),
-                    count_of(&held, report::PRUNED),
+                    count_of("COMPLETE"),
+                    count_of(report::PRUNED),
                     0,
                     pruner.is_some()
                 ),
@@ -371,7 +372,6 @@ pub fn run(job: &Job, opts: &SweepOptions, out: &mut dyn Write) -> Result<PathBu
     let mut rows = previous.clone();
     let mut stopped = None;
     let mut to_run = proposer.as_ref().map_or(todo.len(), |p| p.left as usize);
-    let held_latest = latest_rows(&previous);
     let held_refs: Vec<&TrialRow> = held_latest.iter().collect();
     if to_run > 0 {
         if let Some(r) = target_reached(job, &held_refs) {
@@ -678,14 +678,9 @@ impl Recorder<'_> {
         res
     }
 
-    /// A finished trial's row as it may be recorded: one whose progress rows could not all
-    /// be written is a FAIL that says why, never COMPLETE or PRUNED.
-    fn checked(&self, mut row: TrialRow) -> TrialRow {
-        if let (Some(why), true) = (self.lost.get(&row.trial_id), row.done()) {
-            row.state = "FAIL".into();
-            row.error = format!("its progress rows could not all be written: {why}");
-        }
-        row
+    /// A finished trial's row as it may be recorded ([`unless_progress_lost`]).
+    fn checked(&self, row: TrialRow) -> TrialRow {
+        unless_progress_lost(row, &self.lost)
     }
 
     /// Fsyncs the progress rows written since the last time.

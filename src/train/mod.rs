@@ -148,17 +148,21 @@ pub fn own_metric_name(name: &str) -> &str {
         .map_or(name, |(_, own)| own)
 }
 
+/// The name a built-in trial's result gives the metric `name`: gpumux's own name for it, its
+/// last training loss being `final_loss`.
+pub fn builtin_metric_name(name: &str) -> &str {
+    match own_metric_name(name) {
+        "train_loss" => "final_loss",
+        own => own,
+    }
+}
+
 /// The value of the metric `name` in `metrics`: by that name, else by gpumux's name for it,
 /// else by a common name of gpumux's (a sweep whose metric is `val_accuracy` reads a built-in
 /// trial's `test_acc`, and one whose metric is `test_acc` a Keras script's `val_accuracy`).
 pub fn metric_in(metrics: &std::collections::BTreeMap<String, f64>, name: &str) -> Option<f64> {
     let own = own_metric_name(name);
-    // A built-in trial's last training loss is its `final_loss`.
-    let builtin = if own == "train_loss" {
-        "final_loss"
-    } else {
-        own
-    };
+    let builtin = builtin_metric_name(name);
     metrics
         .get(name)
         .or_else(|| metrics.get(own))

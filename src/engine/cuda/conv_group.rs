@@ -282,6 +282,25 @@ mod tests {
     use crate::engine::cpu::ops::testing::random;
     use crate::rng::HostRng;
 
+    /// Every entry of the column matrix of `s` (`[c_in·k·k][n·h_out·w_out]`), in order: its
+    /// offset, and the offset in the NCHW input it takes (`None` in the padding).
+    fn taps(s: &Conv2dShape) -> impl Iterator<Item = (usize, Option<usize>)> + '_ {
+        let (ho, wo) = (s.h_out(), s.w_out());
+        let cols = s.n * ho * wo;
+        (0..s.c_in * s.k * s.k).flat_map(move |r| {
+            let (ci, ky, kx) = (r / (s.k * s.k), r / s.k % s.k, r % s.k);
+            (0..cols).map(move |j| {
+                let (b, oy, ox) = (j / (ho * wo), j / wo % ho, j % wo);
+                let iy = (oy * s.stride + ky).checked_sub(s.pad).filter(|&y| y < s.h);
+                let ix = (ox * s.stride + kx).checked_sub(s.pad).filter(|&x| x < s.w);
+                let at = iy
+                    .zip(ix)
+                    .map(|(iy, ix)| ((b * s.c_in + ci) * s.h + iy) * s.w + ix);
+                (r * cols + j, at)
+            })
+        })
+    }
+
     /// The lowering run on the host, on one memory of f32s addressed in bytes, counting launches.
     struct Host {
         mem: Vec<f32>,
@@ -299,33 +318,8 @@ mod tests {
         fn im2col(&mut self, s: &Conv2dShape, x: u64, col: u64) -> Result<(), EngineError> {
             self.launches += 1;
             let (x, col) = (Self::i(x), Self::i(col));
-            let (ho, wo) = (s.h_out(), s.w_out());
-            let cols = s.n * ho * wo;
-            for ci in 0..s.c_in {
-                for ky in 0..s.k {
-                    for kx in 0..s.k {
-                        let r = (ci * s.k + ky) * s.k + kx;
-                        for b in 0..s.n {
-                            for oy in 0..ho {
-                                for ox in 0..wo {
-                                    let iy = (oy * s.stride + ky) as isize - s.pad as isize;
-                                    let ix = (ox * s.stride + kx) as isize - s.pad as isize;
-                                    let inside = iy >= 0
-                                        && ix >= 0
-                                        && (iy as usize) < s.h
-                                        && (ix as usize) < s.w;
-                                    let v = if inside {
-                                        let (iy, ix) = (iy as usize, ix as usize);
-                                        self.mem[x + ((b * s.c_in + ci) * s.h + iy) * s.w + ix]
-                                    } else {
-                                        0.0
-                                    };
-                                    self.mem[col + r * cols + (b * ho + oy) * wo + ox] = v;
-                                }
-                            }
-                        }
-                    }
-                }
+            for (c, xi) in taps(s) {
+                self.mem[col + c] = xi.map_or(0.0, |xi| self.mem[x + xi]);
             }
             Ok(())
         }
@@ -334,31 +328,9 @@ mod tests {
             self.launches += 1;
             let (col, dx) = (Self::i(col), Self::i(dx));
             self.mem[dx..dx + s.x_len()].fill(0.0);
-            let (ho, wo) = (s.h_out(), s.w_out());
-            let cols = s.n * ho * wo;
-            for ci in 0..s.c_in {
-                for ky in 0..s.k {
-                    for kx in 0..s.k {
-                        let r = (ci * s.k + ky) * s.k + kx;
-                        for b in 0..s.n {
-                            for oy in 0..ho {
-                                for ox in 0..wo {
-                                    let iy = (oy * s.stride + ky) as isize - s.pad as isize;
-                                    let ix = (ox * s.stride + kx) as isize - s.pad as isize;
-                                    if iy >= 0
-                                        && ix >= 0
-                                        && (iy as usize) < s.h
-                                        && (ix as usize) < s.w
-                                    {
-                                        let (iy, ix) = (iy as usize, ix as usize);
-                                        let v = self.mem[col + r * cols + (b * ho + oy) * wo + ox];
-                                        self.mem[dx + ((b * s.c_in + ci) * s.h + iy) * s.w + ix] +=
-                                            v;
-                                    }
-                                }
-                            }
-                        }
-                    }
+            for (c, xi) in taps(s) {
+                if let Some(xi) = xi {
+                    self.mem[dx + xi] += self.mem[col + c];
                 }
             }
             Ok(())

@@ -67,34 +67,20 @@ impl Backend for CudaBackend {
         if f.trials == 0 {
             return Ok(());
         }
-        // Every trial's operands pass the single op's checks (and the arena's, below).
+        let all = [x, gamma, beta, running, saved, y];
+        // Every trial's operands pass the single op's checks (and the arena's, in norm_fwd).
         for i in 0..f.trials {
-            contract::batchnorm_fwd(
-                s,
-                f.plane(x, s, i),
-                f.param(gamma, s, i),
-                f.param(beta, s, i),
-                f.running(running, s, i),
-                f.saved(saved, s, i),
-                f.plane(y, s, i),
-            )?;
+            let [x, gamma, beta, running, saved, y] = f.fwd_trial(s, all, i);
+            contract::batchnorm_fwd(s, x, gamma, beta, running, saved, y)?;
         }
         // Inference takes no partial sums: one launch over the group whatever the shape.
         if p.train && !self.norm_groups(s, f, 1) {
             for i in 0..f.trials {
-                let one = [
-                    f.plane(x, s, i),
-                    f.param(gamma, s, i),
-                    f.param(beta, s, i),
-                    f.running(running, s, i),
-                    f.saved(saved, s, i),
-                    f.plane(y, s, i),
-                ];
-                self.norm_fwd(op, s, one, p, FusedNorm::one())?;
+                self.norm_fwd(op, s, f.fwd_trial(s, all, i), p, FusedNorm::one())?;
             }
             return Ok(());
         }
-        self.norm_fwd(op, s, [x, gamma, beta, running, saved, y], p, f)
+        self.norm_fwd(op, s, all, p, f)
     }
 
     fn batchnorm_bwd(
@@ -131,34 +117,18 @@ impl Backend for CudaBackend {
         if f.trials == 0 {
             return Ok(());
         }
+        let all = [x, gamma, saved, dy, dx, dgamma, dbeta];
         for i in 0..f.trials {
-            contract::batchnorm_bwd(
-                s,
-                f.plane(x, s, i),
-                f.param(gamma, s, i),
-                f.saved(saved, s, i),
-                f.plane(dy, s, i),
-                f.plane(dx, s, i),
-                f.param(dgamma, s, i),
-                f.param(dbeta, s, i),
-            )?;
+            let [x, gamma, saved, dy, dx, dgamma, dbeta] = f.bwd_trial(s, all, i);
+            contract::batchnorm_bwd(s, x, gamma, saved, dy, dx, dgamma, dbeta)?;
         }
         if !self.norm_groups(s, f, 2) {
             for i in 0..f.trials {
-                let one = [
-                    f.plane(x, s, i),
-                    f.param(gamma, s, i),
-                    f.saved(saved, s, i),
-                    f.plane(dy, s, i),
-                    f.plane(dx, s, i),
-                    f.param(dgamma, s, i),
-                    f.param(dbeta, s, i),
-                ];
-                self.norm_bwd(op, s, one, FusedNorm::one())?;
+                self.norm_bwd(op, s, f.bwd_trial(s, all, i), FusedNorm::one())?;
             }
             return Ok(());
         }
-        self.norm_bwd(op, s, [x, gamma, saved, dy, dx, dgamma, dbeta], f)
+        self.norm_bwd(op, s, all, f)
     }
 
     fn avgpool_fwd(&mut self, s: &PlaneShape, x: Region, y: Region) -> Result<(), EngineError> {
@@ -1193,31 +1163,16 @@ fn pool_dims(op: &'static str, s: &PoolShape) -> Result<[Arg; 9], EngineError> {
 }
 
 impl CudaBackend {
-    /// Every trial's regions of a fused batch norm for the arena's checks: trial `i`'s copy of
-    /// each plane in `planes` and of each per-trial operand (`region`, `stride`, `len`) in
-    /// `strided`, read or written.
-    fn norm_regions(
+    /// The arena's checks of every trial's regions (`check(i)` for trial `i`); the arena's
+    /// address.
+    fn each_trial(
         &self,
-        op: &'static str,
-        s: &PlaneShape,
         f: FusedNorm,
-        reads: (&[Region], &[(Region, usize, usize)]),
-        writes: (&[Region], &[(Region, usize, usize)]),
+        check: impl Fn(usize) -> Result<sys::CUdeviceptr, EngineError>,
     ) -> Result<sys::CUdeviceptr, EngineError> {
         let mut base = 0;
-        let copies = |(planes, strided): (&[Region], &[(Region, usize, usize)]), i: usize| {
-            planes
-                .iter()
-                .map(|&r| f.plane(r, s, i))
-                .chain(
-                    strided
-                        .iter()
-                        .map(|&(r, stride, len)| FusedConv::at(r, i, stride, len)),
-                )
-                .collect::<Vec<Region>>()
-        };
         for i in 0..f.trials {
-            base = self.regions(op, &copies(reads, i), &copies(writes, i))?;
+            base = check(i)?;
         }
         Ok(base)
     }
@@ -1228,11 +1183,11 @@ impl CudaBackend {
         &mut self,
         op: &'static str,
         s: &PlaneShape,
-        [x, gamma, beta, running, saved, y]: [Region; 6],
+        all: [Region; 6],
         p: BnParams,
         f: FusedNorm,
     ) -> Result<(), EngineError> {
-        let (c, c2) = (s.c, 2 * s.c);
+        let [x, gamma, beta, running, saved, y] = all;
         let (ps, rs, ss) = (f.param_stride, f.running_stride, f.saved_stride);
         let trials = Arg::U32(to_u32(op, "trials", f.trials)?);
         let (ps_arg, rs_arg, ss_arg) = (
@@ -1244,13 +1199,10 @@ impl CudaBackend {
         let group = s.with_n(s.n * f.trials);
         let e = self.ctx.enter()?;
         if !p.train {
-            let base = self.norm_regions(
-                op,
-                s,
-                f,
-                (&[x], &[(gamma, ps, c), (beta, ps, c), (running, rs, c2)]),
-                (&[y], &[]),
-            )?;
+            let base = self.each_trial(f, |i| {
+                let [x, gamma, beta, running, _, y] = f.fwd_trial(s, all, i);
+                self.regions(op, &[x, gamma, beta, running], &[y])
+            })?;
             let mut args = vec![
                 Arg::Ptr(at(base, x)),
                 Arg::Ptr(at(base, gamma)),
@@ -1262,13 +1214,10 @@ impl CudaBackend {
             args.extend([Arg::F32(p.eps), trials, ps_arg, rs_arg]);
             return self.elementwise(&e, "batchnorm_fwd_infer", group.len(), &args);
         }
-        let base = self.norm_regions(
-            op,
-            s,
-            f,
-            (&[x], &[(gamma, ps, c), (beta, ps, c)]),
-            (&[y], &[(running, rs, c2), (saved, ss, c2)]),
-        )?;
+        let base = self.each_trial(f, |i| {
+            let [x, gamma, beta, running, saved, y] = f.fwd_trial(s, all, i);
+            self.regions(op, &[x, gamma, beta], &[running, saved, y])
+        })?;
         let channels = s.c * f.trials;
         let chunks = self.norm_chunks(s, 1);
         if chunks > 1 {
@@ -1321,18 +1270,15 @@ impl CudaBackend {
         &mut self,
         op: &'static str,
         s: &PlaneShape,
-        [x, gamma, saved, dy, dx, dgamma, dbeta]: [Region; 7],
+        all: [Region; 7],
         f: FusedNorm,
     ) -> Result<(), EngineError> {
-        let (c, c2) = (s.c, 2 * s.c);
+        let [x, gamma, saved, dy, dx, dgamma, dbeta] = all;
         let (ps, ss) = (f.param_stride, f.saved_stride);
-        let base = self.norm_regions(
-            op,
-            s,
-            f,
-            (&[x, dy], &[(gamma, ps, c), (saved, ss, c2)]),
-            (&[dx], &[(dgamma, ps, c), (dbeta, ps, c)]),
-        )?;
+        let base = self.each_trial(f, |i| {
+            let [x, gamma, saved, dy, dx, dgamma, dbeta] = f.bwd_trial(s, all, i);
+            self.regions(op, &[x, gamma, saved, dy], &[dx, dgamma, dbeta])
+        })?;
         let tail = [
             Arg::U32(to_u32(op, "trials", f.trials)?),
             Arg::U64(ps as u64),
