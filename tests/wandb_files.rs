@@ -205,6 +205,21 @@ fn args_forms_and_a_target_that_ends_the_sweep() {
         stdout(&o)
     );
     assert_eq!(trials_csv(&out).len(), rows.len());
+    // Another command's rows reached nobody's target but their own: the edited job runs.
+    let job = dir.join("args-forms.yaml");
+    let text = std::fs::read_to_string(&job)
+        .unwrap()
+        .replace("  - ${program}\n", "  - ${program}\n  - --note=edited\n");
+    std::fs::write(&job, text).unwrap();
+    let (o, _) = sweep(&dir, "args-forms", &["--resume", "--concurrency", "1"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(!stdout(&o).contains("already reached"), "{}", stdout(&o));
+    assert!(
+        stdout(&o).contains("metric.target 0.5 reached by trial"),
+        "{}",
+        stdout(&o)
+    );
+    assert!(trials_csv(&out).len() > rows.len());
 }
 
 #[test]

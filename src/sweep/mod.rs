@@ -372,7 +372,15 @@ pub fn run(job: &Job, opts: &SweepOptions, out: &mut dyn Write) -> Result<PathBu
     let mut rows = previous.clone();
     let mut stopped = None;
     let mut to_run = proposer.as_ref().map_or(todo.len(), |p| p.left as usize);
-    let held_refs: Vec<&TrialRow> = held_latest.iter().collect();
+    // Only this job's own rows can have reached its target (not another job's in the folder).
+    let own: HashSet<&str> = match &proposer {
+        Some(p) => p.ids.iter().map(String::as_str).collect(),
+        None => mine.iter().map(|t| t.id.as_str()).collect(),
+    };
+    let held_refs: Vec<&TrialRow> = held_latest
+        .iter()
+        .filter(|r| own.contains(r.trial_id.as_str()))
+        .collect();
     if to_run > 0 {
         if let Some(r) = target_reached(job, &held_refs) {
             say(
