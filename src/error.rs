@@ -190,6 +190,10 @@ pub enum ReportError {
     /// Results that cannot be used as asked (no results files in a folder, other columns).
     #[error("{0}")]
     Invalid(String),
+    /// A long read or rewrite of a results file stopped by a signal; a file being replaced is
+    /// left as it was.
+    #[error("{path}: stopped by a signal; the file is left as it was")]
+    Interrupted { path: PathBuf },
 }
 
 /// Why a write failed, in words: past the file-size limit (`ulimit -f`), the limit is named.
@@ -215,6 +219,11 @@ fn write_reason(e: &std::io::Error) -> String {
 }
 
 impl ReportError {
+    /// Whether a signal stopped the work (exit 3).
+    pub fn is_interrupted(&self) -> bool {
+        matches!(self, ReportError::Interrupted { .. })
+    }
+
     /// Whether the error is in what the user gave (exit 2) rather than in writing (exit 1).
     pub fn is_bad_input(&self) -> bool {
         matches!(
@@ -282,6 +291,7 @@ impl Error {
         match self {
             Error::Job(_) | Error::Data(_) | Error::Usage(_) => exit::BAD_INPUT,
             Error::Report(e) if e.is_bad_input() => exit::BAD_INPUT,
+            Error::Report(e) if e.is_interrupted() => exit::INTERRUPTED,
             Error::Engine(EngineError::Unavailable { .. }) | Error::NoDevice(_) => exit::NO_DEVICE,
             Error::Interrupted(_) => exit::INTERRUPTED,
             Error::Engine(_)

@@ -64,6 +64,8 @@ fn main() {
             | Command::Sweep(_)
             | Command::Parallel(_)
             | Command::BatchScan(_)
+            | Command::Merge(_)
+            | Command::Report(_)
     );
     cli::main(cli.verbose, long_running, |out| match cli.command {
         Command::Devices(a) => cli::devices::run(a, out),

@@ -2,6 +2,7 @@
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use gpumux::error::{Error, ReportError};
 use gpumux::report;
@@ -44,10 +45,17 @@ fn redraw(dirs: &[PathBuf], out_dir: Option<&Path>, out: &mut dyn Write) -> Resu
     }
     // The folder written is held from before the reading, as every writing command does.
     let _lock = gpumux::outdir::lock(&target)?;
-    let (runs, trials, progress) = report::merge_dirs(dirs)?;
-    if out_dir.is_some() {
-        report::write_merged(&target, &runs, &trials, &progress)?;
-    }
+    // A signal stops the reading or the copying at once, leaving every file as it was (exit 3).
+    let interrupt = report::Interrupt::OnDrain(gpumux::run::cancel_on_signals(Duration::ZERO));
+    let (runs, trials) = match out_dir {
+        Some(_) => report::merge_files(dirs, &target, &interrupt)?,
+        None => {
+            // One folder: every file is read through (a damaged one refused), progress row by row.
+            let folder = report::ResultsDir::open(&target)?;
+            folder.check_progress(&interrupt)?;
+            (folder.runs()?, folder.trials()?)
+        }
+    };
     let paths = report::write_report(&target, &runs, &trials)?;
     write!(out, "{}", report::summary_text(&runs, &trials)).map_err(Error::io("stdout"))?;
     print_paths(&paths, out)

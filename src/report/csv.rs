@@ -10,8 +10,8 @@ use serde::Serialize;
 
 use super::extra::{self, Dropped};
 use super::{ProgressRow, RunRow, TrialRow, STATES};
+use crate::cancel::Cancel;
 use crate::error::ReportError;
-use crate::hash::fnv1a;
 
 /// The file with one row per round.
 pub const RUNS_CSV: &str = "runs.csv";
@@ -117,7 +117,7 @@ fn damaged(path: &Path, line: u64, message: impl Into<String>) -> ReportError {
 }
 
 /// The columns of a row type, in order, without [`CHECK`].
-fn columns_of<T: Serialize + Default>() -> Result<::csv::ByteRecord, ReportError> {
+pub(crate) fn columns_of<T: Serialize + Default>() -> Result<::csv::ByteRecord, ReportError> {
     let mut writer = ::csv::Writer::from_writer(Vec::new());
     let invalid = |e: &dyn std::fmt::Display| ReportError::Invalid(format!("row header: {e}"));
     writer.serialize(T::default()).map_err(|e| invalid(&e))?;
@@ -139,31 +139,125 @@ fn header_of<T: Serialize + Default>(extra: &[String]) -> Result<::csv::ByteReco
 
 /// The checksum of a row's cells, as written in its [`CHECK`] cell.
 fn check_of<'a>(cells: impl Iterator<Item = &'a [u8]>) -> String {
-    let mut joined = Vec::new();
+    format!("{:016x}", check_value(cells))
+}
+
+/// The number [`check_of`] writes in hex, made without copying the cells.
+fn check_value<'a>(cells: impl Iterator<Item = &'a [u8]>) -> u64 {
+    let mut h = crate::hash::FNV_START;
     for (i, cell) in cells.enumerate() {
         if i > 0 {
-            joined.push(0x1f);
+            h = crate::hash::fnv1a_more(h, &[0x1f]);
         }
-        joined.extend_from_slice(cell);
+        h = crate::hash::fnv1a_more(h, cell);
     }
-    format!("{:016x}", fnv1a(&joined))
+    h
+}
+
+/// Whether a row's `check` cell holds the check of its cells (16 hex digits, either case).
+fn check_matches<'a>(given: &[u8], cells: impl Iterator<Item = &'a [u8]>) -> bool {
+    given.len() == 16
+        && given.iter().all(u8::is_ascii_hexdigit)
+        && std::str::from_utf8(given)
+            .ok()
+            .and_then(|g| u64::from_str_radix(g, 16).ok())
+            .is_some_and(|g| g == check_value(cells))
+}
+
+/// The CSV cell splitter of this thread, built once: a row is encoded for every line written,
+/// millions of times in a rewrite, and building a CSV reader for each is most of the cost.
+struct Codec {
+    splitter: csv_core::Reader,
+    out: Vec<u8>,
+    ends: Vec<usize>,
+}
+
+impl Codec {
+    fn new() -> Self {
+        Codec {
+            splitter: csv_core::Reader::new(),
+            out: Vec::new(),
+            ends: vec![0; 64],
+        }
+    }
+
+    /// The cells of one CSV line.
+    fn split(&mut self, line: &[u8]) -> ::csv::ByteRecord {
+        self.splitter.reset();
+        self.out.clear();
+        self.out.resize(line.len().max(1), 0);
+        let (mut input, mut nout, mut nend) = (line, 0, 0);
+        loop {
+            let (res, nin, o, e) =
+                self.splitter
+                    .read_record(input, &mut self.out[nout..], &mut self.ends[nend..]);
+            input = &input[nin..];
+            nout += o;
+            nend += e;
+            match res {
+                csv_core::ReadRecordResult::OutputEndsFull => {
+                    let more = self.ends.len();
+                    self.ends.resize(more * 2, 0);
+                }
+                csv_core::ReadRecordResult::OutputFull => {
+                    let more = self.out.len();
+                    self.out.resize(more * 2, 0);
+                }
+                csv_core::ReadRecordResult::InputEmpty if !input.is_empty() => {}
+                csv_core::ReadRecordResult::InputEmpty => {
+                    // The end of the line: tell the splitter there is no more.
+                    input = &[];
+                    let (_, _, o, e) = self.splitter.read_record(
+                        input,
+                        &mut self.out[nout..],
+                        &mut self.ends[nend..],
+                    );
+                    nout += o;
+                    nend += e;
+                    break;
+                }
+                csv_core::ReadRecordResult::Record | csv_core::ReadRecordResult::End => break,
+            }
+        }
+        let mut record = ::csv::ByteRecord::new();
+        let mut start = 0;
+        for &end in &self.ends[..nend] {
+            record.push_field(&self.out[start..end.min(nout)]);
+            start = end;
+        }
+        record
+    }
+}
+
+thread_local! {
+    static CODEC: std::cell::RefCell<Codec> = std::cell::RefCell::new(Codec::new());
+}
+
+/// A writer of CSV lines into memory (a few hundred bytes each).
+fn line_writer() -> ::csv::Writer<Vec<u8>> {
+    ::csv::WriterBuilder::new()
+        .has_headers(false)
+        .buffer_capacity(1024)
+        .from_writer(Vec::with_capacity(512))
 }
 
 /// The cells `value` serializes to.
 fn cells_of<S: Serialize>(path: &Path, value: &S) -> Result<::csv::ByteRecord, ReportError> {
-    let mut writer = ::csv::WriterBuilder::new()
-        .has_headers(false)
-        .from_writer(Vec::new());
+    let mut writer = line_writer();
     writer.serialize(value).map_err(csv_err(path))?;
     let bytes = writer
         .into_inner()
         .map_err(|e| ReportError::Invalid(format!("{}: {e}", path.display())))?;
-    let mut reader = ::csv::ReaderBuilder::new()
-        .has_headers(false)
-        .from_reader(bytes.as_slice());
-    let mut cells = ::csv::ByteRecord::new();
-    reader.read_byte_record(&mut cells).map_err(csv_err(path))?;
-    Ok(cells)
+    Ok(CODEC.with_borrow_mut(|c| c.split(&bytes)))
+}
+
+/// The bytes of one CSV line holding `record`'s cells.
+fn line_of(path: &Path, record: &::csv::ByteRecord) -> Result<Vec<u8>, ReportError> {
+    let mut writer = line_writer();
+    writer.write_byte_record(record).map_err(csv_err(path))?;
+    writer
+        .into_inner()
+        .map_err(|e| ReportError::Invalid(format!("{}: {e}", path.display())))
 }
 
 /// One row as the bytes of one line: a line break inside a cell (a multi-line error message)
@@ -177,7 +271,14 @@ fn encode<T: ResultsRow>(
     checked: bool,
 ) -> Result<Vec<u8>, ReportError> {
     let cells = cells_of(path, row)?;
-    let mut record: ::csv::ByteRecord = cells.iter().map(one_line).collect();
+    let mut record = ::csv::ByteRecord::with_capacity(cells.as_slice().len() + 64, cells.len() + 1);
+    for cell in cells.iter() {
+        if cell.iter().any(|&b| b == b'\n' || b == b'\r') {
+            record.push_field(&one_line(cell));
+        } else {
+            record.push_field(cell);
+        }
+    }
     if !extra.is_empty() {
         let values: Vec<Option<f64>> = extra
             .iter()
@@ -191,13 +292,7 @@ fn encode<T: ResultsRow>(
         let check = check_of(record.iter());
         record.push_field(check.as_bytes());
     }
-    let mut writer = ::csv::WriterBuilder::new()
-        .has_headers(false)
-        .from_writer(Vec::new());
-    writer.write_byte_record(&record).map_err(csv_err(path))?;
-    writer
-        .into_inner()
-        .map_err(|e| ReportError::Invalid(format!("{}: {e}", path.display())))
+    line_of(path, &record)
 }
 
 /// A cell with its line breaks written as ` | `.
@@ -228,6 +323,8 @@ struct Sink {
     extra: Vec<String>,
     /// The keys not kept as columns.
     dropped: Dropped,
+    /// When a rewrite for a wider header gives up.
+    interrupt: Interrupt,
 }
 
 impl Sink {
@@ -259,6 +356,7 @@ impl Sink {
             fixed,
             extra,
             dropped: Dropped::default(),
+            interrupt: Interrupt::Never,
         };
         if !existing {
             let header = header_of::<T>(&[])?;
@@ -321,13 +419,10 @@ impl Sink {
         if wider.len() == self.extra.len() {
             return Ok(());
         }
-        let rows = read_rows::<T>(&self.path)?;
-        write_rows_as(&self.path, &rows, &wider)?;
-        let mut file = OpenOptions::new()
-            .read(true)
-            .append(true)
-            .open(&self.path)
-            .map_err(write_err(&self.path))?;
+        // Row by row: the file is never held in memory; a signal stops the copy at its grace.
+        let rows = RowReader::<T>::open(&self.path)?.interrupted_by(&self.interrupt);
+        write_rows_from::<T, T>(&self.path, rows, &wider, &self.interrupt)?;
+        let mut file = open_regular(&self.path, OpenOptions::new().read(true).append(true), true)?;
         self.len = file.seek(SeekFrom::End(0)).map_err(read_err(&self.path))?;
         self.file = file;
         self.checked = true;
@@ -545,6 +640,14 @@ impl ReportWriter {
         Self::open(dir, true)
     }
 
+    /// Lets a signal stop a rewrite of a results file for a wider header (see [`Interrupt`]):
+    /// the row that needed it is not written, and the file is left as it was.
+    pub fn interrupted_by(&mut self, interrupt: &Interrupt) {
+        for sink in [&mut self.runs, &mut self.trials, &mut self.progress] {
+            sink.interrupt = interrupt.clone();
+        }
+    }
+
     /// The directory written to.
     pub fn dir(&self) -> &Path {
         &self.dir
@@ -614,7 +717,7 @@ pub fn write_rows<T: ResultsRow>(path: &Path, rows: &[T]) -> Result<(), ReportEr
 
 /// The extra columns of the header of the file at `path`, if it has one that reads; none
 /// otherwise.
-fn existing_extra(path: &Path, fixed: &::csv::ByteRecord) -> Vec<String> {
+pub(crate) fn existing_extra(path: &Path, fixed: &::csv::ByteRecord) -> Vec<String> {
     let Ok(file) = open_regular(path, OpenOptions::new().read(true), false) else {
         return Vec::new();
     };
@@ -639,28 +742,47 @@ fn write_rows_as<T: ResultsRow>(
     rows: &[T],
     extra: &[String],
 ) -> Result<(), ReportError> {
+    write_rows_from::<T, &T>(path, rows.iter().map(Ok), extra, &Interrupt::Never)
+}
+
+/// Replaces the results file at `path` with the rows `rows` gives, each encoded as it is
+/// written, so that memory does not grow with the file: the file is the old one or the whole
+/// new one (see [`crate::outdir::replace_file`]). The first error `rows` gives (a damaged line
+/// of the file read), a row that cannot be encoded, or a stop by `interrupt` leaves the old
+/// file as it was and is returned.
+pub fn write_rows_from<T: ResultsRow, R: std::borrow::Borrow<T>>(
+    path: &Path,
+    rows: impl IntoIterator<Item = Result<R, ReportError>>,
+    extra: &[String],
+    interrupt: &Interrupt,
+) -> Result<(), ReportError> {
     let header = header_of::<T>(extra)?;
     let mut writer = ::csv::Writer::from_writer(Vec::new());
     writer.write_byte_record(&header).map_err(csv_err(path))?;
     let head = writer
         .into_inner()
         .map_err(|e| ReportError::Invalid(e.to_string()))?;
-    // Rows are encoded as they are written, so the whole file is never held in memory twice.
-    let mut bad_row = None;
+    let mut failed = None;
     let written = crate::outdir::replace_file(path, |w| {
         w.write_all(&head)?;
-        for row in rows {
-            match encode(path, row, extra, true) {
+        for (n, row) in rows.into_iter().enumerate() {
+            let line = row.and_then(|row| {
+                if n as u64 % CHECK_EVERY == CHECK_EVERY - 1 {
+                    interrupt.check(path)?;
+                }
+                encode(path, row.borrow(), extra, true)
+            });
+            match line {
                 Ok(line) => w.write_all(&line)?,
                 Err(e) => {
-                    bad_row = Some(e);
+                    failed = Some(e);
                     return Err(io::Error::other("a row cannot be written"));
                 }
             }
         }
         Ok(())
     });
-    match bad_row {
+    match failed {
         Some(e) => Err(e),
         None => written,
     }
@@ -840,63 +962,163 @@ fn one_record(line: &[u8]) -> Result<::csv::ByteRecord, ReportError> {
     Ok(rec)
 }
 
-/// Reads every row of a results file: the one reader of `runs.csv`, `trials.csv` and
-/// `progress.csv`, used by resume, dry runs, merge and report.
+/// When a long read or rewrite of a results file gives up: it looks every [`CHECK_EVERY`] rows,
+/// and then stops with [`ReportError::Interrupted`], a file being replaced left as it was.
+#[derive(Clone, Debug, Default)]
+pub enum Interrupt {
+    /// It runs to the end.
+    #[default]
+    Never,
+    /// Once `cancel` drains: for work done before any trial starts (reading what a folder holds).
+    OnDrain(Cancel),
+    /// Once `cancel` aborts (its grace is over): for work on the way of running trials' rows.
+    OnAbort(Cancel),
+}
+
+/// How many rows a long read or rewrite handles between two looks at its [`Interrupt`].
+pub const CHECK_EVERY: u64 = 4096;
+
+impl Interrupt {
+    /// Whether the work should stop now.
+    pub fn now(&self) -> bool {
+        match self {
+            Interrupt::Never => false,
+            Interrupt::OnDrain(c) => c.draining(),
+            Interrupt::OnAbort(c) => c.aborted(),
+        }
+    }
+
+    /// [`ReportError::Interrupted`] naming `path` when the work should stop now.
+    pub fn check(&self, path: &Path) -> Result<(), ReportError> {
+        if self.now() {
+            return Err(ReportError::Interrupted {
+                path: path.to_path_buf(),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// The rows of a results file, read one at a time by the one reader of `runs.csv`, `trials.csv`
+/// and `progress.csv` (used by resume, dry runs, merge and report), so that memory does not
+/// grow with the file.
 ///
 /// - A last line without its newline is a row cut short by a kill: it is dropped (and said).
 /// - Any other damage is refused, naming the file and the line: a wrong number of cells, a NUL
 ///   byte, text that is not UTF-8, an unknown state, a number that does not parse, a cell that
 ///   does not match the row's checksum, a quoted cell never closed, a line over [`MAX_LINE`].
+///   Every line is bounded before any is parsed; the other checks come row by row, so a caller
+///   that must refuse a damaged file before acting reads it through once first.
 /// - A file of zero bytes, or with its header alone, has no rows.
-pub fn read_rows<T: ResultsRow>(path: &Path) -> Result<Vec<T>, ReportError> {
-    let file = open_regular(path, OpenOptions::new().read(true), false)?;
-    // A device, a pipe or a folder in a file's place could be read forever, or never end.
-    if !file.metadata().map_err(read_err(path))?.is_file() {
-        return Err(ReportError::Invalid(format!(
-            "{}: not a regular file",
-            path.display()
-        )));
+pub struct RowReader<T> {
+    path: PathBuf,
+    /// `None` when the file has no header (zero bytes).
+    reader: Option<::csv::Reader<io::Take<BufReader<File>>>>,
+    header: ::csv::ByteRecord,
+    check: Option<usize>,
+    extra_columns: ExtraColumns,
+    record: ::csv::ByteRecord,
+    /// The line of the last row read, and whether its last cell ran on past its line end.
+    last: Option<(u64, bool)>,
+    /// Set once the reader has ended (the rows are over, or an error was returned).
+    done: bool,
+    rows: u64,
+    interrupt: Interrupt,
+    row: std::marker::PhantomData<fn() -> T>,
+}
+
+impl<T: ResultsRow> RowReader<T> {
+    /// Opens the file (a link, FIFO or folder in its place is refused), bounds its lines and
+    /// checks its header.
+    pub fn open(path: &Path) -> Result<Self, ReportError> {
+        let file = open_regular(path, OpenOptions::new().read(true), false)?;
+        let lines = scan_lines(path, &file)?;
+        if lines.tail_cr {
+            return Err(damaged(
+                path,
+                lines.count + 1,
+                "a carriage return without a newline: the file is not written with one row per line",
+            ));
+        }
+        if lines.end < lines.len {
+            tracing::warn!(
+                "{}: dropping line {}, a row cut short ({} bytes without a newline)",
+                path.display(),
+                lines.count + 1,
+                lines.len - lines.end
+            );
+        }
+        let mut out = RowReader {
+            path: path.to_path_buf(),
+            reader: None,
+            header: ::csv::ByteRecord::new(),
+            check: None,
+            extra_columns: Vec::new(),
+            record: ::csv::ByteRecord::new(),
+            last: None,
+            done: true,
+            rows: 0,
+            interrupt: Interrupt::Never,
+            row: std::marker::PhantomData,
+        };
+        if lines.count == 0 {
+            return Ok(out);
+        }
+        let mut file = file;
+        file.seek(SeekFrom::Start(0)).map_err(read_err(path))?;
+        let mut reader = ::csv::ReaderBuilder::new()
+            .has_headers(false)
+            .flexible(true)
+            .from_reader(BufReader::with_capacity(1 << 16, file).take(lines.end));
+        if !reader
+            .read_byte_record(&mut out.header)
+            .map_err(|e| parse_error(path, e))?
+        {
+            return Ok(out);
+        }
+        (out.check, out.extra_columns) = check_columns::<T>(path, &out.header)?;
+        out.reader = Some(reader);
+        out.done = false;
+        Ok(out)
     }
-    let lines = scan_lines(path, &file)?;
-    if lines.tail_cr {
-        return Err(damaged(
-            path,
-            lines.count + 1,
-            "a carriage return without a newline: the file is not written with one row per line",
-        ));
+
+    /// The same reader, giving up as `interrupt` says.
+    pub fn interrupted_by(mut self, interrupt: &Interrupt) -> Self {
+        self.interrupt = interrupt.clone();
+        self
     }
-    if lines.end < lines.len {
-        tracing::warn!(
-            "{}: dropping line {}, a row cut short ({} bytes without a newline)",
-            path.display(),
-            lines.count + 1,
-            lines.len - lines.end
-        );
+
+    /// The file's extra columns (see [`extra`]), in order.
+    pub fn extra_columns(&self) -> Vec<String> {
+        self.extra_columns.iter().map(|(_, n)| n.clone()).collect()
     }
-    if lines.count == 0 {
-        return Ok(Vec::new());
+
+    /// The file read.
+    pub fn path(&self) -> &Path {
+        &self.path
     }
-    let mut file = file;
-    file.seek(SeekFrom::Start(0)).map_err(read_err(path))?;
-    let mut reader = ::csv::ReaderBuilder::new()
-        .has_headers(false)
-        .flexible(true)
-        .from_reader(BufReader::new(file).take(lines.end));
-    let mut header = ::csv::ByteRecord::new();
-    let line_of = |r: &::csv::ByteRecord| r.position().map_or(0, |p| p.line());
-    let parse = |e: ::csv::Error| {
-        let line = e.position().map_or(0, |p| p.line());
-        damaged(path, line, format!("does not parse: {e}"))
-    };
-    if !reader.read_byte_record(&mut header).map_err(parse)? {
-        return Ok(Vec::new());
-    }
-    let (check, extra_columns) = check_columns::<T>(path, &header)?;
-    let mut rows = Vec::new();
-    let mut record = ::csv::ByteRecord::new();
-    let mut last: Option<(u64, bool)> = None;
-    while reader.read_byte_record(&mut record).map_err(parse)? {
-        let line = line_of(&record);
+
+    /// The next row, `None` at the end of the rows.
+    fn next_row(&mut self) -> Result<Option<T>, ReportError> {
+        let path = self.path.as_path();
+        let Some(reader) = self.reader.as_mut() else {
+            return Ok(None);
+        };
+        if self.rows % CHECK_EVERY == CHECK_EVERY - 1 {
+            self.interrupt.check(path)?;
+        }
+        if !reader
+            .read_byte_record(&mut self.record)
+            .map_err(|e| parse_error(path, e))?
+        {
+            // A quoted cell left open runs to the end of the file, taking its line break with it.
+            if let Some((line, true)) = self.last {
+                return Err(damaged(path, line, "a quoted cell is never closed"));
+            }
+            return Ok(None);
+        }
+        let (record, header) = (&self.record, &self.header);
+        let line = record.position().map_or(0, |p| p.line());
         if record.len() != header.len() {
             return Err(damaged(
                 path,
@@ -911,25 +1133,22 @@ pub fn read_rows<T: ResultsRow>(path: &Path) -> Result<Vec<T>, ReportError> {
         if record.iter().any(|c| c.contains(&0)) {
             return Err(damaged(path, line, "a NUL byte"));
         }
-        if let Some(i) = check {
+        if let Some(i) = self.check {
             let given = record.get(i).unwrap_or(b"");
-            if !given.is_empty() {
-                let want = check_of(record.iter().take(i));
-                if !given.eq_ignore_ascii_case(want.as_bytes()) {
-                    return Err(damaged(
-                        path,
-                        line,
-                        "its cells do not match its check: the row was changed after it was written",
-                    ));
-                }
+            if !given.is_empty() && !check_matches(given, record.iter().take(i)) {
+                return Err(damaged(
+                    path,
+                    line,
+                    "its cells do not match its check: the row was changed after it was written",
+                ));
             }
         }
         let mut row: T = record
-            .deserialize(Some(&header))
-            .map_err(|e| damaged(path, line, cell_error(&header, &e)))?;
+            .deserialize(Some(header))
+            .map_err(|e| damaged(path, line, cell_error(header, &e)))?;
         if let Some(values) = row.extra_mut() {
             // An empty cell: the trial did not report the key in this epoch.
-            for (i, name) in &extra_columns {
+            for (i, name) in &self.extra_columns {
                 let cell = record.get(*i).unwrap_or(b"");
                 if cell.is_empty() {
                     continue;
@@ -946,17 +1165,49 @@ pub fn read_rows<T: ResultsRow>(path: &Path) -> Result<Vec<T>, ReportError> {
         if let Some(why) = row.invalid() {
             return Err(damaged(path, line, why));
         }
-        // A quoted cell left open runs to the end of the file, taking its line break with it.
         let open = record
             .get(record.len() - 1)
             .is_some_and(|c| c.ends_with(b"\n"));
-        last = Some((line, open));
-        rows.push(row);
+        self.last = Some((line, open));
+        self.rows += 1;
+        Ok(Some(row))
     }
-    if let Some((line, true)) = last {
-        return Err(damaged(path, line, "a quoted cell is never closed"));
+}
+
+impl<T: ResultsRow> Iterator for RowReader<T> {
+    type Item = Result<T, ReportError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.done {
+            return None;
+        }
+        let got = self.next_row().transpose();
+        if !matches!(got, Some(Ok(_))) {
+            self.done = true;
+        }
+        got
     }
-    Ok(rows)
+}
+
+fn parse_error(path: &Path, e: ::csv::Error) -> ReportError {
+    let line = e.position().map_or(0, |p| p.line());
+    damaged(path, line, format!("does not parse: {e}"))
+}
+
+/// Reads every row of a results file with [`RowReader`]: any damage refuses the whole file.
+pub fn read_rows<T: ResultsRow>(path: &Path) -> Result<Vec<T>, ReportError> {
+    RowReader::open(path)?.collect()
+}
+
+/// Reads a results file through to its end, every row checked, keeping none: whether it can be
+/// read, with the rows it holds counted.
+pub fn check_rows<T: ResultsRow>(path: &Path, interrupt: &Interrupt) -> Result<u64, ReportError> {
+    let mut n = 0;
+    for row in RowReader::<T>::open(path)?.interrupted_by(interrupt) {
+        row?;
+        n += 1;
+    }
+    Ok(n)
 }
 
 /// Which cell of a row does not parse, by its column's name, and why.

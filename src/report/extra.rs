@@ -105,8 +105,7 @@ mod tests {
     use super::*;
     use crate::error::ReportError;
     use crate::report::{
-        merge_dirs, read_progress, write_merged, write_rows, ProgressRow, ReportWriter,
-        PROGRESS_CSV,
+        merge_files, read_progress, write_rows, Interrupt, ProgressRow, ReportWriter, PROGRESS_CSV,
     };
     use std::fs;
 
@@ -286,9 +285,8 @@ mod tests {
         let a = [row("t0", 1, &[("lr", 0.1)])];
         let b = [row("t1", 1, &[("gn", 2.0)]), row("t1", 2, &[])];
         let dirs = [shard("a", &a), shard("b", &b)];
-        let (runs, trials, progress) = merge_dirs(&dirs).unwrap();
         let out = root.path().join("out");
-        write_merged(&out, &runs, &trials, &progress).unwrap();
+        merge_files(&dirs, &out, &Interrupt::Never).unwrap();
         let plain = PLAIN.trim_end_matches(",check");
         assert_eq!(header(&out), format!("{plain},lr,gn,check"));
         let all: Vec<ProgressRow> = a.iter().chain(&b).cloned().collect();

@@ -5,7 +5,10 @@ use std::fmt::Debug;
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use super::csv::{read_progress, read_runs, read_trials, write_all};
+use super::csv::{
+    check_regular, check_rows, existing_extra, read_runs, read_trials, write_all, write_rows,
+    write_rows_from, Interrupt, RowReader,
+};
 use super::csv::{PROGRESS_CSV, RUNS_CSV, TRIALS_CSV};
 use super::plot::{
     plot_samples_per_s, plot_time_per_training, samples_per_s_plottable,
@@ -35,61 +38,198 @@ pub struct ReportPaths {
     pub summary: PathBuf,
 }
 
-/// Keeps the first of rows that are equal field for field (NaN included).
+/// Keeps the first of rows that are equal field for field (NaN included), by their
+/// [`digest`](crate::hash::digest).
 fn dedup<T: Debug>(rows: Vec<T>) -> Vec<T> {
     let mut seen = HashSet::new();
     rows.into_iter()
-        .filter(|row| seen.insert(format!("{row:?}")))
+        .filter(|row| seen.insert(crate::hash::digest(row)))
         .collect()
 }
 
-/// Reads one results folder with the one reader ([`read_rows`](super::read_rows)):
-/// `trials.csv` must be there; `runs.csv` and `progress.csv` may be missing (no rows). A
-/// missing folder, a folder without `trials.csv`, and a damaged file are bad input (exit 2).
-pub fn read_dir(dir: &Path) -> Result<Rows, ReportError> {
-    let meta = fs::metadata(dir).map_err(|source| ReportError::Read {
-        path: dir.to_path_buf(),
-        source,
-    })?;
-    if !meta.is_dir() {
-        return Err(ReportError::Invalid(format!(
-            "{}: not a folder: give a folder of gpumux results",
-            dir.display()
-        )));
-    }
-    let has = |name: &str| dir.join(name).exists();
-    if !has(TRIALS_CSV) {
-        return Err(ReportError::Invalid(format!(
-            "{}: no {TRIALS_CSV} in this folder: not a folder of gpumux results",
-            dir.display()
-        )));
-    }
-    let optional = |name: &str| has(name).then_some(());
-    let runs = match optional(RUNS_CSV) {
-        Some(()) => read_runs(dir)?,
-        None => Vec::new(),
-    };
-    let progress = match optional(PROGRESS_CSV) {
-        Some(()) => read_progress(dir)?,
-        None => Vec::new(),
-    };
-    Ok((runs, read_trials(dir)?, progress))
+/// One folder of results files, checked before any is read: `trials.csv` must be there;
+/// `runs.csv` and `progress.csv` may be missing (no rows). A missing folder, a folder without
+/// `trials.csv`, and a link, FIFO or folder in a results file's place are bad input (exit 2).
+#[derive(Clone, Debug)]
+pub struct ResultsDir {
+    dir: PathBuf,
+    runs: bool,
+    progress: bool,
 }
 
-/// Reads the report files of every directory, in order, and drops rows repeated exactly
-/// (a directory given twice, or rows copied between directories).
-pub fn merge_dirs(dirs: &[PathBuf]) -> Result<Rows, ReportError> {
+impl ResultsDir {
+    pub fn open(dir: &Path) -> Result<Self, ReportError> {
+        let meta = fs::metadata(dir).map_err(|source| ReportError::Read {
+            path: dir.to_path_buf(),
+            source,
+        })?;
+        if !meta.is_dir() {
+            return Err(ReportError::Invalid(format!(
+                "{}: not a folder: give a folder of gpumux results",
+                dir.display()
+            )));
+        }
+        for name in [RUNS_CSV, TRIALS_CSV, PROGRESS_CSV] {
+            check_regular(&dir.join(name))?;
+        }
+        let has = |name: &str| dir.join(name).exists();
+        if !has(TRIALS_CSV) {
+            return Err(ReportError::Invalid(format!(
+                "{}: no {TRIALS_CSV} in this folder: not a folder of gpumux results",
+                dir.display()
+            )));
+        }
+        Ok(ResultsDir {
+            dir: dir.to_path_buf(),
+            runs: has(RUNS_CSV),
+            progress: has(PROGRESS_CSV),
+        })
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The rows of `runs.csv` (one per round: few).
+    pub fn runs(&self) -> Result<Vec<RunRow>, ReportError> {
+        if self.runs {
+            read_runs(&self.dir)
+        } else {
+            Ok(Vec::new())
+        }
+    }
+
+    /// The rows of `trials.csv` (one per trial).
+    pub fn trials(&self) -> Result<Vec<TrialRow>, ReportError> {
+        read_trials(&self.dir)
+    }
+
+    /// The rows of `progress.csv`, one at a time (none when there is no such file).
+    pub fn progress(
+        &self,
+        interrupt: &Interrupt,
+    ) -> Result<Option<RowReader<ProgressRow>>, ReportError> {
+        if !self.progress {
+            return Ok(None);
+        }
+        Ok(Some(
+            RowReader::open(&self.dir.join(PROGRESS_CSV))?.interrupted_by(interrupt),
+        ))
+    }
+
+    /// The extra columns of `progress.csv`'s header (see [`super::extra`]).
+    pub fn progress_columns(&self) -> Vec<String> {
+        if !self.progress {
+            return Vec::new();
+        }
+        existing_extra(
+            &self.dir.join(PROGRESS_CSV),
+            &super::csv::columns_of::<ProgressRow>().unwrap_or_default(),
+        )
+    }
+
+    /// Reads `progress.csv` through, keeping nothing: whether it reads whole.
+    pub fn check_progress(&self, interrupt: &Interrupt) -> Result<(), ReportError> {
+        if self.progress {
+            check_rows::<ProgressRow>(&self.dir.join(PROGRESS_CSV), interrupt)?;
+        }
+        Ok(())
+    }
+}
+
+/// Reads one results folder whole (see [`ResultsDir`]): for folders known to be small.
+pub fn read_dir(dir: &Path) -> Result<Rows, ReportError> {
+    let d = ResultsDir::open(dir)?;
+    let progress = match d.progress(&Interrupt::Never)? {
+        Some(rows) => rows.collect::<Result<_, _>>()?,
+        None => Vec::new(),
+    };
+    Ok((d.runs()?, d.trials()?, progress))
+}
+
+/// The extra columns of several `progress.csv` files as one header: each file's in its order,
+/// the columns of the first first, at most [`super::extra::MAX_EXTRA`] (the values of any
+/// past it are dropped, and said).
+pub fn union_of_columns(dirs: &[ResultsDir]) -> Vec<String> {
+    let mut columns: Vec<String> = Vec::new();
+    for d in dirs {
+        for c in d.progress_columns() {
+            if columns.contains(&c) {
+                continue;
+            }
+            if columns.len() >= super::extra::MAX_EXTRA {
+                tracing::warn!(
+                    "{}: the column `{c}` is not kept: the merged file has {} extra columns already",
+                    d.dir.join(PROGRESS_CSV).display(),
+                    super::extra::MAX_EXTRA
+                );
+                continue;
+            }
+            columns.push(c);
+        }
+    }
+    columns
+}
+
+/// The progress rows of every folder, in order, read lazily (a folder's file is opened when
+/// its rows are reached), each with the index of its folder.
+pub fn progress_of<'a>(
+    dirs: &'a [ResultsDir],
+    interrupt: &'a Interrupt,
+) -> impl Iterator<Item = Result<(usize, ProgressRow), ReportError>> + 'a {
+    dirs.iter().enumerate().flat_map(move |(i, d)| {
+        let rows: Box<dyn Iterator<Item = Result<ProgressRow, ReportError>>> =
+            match d.progress(interrupt) {
+                Ok(Some(reader)) => Box::new(reader),
+                Ok(None) => Box::new(std::iter::empty()),
+                Err(e) => Box::new(std::iter::once(Err(e))),
+            };
+        rows.map(move |r| r.map(|r| (i, r)))
+    })
+}
+
+/// Merges the report files of every directory into `out`, in order, without rows repeated
+/// exactly (a directory given twice, or rows copied between directories): the rows of
+/// `runs.csv` and `trials.csv` are held, those of `progress.csv` copied one at a time (the
+/// digests of those seen are held). Each file is replaced whole; a damaged input, or a stop by
+/// `interrupt`, leaves `out` as it was. Returns the runs and trials merged.
+pub fn merge_files(
+    dirs: &[PathBuf],
+    out: &Path,
+    interrupt: &Interrupt,
+) -> Result<(Vec<RunRow>, Vec<TrialRow>), ReportError> {
     if dirs.is_empty() {
         return Err(ReportError::Invalid("no directories to merge".into()));
     }
-    let (mut runs, mut trials, mut progress) = (Vec::new(), Vec::new(), Vec::new());
-    for dir in dirs {
-        let (r, t, p) = read_dir(dir)?;
-        runs.extend(r);
-        trials.extend(t);
-        progress.extend(p);
+    let folders: Vec<ResultsDir> = dirs
+        .iter()
+        .map(|d| ResultsDir::open(d))
+        .collect::<Result<_, _>>()?;
+    let (mut runs, mut trials) = (Vec::new(), Vec::new());
+    for d in &folders {
+        runs.extend(d.runs()?);
+        trials.extend(d.trials()?);
     }
-    Ok((dedup(runs), dedup(trials), dedup(progress)))
+    let (runs, trials) = (dedup(runs), dedup(trials));
+    fs::create_dir_all(out).map_err(|source| ReportError::Write {
+        path: out.to_path_buf(),
+        source,
+    })?;
+    let columns = union_of_columns(&folders);
+    let mut seen = HashSet::new();
+    let progress = progress_of(&folders, interrupt).filter_map(|row| match row {
+        Ok((_, row)) => seen.insert(crate::hash::digest(&row)).then_some(Ok(row)),
+        Err(e) => Some(Err(e)),
+    });
+    write_rows_from::<ProgressRow, ProgressRow>(
+        &out.join(PROGRESS_CSV),
+        progress,
+        &columns,
+        interrupt,
+    )?;
+    write_rows(&out.join(RUNS_CSV), &runs)?;
+    write_rows(&out.join(TRIALS_CSV), &trials)?;
+    Ok((runs, trials))
 }
 
 /// Replaces the results files in `out` (created if needed) with these rows, each file whole.
@@ -168,10 +308,13 @@ fn remove_stale(path: &Path) -> Result<(), ReportError> {
     }
 }
 
-/// Merges `dirs` into `out`: the deduplicated CSV files, then the charts and summary.
-pub fn merge_into(dirs: &[PathBuf], out: &Path) -> Result<ReportPaths, ReportError> {
-    let (runs, trials, progress) = merge_dirs(dirs)?;
-    write_merged(out, &runs, &trials, &progress)?;
+/// Merges `dirs` into `out` ([`merge_files`]), then draws the charts and summary.
+pub fn merge_into(
+    dirs: &[PathBuf],
+    out: &Path,
+    interrupt: &Interrupt,
+) -> Result<ReportPaths, ReportError> {
+    let (runs, trials) = merge_files(dirs, out, interrupt)?;
     write_report(out, &runs, &trials)
 }
 
@@ -182,6 +325,12 @@ mod tests {
 
     fn write_dir(dir: &Path, runs: &[RunRow], trials: &[TrialRow]) {
         write_merged(dir, runs, trials, &[]).unwrap();
+    }
+
+    fn merged(dirs: &[PathBuf]) -> Result<Rows, ReportError> {
+        let out = tempfile::tempdir().unwrap();
+        merge_files(dirs, out.path(), &Interrupt::Never)?;
+        read_dir(out.path())
     }
 
     #[test]
@@ -200,13 +349,71 @@ mod tests {
             &[trial_row("t0", "mps", Some(0.5), None)],
         );
         fs::remove_file(b.join(PROGRESS_CSV)).unwrap();
-        let (runs, trials, progress) = merge_dirs(&[a.clone(), b]).unwrap();
+        let (runs, trials, progress) = merged(&[a.clone(), b]).unwrap();
         let got: Vec<(&str, u32)> = runs.iter().map(|r| (r.split.as_str(), r.n)).collect();
         assert_eq!(got, vec![("shared", 1), ("shared", 2), ("mps", 2)]);
         assert_eq!(trials.len(), 2);
         assert!(progress.is_empty());
-        let (again, _, _) = merge_dirs(&[a.clone(), a]).unwrap();
+        let (again, _, _) = merged(&[a.clone(), a]).unwrap();
         assert_eq!(again.len(), 2);
+    }
+
+    #[test]
+    fn progress_rows_are_copied_once_each_and_a_damaged_input_leaves_out_as_it_was() {
+        let tmp = tempfile::tempdir().unwrap();
+        let (a, b, out) = (
+            tmp.path().join("a"),
+            tmp.path().join("b"),
+            tmp.path().join("out"),
+        );
+        let row = |id: &str, epoch: u32, acc: f64| ProgressRow {
+            trial_id: id.into(),
+            epoch,
+            test_acc: acc,
+            ..Default::default()
+        };
+        let (pa, pb) = (
+            vec![row("t0", 1, 0.5), row("t0", 2, f64::NAN)],
+            vec![row("t0", 2, f64::NAN), row("t1", 1, 0.7), row("t0", 1, 0.5)],
+        );
+        write_merged(&a, &[], &[trial_row("t0", "shared", None, None)], &pa).unwrap();
+        write_merged(&b, &[], &[trial_row("t1", "shared", None, None)], &pb).unwrap();
+        merge_files(&[a.clone(), b.clone()], &out, &Interrupt::Never).unwrap();
+        let (_, trials, progress) = read_dir(&out).unwrap();
+        assert_eq!(trials.len(), 2);
+        let got: Vec<(&str, u32)> = progress
+            .iter()
+            .map(|p| (p.trial_id.as_str(), p.epoch))
+            .collect();
+        assert_eq!(got, vec![("t0", 1), ("t0", 2), ("t1", 1)]);
+        // A damaged line in the second folder: out keeps what it had, and no file is left over.
+        let before = fs::read(out.join(PROGRESS_CSV)).unwrap();
+        let text = fs::read_to_string(b.join(PROGRESS_CSV)).unwrap();
+        fs::write(b.join(PROGRESS_CSV), text.replacen(",0.7,", ",0.8,", 1)).unwrap();
+        let err = merge_files(&[a, b], &out, &Interrupt::Never).unwrap_err();
+        assert!(err.to_string().contains("line 3"), "{err}");
+        assert_eq!(fs::read(out.join(PROGRESS_CSV)).unwrap(), before);
+        assert_eq!(fs::read_dir(&out).unwrap().count(), 3);
+    }
+
+    #[test]
+    fn an_interrupted_merge_stops_and_leaves_out_as_it_was() {
+        let tmp = tempfile::tempdir().unwrap();
+        let (a, out) = (tmp.path().join("a"), tmp.path().join("out"));
+        let rows: Vec<ProgressRow> = (0..3 * super::super::csv::CHECK_EVERY as u32)
+            .map(|e| ProgressRow {
+                trial_id: "t0".into(),
+                epoch: e + 1,
+                ..Default::default()
+            })
+            .collect();
+        write_merged(&a, &[], &[trial_row("t0", "shared", None, None)], &rows).unwrap();
+        let cancel = crate::cancel::Cancel::new();
+        cancel.abort();
+        let err = merge_files(&[a], &out, &Interrupt::OnAbort(cancel)).unwrap_err();
+        assert!(err.is_interrupted(), "{err}");
+        assert!(!out.join(PROGRESS_CSV).exists());
+        assert_eq!(fs::read_dir(&out).unwrap().count(), 0);
     }
 
     #[test]
@@ -214,12 +421,12 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let empty = tmp.path().join("nothing-here");
         fs::create_dir(&empty).unwrap();
-        let err = merge_dirs(&[empty]).unwrap_err().to_string();
+        let err = merged(&[empty]).unwrap_err().to_string();
         assert!(
             err.contains("nothing-here") && err.contains("no trials.csv"),
             "{err}"
         );
-        assert!(merge_dirs(&[]).is_err());
+        assert!(merged(&[]).is_err());
     }
 
     #[test]
@@ -227,9 +434,7 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         write_dir(tmp.path(), &[run_row("shared", 1, 1.0)], &[]);
         fs::remove_file(tmp.path().join(TRIALS_CSV)).unwrap();
-        let err = merge_dirs(&[tmp.path().to_path_buf()])
-            .unwrap_err()
-            .to_string();
+        let err = merged(&[tmp.path().to_path_buf()]).unwrap_err().to_string();
         assert!(err.contains(TRIALS_CSV), "{err}");
     }
 
@@ -247,7 +452,7 @@ mod tests {
             &runs,
             &[trial_row("t0", "green", Some(0.75), Some(0.5))],
         );
-        let paths = merge_into(&[a], &out).unwrap();
+        let paths = merge_into(&[a], &out, &Interrupt::Never).unwrap();
         assert_eq!(read_runs(&out).unwrap(), runs);
         let svg = fs::read_to_string(paths.time_per_training.unwrap()).unwrap();
         assert!(svg.contains("Time per training against N: mlp on mnist-10k"));

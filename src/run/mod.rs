@@ -159,7 +159,10 @@ impl OutFolder {
         }
         // Results that do not read are refused and left where they are, not set aside.
         if dir.join(crate::report::TRIALS_CSV).exists() {
-            crate::report::read_dir(dir)?;
+            let held = crate::report::ResultsDir::open(dir)?;
+            held.runs()?;
+            held.trials()?;
+            held.check_progress(&crate::report::Interrupt::Never)?;
         }
         let recorded = std::fs::read_to_string(dir.join(COMMAND_TXT)).unwrap_or_default();
         let same = recorded

@@ -7,7 +7,7 @@
 //! `⌊n/eta⌋`. While fewer than `eta` trials have reached a rung there is too little to judge
 //! by, and every trial goes on. No trial waits for a rung to fill.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::sync::Mutex;
 
 use crate::job::{Goal, Job};
@@ -76,25 +76,27 @@ impl Pruner {
     /// Restores the rungs of a resumed sweep: the values of its COMPLETE and PRUNED trials at
     /// each rung epoch, from `progress.csv`. Trials run again report theirs anew.
     pub fn restore(&self, trials: &[TrialRow], progress: &[ProgressRow]) -> usize {
-        let done: std::collections::HashSet<&str> = trials
+        let done = done_ids(trials);
+        progress
             .iter()
-            .filter(|r| r.done())
-            .map(|r| r.trial_id.as_str())
-            .collect();
-        let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
-        let mut restored = 0;
-        for p in progress {
-            if !done.contains(p.trial_id.as_str()) || !self.rungs.contains(&p.epoch) {
-                continue;
-            }
-            if let Some(v) = stats_of(p).metric(&self.metric) {
-                seen.entry(p.epoch)
-                    .or_default()
-                    .insert(p.trial_id.clone(), v);
-                restored += 1;
-            }
+            .filter(|p| self.restore_row(&done, p))
+            .count()
+    }
+
+    /// [`Pruner::restore`] for one row, as `progress.csv` is read row by row: whether the row
+    /// gave a rung value. `done` holds the ids of the trials done ([`done_ids`]).
+    pub fn restore_row(&self, done: &HashSet<&str>, p: &ProgressRow) -> bool {
+        if !self.rungs.contains(&p.epoch) || !done.contains(p.trial_id.as_str()) {
+            return false;
         }
-        restored
+        let Some(v) = stats_of(p).metric(&self.metric) else {
+            return false;
+        };
+        let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+        seen.entry(p.epoch)
+            .or_default()
+            .insert(p.trial_id.clone(), v);
+        true
     }
 
     /// The schedule in words, for `--dry-run`.
@@ -112,6 +114,15 @@ impl Pruner {
             self.goal
         )
     }
+}
+
+/// The ids of the trials done (COMPLETE or PRUNED).
+pub fn done_ids(trials: &[TrialRow]) -> HashSet<&str> {
+    trials
+        .iter()
+        .filter(|r| r.done())
+        .map(|r| r.trial_id.as_str())
+        .collect()
 }
 
 /// A progress row's figures as an epoch's.

@@ -6,46 +6,51 @@ use std::path::{Path, PathBuf};
 
 use crate::error::{Error, Result};
 use crate::job::Goal;
-use crate::report::{self, ProgressRow, TrialRow};
+use crate::report::{self, Interrupt, ProgressRow, TrialRow};
 
-use super::{best, one_per_epoch};
+use super::best;
+use super::epochs::OnePerEpoch;
 use crate::rounds::say;
 
 /// What a merge found.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Debug)]
 pub struct Merged {
     /// One row per trial id: its latest state across the folders (a COMPLETE row wins).
     pub trials: Vec<TrialRow>,
-    /// The epochs of each kept row's trial, from the folder that row came from, one per epoch.
-    pub progress: Vec<ProgressRow>,
+    /// The folder each kept row came from (by index into `folders`), row for row.
+    from: Vec<usize>,
+    folders: Vec<report::ResultsDir>,
 }
 
-/// Reads every folder with the one reader of results files (a damaged file is refused, a cut
-/// last line dropped) and keeps, per trial id, its COMPLETE row when it has one, else its
-/// PRUNED row, else its latest row. A folder of a `fib` run (rounds in runs.csv, the same trial id in every
-/// round) is refused: one row per trial id would drop its rounds.
+/// Reads the trials of every folder with the one reader of results files (a damaged file is
+/// refused, a cut last line dropped) and keeps, per trial id, its COMPLETE row when it has one,
+/// else its PRUNED row, else its latest row. A folder of a `fib` run (rounds in runs.csv, the
+/// same trial id in every round) is refused: one row per trial id would drop its rounds. The
+/// folders' progress rows are read later, one at a time, by [`write`].
 pub fn merge(dirs: &[PathBuf]) -> Result<Merged> {
     if dirs.is_empty() {
         return Err(Error::Usage(
             "give at least one result folder to merge".into(),
         ));
     }
+    let folders: Vec<report::ResultsDir> = dirs
+        .iter()
+        .map(|d| report::ResultsDir::open(d))
+        .collect::<std::result::Result<_, _>>()?;
     let mut rows: Vec<(usize, TrialRow)> = Vec::new();
-    let mut progress: Vec<(usize, ProgressRow)> = Vec::new();
-    for (i, d) in dirs.iter().enumerate() {
-        let (runs, trials, p) = report::read_dir(d)?;
+    for (i, d) in folders.iter().enumerate() {
+        let runs = d.runs()?;
         if !runs.is_empty() {
             return Err(Error::Usage(format!(
                 "{} holds a fib run ({} rounds in {}), not sweep results: `gpumux merge` keeps \
                  one row per trial id, which would drop its rounds; put fib runs together with \
                  `gpumux report DIR... --out DIR`, which keeps every row",
-                d.display(),
+                d.dir().display(),
                 runs.len(),
                 report::RUNS_CSV
             )));
         }
-        rows.extend(trials.into_iter().map(|t| (i, t)));
-        progress.extend(p.into_iter().map(|p| (i, p)));
+        rows.extend(d.trials()?.into_iter().map(|t| (i, t)));
     }
     // Per trial id, the last COMPLETE row, else the last PRUNED one, else the last row, in the
     // order given: a trial that completed anywhere is COMPLETE, whatever the folders' order.
@@ -64,24 +69,55 @@ pub fn merge(dirs: &[PathBuf]) -> Result<Merged> {
             chosen.insert(r.trial_id.clone(), (i, r));
         }
     }
-    let from: HashSet<(usize, &str)> = chosen
-        .values()
-        .map(|(i, r)| (*i, r.trial_id.as_str()))
-        .collect();
-    let progress = one_per_epoch(
-        progress
-            .into_iter()
-            .filter(|(i, p)| from.contains(&(*i, p.trial_id.as_str())))
-            .map(|(_, p)| p),
-    );
-    let trials = chosen.into_values().map(|(_, r)| r).collect();
-    Ok(Merged { trials, progress })
+    let (from, trials) = chosen.into_values().unzip();
+    Ok(Merged {
+        trials,
+        from,
+        folders,
+    })
+}
+
+impl Merged {
+    /// Writes `out`'s `progress.csv`: the epochs of each kept row's trial, from the folder
+    /// that row came from, one per epoch (the last written), copied row by row in two passes.
+    fn write_progress(&self, out_dir: &Path, interrupt: &Interrupt) -> Result<()> {
+        let mut epochs = OnePerEpoch::new(
+            self.trials
+                .iter()
+                .zip(&self.from)
+                .map(|(t, &i)| (t.trial_id.as_str(), i)),
+        );
+        for (at, row) in report::progress_of(&self.folders, interrupt).enumerate() {
+            let (source, row) = row?;
+            epochs.see(at as u64, source, &row);
+        }
+        let kept = report::progress_of(&self.folders, interrupt)
+            .enumerate()
+            .filter_map(|(at, row)| match row {
+                Ok((source, row)) => epochs.keeps(at as u64, source, &row).then_some(Ok(row)),
+                Err(e) => Some(Err(e)),
+            });
+        report::write_rows_from::<ProgressRow, ProgressRow>(
+            &out_dir.join(report::PROGRESS_CSV),
+            kept,
+            &report::union_of_columns(&self.folders),
+            interrupt,
+        )?;
+        Ok(())
+    }
 }
 
 /// `gpumux merge DIR... --out OUT`: holds OUT's lock, merges, and replaces OUT's files whole.
 /// Results already in OUT with a COMPLETE trial the merge does not hold (OUT is no input, and
 /// not an earlier merge of the same folders) are first moved whole into `OUT/earlier-<seconds>/`.
-pub fn run(dirs: &[PathBuf], out_dir: &Path, goal: Goal, out: &mut dyn Write) -> Result<()> {
+/// A signal (`interrupt`) stops the reading or the copying, leaving OUT as it was.
+pub fn run(
+    dirs: &[PathBuf],
+    out_dir: &Path,
+    goal: Goal,
+    interrupt: &Interrupt,
+    out: &mut dyn Write,
+) -> Result<()> {
     let _lock = crate::outdir::lock(out_dir)?;
     let m = merge(dirs)?;
     if out_dir.join(report::TRIALS_CSV).exists() {
@@ -100,13 +136,25 @@ pub fn run(dirs: &[PathBuf], out_dir: &Path, goal: Goal, out: &mut dyn Write) ->
             crate::run::set_aside(out_dir)?;
         }
     }
-    write(&m, out_dir, goal, out)
+    write(&m, out_dir, goal, interrupt, out)
 }
 
-/// Writes a merge into `out` (each file replaced whole, fsynced once) and prints its counts
-/// and best trial.
-pub fn write(m: &Merged, out_dir: &Path, goal: Goal, out: &mut dyn Write) -> Result<()> {
-    report::write_all(out_dir, &[], &m.trials, &m.progress)?;
+/// Writes a merge into `out` (each file replaced whole, fsynced once; the progress rows before
+/// the trials) and prints its counts and best trial.
+pub fn write(
+    m: &Merged,
+    out_dir: &Path,
+    goal: Goal,
+    interrupt: &Interrupt,
+    out: &mut dyn Write,
+) -> Result<()> {
+    std::fs::create_dir_all(out_dir).map_err(Error::io(format!(
+        "cannot make the folder {}",
+        out_dir.display()
+    )))?;
+    report::write_rows::<report::RunRow>(&out_dir.join(report::RUNS_CSV), &[])?;
+    m.write_progress(out_dir, interrupt)?;
+    report::write_rows(&out_dir.join(report::TRIALS_CSV), &m.trials)?;
     let count = |s: &str| m.trials.iter().filter(|r| r.state == s).count();
     say(
         out,

@@ -2,6 +2,8 @@
 
 pub mod asha;
 pub mod bayes;
+mod epochs;
+use epochs::OnePerEpoch;
 mod dry_run;
 pub mod identity;
 pub mod merge;
@@ -211,8 +213,13 @@ pub fn run(job: &Job, opts: &SweepOptions, out: &mut dyn Write) -> Result<PathBu
     } else {
         Some(OutFolder::lock(&dir)?)
     };
-    // Every results file there is read whole first: one that cannot be read is refused (exit
-    // 2) and left as it is, with or without --resume; a cut last line is dropped.
+    // A signal stops the reading of what is there at once (nothing has started yet), and the
+    // rewrites of results files once the trials' grace is over.
+    let cancel = run::cancel_on_signals(opts.grace);
+    let reading = report::Interrupt::OnDrain(cancel.clone());
+    // Every results file there is read through first (progress.csv row by row): one that
+    // cannot be read is refused (exit 2) and left as it is, with or without --resume; a cut
+    // last line is dropped.
     let held = Held::read(&dir)?;
     // The trials' own folders go under `trials/`: never through a link planted there.
     let trials_dir = dir.join("trials");
@@ -222,30 +229,34 @@ pub fn run(job: &Job, opts: &SweepOptions, out: &mut dyn Write) -> Result<PathBu
             trials_dir.display()
         )));
     }
-    if held.has_rows() && !opts.resume && !opts.dry_run {
+    let had_rows = held.has_rows();
+    let previous = if opts.resume { held.trials } else { Vec::new() };
+    // Early termination resumes where it was: the rungs of the trials done.
+    let pruner = asha::Pruner::of(job).map(Arc::new);
+    let restoring = pruner.as_deref().filter(|_| opts.resume);
+    let scan = scan_progress(&dir, &previous, restoring, &reading)?;
+    if (had_rows || scan.rows > 0) && !opts.resume && !opts.dry_run {
         return Err(Error::Usage(format!(
             "{} already holds sweep results: add --resume to finish them, or choose another --out",
             dir.display()
         )));
     }
-    let previous = if opts.resume { held.trials } else { Vec::new() };
-    // Early termination resumes where it was: the rungs of the trials done.
-    let pruner = asha::Pruner::of(job).map(Arc::new);
-    if let (Some(p), true) = (&pruner, opts.resume) {
-        let restored = p.restore(&previous, &held.progress);
-        if restored > 0 {
-            tracing::info!(
-                "early termination: {restored} rung values restored from the trials done"
-            );
-        }
+    if scan.restored > 0 {
+        tracing::info!(
+            "early termination: {} rung values restored from the trials done",
+            scan.restored
+        );
     }
     let resumed = if opts.resume && !opts.dry_run {
-        keep_complete_progress(&dir, &previous, held.progress)?;
+        keep_complete_progress(&dir, &scan.epochs, &reading)?;
         // Drops a cut last line, so that the next row starts on a line of its own.
-        Some(report::ReportWriter::append(&dir)?)
+        let mut writer = report::ReportWriter::append(&dir)?;
+        writer.interrupted_by(&report::Interrupt::OnAbort(cancel.clone()));
+        Some(writer)
     } else {
         None
     };
+    drop(scan);
     let done: HashSet<&str> = previous
         .iter()
         .filter(|r| r.done())
@@ -364,10 +375,13 @@ pub fn run(job: &Job, opts: &SweepOptions, out: &mut dyn Write) -> Result<PathBu
         }
         Some(why) => return Err(Error::NoDevice(format!("split {split}: {why}"))),
     }
-    let cancel = run::cancel_on_signals(opts.grace);
     let mut writer = match resumed {
         Some(w) => w,
-        None => report::ReportWriter::create(&dir)?,
+        None => {
+            let mut w = report::ReportWriter::create(&dir)?;
+            w.interrupted_by(&report::Interrupt::OnAbort(cancel.clone()));
+            w
+        }
     };
     let mut rows = previous.clone();
     let mut stopped = None;
@@ -481,10 +495,10 @@ fn already(complete: usize, pruned: usize, failed: usize, pruning: bool) -> Stri
     parts.join(", ")
 }
 
-/// What an output folder already holds, read with the one reader of results files.
+/// What an output folder already holds, read with the one reader of results files: its trials
+/// and runs (its progress rows are read one at a time by [`scan_progress`]).
 struct Held {
     trials: Vec<TrialRow>,
-    progress: Vec<ProgressRow>,
     runs: usize,
 }
 
@@ -501,11 +515,6 @@ impl Held {
             } else {
                 Vec::new()
             },
-            progress: if present(report::PROGRESS_CSV) {
-                report::read_progress(dir)?
-            } else {
-                Vec::new()
-            },
             runs: if present(report::RUNS_CSV) {
                 report::read_runs(dir)?.len()
             } else {
@@ -515,55 +524,75 @@ impl Held {
     }
 
     fn has_rows(&self) -> bool {
-        !self.trials.is_empty() || !self.progress.is_empty() || self.runs > 0
+        !self.trials.is_empty() || self.runs > 0
     }
+}
+
+/// What one pass over `progress.csv` found.
+struct ProgressScan<'a> {
+    rows: u64,
+    /// Rung values restored for early termination.
+    restored: usize,
+    /// The rows a resume keeps (see [`keep_complete_progress`]).
+    epochs: OnePerEpoch<'a>,
+}
+
+/// Reads `progress.csv` in `dir` through, row by row (a damaged file is refused, and nothing
+/// is held but a key per epoch of the trials done): counts its rows, restores the rungs of
+/// `pruner` from the trials done of `trials`, and finds the rows a resume keeps.
+fn scan_progress<'a>(
+    dir: &Path,
+    trials: &'a [TrialRow],
+    pruner: Option<&asha::Pruner>,
+    interrupt: &report::Interrupt,
+) -> Result<ProgressScan<'a>> {
+    let done = asha::done_ids(trials);
+    let mut scan = ProgressScan {
+        rows: 0,
+        restored: 0,
+        epochs: OnePerEpoch::new(done.iter().map(|id| (*id, 0))),
+    };
+    let path = dir.join(report::PROGRESS_CSV);
+    if !path.exists() {
+        return Ok(scan);
+    }
+    for row in report::RowReader::<ProgressRow>::open(&path)?.interrupted_by(interrupt) {
+        let row = row?;
+        scan.epochs.see(scan.rows, 0, &row);
+        if pruner.is_some_and(|p| p.restore_row(&done, &row)) {
+            scan.restored += 1;
+        }
+        scan.rows += 1;
+    }
+    Ok(scan)
 }
 
 /// At the start of a resumed sweep, `progress.csv` keeps the rows of done trials only (COMPLETE
-/// or PRUNED), one
-/// per (trial, epoch) (the last written): the trials run again write theirs anew, so that
-/// the file never holds one epoch twice. It is replaced whole (temporary file and rename).
+/// or PRUNED), one per (trial, epoch) (the last written, where it was written): the trials run
+/// again write theirs anew, so that the file never holds one epoch twice. When rows go, the
+/// file is replaced whole (temporary file and rename), copied row by row.
 fn keep_complete_progress(
     dir: &Path,
-    trials: &[TrialRow],
-    progress: Vec<ProgressRow>,
+    epochs: &OnePerEpoch,
+    interrupt: &report::Interrupt,
 ) -> Result<()> {
-    let complete: HashSet<&str> = trials
-        .iter()
-        .filter(|r| r.done())
-        .map(|r| r.trial_id.as_str())
-        .collect();
-    let before = progress.len();
-    let kept = one_per_epoch(
-        progress
-            .into_iter()
-            .filter(|p| complete.contains(p.trial_id.as_str())),
+    let dropped = epochs.dropped();
+    if dropped == 0 {
+        return Ok(());
+    }
+    let path = dir.join(report::PROGRESS_CSV);
+    tracing::info!(
+        "{}: dropping {dropped} rows of trials that did not complete (or of an epoch written twice)",
+        path.display(),
     );
-    if kept.len() != before {
-        tracing::info!(
-            "{}: dropping {} rows of trials that did not complete (or of an epoch written twice)",
-            dir.join(report::PROGRESS_CSV).display(),
-            before - kept.len()
-        );
-        report::write_rows(&dir.join(report::PROGRESS_CSV), &kept)?;
-    }
+    let reader = report::RowReader::<ProgressRow>::open(&path)?.interrupted_by(interrupt);
+    let columns = reader.extra_columns();
+    let kept = reader.enumerate().filter_map(|(at, row)| match row {
+        Ok(row) => epochs.keeps(at as u64, 0, &row).then_some(Ok(row)),
+        Err(e) => Some(Err(e)),
+    });
+    report::write_rows_from::<ProgressRow, ProgressRow>(&path, kept, &columns, interrupt)?;
     Ok(())
-}
-
-/// One progress row per (trial, epoch): the last one written, in the order of the first.
-pub fn one_per_epoch(rows: impl IntoIterator<Item = ProgressRow>) -> Vec<ProgressRow> {
-    let mut slot: BTreeMap<(String, u32), usize> = BTreeMap::new();
-    let mut out: Vec<ProgressRow> = Vec::new();
-    for row in rows {
-        match slot.get(&(row.trial_id.clone(), row.epoch)) {
-            Some(&i) => out[i] = row,
-            None => {
-                slot.insert((row.trial_id.clone(), row.epoch), out.len());
-                out.push(row);
-            }
-        }
-    }
-    out
 }
 
 /// The context every worker of the sweep shares.
