@@ -8,7 +8,7 @@ use serde::Serialize;
 
 use crate::cancel::Cancel;
 use crate::data::Dataset;
-use crate::error::{Error, Result};
+use crate::error::{Error, ReportError, Result};
 use crate::job::{Job, SplitMode};
 use crate::plan::{Round, MIB};
 use crate::report::{self, ProgressRow, TrialRow};
@@ -118,16 +118,39 @@ pub fn progress_row(
     }
 }
 
+/// Why a trial's progress row could not be written.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LostRow {
+    pub why: String,
+    /// A signal stopped the write (a rewrite of the file past its grace), not a failure.
+    pub by_signal: bool,
+}
+
+impl From<&ReportError> for LostRow {
+    fn from(e: &ReportError) -> Self {
+        LostRow {
+            why: e.to_string(),
+            by_signal: e.is_interrupted(),
+        }
+    }
+}
+
+/// The trials with a progress row that could not be written, by id (the first reason each).
+pub type LostRows = std::collections::HashMap<String, LostRow>;
+
 /// A finished trial's row as it may be recorded, given the trials whose progress rows could
-/// not all be written (`lost`, with why): such a trial is a FAIL that says why, never COMPLETE
-/// or PRUNED (its epochs would be missing, and `--resume` would not run it again).
-pub fn unless_progress_lost(
-    mut row: TrialRow,
-    lost: &std::collections::HashMap<String, String>,
-) -> TrialRow {
-    if let (Some(why), true) = (lost.get(&row.trial_id), row.done()) {
-        row.state = "FAIL".into();
-        row.error = format!("its progress rows could not all be written: {why}");
+/// not all be written (`lost`, with why): such a trial is never COMPLETE or PRUNED (its epochs
+/// would be missing, and `--resume` would not run it again), but a FAIL that says why, or
+/// INTERRUPTED when a signal stopped the write.
+pub fn unless_progress_lost(mut row: TrialRow, lost: &LostRows) -> TrialRow {
+    if let (Some(lost), true) = (lost.get(&row.trial_id), row.done()) {
+        row.state = if lost.by_signal {
+            "INTERRUPTED"
+        } else {
+            "FAIL"
+        }
+        .into();
+        row.error = format!("its progress rows could not all be written: {}", lost.why);
     }
     row
 }

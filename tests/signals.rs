@@ -472,3 +472,127 @@ fn a_signal_during_the_last_trials_gives_exit_0_when_they_all_complete() {
     );
     assert!(said.contains("1 COMPLETE, 0 FAIL, 0 INTERRUPTED"), "{said}");
 }
+
+/// A sweep output folder holding one COMPLETE trial with `rows` progress rows, written by the
+/// project's own writer: long enough to read or copy that a signal lands in the middle.
+fn big_results(out: &Path, rows: u32) {
+    use gpumux::report::{write_rows, ProgressRow, TrialRow, PROGRESS_CSV, TRIALS_CSV};
+    std::fs::create_dir_all(out).unwrap();
+    let trial = TrialRow {
+        trial_id: "earlier".into(),
+        state: "COMPLETE".into(),
+        epochs: rows,
+        metric: Some(0.5),
+        params: "{}".into(),
+        ..Default::default()
+    };
+    write_rows(&out.join(TRIALS_CSV), &[trial]).unwrap();
+    let progress: Vec<ProgressRow> = (1..=rows)
+        .map(|epoch| ProgressRow {
+            trial_id: "earlier".into(),
+            epoch,
+            train_loss: 1.0 / epoch as f64,
+            test_acc: 0.5,
+            wall_s: epoch as f64 * 0.01,
+            ..Default::default()
+        })
+        .collect();
+    write_rows(&out.join(PROGRESS_CSV), &progress).unwrap();
+}
+
+/// Whether a results file is being replaced in `dir` (its temporary file is there).
+fn replacing(dir: &Path) -> bool {
+    std::fs::read_dir(dir).is_ok_and(|entries| {
+        entries
+            .flatten()
+            .any(|e| e.file_name().to_string_lossy().starts_with(".gpumux-tmp."))
+    })
+}
+
+#[test]
+fn a_signal_stops_a_long_rewrite_or_merge_at_once_and_leaves_the_files_whole() {
+    let dir = sandbox();
+    let out = dir.join("out");
+    big_results(&out, 1_000_000);
+    let progress = out.join("progress.csv");
+    let before = std::fs::read(&progress).unwrap();
+    // A trial whose first epoch line brings a key the header lacks: progress.csv is rewritten
+    // with a wider header, a million rows copied, while the trial sleeps.
+    let script = dir.join("wide.sh");
+    std::fs::write(
+        &script,
+        "#!/bin/sh\necho '{\"epoch\": 1, \"test_acc\": 0.5, \"grad_norm\": 2.5}'\nsleep 60\n",
+    )
+    .unwrap();
+    let job = dir.job(
+        "wide.yaml",
+        JobYaml::new()
+            .name("wide")
+            .command(&format!("sh {} {{lr}}", s(&script)))
+            .run_cap(1)
+            .param("lr", values(&["0.001"])),
+    );
+    let mut run = dir
+        .run(&[
+            "sweep",
+            s(&job),
+            "--out",
+            s(&out),
+            "--resume",
+            "--grace",
+            "1",
+        ])
+        .watch();
+    assert!(
+        run.wait_for(&|_| replacing(&out)),
+        "the rewrite never started: {}",
+        run.err()
+    );
+    let signalled = std::time::Instant::now();
+    run.signal(libc::SIGTERM);
+    let (code, said, err) = run.finish();
+    let took = signalled.elapsed();
+    assert_eq!(code, Some(3), "{said}\n{err}");
+    // Within the grace (1 s) and a margin: the copy stops, and the trial is stopped.
+    assert!(
+        took.as_secs_f64() < 4.0,
+        "exit came {took:?} after the signal"
+    );
+    assert_eq!(
+        std::fs::read(&progress).unwrap(),
+        before,
+        "progress.csv changed"
+    );
+    assert!(!replacing(&out), "a temporary file was left");
+    let trials = trials_csv(&out);
+    let mine: Vec<_> = trials
+        .iter()
+        .filter(|t| t["trial_id"] != "earlier")
+        .collect();
+    assert_eq!(mine.len(), 1, "{trials:?}");
+    assert_eq!(mine[0]["state"], "INTERRUPTED", "{trials:?}");
+
+    // A merge of the same folder: a signal mid-copy stops it with exit 3, and what the output
+    // folder held is left as it was.
+    let merged = dir.join("merged");
+    std::fs::create_dir_all(&merged).unwrap();
+    std::fs::write(merged.join("notes.txt"), "mine").unwrap();
+    let mut run = dir.run(&["merge", s(&out), "--out", s(&merged)]).watch();
+    assert!(
+        run.wait_for(&|_| replacing(&merged)),
+        "the merge never wrote"
+    );
+    let signalled = std::time::Instant::now();
+    run.signal(libc::SIGTERM);
+    let (code, _, err) = run.finish();
+    assert_eq!(code, Some(3), "{err}");
+    assert!(signalled.elapsed().as_secs_f64() < 3.0, "{err}");
+    let names: Vec<String> = std::fs::read_dir(&merged)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| !n.starts_with(".gpumux"))
+        .collect();
+    assert_eq!(names, ["notes.txt"], "{err}");
+    assert!(!replacing(&merged));
+}

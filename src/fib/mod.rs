@@ -114,7 +114,7 @@ pub fn run(job: &Job, opts: &FibOptions, out: &mut dyn Write) -> Result<PathBuf>
         bar.set_message(states.line(round));
         let mut write_err = None;
         // Trials with a progress row that could not be written: never recorded COMPLETE.
-        let mut lost: std::collections::HashMap<String, String> = Default::default();
+        let mut lost = crate::rounds::LostRows::default();
         // NVML samples the device at 20 Hz while the round runs (GPU only).
         let sampler = run::telemetry(&r, 20.0);
         let outcome = sched::run_round(round, &ctx, &mut |ev| {
@@ -128,8 +128,7 @@ pub fn run(job: &Job, opts: &FibOptions, out: &mut dyn Write) -> Result<PathBuf>
                 Event::Epoch { trial, stats, .. } => {
                     let res = writer.progress(&progress_row(round, &trial.id, stats));
                     if let Err(e) = &res {
-                        lost.entry(trial.id.clone())
-                            .or_insert_with(|| e.to_string());
+                        lost.entry(trial.id.clone()).or_insert_with(|| e.into());
                     }
                     res
                 }

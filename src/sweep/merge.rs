@@ -152,8 +152,8 @@ pub fn write(
         "cannot make the folder {}",
         out_dir.display()
     )))?;
-    report::write_rows::<report::RunRow>(&out_dir.join(report::RUNS_CSV), &[])?;
     m.write_progress(out_dir, interrupt)?;
+    report::write_rows::<report::RunRow>(&out_dir.join(report::RUNS_CSV), &[])?;
     report::write_rows(&out_dir.join(report::TRIALS_CSV), &m.trials)?;
     let count = |s: &str| m.trials.iter().filter(|r| r.state == s).count();
     say(

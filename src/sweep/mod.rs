@@ -695,7 +695,7 @@ struct Recorder<'a> {
     failed: Option<ReportError>,
     /// The trials with a progress row that could not be written, and why: such a trial is
     /// never recorded COMPLETE (its epochs would be missing, and `--resume` would not run it).
-    lost: std::collections::HashMap<String, String>,
+    lost: crate::rounds::LostRows,
 }
 
 impl Recorder<'_> {
@@ -710,7 +710,7 @@ impl Recorder<'_> {
         if let Err(e) = &res {
             self.lost
                 .entry(row.trial_id.clone())
-                .or_insert_with(|| e.to_string());
+                .or_insert_with(|| e.into());
         }
         res
     }
@@ -741,7 +741,9 @@ impl Recorder<'_> {
     /// so far stay whole.
     fn note(&mut self, res: std::result::Result<(), ReportError>, cancel: &Cancel) {
         if let Err(e) = res {
-            if self.failed.is_none() {
+            if self.failed.is_none() && e.is_interrupted() {
+                tracing::warn!("{e}");
+            } else if self.failed.is_none() {
                 tracing::error!("{e}: stopping the sweep");
                 cancel.abort();
             }
@@ -1073,7 +1075,11 @@ mod tests {
             failed: None,
             lost: Default::default(),
         };
-        rec.lost.insert("a".into(), "disk full".into());
+        let full = |by_signal| crate::rounds::LostRow {
+            why: "disk full".into(),
+            by_signal,
+        };
+        rec.lost.insert("a".into(), full(false));
         let done = rec.checked(row("a", "COMPLETE", Some(0.5)));
         assert_eq!(
             (done.state.as_str(), done.error.as_str()),
@@ -1091,6 +1097,12 @@ mod tests {
         assert_eq!(
             rec.checked(row("b", "COMPLETE", Some(0.5))).state,
             "COMPLETE"
+        );
+        // A write a signal stopped: the trial is INTERRUPTED, and --resume runs it again.
+        rec.lost.insert("b".into(), full(true));
+        assert_eq!(
+            rec.checked(row("b", "COMPLETE", Some(0.5))).state,
+            "INTERRUPTED"
         );
     }
 
