@@ -189,6 +189,95 @@ pub fn replace_bytes(path: &Path, bytes: &[u8]) -> Result<(), ReportError> {
     replace_file(path, |w| w.write_all(bytes))
 }
 
+/// Makes the folder `root/parts[0]/parts[1]/…` (each part made when missing) without following
+/// a link at any part: each is made and opened under the descriptor of the one before
+/// (`mkdirat`, then `openat` with `O_NOFOLLOW | O_DIRECTORY`), so a link planted inside `root`
+/// (`trials/` pointing elsewhere) is refused with an error naming it, never written through.
+/// `root` itself may be a link (an output folder on scratch space). A part that is not one
+/// plain name (empty, `.`, `..`, with a `/`) is refused. Returns the folder's path.
+pub fn make_dir_within(root: &Path, parts: &[&str]) -> io::Result<PathBuf> {
+    use std::ffi::CString;
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    use std::os::unix::ffi::OsStrExt;
+    let root = if root.as_os_str().is_empty() {
+        Path::new(".")
+    } else {
+        root
+    };
+    let mut path = root.to_path_buf();
+    let c = |p: &Path| {
+        CString::new(p.as_os_str().as_bytes())
+            .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "a NUL byte in a path"))
+    };
+    let flags = libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC;
+    // SAFETY: open(2) with a NUL-terminated path; the descriptor is owned at once.
+    let fd = unsafe { libc::open(c(root)?.as_ptr(), flags) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `fd` is a fresh descriptor this function alone holds.
+    let mut dir = unsafe { OwnedFd::from_raw_fd(fd) };
+    for part in parts {
+        path.push(part);
+        if part.is_empty() || *part == "." || *part == ".." || part.contains('/') {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("{}: `{part}` is no plain folder name", path.display()),
+            ));
+        }
+        let name = c(Path::new(part))?;
+        // SAFETY: mkdirat(2) and openat(2) under a descriptor this function holds, with a
+        // NUL-terminated name.
+        let made = unsafe { libc::mkdirat(dir.as_raw_fd(), name.as_ptr(), 0o777) };
+        if made != 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() != io::ErrorKind::AlreadyExists {
+                return Err(e);
+            }
+        }
+        let fd = unsafe { libc::openat(dir.as_raw_fd(), name.as_ptr(), flags | libc::O_NOFOLLOW) };
+        if fd < 0 {
+            let e = io::Error::last_os_error();
+            return Err(match e.raw_os_error() {
+                Some(libc::ELOOP) | Some(libc::ENOTDIR) => io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    format!(
+                        "{} is a link or a file, not a folder: folders are made inside the output folder only; move it away",
+                        path.display()
+                    ),
+                ),
+                _ => e,
+            });
+        }
+        // SAFETY: as above.
+        dir = unsafe { OwnedFd::from_raw_fd(fd) };
+    }
+    Ok(path)
+}
+
+/// Writes `bytes` as the new file `path`, replacing a regular file there, but never through a
+/// link (`O_NOFOLLOW`): a link in its place is refused.
+pub fn write_no_follow(path: &Path, bytes: &[u8]) -> io::Result<()> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut file = OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path)
+        .map_err(|e| match e.raw_os_error() {
+            Some(libc::ELOOP) => io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "{} is a link: files are written inside the output folder only; move it away",
+                    path.display()
+                ),
+            ),
+            _ => e,
+        })?;
+    file.write_all(bytes)
+}
+
 /// Fsyncs a folder, so that a rename in it survives a power loss.
 pub fn sync_dir(dir: &Path) -> io::Result<()> {
     File::open(dir)?.sync_all()
@@ -197,6 +286,43 @@ pub fn sync_dir(dir: &Path) -> io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn folders_are_made_inside_the_root_never_through_a_link() {
+        let tmp = tempfile::tempdir().unwrap();
+        let (root, away) = (tmp.path().join("out"), tmp.path().join("away"));
+        fs::create_dir_all(&root).unwrap();
+        fs::create_dir_all(&away).unwrap();
+        let made = make_dir_within(&root, &["trials", "t0"]).unwrap();
+        assert_eq!(made, root.join("trials/t0"));
+        assert!(made.is_dir());
+        // Again: the folders are there already.
+        assert_eq!(make_dir_within(&root, &["trials", "t0"]).unwrap(), made);
+        // A planted link, at the first part or deeper, is refused and nothing is made through it.
+        std::os::unix::fs::symlink(&away, root.join("linked")).unwrap();
+        let err = make_dir_within(&root, &["linked", "t1"]).unwrap_err();
+        assert!(err.to_string().contains("linked is a link"), "{err}");
+        std::os::unix::fs::symlink(&away, root.join("trials/t2")).unwrap();
+        let err = make_dir_within(&root, &["trials", "t2", "x"]).unwrap_err();
+        assert!(err.to_string().contains("t2 is a link"), "{err}");
+        fs::write(root.join("trials/file"), "x").unwrap();
+        assert!(make_dir_within(&root, &["trials", "file"]).is_err());
+        assert_eq!(fs::read_dir(&away).unwrap().count(), 0);
+        for bad in ["..", ".", "", "a/b"] {
+            assert!(make_dir_within(&root, &["trials", bad]).is_err(), "{bad}");
+        }
+        // The root itself may be a link.
+        std::os::unix::fs::symlink(&root, tmp.path().join("root-link")).unwrap();
+        assert!(make_dir_within(&tmp.path().join("root-link"), &["trials", "t3"]).is_ok());
+        // A file is written in place, never through a link.
+        let args = made.join("args.json");
+        write_no_follow(&args, b"{}").unwrap();
+        write_no_follow(&args, b"{ }").unwrap();
+        assert_eq!(fs::read(&args).unwrap(), b"{ }");
+        std::os::unix::fs::symlink(away.join("x"), made.join("planted")).unwrap();
+        assert!(write_no_follow(&made.join("planted"), b"{}").is_err());
+        assert!(!away.join("x").exists());
+    }
 
     #[test]
     fn a_second_lock_on_the_same_folder_is_refused_until_the_first_is_dropped() {

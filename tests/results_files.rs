@@ -789,6 +789,39 @@ fn a_fifo_a_link_or_a_folder_in_a_results_files_place_is_refused_at_once() {
         1,
         "only target.csv"
     );
+    // A link planted in `trials/` in the place of a trial's folder, before the run, or between
+    // the check and the trial (a bayes sweep's trials are named as they come): refused, nothing
+    // written through it.
+    let out = dir.join("out-trial-folder");
+    fs::create_dir_all(out.join("trials")).unwrap();
+    std::os::unix::fs::symlink(&outside, out.join("trials").join("planted")).unwrap();
+    let o = sweep_within(&dir, &ext, &out, &[]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("planted is a link"), "{}", stderr(&o));
+    fs::remove_file(out.join("trials").join("planted")).unwrap();
+    let listed = dir
+        .run(&["sweep", s(&ext), "--out", s(&out), "--dry-run"])
+        .output();
+    let first = stdout(&listed)
+        .lines()
+        .find_map(|l| {
+            l.split_whitespace()
+                .next()
+                .filter(|w| w.len() == 16)
+                .map(str::to_string)
+        })
+        .expect("a trial id in the dry run");
+    let maker = gpumux::outdir::make_dir_within(&out, &["trials", &first]);
+    assert!(maker.is_ok());
+    fs::remove_dir(out.join("trials").join(&first)).unwrap();
+    std::os::unix::fs::symlink(&outside, out.join("trials").join(&first)).unwrap();
+    let err = gpumux::outdir::make_dir_within(&out, &["trials", &first]).unwrap_err();
+    assert!(err.to_string().contains("is a link"), "{err}");
+    assert_eq!(
+        fs::read_dir(&outside).unwrap().count(),
+        1,
+        "only target.csv"
+    );
 }
 
 #[test]

@@ -106,8 +106,17 @@ pub fn command(
         ))
     };
     let out_dir = std::path::absolute(&dir).map_err(cannot)?;
-    if placeholders(template).is_ok_and(|names| names.iter().any(|n| n == "out_dir")) {
-        std::fs::create_dir_all(&out_dir).map_err(cannot)?;
+    let names_dir = placeholders(template).is_ok_and(|names| names.iter().any(|n| n == "out_dir"))
+        || template.contains("${args_json_file}");
+    if names_dir {
+        // Made under the output folder's descriptor: never through a link planted in it.
+        let root = ext.trials_dir.parent().unwrap_or(std::path::Path::new(""));
+        let trials = ext
+            .trials_dir
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or("trials");
+        crate::outdir::make_dir_within(root, &[trials, trial.id.as_str()]).map_err(cannot)?;
     }
     let names = TrialNames {
         seed: trial.seed,

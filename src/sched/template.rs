@@ -131,7 +131,12 @@ pub fn render(
             "args_json_file" => {
                 let path = trial.out_dir.join(ARGS_JSON_FILE);
                 std::fs::create_dir_all(trial.out_dir)
-                    .and_then(|()| std::fs::write(&path, args_json(params, trial.swept)))
+                    .and_then(|()| {
+                        crate::outdir::write_no_follow(
+                            &path,
+                            args_json(params, trial.swept).as_bytes(),
+                        )
+                    })
                     .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
                 vec![path.display().to_string()]
             }

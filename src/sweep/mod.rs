@@ -229,6 +229,17 @@ pub fn run(job: &Job, opts: &SweepOptions, out: &mut dyn Write) -> Result<PathBu
             trials_dir.display()
         )));
     }
+    // Nor through a link planted in its place of a trial's folder.
+    if let Ok(entries) = std::fs::read_dir(&trials_dir) {
+        for entry in entries.flatten() {
+            if entry.file_type().is_ok_and(|t| t.is_symlink()) {
+                return Err(Error::Usage(format!(
+                    "{} is a link: the trials' folders are made inside the output folder only; move it away",
+                    entry.path().display()
+                )));
+            }
+        }
+    }
     let had_rows = held.has_rows();
     let previous = if opts.resume { held.trials } else { Vec::new() };
     // Early termination resumes where it was: the rungs of the trials done.
