@@ -95,7 +95,7 @@ commit=$(git rev-parse --short HEAD)
   echo "commit $commit$(git diff --quiet HEAD -- src || echo ' (with uncommitted changes in src/)')"
   echo "$("${builds[0]#*=}" --version)"
   echo "machine: $(nproc) cores, $(free -g | awk '/Mem:/ {print $2}') GiB, $(uname -sr); no GPU used"
-  echo "files: progress.csv $mb MB ($((trials * epochs)) rows), $trials trials; merge: two shards of half each"
+  echo "files: progress.csv $mb MiB ($((trials * epochs)) rows), $trials trials; merge: two shards of half each"
   date -u +%Y-%m-%dT%H:%MZ
 } >"$out/command.txt"
 python3 - "$csv" "$out/summary.md" "$mb" <<'EOF'
@@ -113,7 +113,7 @@ out = ["| build | step | seconds (best of 2) | × plain copy | peak MiB (max of 
        "|---|---|---|---|---|---|"]
 for (build, step), (s, m) in best.items():
     if step == "copy":
-        out.append(f"| - | plain copy ({sys.argv[3]} MB + trials.csv, synced) | {s:.2f} | 1 | {m} | - |")
+        out.append(f"| - | plain copy ({sys.argv[3]} MiB + trials.csv, synced) | {s:.2f} | 1 | {m} | - |")
         continue
     out.append(f"| {build} | {step} | {s:.2f} | {s / copy:.0f} | {m} | {'yes' if m < 200 else 'NO'} |")
 open(sys.argv[2], "w").write("\n".join(out) + "\n")
