@@ -46,6 +46,13 @@ pub fn digest(value: &impl Debug) -> u128 {
     (u128::from(twin.sip.finish()) << 64) | u128::from(twin.fnv)
 }
 
+/// [`digest`] of bytes as they are (a row's encoded line, where equal rows encode alike).
+pub fn digest_bytes(bytes: &[u8]) -> u128 {
+    let mut sip = DefaultHasher::new();
+    sip.write(bytes);
+    (u128::from(sip.finish()) << 64) | u128::from(fnv1a(bytes))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

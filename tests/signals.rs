@@ -540,7 +540,7 @@ fn a_signal_stops_a_long_rewrite_or_merge_at_once_and_leaves_the_files_whole() {
             s(&out),
             "--resume",
             "--grace",
-            "1",
+            "0",
         ])
         .watch();
     assert!(
@@ -553,14 +553,14 @@ fn a_signal_stops_a_long_rewrite_or_merge_at_once_and_leaves_the_files_whole() {
     let (code, said, err) = run.finish();
     let took = signalled.elapsed();
     assert_eq!(code, Some(3), "{said}\n{err}");
-    // Within the grace (1 s) and a margin: the copy stops, and the trial is stopped.
+    // With no grace, the copy stops within a few thousand rows, long before its end (a million
+    // rows), and the trial is stopped.
     assert!(
-        took.as_secs_f64() < 4.0,
+        took.as_secs_f64() < 3.0,
         "exit came {took:?} after the signal"
     );
-    assert_eq!(
-        std::fs::read(&progress).unwrap(),
-        before,
+    assert!(
+        std::fs::read(&progress).unwrap() == before,
         "progress.csv changed"
     );
     assert!(!replacing(&out), "a temporary file was left");

@@ -420,8 +420,11 @@ impl Sink {
             return Ok(());
         }
         // Row by row: the file is never held in memory; a signal stops the copy at its grace.
-        let rows = RowReader::<T>::open(&self.path)?.interrupted_by(&self.interrupt);
-        write_rows_from::<T, T>(&self.path, rows, &wider, &self.interrupt)?;
+        let lines = RowReader::<T>::open(&self.path)?
+            .interrupted_by(&self.interrupt)
+            .with_lines(&wider)
+            .map(|r| r.map(|(_, line)| line));
+        write_lines::<T>(&self.path, lines, &wider, &self.interrupt, &mut |_| true)?;
         let mut file = open_regular(&self.path, OpenOptions::new().read(true).append(true), true)?;
         self.len = file.seek(SeekFrom::End(0)).map_err(read_err(&self.path))?;
         self.file = file;
@@ -756,24 +759,37 @@ pub fn write_rows_from<T: ResultsRow, R: std::borrow::Borrow<T>>(
     extra: &[String],
     interrupt: &Interrupt,
 ) -> Result<(), ReportError> {
+    let lines = rows
+        .into_iter()
+        .map(|row| row.and_then(|row| encode(path, row.borrow(), extra, true)));
+    write_lines::<T>(path, lines, extra, interrupt, &mut |_| true)
+}
+
+/// Replaces the results file at `path` (as [`write_rows_from`] does) with rows already encoded
+/// as lines under the header of `T` and `extra` ([`RowReader::with_lines`]), those that `keep`
+/// keeps (rows equal field for field are encoded alike).
+pub fn write_lines<T: ResultsRow>(
+    path: &Path,
+    lines: impl IntoIterator<Item = Result<Vec<u8>, ReportError>>,
+    extra: &[String],
+    interrupt: &Interrupt,
+    keep: &mut dyn FnMut(&[u8]) -> bool,
+) -> Result<(), ReportError> {
     let header = header_of::<T>(extra)?;
-    let mut writer = ::csv::Writer::from_writer(Vec::new());
-    writer.write_byte_record(&header).map_err(csv_err(path))?;
-    let head = writer
-        .into_inner()
-        .map_err(|e| ReportError::Invalid(e.to_string()))?;
+    let head = line_of(path, &header)?;
     let mut failed = None;
     let written = crate::outdir::replace_file(path, |w| {
         w.write_all(&head)?;
-        for (n, row) in rows.into_iter().enumerate() {
-            let line = row.and_then(|row| {
+        for (n, line) in lines.into_iter().enumerate() {
+            let line = line.and_then(|line| {
                 if n as u64 % CHECK_EVERY == CHECK_EVERY - 1 {
                     interrupt.check(path)?;
                 }
-                encode(path, row.borrow(), extra, true)
+                Ok(line)
             });
             match line {
-                Ok(line) => w.write_all(&line)?,
+                Ok(line) if keep(&line) => w.write_all(&line)?,
+                Ok(_) => {}
                 Err(e) => {
                     failed = Some(e);
                     return Err(io::Error::other("a row cannot be written"));
@@ -1189,6 +1205,87 @@ impl<T: ResultsRow> Iterator for RowReader<T> {
     }
 }
 
+/// The rows of a [`RowReader`], each with its line as written under other extra columns
+/// ([`RowReader::with_lines`]).
+pub struct WithLines<T> {
+    reader: RowReader<T>,
+    extra: Vec<String>,
+    /// For each cell of the line written (the row's own, then `extra`): the index of the cell
+    /// read that it copies, or `None` for an empty one. `None` when the file read lacks some
+    /// column of the row (an older file): its rows are encoded from their values.
+    from: Option<Vec<Option<usize>>>,
+    line: Vec<u8>,
+}
+
+impl<T: ResultsRow> RowReader<T> {
+    /// The rows, each with its line as [`write_lines`] writes it under the extra columns
+    /// `extra`: a row whose check was verified is copied from the cells it was read from
+    /// (its values are not formatted again), in the columns' new order, with a new check;
+    /// any other row (no check, a line break in a cell, an older file) is encoded from its
+    /// values. Either way the line is the one [`write_rows_from`] would write.
+    pub fn with_lines(self, extra: &[String]) -> WithLines<T> {
+        let position = |name: &[u8]| self.header.iter().position(|c| c == name);
+        let from = self.check.and_then(|_| {
+            let fixed = columns_of::<T>().ok()?;
+            let mut from: Vec<Option<usize>> = Vec::with_capacity(fixed.len() + extra.len());
+            for name in fixed.iter() {
+                from.push(Some(position(name)?));
+            }
+            from.extend(extra.iter().map(|name| position(name.as_bytes())));
+            Some(from)
+        });
+        WithLines {
+            reader: self,
+            extra: extra.to_vec(),
+            from,
+            line: Vec::with_capacity(256),
+        }
+    }
+}
+
+impl<T: ResultsRow> WithLines<T> {
+    /// The line of the row just read, copied from its cells; `None` when it must be encoded.
+    fn copied(&mut self) -> Option<Vec<u8>> {
+        let from = self.from.as_ref()?;
+        let record = &self.reader.record;
+        let i = self.reader.check?;
+        if record.get(i).is_none_or(|c| c.is_empty()) {
+            return None;
+        }
+        let cell = |k: &Option<usize>| k.and_then(|k| record.get(k)).unwrap_or(b"");
+        // A cell that would need quoting: encoded from its values instead.
+        let plain = |c: &[u8]| !c.iter().any(|&b| matches!(b, b',' | b'"' | b'\n' | b'\r'));
+        if !from.iter().all(|k| plain(cell(k))) {
+            return None;
+        }
+        let check = check_value(from.iter().map(cell));
+        self.line.clear();
+        for k in from {
+            self.line.extend_from_slice(cell(k));
+            self.line.push(b',');
+        }
+        self.line
+            .extend_from_slice(format!("{check:016x}\n").as_bytes());
+        Some(self.line.clone())
+    }
+}
+
+impl<T: ResultsRow> Iterator for WithLines<T> {
+    type Item = Result<(T, Vec<u8>), ReportError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        let row = match self.reader.next()? {
+            Ok(row) => row,
+            Err(e) => return Some(Err(e)),
+        };
+        let line = match self.copied() {
+            Some(line) => Ok(line),
+            None => encode(&self.reader.path, &row, &self.extra, true),
+        };
+        Some(line.map(|line| (row, line)))
+    }
+}
+
 fn parse_error(path: &Path, e: ::csv::Error) -> ReportError {
     let line = e.position().map_or(0, |p| p.line());
     damaged(path, line, format!("does not parse: {e}"))
@@ -1323,6 +1420,75 @@ pub(crate) mod tests {
             test_acc: 0.1 / 3.0,
             wall_s: 2.0,
             extra: BTreeMap::new(),
+        }
+    }
+
+    #[test]
+    fn rows_copied_from_their_cells_are_the_lines_their_values_encode_to() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(PROGRESS_CSV);
+        let with = |epoch: u32, id: &str, keys: &[(&str, f64)]| {
+            let mut row = progress_row(epoch);
+            row.trial_id = id.into();
+            row.train_loss = f64::NAN;
+            row.test_acc = 1.0 / (3.0 + f64::from(epoch));
+            row.extra = keys.iter().map(|(k, v)| (k.to_string(), *v)).collect();
+            row
+        };
+        let rows = vec![
+            with(1, "t0", &[("a", 0.25)]),
+            with(2, "t0", &[("a", -1e-300), ("b", 7.0)]),
+            with(3, "t,1", &[("b", 2.0)]),
+            with(4, "t\"2", &[]),
+        ];
+        write_rows(&path, &rows).unwrap();
+        // A row added by hand, with an empty check: encoded from its values.
+        let mut text = fs::read_to_string(&path).unwrap();
+        let hand = encode(
+            &path,
+            &with(5, "t3", &[("a", 1.5)]),
+            &["a".into(), "b".into()],
+            false,
+        )
+        .unwrap();
+        text.push_str(std::str::from_utf8(&hand).unwrap().trim_end());
+        text.push_str(",\n");
+        fs::write(&path, text).unwrap();
+        let all = read_rows::<ProgressRow>(&path).unwrap();
+        assert_eq!(all.len(), 5);
+        for columns in [vec![], vec!["a"], vec!["b", "c", "a"], vec!["a", "b"]] {
+            let columns: Vec<String> = columns.into_iter().map(String::from).collect();
+            let got: Vec<(ProgressRow, Vec<u8>)> = RowReader::<ProgressRow>::open(&path)
+                .unwrap()
+                .with_lines(&columns)
+                .collect::<Result<_, _>>()
+                .unwrap();
+            for ((row, line), want) in got.iter().zip(&all) {
+                assert_eq!(format!("{row:?}"), format!("{want:?}"));
+                let encoded = encode(&path, want, &columns, true).unwrap();
+                assert_eq!(
+                    String::from_utf8_lossy(line),
+                    String::from_utf8_lossy(&encoded),
+                    "{columns:?}"
+                );
+            }
+            // And the file written from those lines reads back as the same rows.
+            let out = dir.path().join("copy.csv");
+            let lines = got.into_iter().map(|(_, l)| Ok(l));
+            write_lines::<ProgressRow>(&out, lines, &columns, &Interrupt::Never, &mut |_| true)
+                .unwrap();
+            let back = read_rows::<ProgressRow>(&out).unwrap();
+            assert_eq!(back.len(), 5);
+            for (b, a) in back.iter().zip(&all) {
+                let kept: BTreeMap<String, f64> = a
+                    .extra
+                    .iter()
+                    .filter(|(k, _)| columns.contains(k))
+                    .map(|(k, v)| (k.clone(), *v))
+                    .collect();
+                assert_eq!(format!("{:?}", b.extra), format!("{kept:?}"));
+                assert_eq!(b.trial_id, a.trial_id);
+            }
         }
     }
 

@@ -6,8 +6,8 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 use super::csv::{
-    check_regular, check_rows, existing_extra, read_runs, read_trials, write_all, write_rows,
-    write_rows_from, Interrupt, RowReader,
+    check_regular, check_rows, existing_extra, read_runs, read_trials, write_all, write_lines,
+    write_rows, Interrupt, RowReader,
 };
 use super::csv::{PROGRESS_CSV, RUNS_CSV, TRIALS_CSV};
 use super::plot::{
@@ -171,21 +171,43 @@ pub fn union_of_columns(dirs: &[ResultsDir]) -> Vec<String> {
     columns
 }
 
-/// The progress rows of every folder, in order, read lazily (a folder's file is opened when
-/// its rows are reached), each with the index of its folder.
+/// What `each` makes of every folder's progress rows, in order, each with the index of its
+/// folder; a folder's file is opened when its rows are reached.
+fn per_folder<'a, X: 'a, I>(
+    dirs: &'a [ResultsDir],
+    interrupt: &'a Interrupt,
+    each: impl Fn(RowReader<ProgressRow>) -> I + 'a,
+) -> impl Iterator<Item = Result<(usize, X), ReportError>> + 'a
+where
+    I: Iterator<Item = Result<X, ReportError>> + 'a,
+{
+    dirs.iter().enumerate().flat_map(move |(i, d)| {
+        let items: Box<dyn Iterator<Item = Result<X, ReportError>> + 'a> =
+            match d.progress(interrupt) {
+                Ok(Some(reader)) => Box::new(each(reader)),
+                Ok(None) => Box::new(std::iter::empty()),
+                Err(e) => Box::new(std::iter::once(Err(e))),
+            };
+        items.map(move |r| r.map(|x| (i, x)))
+    })
+}
+
+/// The progress rows of every folder, in order, read lazily, each with the index of its folder.
 pub fn progress_of<'a>(
     dirs: &'a [ResultsDir],
     interrupt: &'a Interrupt,
 ) -> impl Iterator<Item = Result<(usize, ProgressRow), ReportError>> + 'a {
-    dirs.iter().enumerate().flat_map(move |(i, d)| {
-        let rows: Box<dyn Iterator<Item = Result<ProgressRow, ReportError>>> =
-            match d.progress(interrupt) {
-                Ok(Some(reader)) => Box::new(reader),
-                Ok(None) => Box::new(std::iter::empty()),
-                Err(e) => Box::new(std::iter::once(Err(e))),
-            };
-        rows.map(move |r| r.map(|r| (i, r)))
-    })
+    per_folder(dirs, interrupt, |reader| reader)
+}
+
+/// [`progress_of`], each row with its line as written under the extra columns `columns`
+/// ([`RowReader::with_lines`]): for copying the rows into one file.
+pub fn progress_lines_of<'a>(
+    dirs: &'a [ResultsDir],
+    columns: &'a [String],
+    interrupt: &'a Interrupt,
+) -> impl Iterator<Item = Result<(usize, (ProgressRow, Vec<u8>)), ReportError>> + 'a {
+    per_folder(dirs, interrupt, move |reader| reader.with_lines(columns))
 }
 
 /// Merges the report files of every directory into `out`, in order, without rows repeated
@@ -216,16 +238,15 @@ pub fn merge_files(
         source,
     })?;
     let columns = union_of_columns(&folders);
+    // A row is dropped when its line, as written, was written already.
     let mut seen = HashSet::new();
-    let progress = progress_of(&folders, interrupt).filter_map(|row| match row {
-        Ok((_, row)) => seen.insert(crate::hash::digest(&row)).then_some(Ok(row)),
-        Err(e) => Some(Err(e)),
-    });
-    write_rows_from::<ProgressRow, ProgressRow>(
+    let lines = progress_lines_of(&folders, &columns, interrupt).map(|r| r.map(|(_, (_, l))| l));
+    write_lines::<ProgressRow>(
         &out.join(PROGRESS_CSV),
-        progress,
+        lines,
         &columns,
         interrupt,
+        &mut |line| seen.insert(crate::hash::digest_bytes(line)),
     )?;
     write_rows(&out.join(RUNS_CSV), &runs)?;
     write_rows(&out.join(TRIALS_CSV), &trials)?;

@@ -9,13 +9,13 @@ pub mod plot;
 pub mod summary;
 
 pub use self::csv::{
-    check_rows, read_progress, read_rows, read_runs, read_trials, write_all, write_rows,
-    write_rows_from, Interrupt, ReportWriter, ResultsRow, RowReader, CHECK, PROGRESS_CSV, RUNS_CSV,
-    TRIALS_CSV,
+    check_rows, read_progress, read_rows, read_runs, read_trials, write_all, write_lines,
+    write_rows, write_rows_from, Interrupt, ReportWriter, ResultsRow, RowReader, WithLines, CHECK,
+    PROGRESS_CSV, RUNS_CSV, TRIALS_CSV,
 };
 pub use self::merge::{
-    merge_files, merge_into, progress_of, read_dir, union_of_columns, write_merged, write_report,
-    ReportPaths, ResultsDir, Rows,
+    merge_files, merge_into, progress_lines_of, progress_of, read_dir, union_of_columns,
+    write_merged, write_report, ReportPaths, ResultsDir, Rows,
 };
 pub use self::plot::{plot_samples_per_s, plot_time_per_training};
 pub use self::summary::{

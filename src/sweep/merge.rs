@@ -91,17 +91,21 @@ impl Merged {
             let (source, row) = row?;
             epochs.see(at as u64, source, &row);
         }
-        let kept = report::progress_of(&self.folders, interrupt)
+        let columns = report::union_of_columns(&self.folders);
+        let kept = report::progress_lines_of(&self.folders, &columns, interrupt)
             .enumerate()
             .filter_map(|(at, row)| match row {
-                Ok((source, row)) => epochs.keeps(at as u64, source, &row).then_some(Ok(row)),
+                Ok((source, (row, line))) => {
+                    epochs.keeps(at as u64, source, &row).then_some(Ok(line))
+                }
                 Err(e) => Some(Err(e)),
             });
-        report::write_rows_from::<ProgressRow, ProgressRow>(
+        report::write_lines::<ProgressRow>(
             &out_dir.join(report::PROGRESS_CSV),
             kept,
-            &report::union_of_columns(&self.folders),
+            &columns,
             interrupt,
+            &mut |_| true,
         )?;
         Ok(())
     }
