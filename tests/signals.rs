@@ -1,4 +1,4 @@
-//! Signals, exit codes and a closed stdout, on the real binary: every long-running command keeps what it measured and exits 3 on SIGTERM, a second signal stops at once, and each command maps its errors to the README's table.
+//! Signals, exit codes and a closed stdout, on the real binary: every long-running command keeps what it measured and exits 3 on SIGTERM, a second signal stops at once, and each command maps its errors to the table of docs/reference/exit-codes.md.
 
 mod support;
 use std::io::{BufRead, BufReader};

@@ -2,7 +2,7 @@
 # Runs jobs/slurm/sweep.sbatch under a real Slurm: installs slurm-wlm and munge from Debian when
 # they are missing, starts munged, slurmctld and slurmd for one node on 127.0.0.1 in a temporary
 # folder, and checks, with the small CPU sweep in tests/slurm/sweep.yaml:
-#   1. the array as the README documents it (with its overrides for a node without GPUs): the
+#   1. the array as docs/guide/slurm.md documents it (with its overrides for a node without GPUs): the
 #      merge holds every trial exactly once, the same trials as one unsharded sweep, and a
 #      resubmitted index finds its array's results root;
 #   2. SIGTERM to one running task's batch shell: gpumux exits 3 after the grace, the task
@@ -210,7 +210,7 @@ mkdir -p "$work/logs"
 cd "$work" || exit 2
 export GPUMUX=$gpumux
 sbatch_script=$repo/jobs/slurm/sweep.sbatch
-# The overrides the README gives for a node without GPUs and with few CPUs.
+# The overrides docs/guide/slurm.md gives for a node without GPUs and with few CPUs.
 overrides=(--gres=none --cpus-per-task=1 --time=10)
 
 # A quick job (8 trials of a fraction of a second) and a slow one (6 trials of a few seconds).
