@@ -7,7 +7,7 @@
 use std::collections::{BTreeMap, HashSet};
 use std::path::Path;
 
-use super::csv::CHECK;
+use super::line::CHECK;
 
 /// The most extra columns one results file holds; later keys are dropped.
 pub const MAX_EXTRA: usize = 32;

@@ -5,16 +5,14 @@ use std::fmt::Debug;
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use super::csv::{
-    check_regular, check_rows, existing_extra, read_runs, read_trials, write_all, write_lines,
-    write_rows, Interrupt, RowReader,
-};
-use super::csv::{PROGRESS_CSV, RUNS_CSV, TRIALS_CSV};
+use super::line::{check_regular, Interrupt, PROGRESS_CSV, RUNS_CSV, TRIALS_CSV};
 use super::plot::{
     plot_samples_per_s, plot_time_per_training, samples_per_s_plottable,
     time_per_training_plottable,
 };
+use super::read::{check_rows, existing_extra, read_runs, read_trials, RowReader};
 use super::summary::summary_text;
+use super::write::{write_all, write_lines, write_rows};
 use super::{ProgressRow, RunRow, TrialRow};
 use crate::error::ReportError;
 use crate::outdir::replace_bytes;
@@ -124,7 +122,7 @@ impl ResultsDir {
         }
         existing_extra(
             &self.dir.join(PROGRESS_CSV),
-            &super::csv::columns_of::<ProgressRow>().unwrap_or_default(),
+            &super::line::columns_of::<ProgressRow>().unwrap_or_default(),
         )
     }
 
@@ -342,7 +340,7 @@ pub fn merge_into(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::report::csv::tests::{run_row, trial_row};
+    use crate::report::tests::{run_row, trial_row};
 
     fn write_dir(dir: &Path, runs: &[RunRow], trials: &[TrialRow]) {
         write_merged(dir, runs, trials, &[]).unwrap();
@@ -421,7 +419,7 @@ mod tests {
     fn an_interrupted_merge_stops_and_leaves_out_as_it_was() {
         let tmp = tempfile::tempdir().unwrap();
         let (a, out) = (tmp.path().join("a"), tmp.path().join("out"));
-        let rows: Vec<ProgressRow> = (0..3 * super::super::csv::CHECK_EVERY as u32)
+        let rows: Vec<ProgressRow> = (0..3 * super::super::line::CHECK_EVERY as u32)
             .map(|e| ProgressRow {
                 trial_id: "t0".into(),
                 epoch: e + 1,

@@ -2,26 +2,32 @@
 
 use serde::{Deserialize, Serialize};
 
-pub mod csv;
 pub mod extra;
+pub mod line;
 pub mod merge;
 pub mod plot;
+pub mod read;
 pub mod summary;
+#[cfg(test)]
+pub(crate) mod tests;
+pub mod write;
 
-pub use self::csv::{
-    check_rows, read_progress, read_rows, read_runs, read_trials, write_all, write_lines,
-    write_rows, write_rows_from, Interrupt, ReportWriter, ResultsRow, RowReader, WithLines, CHECK,
-    PROGRESS_CSV, RUNS_CSV, TRIALS_CSV,
+pub use self::line::{
+    check_regular, Interrupt, ResultsRow, CHECK, PROGRESS_CSV, RUNS_CSV, TRIALS_CSV,
 };
 pub use self::merge::{
     merge_files, merge_into, progress_lines_of, progress_of, read_dir, union_of_columns,
     write_merged, write_report, ReportPaths, ResultsDir, Rows,
 };
 pub use self::plot::{plot_samples_per_s, plot_time_per_training};
+pub use self::read::{
+    check_rows, read_progress, read_rows, read_runs, read_trials, RowReader, WithLines,
+};
 pub use self::summary::{
     best_n, best_trial, format_best, format_best_n, format_parity, parity, summary_table,
     summary_text, BestN, ParityLine,
 };
+pub use self::write::{write_all, write_lines, write_rows, write_rows_from, ReportWriter};
 
 /// The state of a trial that ran to the end.
 pub const COMPLETE: &str = "COMPLETE";

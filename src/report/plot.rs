@@ -360,7 +360,7 @@ impl Chart<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::report::csv::tests::run_row;
+    use crate::report::tests::run_row;
 
     fn rounds() -> Vec<RunRow> {
         let mut rows = Vec::new();

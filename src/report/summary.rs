@@ -377,7 +377,7 @@ pub fn summary_text(runs: &[RunRow], trials: &[TrialRow]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::report::csv::tests::{run_row, trial_row};
+    use crate::report::tests::{run_row, trial_row};
 
     fn runs() -> Vec<RunRow> {
         vec![

@@ -9,7 +9,7 @@ use crate::job::Goal;
 use crate::report::{self, Interrupt, ProgressRow, TrialRow};
 
 use super::best;
-use super::epochs::OnePerEpoch;
+use super::one_per_epoch::OnePerEpoch;
 use crate::rounds::say;
 
 /// What a merge found.

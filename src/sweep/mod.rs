@@ -1,9 +1,9 @@
 //! The sweep runner: every trial of a job's parameter space, `concurrency` at a time under one split mode; resumable, shardable and interruptible.
 
-pub mod asha;
 pub mod bayes;
-mod epochs;
-use epochs::OnePerEpoch;
+pub mod hyperband;
+mod one_per_epoch;
+use one_per_epoch::OnePerEpoch;
 mod dry_run;
 pub mod identity;
 pub mod merge;
@@ -243,7 +243,7 @@ pub fn run(job: &Job, opts: &SweepOptions, out: &mut dyn Write) -> Result<PathBu
     let had_rows = held.has_rows();
     let previous = if opts.resume { held.trials } else { Vec::new() };
     // Early termination resumes where it was: the rungs of the trials done.
-    let pruner = asha::Pruner::of(job).map(Arc::new);
+    let pruner = hyperband::Pruner::of(job).map(Arc::new);
     let restoring = pruner.as_deref().filter(|_| opts.resume);
     let scan = scan_progress(&dir, &previous, restoring, &reading)?;
     if (had_rows || scan.rows > 0) && !opts.resume && !opts.dry_run {
@@ -517,7 +517,7 @@ impl Held {
     fn read(dir: &Path) -> Result<Held> {
         // A link, FIFO or folder in a results file's place is refused before anything is read.
         for name in [report::TRIALS_CSV, report::PROGRESS_CSV, report::RUNS_CSV] {
-            report::csv::check_regular(&dir.join(name))?;
+            report::check_regular(&dir.join(name))?;
         }
         let present = |name: &str| dir.join(name).exists();
         Ok(Held {
@@ -554,10 +554,10 @@ struct ProgressScan<'a> {
 fn scan_progress<'a>(
     dir: &Path,
     trials: &'a [TrialRow],
-    pruner: Option<&asha::Pruner>,
+    pruner: Option<&hyperband::Pruner>,
     interrupt: &report::Interrupt,
 ) -> Result<ProgressScan<'a>> {
-    let done = asha::done_ids(trials);
+    let done = hyperband::done_ids(trials);
     let mut scan = ProgressScan {
         rows: 0,
         restored: 0,
@@ -973,7 +973,7 @@ fn finish(
         dir.display()
     ))?;
     if let Some(e) = &job.file.early_terminate {
-        let (saved, all) = asha::saved(&mine_rows, e.max_iter(job.file.train.epochs));
+        let (saved, all) = hyperband::saved(&mine_rows, e.max_iter(job.file.train.epochs));
         say(out, format!(
             "early termination: {pruned} trials PRUNED; they left {saved} of the {all} trial-epochs of the trials done untrained ({:.0}% saved)",
             100.0 * saved as f64 / all.max(1) as f64

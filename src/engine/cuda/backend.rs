@@ -11,7 +11,7 @@ use super::cudnn::Dnn;
 use super::data::DeviceData;
 use super::graph::{self, GraphExec};
 use super::launch::{grid_for, launch, launch_2d, Arg, BLOCK};
-use super::pool::{blas_workspace_bytes, layout, Allocation, Layout, Pool};
+use super::mem_pool::{blas_workspace_bytes, layout, Allocation, Layout, Pool};
 use super::staging::Staging;
 use super::stream::{Pacer, Stream};
 use crate::engine::{contract, ConvEngine, EngineOptions, Region};
@@ -127,10 +127,10 @@ impl CudaBackend {
         Ok(arena.alloc.ptr() + arena.layout.order_offset as u64)
     }
 
-    /// Device address of the reductions' scratch ([`super::pool::REDUCE_SCRATCH_BYTES`]): the
+    /// Device address of the reductions' scratch ([`super::mem_pool::REDUCE_SCRATCH_BYTES`]): the
     /// partial pairs, the channels' means, the tickets (zero between ops).
     pub(crate) fn scratch_ptrs(&self) -> Result<[sys::CUdeviceptr; 3], EngineError> {
-        use super::pool::{REDUCE_CHANNELS, REDUCE_PARTIALS};
+        use super::mem_pool::{REDUCE_CHANNELS, REDUCE_PARTIALS};
         let arena = self.arena.as_ref().ok_or(EngineError::NoArena)?;
         let base = arena.alloc.ptr() + arena.layout.scratch_offset as u64;
         let means = base + (REDUCE_PARTIALS * 16) as u64;

@@ -1507,7 +1507,7 @@ impl CudaBackend {
     /// alone (the blocks a channel depend on one trial's shape), so a trial computes in a group
     /// what it computes alone, bit for bit; else the group's trials run one after another.
     fn norm_groups(&self, s: &PlaneShape, f: FusedNorm, pairs: usize) -> bool {
-        use super::pool::{REDUCE_CHANNELS, REDUCE_PARTIALS};
+        use super::mem_pool::{REDUCE_CHANNELS, REDUCE_PARTIALS};
         let k = self.norm_chunks(s, pairs) as usize;
         let channels = s.c.saturating_mul(f.trials);
         k == 1
@@ -1524,7 +1524,7 @@ impl CudaBackend {
     /// on the shape alone, not on the device, so the sums' order (and their last bits) is the
     /// same on every GPU.
     fn norm_chunks(&self, s: &PlaneShape, pairs: usize) -> u32 {
-        use super::pool::{REDUCE_CHANNELS, REDUCE_PARTIALS};
+        use super::mem_pool::{REDUCE_CHANNELS, REDUCE_PARTIALS};
         let (c, m) = (s.c, s.n * s.hw);
         if c == 0 || m == 0 {
             return 1;
