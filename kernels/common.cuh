@@ -6,7 +6,7 @@
 
 typedef unsigned long long u64;
 
-// The hyper table of a fused group (src/engine/fused.rs): one row of HYPER_LEN floats per trial,
+// The hyper table of a fused group (src/engine/fused_hyper.rs): one row of HYPER_LEN floats per trial,
 // read by the batched optimizer steps and the fused dropout.
 #define HYPER_LR 0u
 #define HYPER_WD 1u

@@ -15,7 +15,7 @@ use crate::rounds::{check_threads_split, say, CsvFile};
 use crate::run::{self, OutFolder};
 use crate::sched;
 use crate::train::largest_fitting;
-use crate::train::mirrored::{plan_on, probe, ParallelConfig};
+use crate::train::mirrored::{plan_on, ratio_probe as probe, ParallelConfig};
 
 /// The file with one row per batch size tried.
 pub const SCAN_CSV: &str = "batch_scan.csv";

@@ -1,4 +1,4 @@
-//! The cancel token every layer checks: drain (launch nothing new), then abort (stop what runs); set by the signal watcher in `sched::cancel`.
+//! The cancel token every layer checks: drain (launch nothing new), then abort (stop what runs); set by the signal watcher in `sched::signals`.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};

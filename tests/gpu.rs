@@ -925,7 +925,7 @@ fn optimisers_match_the_cpu() {
 /// The batched SGD and Adam steps over 13 trials with mixed hyperparameters (momentum and weight
 /// decay 0 for some, differing betas, two trials dead) against the CPU's.
 fn batched_optimisers_match_the_cpu() {
-    use gpumux::engine::fused::*;
+    use gpumux::engine::fused_hyper::*;
     let e = gpu_or_skip!();
     let mut p = Pair::new(&e);
     let (trials, params) = (13, 1001);
@@ -966,7 +966,7 @@ fn batched_optimisers_match_the_cpu() {
 /// evaluation gather and sums, the optimizer step with the counter's advance) against the CPU's,
 /// for one trial and for 5; and an upload and a peek, which do not wait.
 fn folded_ops_match_the_cpu() {
-    use gpumux::engine::fused::*;
+    use gpumux::engine::fused_hyper::*;
     let e = gpu_or_skip!();
     let mut p = Pair::new(&e);
     for trials in [1usize, 5] {

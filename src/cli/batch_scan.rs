@@ -27,7 +27,7 @@ pub struct Args {
     #[arg(long, default_value_t = 0)]
     slice: u32,
     /// Seconds of timed training per batch size.
-    #[arg(long, default_value_t = gpumux::train::mirrored::probe::TARGET_S, value_parser = scan_seconds)]
+    #[arg(long, default_value_t = gpumux::train::mirrored::ratio_probe::TARGET_S, value_parser = scan_seconds)]
     seconds: f64,
     /// Split mode whose slice plan gives the cap; overrides the job's `split`.
     #[arg(long, value_enum)]

@@ -42,7 +42,7 @@ pub fn main(
         })
         .init();
     // The long-running commands watch SIGINT, SIGTERM and SIGHUP from their first moment: a signal stops
-    // them with what they measured kept, and exit code 3 (see `sched::cancel`).
+    // them with what they measured kept, and exit code 3 (see `sched::signals`).
     if long_running {
         gpumux::run::watch_signals();
     }
@@ -61,7 +61,7 @@ pub fn main(
         // A signal came and the command ended without it (it watches none, or the signal came
         // after it was done): it was interrupted all the same, unless the command found all its
         // work done after the signal (a sweep whose every trial is COMPLETE).
-        Ok(()) if gpumux::sched::cancel::unsettled_signals() > 0 => {
+        Ok(()) if gpumux::sched::signals::unsettled_signals() > 0 => {
             Err(Error::Interrupted("a signal came before the end".into()))
         }
         other => other,

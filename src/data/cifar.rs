@@ -8,7 +8,7 @@
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
-use super::file::{self, open_regular, UTF8_BOM};
+use super::input_file::{self, open_regular, UTF8_BOM};
 use super::{Dataset, Samples};
 use crate::error::DataError;
 
@@ -47,7 +47,7 @@ pub fn locate(folder: &Path) -> Result<PathBuf, DataError> {
         TRAIN_FILES
             .iter()
             .chain(std::iter::once(&TEST_FILE))
-            .any(|name| file::exists(&dir.join(name)))
+            .any(|name| input_file::exists(&dir.join(name)))
     };
     if holds_any(folder) {
         return Ok(folder.to_path_buf());
@@ -83,7 +83,7 @@ pub fn read(
     let test_path = dir.join(TEST_FILE);
     // Every file is looked for before any is read, so a missing one is reported at once.
     for path in train_paths.iter().chain(std::iter::once(&test_path)) {
-        if !file::exists(path) {
+        if !input_file::exists(path) {
             return Err(DataError::Missing {
                 path: path.clone(),
                 hint: HINT.to_string(),

@@ -7,7 +7,7 @@
 use std::io::{Read, Write};
 use std::path::Path;
 
-use super::file::{open_regular, OpenError, UTF8_BOM};
+use super::input_file::{open_regular, OpenError, UTF8_BOM};
 use crate::error::DataError;
 
 /// The first two bytes of every gzip stream.

@@ -7,9 +7,9 @@ use crate::error::DataError;
 
 pub mod cifar;
 pub mod embedded;
-pub mod file;
+pub mod holdout;
 pub mod idx;
-pub mod split;
+pub mod input_file;
 pub mod synthetic;
 
 #[cfg(test)]
@@ -548,8 +548,8 @@ impl DataSpec {
         // Every source's labels, checked once here for every backend.
         data.check_labels()?;
         let len = data.sample_len();
-        split::truncate(&mut data.train, self.train_limit, len);
-        split::truncate(&mut data.test, self.test_limit, len);
+        holdout::truncate(&mut data.train, self.train_limit, len);
+        holdout::truncate(&mut data.test, self.test_limit, len);
         let moments = self
             .normalize
             .unwrap_or(true)
@@ -581,11 +581,11 @@ impl Source {
 /// that name is found too, and refused when opened, saying what it is).
 fn locate(folder: &Path, stem: &str) -> Option<PathBuf> {
     let raw = folder.join(stem);
-    if file::exists(&raw) {
+    if input_file::exists(&raw) {
         return Some(raw);
     }
     let gz = folder.join(format!("{stem}.gz"));
-    file::exists(&gz).then_some(gz)
+    input_file::exists(&gz).then_some(gz)
 }
 
 /// Like [`locate`], but a missing file is an error that says what to do.
@@ -606,7 +606,7 @@ fn require(folder: &Path, stem: &str, hint: &str) -> Result<PathBuf, DataError> 
 
 /// An error when `path` exists but is not a folder (`data.path` names a folder of files).
 pub fn not_a_folder(path: &Path) -> Result<(), DataError> {
-    if file::exists(path) && !path.is_dir() {
+    if input_file::exists(path) && !path.is_dir() {
         return Err(DataError::Format {
             path: path.to_path_buf(),
             message: "is not a folder: data.path names the folder that holds the data files".into(),
@@ -674,8 +674,8 @@ fn read_official(
         name: name.to_string(),
         shape: [1, train.rows, train.cols],
         classes,
-        train: split::all(train.pixels(), train.labels()),
-        test: split::all(test.pixels(), test.labels()),
+        train: holdout::all(train.pixels(), train.labels()),
+        test: holdout::all(test.pixels(), test.labels()),
     })
 }
 
@@ -718,7 +718,7 @@ fn held_out(
     test_fraction: f64,
     seed: u64,
 ) -> Result<Dataset, DataError> {
-    let (train, test) = split::stratified(set.labels(), test_fraction, seed);
+    let (train, test) = holdout::stratified(set.labels(), test_fraction, seed);
     if train.is_empty() || test.is_empty() {
         return Err(DataError::Invalid(format!(
             "{name}: holding out a fraction {test_fraction} of {} samples leaves the {} set empty",
@@ -731,7 +731,7 @@ fn held_out(
         name: name.to_string(),
         shape: [1, set.rows, set.cols],
         classes,
-        train: split::gather(set.pixels(), set.labels(), len, &train),
-        test: split::gather(set.pixels(), set.labels(), len, &test),
+        train: holdout::gather(set.pixels(), set.labels(), len, &train),
+        test: holdout::gather(set.pixels(), set.labels(), len, &test),
     })
 }

@@ -8,7 +8,7 @@ pub mod contract;
 mod counted;
 pub mod cpu;
 pub mod cuda;
-pub mod fused;
+pub mod fused_hyper;
 pub mod options;
 pub mod shapes;
 
@@ -486,7 +486,7 @@ pub trait Backend: Send {
     ) -> Result<(), EngineError>;
     /// Dropout over a fused group, forward or backward alike: trial `i`'s `len` elements at
     /// `i·len` of `src` go to `dst` through the mask of its row of the hyper table `hyper` (its
-    /// rate [`fused::HYPER_DROPOUT`] and its seed, [`fused::seed_bits`]), the step counter's
+    /// rate [`fused_hyper::HYPER_DROPOUT`] and its seed, [`fused_hyper::seed_bits`]), the step counter's
     /// count, `layer` and `first`, as [`Backend::dropout_fwd`] applies a [`DropoutMask`]. Each
     /// trial computes what `dropout_fwd` (or `dropout_bwd`) computes with its own mask.
     #[allow(clippy::too_many_arguments)]

@@ -1,6 +1,6 @@
 //! A job file's defaults, as a value: what a job file that says nothing holds, for jobs made from flags.
 
-use super::file::{default_n, default_seed, default_splits, default_sweep_split};
+use super::schema::{default_n, default_seed, default_splits, default_sweep_split};
 use super::JobFile;
 
 impl Default for JobFile {

@@ -11,21 +11,21 @@ pub use crate::train::fault::{FaultKind, FaultSpec};
 
 mod check;
 mod defaults;
-mod file;
 mod hyper;
 pub mod limits;
 mod load;
+mod schema;
 mod split;
 pub mod text;
 
 pub use check::check_name;
-pub use file::{
+pub use hyper::PARAMETERS;
+pub use load::locate;
+pub use schema::{
     AutoWord, BatchRatios, CapPolicy, Concurrency, EarlyTerminate, Goal, JobFile, MemorySpec,
     MetricSpec, ParallelSpec, SliceDef, TrainSpec, BUILTIN_METRICS, WANDB_DEFAULT_COMMAND,
     WANDB_MACROS,
 };
-pub use hyper::PARAMETERS;
-pub use load::locate;
 pub use split::{BackendChoice, SplitMode};
 
 /// The Fibonacci N list of the experiment.

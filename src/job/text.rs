@@ -9,7 +9,7 @@ use serde::de::{
     self, DeserializeSeed, Deserializer, EnumAccess, MapAccess, SeqAccess, VariantAccess, Visitor,
 };
 
-use crate::data::file::{open_regular, read_at_most, OpenError, UTF8_BOM};
+use crate::data::input_file::{open_regular, read_at_most, OpenError, UTF8_BOM};
 use crate::error::JobError;
 
 /// The largest job file read, in bytes.

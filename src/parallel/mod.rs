@@ -15,7 +15,9 @@ use crate::plan::{self, SliceSpec};
 use crate::rounds::{check_threads_split, model_name, say, CsvFile};
 use crate::run::{self, OutFolder, Resolved};
 use crate::sched::{self, Devices};
-use crate::train::mirrored::{probe, train, ParallelConfig, ParallelEpoch, ParallelOutcome};
+use crate::train::mirrored::{
+    ratio_probe as probe, train, ParallelConfig, ParallelEpoch, ParallelOutcome,
+};
 
 /// The file with one row per slice and epoch, and one for their total.
 pub const PROGRESS_CSV: &str = "progress.csv";

@@ -4,8 +4,8 @@
 //! cannot be read is refused before anything is written in it), but each step is written here
 //! only.
 
-pub mod backend;
-pub mod split;
+pub mod availability;
+pub mod backend_choice;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -16,11 +16,11 @@ use crate::error::{Error, ReportError, Result};
 use crate::gpu;
 use crate::job::Job;
 use crate::outdir::{self, OutLock};
-use crate::sched::cancel::{self, Cancel};
+use crate::sched::signals::{self, Cancel};
 use crate::telemetry::Sampler;
 
-pub use backend::{resolve_backend, Resolved};
-pub use split::{mps_daemon_running, unavailable, Unavailable};
+pub use availability::{mps_daemon_running, unavailable, Unavailable};
+pub use backend_choice::{resolve_backend, Resolved};
 
 /// The file of an output folder that records the command line that wrote it.
 pub const COMMAND_TXT: &str = "command.txt";
@@ -210,7 +210,7 @@ pub fn worker_exe() -> Result<PathBuf> {
 /// Starts watching SIGINT, SIGTERM and SIGHUP for the whole process (the long-running commands do so from
 /// their first moment: a signal stops them with what they measured kept, and exit code 3).
 pub fn watch_signals() {
-    if let Err(e) = cancel::watch_signals() {
+    if let Err(e) = signals::watch_signals() {
         tracing::warn!("cannot watch for SIGINT, SIGTERM and SIGHUP: {e}");
     }
 }
@@ -219,7 +219,7 @@ pub fn watch_signals() {
 /// installed the run goes on unwatched, with a note.
 pub fn cancel_on_signals(grace: Duration) -> Cancel {
     let cancel = Cancel::new();
-    if let Err(e) = cancel::on_signals(&cancel, grace) {
+    if let Err(e) = signals::on_signals(&cancel, grace) {
         crate::note!("note: cannot watch for signals: {e}");
     }
     cancel

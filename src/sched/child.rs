@@ -24,9 +24,9 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{bounded, Receiver, RecvTimeoutError};
 use serde::{Deserialize, Serialize};
 
-use super::cancel::Cancel;
 use super::lines::{self, Tail};
 use super::reap;
+use super::signals::Cancel;
 
 /// How long a child being ended has between SIGTERM and SIGKILL: long enough for a training
 /// script to flush and close its files, short enough that a stopped run ends promptly.

@@ -4,8 +4,8 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
-use super::cancel::Cancel;
 use super::child::{signal_name, Exit};
+use super::signals::Cancel;
 use crate::error::{CudaLibrary, EngineError, TrialError};
 use crate::train::{json_float, TrialResult};
 

@@ -5,10 +5,10 @@ use std::path::PathBuf;
 use std::process::{Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
-use super::cancel::Cancel;
 use super::child::{describe_exit, End, OnStderr, Supervised, Timing};
 use super::end::{ChildKind, Failure, Stop};
 use super::metric_line;
+use super::signals::Cancel;
 use super::watchdog::{margin_of, open_nvml, Open, WatchReport, Watchdog};
 use crate::plan::{SliceSpec, TrialSpec, MIB};
 

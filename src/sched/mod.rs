@@ -1,6 +1,5 @@
 //! The supervisor: a crossbeam queue of trials, one worker per slice (a thread, or a thread minding a child process), and the trial lifecycle.
 
-pub mod cancel;
 pub mod child;
 pub mod end;
 pub mod external;
@@ -9,6 +8,7 @@ pub mod lines;
 pub mod metric_line;
 pub mod process;
 pub mod reap;
+pub mod signals;
 pub mod template;
 pub mod thread;
 pub mod watchdog;
@@ -134,7 +134,7 @@ pub struct RoundContext {
     /// The gpumux executable that child processes run as `gpumux worker`.
     pub worker_exe: PathBuf,
     /// Draining stops workers taking new trials; aborting stops running ones.
-    pub cancel: cancel::Cancel,
+    pub cancel: signals::Cancel,
     /// Short probes: at most this many steps per epoch.
     pub max_steps: Option<usize>,
     /// A warm-up round: its trials evaluate once after their capped steps (see

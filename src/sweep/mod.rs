@@ -4,11 +4,11 @@ pub mod bayes;
 pub mod hyperband;
 mod one_per_epoch;
 use one_per_epoch::OnePerEpoch;
+pub mod concurrency_probe;
 mod dry_run;
 pub mod identity;
-pub mod merge;
-pub mod probe;
 pub mod same_failure;
+pub mod shards;
 
 use std::collections::{BTreeMap, HashSet};
 use std::io::Write;
@@ -425,7 +425,7 @@ pub fn run(job: &Job, opts: &SweepOptions, out: &mut dyn Write) -> Result<PathBu
             // Under fused the probe times fused rounds: the N it picks is the number of
             // trials that train at once, in groups over the fused slices.
             Concurrency::Auto(_) => {
-                match probe::choose(job, &todo, &ctx, &resolved, split, out) {
+                match concurrency_probe::choose(job, &todo, &ctx, &resolved, split, out) {
                     Ok(n) => Some(n),
                     // A signal during the probe: no trial ran; the end below says so (exit 3).
                     Err(Error::Interrupted(why)) => {
@@ -1014,7 +1014,7 @@ fn finish(
     // did: the sweep (or the shard) is done, and a job array must not wait for a requeue.
     // A PRUNED trial is done: it ran as far as the sweep wanted.
     if cancel.draining() && complete + pruned >= planned {
-        sched::cancel::settle();
+        sched::signals::settle();
         say(
             out,
             if pruned > 0 {

@@ -8,7 +8,7 @@ use super::single::{
 };
 use super::{run_trial, seeds, EpochStats, TrialConfig, TrialResult};
 use crate::engine::cpu::denormals::FlushGuard;
-use crate::engine::fused::HYPER_LEN;
+use crate::engine::fused_hyper::HYPER_LEN;
 use crate::engine::{Backend, BackendKind, Counted, Split, STATS_LEN};
 use crate::error::{EngineError, TrialError};
 use crate::models::{self, FusedNetwork};

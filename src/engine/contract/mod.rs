@@ -1,6 +1,6 @@
 //! The backend contract: every shape, region and label check of the [`Backend`](super::Backend) ops, written once and called by both backends, so that they refuse the same inputs with the same errors.
 
-use super::fused::HYPER_LEN;
+use super::fused_hyper::HYPER_LEN;
 use super::{
     Conv2dShape, FusedConv, FusedNorm, GemmBatch, GemmShape, PlaneShape, PoolShape, Region,
     COUNTER_LEN, STATS_LEN,

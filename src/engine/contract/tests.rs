@@ -227,7 +227,7 @@ fn batched_gemm_regions_span_every_operand() {
 
 #[test]
 fn batched_optimizer_regions_split_into_trials() {
-    use super::super::fused::HYPER_LEN;
+    use super::super::fused_hyper::HYPER_LEN;
     let (w, g, h) = (Region::new(0, 12), Region::new(12, 12), Region::new(24, 40));
     let (params, [g2], h2) = optim_batched("op", w, [("g", g)], h, 3).unwrap();
     assert_eq!((params, g2, h2.len), (4, g, 3 * HYPER_LEN));

@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use crate::data::{Dataset, Samples};
 use crate::engine::contract::{self, need};
-use crate::engine::fused::{self, HYPER_DROPOUT, HYPER_LEN};
+use crate::engine::fused_hyper::{self as fused, HYPER_DROPOUT, HYPER_LEN};
 use crate::engine::{
     dropout_stream, AdamParams, Backend, BackendKind, BiasGrad, BnParams, Conv2dShape, DropoutMask,
     FusedConv, GemmBatch, GemmShape, PlaneShape, PoolShape, Region, SgdParams, Split, COUNTER_LEN,

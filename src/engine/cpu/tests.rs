@@ -438,7 +438,7 @@ fn an_update_is_the_optimizer_step_then_the_advance() {
         Region::new(96, n),
     );
     let counter = Region::new(128, COUNTER_LEN);
-    let hyper = Region::new(136, 2 * crate::engine::fused::HYPER_LEN);
+    let hyper = Region::new(136, 2 * crate::engine::fused_hyper::HYPER_LEN);
     let adam = AdamParams {
         lr: 0.01,
         beta1: 0.9,
@@ -452,11 +452,11 @@ fn an_update_is_the_optimizer_step_then_the_advance() {
         weight_decay: 0.0,
     };
     let mut table = vec![0.05f32; hyper.len];
-    for row in table.chunks_mut(crate::engine::fused::HYPER_LEN) {
-        row[crate::engine::fused::HYPER_LIVE] = 1.0;
-        row[crate::engine::fused::HYPER_BETA1] = 0.9;
-        row[crate::engine::fused::HYPER_BETA2] = 0.999;
-        row[crate::engine::fused::HYPER_EPS] = 1e-8;
+    for row in table.chunks_mut(crate::engine::fused_hyper::HYPER_LEN) {
+        row[crate::engine::fused_hyper::HYPER_LIVE] = 1.0;
+        row[crate::engine::fused_hyper::HYPER_BETA1] = 0.9;
+        row[crate::engine::fused_hyper::HYPER_BETA2] = 0.999;
+        row[crate::engine::fused_hyper::HYPER_EPS] = 1e-8;
     }
     let updates = [
         Update::Sgd { w, g, v, p: sgd },
@@ -523,7 +523,9 @@ fn an_update_is_the_optimizer_step_then_the_advance() {
 
 #[test]
 fn fused_dropout_is_each_trials_own_mask() {
-    use crate::engine::fused::{seed_bits, HYPER_DROPOUT, HYPER_LEN, HYPER_SEED_HI, HYPER_SEED_LO};
+    use crate::engine::fused_hyper::{
+        seed_bits, HYPER_DROPOUT, HYPER_LEN, HYPER_SEED_HI, HYPER_SEED_LO,
+    };
     let (len, trials) = (50, 3);
     let src = Region::new(0, len * trials);
     let dst = Region::new(160, len * trials);

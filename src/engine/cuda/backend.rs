@@ -5,7 +5,6 @@ use std::sync::Arc;
 use cudarc::driver::sys;
 
 use super::blas::Blas;
-use super::check::{check, to_u32};
 use super::context::{Ctx, Entered};
 use super::cudnn::Dnn;
 use super::data::DeviceData;
@@ -13,6 +12,7 @@ use super::graph::{self, GraphExec};
 use super::launch::{grid_for, launch, launch_2d, Arg, BLOCK};
 use super::mem_pool::{blas_workspace_bytes, layout, Allocation, Layout, Pool};
 use super::staging::Staging;
+use super::status::{check, to_u32};
 use super::stream::{Pacer, Stream};
 use crate::engine::{contract, ConvEngine, EngineOptions, Region};
 use crate::error::EngineError;

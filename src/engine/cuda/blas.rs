@@ -5,9 +5,9 @@ use std::sync::Arc;
 use cudarc::cublas::sys as blas;
 use cudarc::driver::sys;
 
-use super::check::{check_blas, to_i32};
 use super::context::Entered;
 use super::graph;
+use super::status::{check_blas, to_i32};
 use super::stream::Stream;
 use crate::engine::{GemmBatch, GemmShape};
 use crate::error::EngineError;

@@ -10,11 +10,11 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use cudarc::driver::sys;
 
-use super::check::check;
 use super::device::Device;
 use super::graph;
 use super::kernels::CompiledModule;
 use super::launch::Kernels;
+use super::status::check;
 use crate::error::EngineError;
 
 /// A context and the kernels loaded into it.

@@ -4,10 +4,10 @@ use cudarc::driver::sys;
 
 use super::backend::CudaBackend;
 use super::blas::Lds;
-use super::check::to_u32;
 use super::context::Entered;
 use super::conv_group::{self, Lowering};
 use super::launch::{Arg, MAX_BLOCKS};
+use super::status::to_u32;
 use crate::engine::{Conv2dShape, FusedConv, GemmBatch, GemmShape};
 use crate::error::EngineError;
 

@@ -17,9 +17,9 @@ use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use cudarc::cudnn::sys as dnn;
 use cudarc::driver::sys;
 
-use super::check::{check, check_dnn, to_i32};
 use super::context::Entered;
 use super::graph;
+use super::status::{check, check_dnn, to_i32};
 use super::stream::Stream;
 use crate::engine::Conv2dShape;
 use crate::error::EngineError;

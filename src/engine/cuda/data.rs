@@ -4,9 +4,9 @@ use std::sync::Arc;
 
 use cudarc::driver::sys;
 
-use super::check::check;
 use super::context::Ctx;
 use super::graph;
+use super::status::check;
 use crate::data::{Dataset, Samples};
 use crate::error::EngineError;
 

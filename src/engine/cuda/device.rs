@@ -4,7 +4,7 @@ use std::ffi::CStr;
 
 use cudarc::driver::sys;
 
-use super::check::check;
+use super::status::check;
 use crate::error::EngineError;
 use crate::gpu::libs::{self, CudaLib};
 

@@ -6,7 +6,6 @@ use cudarc::cublas::sys as blas;
 
 use super::backend::CudaBackend;
 use super::bound;
-use super::check::check_blas;
 use super::context::Ctx;
 use super::cudnn;
 use super::data::{DevBuf, DeviceData};
@@ -14,6 +13,7 @@ use super::device::{CudaDeviceInfo, Device};
 use super::green::{self, GreenPartition};
 use super::kernels::{self, CompiledModule};
 use super::launch::{launch, Arg};
+use super::status::check_blas;
 use super::stream::Stream;
 use crate::data::Dataset;
 use crate::engine::Backend;

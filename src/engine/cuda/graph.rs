@@ -5,8 +5,8 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 
 use cudarc::driver::sys;
 
-use super::check::check;
 use super::context::Entered;
+use super::status::check;
 use super::stream::Stream;
 use crate::error::EngineError;
 

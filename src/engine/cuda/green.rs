@@ -4,10 +4,10 @@ use std::sync::Arc;
 
 use cudarc::driver::sys;
 
-use super::check::check;
 use super::context::Ctx;
 use super::device::{empty_resource, sm_resource, Device, GreenCaps};
 use super::kernels::CompiledModule;
+use super::status::check;
 use crate::error::EngineError;
 
 /// One SM partition and the green context that runs on it (destroyed with its last user).

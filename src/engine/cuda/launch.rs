@@ -5,10 +5,10 @@ use std::ffi::{c_void, CString};
 
 use cudarc::driver::sys;
 
-use super::check::check;
 use super::context::Entered;
 use super::kernels::{CompiledModule, Image};
 use super::signature::{self, ParamKind};
+use super::status::check;
 use crate::error::EngineError;
 
 /// Threads per block of the element-wise kernels (and of the one-block reductions).

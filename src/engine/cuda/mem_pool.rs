@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use cudarc::driver::sys;
 
-use super::check::check;
+use super::status::check;
 use super::stream::Stream;
 use crate::error::EngineError;
 use crate::units::MIB;

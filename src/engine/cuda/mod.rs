@@ -13,7 +13,6 @@
 mod backend;
 mod blas;
 mod bound;
-mod check;
 mod context;
 mod conv;
 mod conv_group;
@@ -29,6 +28,7 @@ mod mem_pool;
 mod ops;
 pub mod signature;
 mod staging;
+mod status;
 mod stream;
 
 pub use backend::CudaBackend;

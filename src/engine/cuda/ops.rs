@@ -3,11 +3,11 @@
 use cudarc::driver::sys;
 
 use super::backend::{at, CudaBackend};
-use super::check::{check, to_u32};
 use super::conv::{workspace_len, BwdPtrs, FwdPtrs};
 use super::conv_group::group_workspace_len;
 use super::graph::{self, CaptureHold};
 use super::launch::{Arg, BLOCK, MAX_BLOCKS};
+use super::status::{check, to_u32};
 use crate::engine::contract::{self, need};
 use crate::engine::{
     AdamParams, Backend, BackendKind, BiasGrad, BnParams, Conv2dShape, DropoutMask, FusedConv,

@@ -4,8 +4,8 @@ use std::sync::Arc;
 
 use cudarc::driver::sys;
 
-use super::check::check;
 use super::graph;
+use super::status::check;
 use super::stream::Stream;
 use crate::error::EngineError;
 

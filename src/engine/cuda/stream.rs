@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use cudarc::driver::sys;
 
-use super::check::check;
 use super::context::Ctx;
+use super::status::check;
 use crate::error::EngineError;
 
 /// Polls before sleeping between polls, when waiting on a stream of a green context.

@@ -9,13 +9,13 @@
 //! regions of values never alive at once overlap: there each region `(o, L)` becomes
 //! `(o·N, N·L)` on its own, which keeps the regions alive at the same time disjoint across trials.
 //! The step counter is one for the group. After the copies come the hyper table
-//! ([`crate::engine::fused`]) and the trials' data orders.
+//! ([`crate::engine::fused_hyper`]) and the trials' data orders.
 //!
 //! Each trial's copy is a whole [`Network`] whose regions point into the fused arena, so every
 //! op of a trial is the op it would run alone, on its own operands: the CPU backend computes
 //! bit for bit what the trial computes alone.
 
-use crate::engine::fused::{
+use crate::engine::fused_hyper::{
     seed_bits, HYPER_BETA1, HYPER_BETA2, HYPER_DROPOUT, HYPER_EPS, HYPER_LEN, HYPER_LIVE, HYPER_LR,
     HYPER_MOMENTUM, HYPER_SEED_HI, HYPER_SEED_LO, HYPER_WD,
 };

@@ -21,7 +21,7 @@ use super::memplan::MemoryPlan;
 pub mod fused;
 #[cfg(test)]
 mod graph_tests;
-mod plan;
+mod placement;
 
 pub use fused::FusedNetwork;
 
@@ -130,7 +130,7 @@ struct Layer {
     fold: Fold,
 }
 
-/// Which layers' work is folded into fewer ops (see `plan::fold_layers`): a dense layer with the
+/// Which layers' work is folded into fewer ops (see `placement::fold_layers`): a dense layer with the
 /// ReLU after it (`dense_fwd`), a dense layer's input gradient with the ReLU before it and that
 /// ReLU's dense layer's bias gradient (`dense_bwd_relu`), and the last dense layer's bias gradient
 /// with the loss (`softmax_xent_bias`).

@@ -26,7 +26,7 @@
 //! The epochs, their order of samples and the seeds are those of single trials: the loop is
 //! [`crate::train::epochs::train`], with the replicas taking its steps.
 
-pub mod probe;
+pub mod ratio_probe;
 #[cfg(test)]
 mod tests;
 

@@ -178,17 +178,17 @@ mod tests {
 
 /// The hyperparameters in trial `i`'s row of the hyper table, or `None` when it is dead.
 fn trial_row(hyper: &[f32], i: usize) -> Option<&[f32]> {
-    use crate::engine::fused::{HYPER_LEN, HYPER_LIVE};
+    use crate::engine::fused_hyper::{HYPER_LEN, HYPER_LIVE};
     let row = &hyper[i * HYPER_LEN..(i + 1) * HYPER_LEN];
     (row[HYPER_LIVE] != 0.0).then_some(row)
 }
 
 /// [`sgd_step`] over `trials` trials of `w.len() / trials` parameters each (trial `i`'s at
 /// `i·P`), each with the lr, momentum and weight decay of its row of `hyper`
-/// ([`crate::engine::fused`]). Each trial is one call of [`sgd_step`], so it is bit-identical to
+/// ([`crate::engine::fused_hyper`]). Each trial is one call of [`sgd_step`], so it is bit-identical to
 /// that call; a dead trial (`live == 0`) is left untouched.
 pub fn sgd_step_batched(w: &mut [f32], g: &[f32], v: &mut [f32], hyper: &[f32], trials: usize) {
-    use crate::engine::fused::{HYPER_LR, HYPER_MOMENTUM, HYPER_WD};
+    use crate::engine::fused_hyper::{HYPER_LR, HYPER_MOMENTUM, HYPER_WD};
     if trials == 0 {
         return;
     }
@@ -222,7 +222,7 @@ pub fn adam_step_batched(
     trials: usize,
     t: u32,
 ) {
-    use crate::engine::fused::{HYPER_BETA1, HYPER_BETA2, HYPER_EPS, HYPER_LR, HYPER_WD};
+    use crate::engine::fused_hyper::{HYPER_BETA1, HYPER_BETA2, HYPER_EPS, HYPER_LR, HYPER_WD};
     if trials == 0 {
         return;
     }
@@ -251,7 +251,7 @@ pub fn adam_step_batched(
 mod batched_tests {
     use super::*;
     use crate::engine::cpu::ops::testing::random;
-    use crate::engine::fused::*;
+    use crate::engine::fused_hyper::*;
     use crate::rng::HostRng;
 
     const P: usize = 37;
