@@ -184,3 +184,172 @@ fn the_parser_sees_groups_and_ignores_comments() {
     let named: Vec<_> = modules_named(&code).into_iter().collect();
     assert_eq!(named, ["data", "engine", "hash", "rng"]);
 }
+
+/// A file's module path under src/ (`engine/cuda/graph.rs` and `engine/cuda/graph/mod.rs` are
+/// `["engine", "cuda", "graph"]`); empty for the crate's root files.
+fn module_path(rel: &Path) -> Vec<String> {
+    let mut parts: Vec<String> = rel
+        .components()
+        .filter_map(|c| c.as_os_str().to_str())
+        .map(|s| s.trim_end_matches(".rs").to_string())
+        .collect();
+    if parts.last().is_some_and(|p| p == "mod") {
+        parts.pop();
+    }
+    if parts == ["lib"] || parts == ["main"] {
+        parts.clear();
+    }
+    parts
+}
+
+/// The paths a file's code names through `crate::` and `super::` (`super::super::` too), each
+/// made absolute from `own` (the file's module path) and split at `::`, with each name of a
+/// `{a, b::c}` group as a path of its own. Code under `#[cfg(test)]` is left out: tests may
+/// reach across.
+fn paths_named(code: &str, own: &[String]) -> Vec<Vec<String>> {
+    let code = code.split("#[cfg(test)]").next().unwrap_or("");
+    let mut out = Vec::new();
+    let bytes = code.as_bytes();
+    let mut i = 0;
+    while i < code.len() {
+        let rest = &code[i..];
+        let boundary = i == 0 || !(bytes[i - 1].is_ascii_alphanumeric() || bytes[i - 1] == b'_');
+        let (base, after): (Vec<String>, &str) = if boundary && rest.starts_with("crate::") {
+            (Vec::new(), &rest["crate::".len()..])
+        } else if boundary && rest.starts_with("super::") {
+            let mut up = 0;
+            let mut r = rest;
+            while let Some(next) = r.strip_prefix("super::") {
+                up += 1;
+                r = next;
+            }
+            (own[..own.len().saturating_sub(up)].to_vec(), r)
+        } else {
+            i += rest.chars().next().map_or(1, char::len_utf8);
+            continue;
+        };
+        let consumed = rest.len() - after.len();
+        let mut items = Vec::new();
+        if let Some(group) = after.strip_prefix('{') {
+            let (mut depth, mut item) = (0usize, String::new());
+            for c in group.chars() {
+                match c {
+                    '{' => depth += 1,
+                    '}' if depth == 0 => break,
+                    '}' => depth -= 1,
+                    ',' if depth == 0 => {
+                        items.push(std::mem::take(&mut item));
+                        continue;
+                    }
+                    _ => {}
+                }
+                item.push(c);
+            }
+            items.push(item);
+        } else {
+            items.push(
+                after
+                    .chars()
+                    .take_while(|c| c.is_alphanumeric() || *c == '_' || *c == ':')
+                    .collect(),
+            );
+        }
+        for item in items {
+            let mut path = base.clone();
+            path.extend(
+                item.trim()
+                    .split("::")
+                    .map(first_ident)
+                    .take_while(|s| !s.is_empty()),
+            );
+            out.push(path);
+        }
+        i += consumed;
+    }
+    out
+}
+
+#[test]
+fn no_import_circle_inside_any_folder() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    rust_files(&src, &mut files);
+    let modules: BTreeMap<Vec<String>, PathBuf> = files
+        .iter()
+        .map(|f| {
+            (
+                module_path(f.strip_prefix(&src).expect("under src/")),
+                f.clone(),
+            )
+        })
+        .filter(|(m, _)| !m.is_empty())
+        .collect();
+    // An edge from a module to a sibling (the same folder) that it names.
+    let mut edges: BTreeMap<Vec<String>, BTreeSet<Vec<String>>> = BTreeMap::new();
+    for (own, file) in &modules {
+        let text = fs::read_to_string(file).expect("a readable source file");
+        for mut path in paths_named(&code_of(&text), own) {
+            while !path.is_empty() && !modules.contains_key(&path) {
+                path.pop();
+            }
+            if path.len() == own.len()
+                && path != *own
+                && path[..path.len() - 1] == own[..own.len() - 1]
+            {
+                edges.entry(own.clone()).or_default().insert(path);
+            }
+        }
+    }
+    // Any circle: a module that reaches itself again through its siblings.
+    let mut circles = Vec::new();
+    for start in edges.keys() {
+        let mut seen = BTreeSet::new();
+        let mut todo: Vec<Vec<Vec<String>>> = vec![vec![start.clone()]];
+        while let Some(trail) = todo.pop() {
+            let last = trail.last().expect("a trail is never empty");
+            for next in edges.get(last).into_iter().flatten() {
+                if next == start {
+                    let names: Vec<String> = trail.iter().map(|m| m.join("/")).collect();
+                    circles.push(format!("{} -> {}", names.join(" -> "), start.join("/")));
+                } else if seen.insert(next.clone()) {
+                    let mut longer = trail.clone();
+                    longer.push(next.clone());
+                    todo.push(longer);
+                }
+            }
+        }
+    }
+    circles.sort();
+    circles.dedup();
+    assert!(
+        circles.is_empty(),
+        "modules of one folder that import each other, round a circle:\n{}",
+        circles.join("\n")
+    );
+    assert!(
+        edges.len() > 20,
+        "the check found too few imports between siblings: {}",
+        edges.len()
+    );
+}
+
+#[test]
+fn the_circle_check_resolves_super_and_groups() {
+    let own: Vec<String> = ["engine", "cuda", "graph"].map(String::from).to_vec();
+    let code = code_of(
+        "use super::{entered::Entered, status::check};\nuse super::super::fused_hyper;\nx = crate::report::line::CHECK;\n// super::stream\n",
+    );
+    let got: Vec<String> = paths_named(&code, &own)
+        .iter()
+        .map(|p| p.join("/"))
+        .collect();
+    assert_eq!(
+        got,
+        [
+            "engine/cuda/entered/Entered",
+            "engine/cuda/status/check",
+            "engine/fused_hyper",
+            "report/line/CHECK"
+        ]
+    );
+}

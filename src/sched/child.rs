@@ -26,7 +26,7 @@ use serde::{Deserialize, Serialize};
 
 use super::lines::{self, Tail};
 use super::reap;
-use super::signals::Cancel;
+use crate::cancel::Cancel;
 
 /// How long a child being ended has between SIGTERM and SIGKILL: long enough for a training
 /// script to flush and close its files, short enough that a stopped run ends promptly.

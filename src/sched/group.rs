@@ -5,7 +5,7 @@ use crate::job::SplitMode;
 use crate::plan::{fused_width, Round, TrialSpec};
 
 /// What a slice worker takes off the queue of `round`: under `fused`, groups of compatible
-/// trials (those of one [`crate::train::fused::group_key`]) of at most
+/// trials (those of one [`crate::train::group_key`]) of at most
 /// [`fused_width`] trials (of the round's N over its slices: N trials train at once); in every
 /// other mode, each trial alone.
 pub fn queued(round: &Round, ctx: &RoundContext) -> Vec<Vec<TrialSpec>> {
@@ -16,7 +16,7 @@ pub fn queued(round: &Round, ctx: &RoundContext) -> Vec<Vec<TrialSpec>> {
     let slices = round.slices.len();
     let width = fused_width(round.n as usize, slices, cpu);
     chunked(round.trials.clone(), width, slices, |t| {
-        crate::train::fused::group_key(&ctx.config(t))
+        crate::train::group_key(&ctx.config(t))
     })
 }
 

@@ -99,7 +99,7 @@ fn fused_groups(job: &Job, todo: &[TrialSpec], n: u32, slices: usize, cpu: bool)
     let keys = todo
         .iter()
         .map(|t| {
-            crate::train::fused::group_key(&crate::train::TrialConfig {
+            crate::train::group_key(&crate::train::TrialConfig {
                 model: model.clone(),
                 hyper: t.hyper.clone(),
                 epochs: job.file.train.epochs,

@@ -6,33 +6,13 @@ use super::epochs::{self, Schedule};
 use super::single::{
     capture_step, inject, warm_up_test_len, EvalGraphs, Signatures, StepGraph, Tally,
 };
-use super::{run_trial, seeds, EpochStats, TrialConfig, TrialResult};
+use super::{group_key, run_trial, seeds, EpochStats, TrialConfig, TrialResult};
 use crate::engine::cpu::denormals::FlushGuard;
 use crate::engine::fused_hyper::HYPER_LEN;
 use crate::engine::{Backend, BackendKind, Counted, Split, STATS_LEN};
 use crate::error::{EngineError, TrialError};
 use crate::models::{self, FusedNetwork};
 use crate::units::MIB;
-
-/// What trials must share to train in one fused group: the model and its shape, the batch, the
-/// optimizer, whether dropout is on (a rate above 0 adds a layer), the data's shape, the
-/// epochs, the step cap and the engine options. The rates (lr, momentum, weight decay, dropout
-/// above 0) and the seed may differ. Equal keys mean compatible trials.
-pub fn group_key(cfg: &TrialConfig) -> String {
-    let h = &cfg.hyper;
-    serde_json::json!({
-        "model": cfg.model,
-        "batch": h.batch_size,
-        "optimizer": h.optimizer,
-        "dropout": h.dropout > 0.0,
-        "input": cfg.input,
-        "classes": cfg.classes,
-        "epochs": cfg.epochs,
-        "max_steps": cfg.max_steps,
-        "engine": cfg.engine,
-    })
-    .to_string()
-}
 
 /// Each trial's end, in the group's order.
 pub type GroupEnds = Vec<Result<TrialResult, TrialError>>;

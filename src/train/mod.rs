@@ -1,5 +1,25 @@
 //! Training: what a trial trains and what it reports, one loop of epochs and steps ([`epochs`]) over one seed schedule ([`seeds`]), used by single trials ([`run_trial`]) and mirrored training ([`mirrored`]) alike.
 
+/// What trials must share to train in one fused group: the model and its shape, the batch, the
+/// optimizer, whether dropout is on (a rate above 0 adds a layer), the data's shape, the
+/// epochs, the step cap and the engine options. The rates (lr, momentum, weight decay, dropout
+/// above 0) and the seed may differ. Equal keys mean compatible trials.
+pub fn group_key(cfg: &TrialConfig) -> String {
+    let h = &cfg.hyper;
+    serde_json::json!({
+        "model": cfg.model,
+        "batch": h.batch_size,
+        "optimizer": h.optimizer,
+        "dropout": h.dropout > 0.0,
+        "input": cfg.input,
+        "classes": cfg.classes,
+        "epochs": cfg.epochs,
+        "max_steps": cfg.max_steps,
+        "engine": cfg.engine,
+    })
+    .to_string()
+}
+
 #[cfg(test)]
 mod counts_tests;
 pub mod epochs;

@@ -73,7 +73,7 @@ pub fn run_trial(
     net.init(be, seeds::init(cfg.seed))?;
     let graphs = cfg.engine.graphs && be.supports_graphs();
     let be = Counted::new(be);
-    let key = super::fused::group_key(cfg);
+    let key = super::group_key(cfg);
     let signatures = Signatures::of(&key, 1);
     let plan = Schedule {
         seed: cfg.seed,

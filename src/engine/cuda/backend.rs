@@ -5,9 +5,11 @@ use std::sync::Arc;
 use cudarc::driver::sys;
 
 use super::blas::Blas;
-use super::context::{Ctx, Entered};
+use super::capture_hold;
+use super::context::Ctx;
 use super::cudnn::Dnn;
 use super::data::DeviceData;
+use super::entered::Entered;
 use super::graph::{self, GraphExec};
 use super::launch::{grid_for, launch, launch_2d, Arg, BLOCK};
 use super::mem_pool::{blas_workspace_bytes, layout, Allocation, Layout, Pool};
@@ -51,8 +53,8 @@ pub struct CudaBackend {
     pub(crate) capturing: bool,
     /// Where a finished trial's backend goes to be reused ([`super::engine::recycle`]), and
     /// what a slice must share with it to take it.
-    pub(crate) home: Option<std::sync::Weak<super::engine::Idle>>,
-    pub(crate) warm_key: super::engine::WarmKey,
+    pub(crate) home: Option<std::sync::Weak<Idle>>,
+    pub(crate) warm_key: WarmKey,
 }
 
 /// Device address of `r` in an arena starting at `base`.
@@ -309,13 +311,13 @@ impl CudaBackend {
             return Err(EngineError::Device("a capture is already running".into()));
         }
         // Counted outside the context, whose lock a device-wide teardown may be waiting for.
-        graph::capture_started()?;
+        capture_hold::capture_started()?;
         let begun = self
             .ctx
             .enter()
             .and_then(|entered| graph::begin(&entered, &self.stream));
         if let Err(e) = begun {
-            graph::capture_ended();
+            capture_hold::capture_ended();
             return Err(e);
         }
         self.capturing = true;
@@ -331,7 +333,7 @@ impl CudaBackend {
             .ctx
             .enter()
             .and_then(|entered| graph::end(&entered, &self.stream));
-        graph::capture_ended();
+        capture_hold::capture_ended();
         let exec = exec?;
         if slot >= crate::engine::GRAPH_SLOTS {
             return Err(EngineError::Device(format!(
@@ -368,6 +370,31 @@ impl Drop for CudaBackend {
         // their declared order.
         if self.capturing {
             let _ = self.end(0);
+        }
+    }
+}
+
+/// Backends of finished trials, oldest first, each ready for a new arena ([`recycle`]).
+#[derive(Default)]
+pub(crate) struct Idle {
+    pub(crate) backends: std::sync::Mutex<std::collections::VecDeque<Box<CudaBackend>>>,
+}
+
+/// What a kept backend must share with the slice that takes it: its context (the primary one or
+/// a green partition's), the resident data set, and the cap its memory pool was made with.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct WarmKey {
+    ctx: usize,
+    data: usize,
+    cap: Option<u64>,
+}
+
+impl WarmKey {
+    pub(crate) fn of(ctx: &Arc<Ctx>, data: &Arc<DeviceData>, cap: Option<u64>) -> WarmKey {
+        WarmKey {
+            ctx: Arc::as_ptr(ctx) as usize,
+            data: Arc::as_ptr(data) as usize,
+            cap,
         }
     }
 }

@@ -5,8 +5,8 @@ use std::sync::Arc;
 use cudarc::cublas::sys as blas;
 use cudarc::driver::sys;
 
-use super::context::Entered;
-use super::graph;
+use super::capture_hold;
+use super::entered::Entered;
 use super::status::{check_blas, to_i32};
 use super::stream::Stream;
 use crate::engine::{GemmBatch, GemmShape};
@@ -118,7 +118,7 @@ impl Blas {
     pub(crate) fn new(stream: Arc<Stream>, tf32: bool) -> Result<Blas, EngineError> {
         // Creating a handle may synchronise the device, which would break another thread's
         // capture: it waits until none is under way, as cuDNN's handles do.
-        let handle = graph::without_captures(|| -> Result<_, EngineError> {
+        let handle = capture_hold::without_captures(|| -> Result<_, EngineError> {
             let _in = stream.ctx().enter()?;
             let mut handle = std::ptr::null_mut();
             // SAFETY: writes one handle; the stream's context is current, so cuBLAS binds to it.
@@ -260,7 +260,7 @@ impl Drop for Blas {
     fn drop(&mut self) {
         // cublasDestroy synchronises the device, which would invalidate a graph that another
         // trial's thread is capturing: wait until none is.
-        graph::without_captures(|| {
+        capture_hold::without_captures(|| {
             if let Ok(_in) = self.stream.ctx().enter() {
                 // SAFETY: the handle is live and destroyed once. Errors cannot be reported from
                 // Drop.

@@ -6,12 +6,13 @@
 //! holds the context's lock, makes it current, and on leaving makes the primary context current
 //! again. The primary context needs no lock.
 
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use cudarc::driver::sys;
 
+use super::capture_hold;
 use super::device::Device;
-use super::graph;
+use super::entered::{make_current, Entered};
 use super::kernels::CompiledModule;
 use super::launch::Kernels;
 use super::status::check;
@@ -37,39 +38,6 @@ pub(crate) struct Ctx {
 unsafe impl Send for Ctx {}
 // SAFETY: as above; `enter` is the only way in and it takes the lock where one is needed.
 unsafe impl Sync for Ctx {}
-
-/// Proof that a context is current on this thread (and, for a green context, that its lock is
-/// held). Not `Send`: it cannot leave the thread that entered.
-pub(crate) struct Entered<'a> {
-    _lock: Option<MutexGuard<'a, ()>>,
-    /// The primary context, made current again on leaving a green one.
-    restore: Option<sys::CUcontext>,
-}
-
-impl Drop for Entered<'_> {
-    fn drop(&mut self) {
-        if let Some(primary) = self.restore {
-            // SAFETY: the primary context stays retained while any Ctx lives. An error here
-            // cannot be reported from Drop; the next `enter` sets its own context anyway.
-            let _ = unsafe { sys::cuCtxSetCurrent(primary) };
-        }
-    }
-}
-
-/// Makes `raw` current on this thread; `restore` (when given) is made current again on leaving.
-fn make_current<'a>(
-    raw: sys::CUcontext,
-    lock: Option<MutexGuard<'a, ()>>,
-    restore: Option<sys::CUcontext>,
-) -> Result<Entered<'a>, EngineError> {
-    let entered = Entered {
-        _lock: lock,
-        restore,
-    };
-    // SAFETY: `raw` is a live context (primary, or from cuCtxFromGreenCtx of a live green one).
-    check(unsafe { sys::cuCtxSetCurrent(raw) }, "cuCtxSetCurrent")?;
-    Ok(entered)
-}
 
 impl Ctx {
     /// The device's primary context, with every compiled module loaded into it.
@@ -110,7 +78,7 @@ impl Ctx {
         // Nobody else can reach this context yet, so no lock is needed for loading. The green
         // context is left (the primary one made current again) before any destruction. Loading
         // modules may synchronise: not while another thread captures a graph.
-        let loaded = graph::without_captures(|| {
+        let loaded = capture_hold::without_captures(|| {
             make_current(raw, None, Some(device.primary))
                 .and_then(|entered| Kernels::load(&entered, compiled))
         });
@@ -170,7 +138,7 @@ impl Drop for Ctx {
     fn drop(&mut self) {
         let mut kernels = std::mem::replace(&mut self.kernels, Kernels::empty());
         // Unloading modules and destroying a context may synchronise: not while a graph is captured.
-        graph::without_captures(|| {
+        capture_hold::without_captures(|| {
             if let Ok(entered) = self.enter() {
                 kernels.unload(&entered);
             }

@@ -4,8 +4,9 @@ use cudarc::driver::sys;
 
 use super::backend::CudaBackend;
 use super::blas::Lds;
-use super::context::Entered;
 use super::conv_group::{self, Lowering};
+use super::conv_shapes::{col_len, workspace_len, BwdPtrs, FwdPtrs};
+use super::entered::Entered;
 use super::launch::{Arg, MAX_BLOCKS};
 use super::status::to_u32;
 use crate::engine::{Conv2dShape, FusedConv, GemmBatch, GemmShape};
@@ -13,21 +14,6 @@ use crate::error::EngineError;
 
 /// Threads of a `channel_sum` block (kernels/conv.cu's CHANNEL_SUM_THREADS).
 const CHANNEL_SUM_THREADS: u32 = 128;
-
-/// Elements of the im2col matrix: `(c_in·k·k) × (n·h_out·w_out)`.
-pub(crate) fn col_len(s: &Conv2dShape) -> usize {
-    s.c_in * s.k * s.k * s.n * s.h_out() * s.w_out()
-}
-
-/// Elements of the output (or its gradient) laid out channel-major: `c_out × (n·h_out·w_out)`.
-pub(crate) fn cnhw_len(s: &Conv2dShape) -> usize {
-    s.c_out * s.n * s.h_out() * s.w_out()
-}
-
-/// Workspace of a batched convolution: the im2col matrix, then the channel-major output.
-pub(crate) fn workspace_len(s: &Conv2dShape) -> usize {
-    col_len(s) + cnhw_len(s)
-}
 
 /// The convolution's sizes as the kernels take them.
 struct Dims {
@@ -105,28 +91,6 @@ impl Dims {
     }
 }
 
-/// Device addresses of a forward convolution's operands; `ws_bytes` of workspace at `ws`.
-pub(crate) struct FwdPtrs {
-    pub x: sys::CUdeviceptr,
-    pub w: sys::CUdeviceptr,
-    pub b: Option<sys::CUdeviceptr>,
-    pub y: sys::CUdeviceptr,
-    pub ws: sys::CUdeviceptr,
-    pub ws_bytes: usize,
-}
-
-/// Device addresses of a backward convolution's operands (`dx` and `db` only when wanted).
-pub(crate) struct BwdPtrs {
-    pub x: sys::CUdeviceptr,
-    pub w: sys::CUdeviceptr,
-    pub dy: sys::CUdeviceptr,
-    pub dx: Option<sys::CUdeviceptr>,
-    pub dw: sys::CUdeviceptr,
-    pub db: Option<sys::CUdeviceptr>,
-    pub ws: sys::CUdeviceptr,
-    pub ws_bytes: usize,
-}
-
 /// `p` moved `elems` elements on.
 fn on(p: sys::CUdeviceptr, elems: usize) -> sys::CUdeviceptr {
     p + (elems as u64) * 4
@@ -180,7 +144,7 @@ impl CudaBackend {
         };
         // Measuring a shape's algorithms synchronises the device: with every capture of the
         // process held off, taken before the context is entered.
-        let _hold = dnn.needs_measuring(s).then(super::graph::hold);
+        let _hold = dnn.needs_measuring(s).then(super::capture_hold::hold);
         let bytes = self.ctx.enter().and_then(|e| dnn.workspace_bytes(&e, s));
         match bytes {
             Ok(b) => b.div_ceil(4),
@@ -554,6 +518,7 @@ impl Lowering for Launcher<'_, '_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::engine::cuda::conv_shapes::cnhw_len;
 
     #[test]
     fn the_batched_workspace_holds_im2col_and_the_channel_major_output() {

@@ -19,7 +19,7 @@
 //! run it on the host against a direct convolution.
 
 use super::blas::Lds;
-use super::conv::{cnhw_len, col_len, workspace_len, BwdPtrs, FwdPtrs};
+use super::conv_shapes::{cnhw_len, col_len, workspace_len, BwdPtrs, FwdPtrs};
 use crate::engine::{Conv2dShape, FusedConv, GemmBatch, GemmShape};
 use crate::error::EngineError;
 

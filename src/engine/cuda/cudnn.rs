@@ -17,8 +17,8 @@ use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use cudarc::cudnn::sys as dnn;
 use cudarc::driver::sys;
 
-use super::context::Entered;
-use super::graph;
+use super::capture_hold;
+use super::entered::Entered;
 use super::status::{check, check_dnn, to_i32};
 use super::stream::Stream;
 use crate::engine::Conv2dShape;
@@ -726,7 +726,7 @@ impl Dnn {
         tf32: bool,
         deterministic: bool,
     ) -> Result<Dnn, EngineError> {
-        let handle = graph::without_captures(|| -> Result<_, EngineError> {
+        let handle = capture_hold::without_captures(|| -> Result<_, EngineError> {
             let _in = stream.ctx().enter()?;
             let mut handle = std::ptr::null_mut();
             // SAFETY: writes one handle; the stream's context is current, so cuDNN binds to it.
@@ -810,7 +810,7 @@ impl Dnn {
         if let Some(r) = measured_ranking(&key) {
             return Ok(r);
         }
-        if !graph::holding() {
+        if !capture_hold::holding() {
             return ranked(self.handle, x, y, w, conv, Ranking::Heuristic);
         }
         let r = ranked(self.handle, x, y, w, conv, Ranking::Measured)?;
@@ -1120,7 +1120,7 @@ impl Drop for Dnn {
             .get_mut()
             .unwrap_or_else(PoisonError::into_inner)
             .clear();
-        graph::without_captures(|| {
+        capture_hold::without_captures(|| {
             if let Ok(_in) = self.stream.ctx().enter() {
                 // SAFETY: the handle is live and destroyed once. Errors cannot be reported from
                 // Drop.

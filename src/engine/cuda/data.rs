@@ -4,8 +4,8 @@ use std::sync::Arc;
 
 use cudarc::driver::sys;
 
+use super::capture_hold;
 use super::context::Ctx;
-use super::graph;
 use super::status::check;
 use crate::data::{Dataset, Samples};
 use crate::error::EngineError;
@@ -92,7 +92,7 @@ impl Drop for DevBuf {
             return;
         }
         // cuMemFree may synchronise the device: not while another thread captures a graph.
-        graph::without_captures(|| {
+        capture_hold::without_captures(|| {
             if let Ok(_in) = self.ctx.enter() {
                 // SAFETY: allocated by cuMemAlloc_v2 and freed once; cuMemFree waits for work
                 // using it to finish. Errors cannot be reported from Drop.

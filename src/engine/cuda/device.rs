@@ -60,7 +60,14 @@ impl GreenCaps {
     /// The smallest partition: at least the minimum, a multiple of the alignment. Partitions are
     /// made of whole groups of this many SMs.
     pub fn unit(&self) -> u32 {
-        super::green::partition_size(1, *self)
+        self.partition(1)
+    }
+
+    /// SMs per partition for a request of `sms_each`: at least the device's minimum, rounded up
+    /// to its alignment.
+    pub fn partition(&self, sms_each: u32) -> u32 {
+        let align = self.sm_alignment.max(1);
+        sms_each.max(self.min_sms).max(1).div_ceil(align) * align
     }
 }
 

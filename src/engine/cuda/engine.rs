@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use cudarc::cublas::sys as blas;
 
-use super::backend::CudaBackend;
+use super::backend::{CudaBackend, Idle, WarmKey};
 use super::bound;
 use super::context::Ctx;
 use super::cudnn;
@@ -38,31 +38,6 @@ pub struct CudaEngine {
 
 /// The most backends kept warm at once; the oldest beyond it are dropped.
 const MAX_IDLE: usize = 64;
-
-/// Backends of finished trials, oldest first, each ready for a new arena ([`recycle`]).
-#[derive(Default)]
-pub(crate) struct Idle {
-    backends: std::sync::Mutex<std::collections::VecDeque<Box<CudaBackend>>>,
-}
-
-/// What a kept backend must share with the slice that takes it: its context (the primary one or
-/// a green partition's), the resident data set, and the cap its memory pool was made with.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub(crate) struct WarmKey {
-    ctx: usize,
-    data: usize,
-    cap: Option<u64>,
-}
-
-impl WarmKey {
-    fn of(ctx: &Arc<Ctx>, data: &Arc<DeviceData>, cap: Option<u64>) -> WarmKey {
-        WarmKey {
-            ctx: Arc::as_ptr(ctx) as usize,
-            data: Arc::as_ptr(data) as usize,
-            cap,
-        }
-    }
-}
 
 /// Keeps a finished trial's backend for the next trial on a slice like its own: its arena and
 /// graph are released (the memory goes back to its pool), its stream, pool, library handles,

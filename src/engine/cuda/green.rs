@@ -18,13 +18,6 @@ pub struct GreenPartition {
     pub(crate) ctx: Arc<Ctx>,
 }
 
-/// SMs per partition for a request of `sms_each`: at least the device's minimum, rounded up to
-/// its alignment.
-pub(crate) fn partition_size(sms_each: u32, caps: GreenCaps) -> u32 {
-    let align = caps.sm_alignment.max(1);
-    sms_each.max(caps.min_sms).max(1).div_ceil(align) * align
-}
-
 /// Checks that `count` partitions of `size` SMs fit on `total` SMs.
 pub(crate) fn check_fit(count: u32, size: u32, total: u32) -> Result<(), EngineError> {
     if count == 0 {
@@ -49,7 +42,7 @@ pub(crate) fn create(
     sms_each: u32,
 ) -> Result<Vec<Arc<GreenPartition>>, EngineError> {
     let caps = green_caps(device)?;
-    let size = partition_size(sms_each, caps);
+    let size = caps.partition(sms_each);
     check_fit(count, size, device.info.sm_count)?;
     build(device, compiled, caps, &vec![size; count as usize])
 }
@@ -62,7 +55,7 @@ pub(crate) fn create_sized(
     sizes: &[u32],
 ) -> Result<Vec<Arc<GreenPartition>>, EngineError> {
     let caps = green_caps(device)?;
-    let sizes: Vec<u32> = sizes.iter().map(|&s| partition_size(s, caps)).collect();
+    let sizes: Vec<u32> = sizes.iter().map(|&s| caps.partition(s)).collect();
     check_fit_sized(&sizes, device.info.sm_count)?;
     build(device, compiled, caps, &sizes)
 }
@@ -202,17 +195,17 @@ mod tests {
 
     #[test]
     fn partitions_are_rounded_to_the_device_granularity() {
-        assert_eq!(partition_size(1, H100), 8);
-        assert_eq!(partition_size(8, H100), 8);
-        assert_eq!(partition_size(9, H100), 16);
-        assert_eq!(partition_size(0, H100), 8);
+        assert_eq!(H100.partition(1), 8);
+        assert_eq!(H100.partition(8), 8);
+        assert_eq!(H100.partition(9), 16);
+        assert_eq!(H100.partition(0), 8);
         let loose = GreenCaps {
             min_sms: 0,
             sm_alignment: 0,
             groups: None,
         };
-        assert_eq!(partition_size(3, loose), 3);
-        assert_eq!(partition_size(0, loose), 1);
+        assert_eq!(loose.partition(3), 3);
+        assert_eq!(loose.partition(0), 1);
         assert_eq!(H100.unit(), 8);
         assert_eq!(loose.unit(), 1);
         let ampere = GreenCaps {
@@ -224,7 +217,7 @@ mod tests {
         // A partition is whole groups of the unit: 80 + 48 SMs are 10 + 6 groups of 8.
         assert_eq!(units_of(80, H100.unit()), 10);
         assert_eq!(units_of(48, H100.unit()), 6);
-        assert_eq!(units_of(partition_size(6, ampere), ampere.unit()), 2);
+        assert_eq!(units_of(ampere.partition(6), ampere.unit()), 2);
     }
 
     #[test]

@@ -5,7 +5,7 @@ use std::ffi::{c_void, CString};
 
 use cudarc::driver::sys;
 
-use super::context::Entered;
+use super::entered::Entered;
 use super::kernels::{CompiledModule, Image};
 use super::signature::{self, ParamKind};
 use super::status::check;

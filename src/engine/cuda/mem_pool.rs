@@ -285,7 +285,7 @@ impl Drop for Pool {
     fn drop(&mut self) {
         // Destroying a pool releases its memory, which may synchronise the device: not while
         // another thread captures a graph.
-        super::graph::without_captures(|| {
+        super::capture_hold::without_captures(|| {
             if let Ok(_in) = self.stream.ctx().enter() {
                 // SAFETY: every allocation holds an Arc of its pool, so none is outstanding.
                 // Errors cannot be reported from Drop.

@@ -13,13 +13,16 @@
 mod backend;
 mod blas;
 mod bound;
+mod capture_hold;
 mod context;
 mod conv;
 mod conv_group;
+mod conv_shapes;
 mod cudnn;
 mod data;
 mod device;
 mod engine;
+mod entered;
 mod graph;
 mod green;
 pub mod kernels;
@@ -32,11 +35,11 @@ mod status;
 mod stream;
 
 pub use backend::CudaBackend;
+pub use capture_hold::{holds_taken, CaptureHold};
 pub use data::DeviceData;
 pub use device::{
     available, choose_module_loading, describe_all, module_loading, CudaDeviceInfo, GreenCaps,
     MODULE_LOADING,
 };
 pub use engine::CudaEngine;
-pub use graph::{holds_taken, CaptureHold};
 pub use green::GreenPartition;

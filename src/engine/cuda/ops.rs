@@ -3,9 +3,10 @@
 use cudarc::driver::sys;
 
 use super::backend::{at, CudaBackend};
-use super::conv::{workspace_len, BwdPtrs, FwdPtrs};
+use super::capture_hold;
+use super::capture_hold::CaptureHold;
 use super::conv_group::group_workspace_len;
-use super::graph::{self, CaptureHold};
+use super::conv_shapes::{workspace_len, BwdPtrs, FwdPtrs};
 use super::launch::{Arg, BLOCK, MAX_BLOCKS};
 use super::status::{check, to_u32};
 use crate::engine::contract::{self, need};
@@ -1116,7 +1117,7 @@ impl Backend for CudaBackend {
     }
 
     fn hold_captures(&self) -> CaptureHold {
-        graph::hold()
+        capture_hold::hold()
     }
 
     fn loaded(&self, signature: u64) -> bool {

@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use cudarc::driver::sys;
 
-use super::graph;
+use super::capture_hold;
 use super::status::check;
 use super::stream::Stream;
 use crate::error::EngineError;
@@ -52,7 +52,7 @@ impl Staging {
     /// freed with every capture of the process held off (both synchronise the device).
     pub(crate) fn new(stream: Arc<Stream>) -> Result<Staging, EngineError> {
         let ctx = Arc::clone(stream.ctx());
-        let (upload, peek) = graph::without_captures(|| -> Result<_, EngineError> {
+        let (upload, peek) = capture_hold::without_captures(|| -> Result<_, EngineError> {
             let upload = allocate(&ctx, FIRST_UPLOAD_BYTES)?;
             match allocate(&ctx, FIRST_PEEK_BYTES) {
                 Ok(peek) => Ok((upload, peek)),
@@ -97,7 +97,7 @@ impl Staging {
             if bytes > self.upload.bytes {
                 let ctx = Arc::clone(self.stream.ctx());
                 let upload = &mut self.upload;
-                graph::without_captures(|| {
+                capture_hold::without_captures(|| {
                     release(&ctx, upload);
                     *upload = allocate(&ctx, (2 * bytes).max(FIRST_UPLOAD_BYTES))?;
                     Ok::<_, EngineError>(())
@@ -171,7 +171,7 @@ impl Staging {
         }
         if bytes > self.peek.bytes {
             let peek = &mut self.peek;
-            graph::without_captures(|| {
+            capture_hold::without_captures(|| {
                 release(&ctx, peek);
                 *peek = allocate(&ctx, bytes)?;
                 Ok::<_, EngineError>(())
@@ -275,7 +275,7 @@ fn release(ctx: &super::context::Ctx, p: &mut Pinned) {
 impl Drop for Staging {
     fn drop(&mut self) {
         let ctx = Arc::clone(self.stream.ctx());
-        graph::without_captures(|| {
+        capture_hold::without_captures(|| {
             release(&ctx, &mut self.upload);
             release(&ctx, &mut self.peek);
         });

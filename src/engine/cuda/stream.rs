@@ -195,7 +195,7 @@ impl Drop for Pacer {
 impl Drop for Stream {
     fn drop(&mut self) {
         // Destroying a stream may synchronise: not while another thread captures a graph.
-        super::graph::without_captures(|| {
+        super::capture_hold::without_captures(|| {
             if let Ok(_in) = self.ctx.enter() {
                 // SAFETY: the stream's last user is gone; the driver releases it once its
                 // pending work (if any) completes. Errors cannot be reported from Drop.
