@@ -161,6 +161,14 @@ fn a_second_run_without_resume_refuses_to_mix_results() {
     assert_eq!(o.status.code(), Some(2));
     assert!(stderr(&o).contains("--resume"), "{}", stderr(&o));
     assert!(out.join("best.yaml").exists());
+    // The command and device are recorded next to the results, as every command does.
+    let recorded = std::fs::read_to_string(out.join("command.txt")).unwrap();
+    assert!(
+        recorded.contains("sweep")
+            && recorded.contains("small.yaml")
+            && recorded.contains("device: cpu"),
+        "{recorded}"
+    );
 }
 
 #[test]

@@ -208,7 +208,7 @@ pub fn run(job: &Job, opts: &SweepOptions, out: &mut dyn Write) -> Result<PathBu
         (None, None) => run::out_dir(None, &format!("{}-sweep", job.name)),
     };
     // A writing run holds the folder's lock from before it reads what is there to its end.
-    let _lock = if opts.dry_run {
+    let lock = if opts.dry_run {
         None
     } else {
         Some(OutFolder::lock(&dir)?)
@@ -385,6 +385,11 @@ pub fn run(job: &Job, opts: &SweepOptions, out: &mut dyn Write) -> Result<PathBu
             )))
         }
         Some(why) => return Err(Error::NoDevice(format!("split {split}: {why}"))),
+    }
+    // The command line and device next to the results, as every command writes them (a resume
+    // records its own).
+    if let Some(folder) = &lock {
+        folder.record_command(&run::command_line(), &resolved.device)?;
     }
     let mut writer = match resumed {
         Some(w) => w,
