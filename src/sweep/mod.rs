@@ -1,12 +1,13 @@
 //! The sweep runner: every trial of a job's parameter space, `concurrency` at a time under one split mode; resumable, shardable and interruptible.
 
 pub mod bayes;
-pub mod hyperband;
-mod one_per_epoch;
-use one_per_epoch::OnePerEpoch;
 pub mod concurrency_probe;
 mod dry_run;
+pub mod hyperband;
 pub mod identity;
+mod one_per_epoch;
+mod recorder;
+mod resume;
 pub mod same_failure;
 pub mod shards;
 
@@ -21,13 +22,11 @@ use serde::Serialize;
 
 use crate::cancel::Cancel;
 use crate::engine::cuda::CudaEngine;
-use crate::error::{Error, ReportError, Result};
+use crate::error::{Error, Result};
 use crate::job::{Concurrency, Goal, Job, SplitMode};
 use crate::plan::{self, Round, TrialSpec};
-use crate::report::{self, ProgressRow, TrialRow};
-use crate::rounds::{
-    builtin_context, counts_line, progress_row, say, trial_row, unless_progress_lost,
-};
+use crate::report::{self, TrialRow};
+use crate::rounds::{builtin_context, counts_line, progress_row, say, trial_row};
 use crate::run::{self, OutFolder, Resolved, Unavailable};
 use crate::sched::external::ExternalEnv;
 use crate::sched::{self, Device, Devices, Event, ExternalTrials, RoundContext};
@@ -35,6 +34,9 @@ use crate::space::{Method, ParamValue};
 use dry_run::{dry_run, slurm_line};
 pub use dry_run::{DRY_RUN_LISTED, SLURM_SHARDS};
 pub use identity::{trial_key, Shard};
+use recorder::Recorder;
+pub use recorder::PROGRESS_SYNC;
+use resume::{keep_complete_progress, scan_progress, Held};
 use same_failure::{SameFailures, Seen, Stopped};
 
 /// Options of `gpumux sweep` beyond the job.
@@ -511,106 +513,6 @@ fn already(complete: usize, pruned: usize, failed: usize, pruning: bool) -> Stri
     parts.join(", ")
 }
 
-/// What an output folder already holds, read with the one reader of results files: its trials
-/// and runs (its progress rows are read one at a time by [`scan_progress`]).
-struct Held {
-    trials: Vec<TrialRow>,
-    runs: usize,
-}
-
-impl Held {
-    fn read(dir: &Path) -> Result<Held> {
-        // A link, FIFO or folder in a results file's place is refused before anything is read.
-        for name in [report::TRIALS_CSV, report::PROGRESS_CSV, report::RUNS_CSV] {
-            report::check_regular(&dir.join(name))?;
-        }
-        let present = |name: &str| dir.join(name).exists();
-        Ok(Held {
-            trials: if present(report::TRIALS_CSV) {
-                report::read_trials(dir)?
-            } else {
-                Vec::new()
-            },
-            runs: if present(report::RUNS_CSV) {
-                report::read_runs(dir)?.len()
-            } else {
-                0
-            },
-        })
-    }
-
-    fn has_rows(&self) -> bool {
-        !self.trials.is_empty() || self.runs > 0
-    }
-}
-
-/// What one pass over `progress.csv` found.
-struct ProgressScan<'a> {
-    rows: u64,
-    /// Rung values restored for early termination.
-    restored: usize,
-    /// The rows a resume keeps (see [`keep_complete_progress`]).
-    epochs: OnePerEpoch<'a>,
-}
-
-/// Reads `progress.csv` in `dir` through, row by row (a damaged file is refused, and nothing
-/// is held but a key per epoch of the trials done): counts its rows, restores the rungs of
-/// `pruner` from the trials done of `trials`, and finds the rows a resume keeps.
-fn scan_progress<'a>(
-    dir: &Path,
-    trials: &'a [TrialRow],
-    pruner: Option<&hyperband::Pruner>,
-    interrupt: &report::Interrupt,
-) -> Result<ProgressScan<'a>> {
-    let done = hyperband::done_ids(trials);
-    let mut scan = ProgressScan {
-        rows: 0,
-        restored: 0,
-        epochs: OnePerEpoch::new(done.iter().map(|id| (*id, 0))),
-    };
-    let path = dir.join(report::PROGRESS_CSV);
-    if !path.exists() {
-        return Ok(scan);
-    }
-    for row in report::RowReader::<ProgressRow>::open(&path)?.interrupted_by(interrupt) {
-        let row = row?;
-        scan.epochs.see(scan.rows, 0, &row);
-        if pruner.is_some_and(|p| p.restore_row(&done, &row)) {
-            scan.restored += 1;
-        }
-        scan.rows += 1;
-    }
-    Ok(scan)
-}
-
-/// At the start of a resumed sweep, `progress.csv` keeps the rows of done trials only (COMPLETE
-/// or PRUNED), one per (trial, epoch) (the last written, where it was written): the trials run
-/// again write theirs anew, so that the file never holds one epoch twice. When rows go, the
-/// file is replaced whole (temporary file and rename), copied row by row.
-fn keep_complete_progress(
-    dir: &Path,
-    epochs: &OnePerEpoch,
-    interrupt: &report::Interrupt,
-) -> Result<()> {
-    let dropped = epochs.dropped();
-    if dropped == 0 {
-        return Ok(());
-    }
-    let path = dir.join(report::PROGRESS_CSV);
-    tracing::info!(
-        "{}: dropping {dropped} rows of trials that did not complete (or of an epoch written twice)",
-        path.display(),
-    );
-    let reader = report::RowReader::<ProgressRow>::open(&path)?.interrupted_by(interrupt);
-    let columns = reader.extra_columns();
-    let kept = reader.enumerate().filter_map(|(at, row)| match row {
-        Ok(row) => epochs.keeps(at as u64, 0, &row).then_some(Ok(row)),
-        Err(e) => Some(Err(e)),
-    });
-    report::write_rows_from::<ProgressRow, ProgressRow>(&path, kept, &columns, interrupt)?;
-    Ok(())
-}
-
 /// The context every worker of the sweep shares.
 fn context(
     job: &Job,
@@ -692,79 +594,6 @@ fn external_context(
         }),
         metric: None,
         prune: None,
-    }
-}
-
-/// How long progress rows written in a burst may wait for their fsync while more keep coming.
-pub const PROGRESS_SYNC: Duration = Duration::from_millis(100);
-
-/// The sweep's results files while its round runs: each trial row appended and fsynced on its
-/// own; progress rows appended as they come and fsynced in groups (when no more are waiting,
-/// at least every [`PROGRESS_SYNC`] while they keep coming, and always before a trial row), so
-/// that a trial printing epochs faster than a disk syncs them is not slowed to the disk's pace.
-struct Recorder<'a> {
-    writer: &'a mut report::ReportWriter,
-    /// Whether progress rows were written since the last fsync.
-    unsynced: bool,
-    synced: Instant,
-    /// The first row that could not be recorded.
-    failed: Option<ReportError>,
-    /// The trials with a progress row that could not be written, and why: such a trial is
-    /// never recorded COMPLETE (its epochs would be missing, and `--resume` would not run it).
-    lost: crate::rounds::LostRows,
-}
-
-impl Recorder<'_> {
-    fn progress(&mut self, row: &ProgressRow) -> std::result::Result<(), ReportError> {
-        let res = self.writer.progress_unsynced(row).and_then(|()| {
-            self.unsynced = true;
-            if self.synced.elapsed() >= PROGRESS_SYNC {
-                self.sync()?;
-            }
-            Ok(())
-        });
-        if let Err(e) = &res {
-            self.lost
-                .entry(row.trial_id.clone())
-                .or_insert_with(|| e.into());
-        }
-        res
-    }
-
-    /// A finished trial's row as it may be recorded ([`unless_progress_lost`]).
-    fn checked(&self, row: TrialRow) -> TrialRow {
-        unless_progress_lost(row, &self.lost)
-    }
-
-    /// Fsyncs the progress rows written since the last time.
-    fn sync(&mut self) -> std::result::Result<(), ReportError> {
-        if self.unsynced {
-            self.writer.sync_progress()?;
-            self.unsynced = false;
-            self.synced = Instant::now();
-        }
-        Ok(())
-    }
-
-    /// A trial's row, after its progress rows are on disk.
-    fn trial(&mut self, row: &TrialRow) -> std::result::Result<(), ReportError> {
-        self.sync()?;
-        self.writer.trial(row)
-    }
-
-    /// Keeps the first failure to record a row: a row that cannot be recorded (a full disk)
-    /// stops the sweep rather than run trials whose results would be lost; the rows written
-    /// so far stay whole.
-    fn note(&mut self, res: std::result::Result<(), ReportError>, cancel: &Cancel) {
-        if let Err(e) = res {
-            if self.failed.is_none() && e.is_interrupted() {
-                tracing::warn!("{e}");
-            } else if self.failed.is_none() {
-                tracing::error!("{e}: stopping the sweep");
-                cancel.abort();
-            }
-            self.failed.get_or_insert(e);
-        }
     }
 }
 
@@ -1078,48 +907,6 @@ mod tests {
             "{line}"
         );
         assert!(line.contains("--gres=gpu:1 on a GPU partition"), "{line}");
-    }
-
-    #[test]
-    fn a_trial_with_a_lost_progress_row_is_recorded_fail_not_complete() {
-        let dir = tempfile::tempdir().unwrap();
-        let mut writer = report::ReportWriter::create(dir.path()).unwrap();
-        let mut rec = Recorder {
-            writer: &mut writer,
-            unsynced: false,
-            synced: Instant::now(),
-            failed: None,
-            lost: Default::default(),
-        };
-        let full = |by_signal| crate::rounds::LostRow {
-            why: "disk full".into(),
-            by_signal,
-        };
-        rec.lost.insert("a".into(), full(false));
-        let done = rec.checked(row("a", "COMPLETE", Some(0.5)));
-        assert_eq!(
-            (done.state.as_str(), done.error.as_str()),
-            (
-                "FAIL",
-                "its progress rows could not all be written: disk full"
-            )
-        );
-        assert_eq!(rec.checked(row("a", "PRUNED", Some(0.5))).state, "FAIL");
-        // A trial that failed anyway keeps its own reason; other trials are untouched.
-        assert_eq!(
-            rec.checked(row("a", "INTERRUPTED", None)).state,
-            "INTERRUPTED"
-        );
-        assert_eq!(
-            rec.checked(row("b", "COMPLETE", Some(0.5))).state,
-            "COMPLETE"
-        );
-        // A write a signal stopped: the trial is INTERRUPTED, and --resume runs it again.
-        rec.lost.insert("b".into(), full(true));
-        assert_eq!(
-            rec.checked(row("b", "COMPLETE", Some(0.5))).state,
-            "INTERRUPTED"
-        );
     }
 
     #[test]
