@@ -18,8 +18,9 @@ use cudarc::cudnn::sys as dnn;
 use cudarc::driver::sys;
 
 use super::capture_hold;
+use super::cudnn_desc::{convolution, filter, tensor, ConvDesc, FilterDesc, TensorDesc};
 use super::entered::Entered;
-use super::status::{check, check_dnn, to_i32};
+use super::status::check_dnn;
 use super::stream::Stream;
 use crate::engine::Conv2dShape;
 use crate::error::EngineError;
@@ -90,175 +91,6 @@ pub(crate) fn load() -> Result<(usize, libs::Bound), String> {
         .clone()
 }
 
-/// Proves cuDNN works in the current context, the way the trials use it: a handle, the three
-/// algorithm queries (which load the convolution sub-libraries, where a mismatched install
-/// fails) and one small forward convolution whose result is checked. A cuDNN that fails here is
-/// not used (`engine.conv: auto` then lowers convolutions to GEMMs).
-pub(crate) fn probe(_in: &Entered) -> Result<(), EngineError> {
-    let mut handle = std::ptr::null_mut();
-    // SAFETY: writes one handle, destroyed below; cuDNN was loaded by `load`.
-    check_dnn(unsafe { dnn::cudnnCreate(&mut handle) }, "cudnnCreate")?;
-    let result = probe_with(handle);
-    // SAFETY: the handle was created above and is destroyed once.
-    let destroyed = check_dnn(unsafe { dnn::cudnnDestroy(handle) }, "cudnnDestroy");
-    result.and(destroyed)
-}
-
-/// Device memory for the probe, freed on drop.
-struct ProbeBuf(sys::CUdeviceptr);
-
-impl ProbeBuf {
-    fn new(bytes: usize) -> Result<ProbeBuf, EngineError> {
-        let mut ptr = 0;
-        // SAFETY: writes one device pointer; a context is current (the probe's caller).
-        check(
-            unsafe { sys::cuMemAlloc_v2(&mut ptr, bytes.max(4)) },
-            "cuMemAlloc",
-        )?;
-        Ok(ProbeBuf(ptr))
-    }
-}
-
-impl Drop for ProbeBuf {
-    fn drop(&mut self) {
-        // SAFETY: allocated by cuMemAlloc_v2 and freed once.
-        let _ = unsafe { sys::cuMemFree_v2(self.0) };
-    }
-}
-
-/// The probe's convolution: two 3×8×8 samples through four 3×3 filters with padding 1.
-const PROBE: Conv2dShape = Conv2dShape {
-    n: 2,
-    c_in: 3,
-    h: 8,
-    w: 8,
-    c_out: 4,
-    k: 3,
-    pad: 1,
-    stride: 1,
-};
-
-/// How far the probe's output may be from the CPU twin's: cuDNN's FFT and Winograd algorithms
-/// round differently from a direct sum (about 1e-6 relative in FP32), while a broken
-/// convolution is off by far more than this.
-const PROBE_TOLERANCE: f32 = 1e-4;
-
-/// Whether `got` matches `want` within [`PROBE_TOLERANCE`], relative to the largest `want`;
-/// the first element that does not, otherwise.
-fn probe_mismatch(got: &[f32], want: &[f32]) -> Option<(usize, f32, f32)> {
-    let scale = want.iter().fold(1f32, |m, v| m.max(v.abs()));
-    if got.len() != want.len() {
-        return Some((got.len().min(want.len()), f32::NAN, f32::NAN));
-    }
-    got.iter()
-        .zip(want)
-        .enumerate()
-        .find(|(_, (g, w))| {
-            let close = (*g - *w).abs() <= PROBE_TOLERANCE * scale;
-            !close // NaN is never close
-        })
-        .map(|(i, (g, w))| (i, *g, *w))
-}
-
-/// Random inputs and filters through cuDNN's first-ranked FP32 forward algorithm, compared with
-/// the CPU twin ([`cpu::ops::conv2d_fwd`](crate::engine::cpu::ops::conv2d_fwd)) within a
-/// tolerance, so that exact-rounding differences of FFT or Winograd algorithms pass and wrong
-/// results do not.
-fn probe_with(handle: dnn::cudnnHandle_t) -> Result<(), EngineError> {
-    let s = PROBE;
-    let x = tensor(s.n, s.c_in, s.h, s.w)?;
-    let y = tensor(s.n, s.c_out, s.h_out(), s.w_out())?;
-    let w = filter(&s)?;
-    let conv = convolution(&s, dnn::cudnnMathType_t::CUDNN_FMA_MATH)?;
-    let ranked = ranked(handle, &x, &y, &w, &conv, Ranking::Heuristic)?;
-    let offer = pick(&ranked.fwd, 64 << 20, false, false).ok_or_else(|| {
-        EngineError::Device("cuDNN offers no FP32 forward algorithm for a 3×3 convolution".into())
-    })?;
-    let algo = fwd_algo(offer.algo).ok_or_else(|| {
-        EngineError::Device(format!("cuDNN offers unknown algorithm {}", offer.algo))
-    })?;
-    let mut ws_bytes = 0usize;
-    // SAFETY: the handle and descriptors are live; writes one size.
-    check_dnn(
-        unsafe {
-            dnn::cudnnGetConvolutionForwardWorkspaceSize(
-                handle,
-                x.0,
-                w.0,
-                conv.0,
-                y.0,
-                algo,
-                &mut ws_bytes,
-            )
-        },
-        "cudnnGetConvolutionForwardWorkspaceSize",
-    )?;
-    let mut rng = crate::rng::HostRng::new(0x70_726f_6265);
-    let input: Vec<f32> = (0..s.n * s.c_in * s.h * s.w)
-        .map(|_| rng.uniform_f32(-1.0, 1.0))
-        .collect();
-    let weights: Vec<f32> = (0..s.c_out * s.c_in * s.k * s.k)
-        .map(|_| rng.uniform_f32(-1.0, 1.0))
-        .collect();
-    let out_len = s.n * s.c_out * s.h_out() * s.w_out();
-    let bytes = |v: usize| v * std::mem::size_of::<f32>();
-    let (xb, wb, yb) = (
-        ProbeBuf::new(bytes(input.len()))?,
-        ProbeBuf::new(bytes(weights.len()))?,
-        ProbeBuf::new(bytes(out_len))?,
-    );
-    let ws = ProbeBuf::new(ws_bytes)?;
-    // SAFETY: the buffers hold the bytes copied; the copies are synchronous.
-    unsafe {
-        check(
-            sys::cuMemcpyHtoD_v2(xb.0, input.as_ptr().cast(), bytes(input.len())),
-            "cuMemcpyHtoD",
-        )?;
-        check(
-            sys::cuMemcpyHtoD_v2(wb.0, weights.as_ptr().cast(), bytes(weights.len())),
-            "cuMemcpyHtoD",
-        )?;
-    }
-    let (one, zero) = (1f32, 0f32);
-    // SAFETY: the handle issues to the legacy stream of the current context; x, w, y and the
-    // workspace hold the shape's extents and `ws_bytes`; alpha and beta are read in the call.
-    check_dnn(
-        unsafe {
-            dnn::cudnnConvolutionForward(
-                handle,
-                (&one as *const f32).cast(),
-                x.0,
-                xb.0 as *const _,
-                w.0,
-                wb.0 as *const _,
-                conv.0,
-                algo,
-                ws.0 as *mut _,
-                ws_bytes,
-                (&zero as *const f32).cast(),
-                y.0,
-                yb.0 as *mut _,
-            )
-        },
-        "cudnnConvolutionForward",
-    )?;
-    let mut out = vec![0f32; out_len];
-    // SAFETY: a synchronous copy of the floats just written (it waits for the convolution).
-    check(
-        unsafe { sys::cuMemcpyDtoH_v2(out.as_mut_ptr().cast(), yb.0, bytes(out_len)) },
-        "cuMemcpyDtoH",
-    )?;
-    let mut want = vec![0f32; out_len];
-    let mut scratch = vec![0f32; s.ws_len()];
-    crate::engine::cpu::ops::conv2d_fwd(&s, &input, &weights, None, &mut want, &mut scratch);
-    if let Some((i, g, w)) = probe_mismatch(&out, &want) {
-        return Err(EngineError::Device(format!(
-            "cuDNN's test convolution ({algo:?}) computed {g} at element {i}, the CPU {w}"
-        )));
-    }
-    Ok(())
-}
-
 /// An algorithm's name without cuDNN's common prefix, marked when it may use TF32.
 fn algo_name(debug: &str, tf32: bool) -> String {
     let short = debug
@@ -300,120 +132,6 @@ fn say_choice(line: &str) {
         tracing::debug!("{line}");
         said.push(line.to_string());
     }
-}
-
-/// An owned tensor descriptor.
-struct TensorDesc(dnn::cudnnTensorDescriptor_t);
-/// An owned filter descriptor.
-struct FilterDesc(dnn::cudnnFilterDescriptor_t);
-/// An owned convolution descriptor.
-struct ConvDesc(dnn::cudnnConvolutionDescriptor_t);
-
-impl Drop for TensorDesc {
-    fn drop(&mut self) {
-        // SAFETY: created by cudnnCreateTensorDescriptor and destroyed once; host only.
-        let _ = unsafe { dnn::cudnnDestroyTensorDescriptor(self.0) };
-    }
-}
-
-impl Drop for FilterDesc {
-    fn drop(&mut self) {
-        // SAFETY: as above.
-        let _ = unsafe { dnn::cudnnDestroyFilterDescriptor(self.0) };
-    }
-}
-
-impl Drop for ConvDesc {
-    fn drop(&mut self) {
-        // SAFETY: as above.
-        let _ = unsafe { dnn::cudnnDestroyConvolutionDescriptor(self.0) };
-    }
-}
-
-fn dim(what: &str, v: usize) -> Result<i32, EngineError> {
-    to_i32("conv2d", what, v)
-}
-
-/// An NCHW float tensor descriptor.
-fn tensor(n: usize, c: usize, h: usize, w: usize) -> Result<TensorDesc, EngineError> {
-    let mut raw = std::ptr::null_mut();
-    // SAFETY: writes one descriptor, owned from here on.
-    check_dnn(
-        unsafe { dnn::cudnnCreateTensorDescriptor(&mut raw) },
-        "cudnnCreateTensorDescriptor",
-    )?;
-    let desc = TensorDesc(raw);
-    // SAFETY: the descriptor is live.
-    let r = unsafe {
-        dnn::cudnnSetTensor4dDescriptor(
-            desc.0,
-            dnn::cudnnTensorFormat_t::CUDNN_TENSOR_NCHW,
-            dnn::cudnnDataType_t::CUDNN_DATA_FLOAT,
-            dim("n", n)?,
-            dim("c", c)?,
-            dim("h", h)?,
-            dim("w", w)?,
-        )
-    };
-    check_dnn(r, "cudnnSetTensor4dDescriptor")?;
-    Ok(desc)
-}
-
-/// The weights `[c_out, c_in, k, k]` as a float filter descriptor.
-fn filter(s: &Conv2dShape) -> Result<FilterDesc, EngineError> {
-    let mut raw = std::ptr::null_mut();
-    // SAFETY: writes one descriptor, owned from here on.
-    check_dnn(
-        unsafe { dnn::cudnnCreateFilterDescriptor(&mut raw) },
-        "cudnnCreateFilterDescriptor",
-    )?;
-    let desc = FilterDesc(raw);
-    // SAFETY: the descriptor is live.
-    let r = unsafe {
-        dnn::cudnnSetFilter4dDescriptor(
-            desc.0,
-            dnn::cudnnDataType_t::CUDNN_DATA_FLOAT,
-            dnn::cudnnTensorFormat_t::CUDNN_TENSOR_NCHW,
-            dim("c_out", s.c_out)?,
-            dim("c_in", s.c_in)?,
-            dim("k", s.k)?,
-            dim("k", s.k)?,
-        )
-    };
-    check_dnn(r, "cudnnSetFilter4dDescriptor")?;
-    Ok(desc)
-}
-
-/// A cross-correlation (what the CPU twin and PyTorch compute) with `s`'s padding and stride in
-/// float, with `math`.
-fn convolution(s: &Conv2dShape, math: dnn::cudnnMathType_t) -> Result<ConvDesc, EngineError> {
-    let mut raw = std::ptr::null_mut();
-    // SAFETY: writes one descriptor, owned from here on.
-    check_dnn(
-        unsafe { dnn::cudnnCreateConvolutionDescriptor(&mut raw) },
-        "cudnnCreateConvolutionDescriptor",
-    )?;
-    let desc = ConvDesc(raw);
-    let (pad, stride) = (dim("pad", s.pad)?, dim("stride", s.stride)?);
-    // SAFETY: the descriptor is live.
-    let r = unsafe {
-        dnn::cudnnSetConvolution2dDescriptor(
-            desc.0,
-            pad,
-            pad,
-            stride,
-            stride,
-            1,
-            1,
-            dnn::cudnnConvolutionMode_t::CUDNN_CROSS_CORRELATION,
-            dnn::cudnnDataType_t::CUDNN_DATA_FLOAT,
-        )
-    };
-    check_dnn(r, "cudnnSetConvolution2dDescriptor")?;
-    // SAFETY: the descriptor is live.
-    let r = unsafe { dnn::cudnnSetConvolutionMathType(desc.0, math) };
-    check_dnn(r, "cudnnSetConvolutionMathType")?;
-    Ok(desc)
 }
 
 /// One entry of cuDNN's ranked algorithm lists, read with plain integers: the layout of
@@ -524,15 +242,15 @@ const RANKED: usize = 16;
 
 /// cuDNN's ranked offers for each direction of one convolution.
 #[derive(Clone)]
-struct Ranked {
-    fwd: Vec<Offer>,
+pub(super) struct Ranked {
+    pub(super) fwd: Vec<Offer>,
     data: Vec<Offer>,
     filter: Vec<Offer>,
 }
 
 /// How the algorithms of a convolution are ranked.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Ranking {
+pub(super) enum Ranking {
     /// cuDNN's heuristics (`cudnnGet*Algorithm_v7`).
     Heuristic,
     /// Measured on the device (`cudnnFind*Algorithm`), fastest first.
@@ -557,7 +275,7 @@ fn measured_ranking(key: &MeasuredKey) -> Option<Ranked> {
 /// its measurements (`cudnnFind*Algorithm`: it runs each algorithm on scratch memory it allocates,
 /// synchronising the device, and ranks them fastest first; the caller then holds every capture
 /// of the process off). Both fill the same perf structs.
-fn ranked(
+pub(super) fn ranked(
     handle: dnn::cudnnHandle_t,
     x: &TensorDesc,
     y: &TensorDesc,
@@ -655,6 +373,7 @@ type RankFwd = unsafe fn(
     *mut i32,
     *mut dnn::cudnnConvolutionFwdAlgoPerf_t,
 ) -> dnn::cudnnStatus_t;
+
 type RankData = unsafe fn(
     dnn::cudnnHandle_t,
     dnn::cudnnFilterDescriptor_t,
@@ -665,6 +384,7 @@ type RankData = unsafe fn(
     *mut i32,
     *mut dnn::cudnnConvolutionBwdDataAlgoPerf_t,
 ) -> dnn::cudnnStatus_t;
+
 type RankFilter = unsafe fn(
     dnn::cudnnHandle_t,
     dnn::cudnnTensorDescriptor_t,
@@ -676,7 +396,7 @@ type RankFilter = unsafe fn(
     *mut dnn::cudnnConvolutionBwdFilterAlgoPerf_t,
 ) -> dnn::cudnnStatus_t;
 
-fn fwd_algo(a: u32) -> Option<dnn::cudnnConvolutionFwdAlgo_t> {
+pub(super) fn fwd_algo(a: u32) -> Option<dnn::cudnnConvolutionFwdAlgo_t> {
     use dnn::cudnnConvolutionFwdAlgo_t as A;
     Some(match a {
         0 => A::CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM,
@@ -1152,31 +872,16 @@ mod tests {
             true,
         );
         assert_eq!(d, "1 (TF32)");
-        let line = choice_line(&PROBE, [f, d, "FFT".into()], 3 << 20);
+        let line = choice_line(
+            &super::super::cudnn_probe::PROBE,
+            [f, d, "FFT".into()],
+            3 << 20,
+        );
         assert_eq!(
             line,
             "cuDNN: conv 2×3×8×8 → 4 channels, 3×3 kernel, stride 1, pad 1: forward \
              WINOGRAD_NONFUSED, backward-data 1 (TF32), backward-filter FFT; workspace 3.0 MiB"
         );
-    }
-
-    #[test]
-    fn the_probe_accepts_rounding_and_refuses_wrong_results() {
-        let want = [1.0f32, -2.0, 30.0, 0.0];
-        assert_eq!(probe_mismatch(&want, &want), None);
-        // What an FFT or Winograd algorithm may round differently: well within the tolerance.
-        let rounded = [1.000_01, -2.000_02, 30.000_5, 1e-5];
-        assert_eq!(probe_mismatch(&rounded, &want), None);
-        // A wrong result, or a NaN, is named with its element.
-        let wrong = [1.0, -2.0, 30.1, 0.0];
-        assert_eq!(probe_mismatch(&wrong, &want).map(|m| m.0), Some(2));
-        let nan = [1.0, f32::NAN, 30.0, 0.0];
-        assert_eq!(probe_mismatch(&nan, &want).map(|m| m.0), Some(1));
-        assert!(probe_mismatch(&want[..3], &want).is_some());
-        // The probe's shape is a real convolution with padding on several channels.
-        let p = PROBE;
-        assert_eq!((p.h_out(), p.w_out()), (8, 8));
-        assert!(p.c_in > 1 && p.c_out > 1 && p.n > 1 && p.pad > 0);
     }
 
     #[test]

@@ -8,6 +8,7 @@ use super::backend::{CudaBackend, Idle, WarmKey};
 use super::bound;
 use super::context::Ctx;
 use super::cudnn;
+use super::cudnn_probe;
 use super::data::{DevBuf, DeviceData};
 use super::device::{CudaDeviceInfo, Device};
 use super::green::{self, GreenPartition};
@@ -236,14 +237,16 @@ impl CudaEngine {
 fn open_cudnn(primary: &Ctx) -> Result<usize, String> {
     let (version, bound) = cudnn::load()?;
     let entered = primary.enter().map_err(|e| e.to_string())?;
-    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| cudnn::probe(&entered)))
-        .map_err(|_| "cuDNN could not be loaded through cudarc".to_string())?
-        .map_err(|e| {
-            format!(
-                "cuDNN {version} at {} does not initialise: {e}",
-                bound.file.display()
-            )
-        })?;
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        cudnn_probe::probe(&entered)
+    }))
+    .map_err(|_| "cuDNN could not be loaded through cudarc".to_string())?
+    .map_err(|e| {
+        format!(
+            "cuDNN {version} at {} does not initialise: {e}",
+            bound.file.display()
+        )
+    })?;
     libs::record_bound(bound);
     Ok(version)
 }

@@ -19,6 +19,8 @@ mod conv;
 mod conv_group;
 mod conv_shapes;
 mod cudnn;
+mod cudnn_desc;
+mod cudnn_probe;
 mod data;
 mod device;
 mod engine;
