@@ -6,25 +6,14 @@ use super::backend::{at, CudaBackend};
 use super::capture_hold;
 use super::capture_hold::CaptureHold;
 use super::conv_group::group_workspace_len;
-use super::conv_shapes::{workspace_len, BwdPtrs, FwdPtrs};
 use super::launch::{Arg, BLOCK, MAX_BLOCKS};
 use super::status::{check, to_u32};
-use crate::engine::contract::{self, need};
+use crate::engine::contract;
 use crate::engine::{
     AdamParams, Backend, BackendKind, BiasGrad, BnParams, Conv2dShape, DropoutMask, FusedConv,
     FusedNorm, GemmBatch, GemmShape, PlaneShape, PoolShape, Region, SgdParams, Split, Update,
 };
 use crate::error::EngineError;
-
-/// Threads per block of the batch-norm reductions: the most a block may have, for the most loads
-/// in flight.
-const NORM_BLOCK: u32 = 1024;
-/// The fewest values of a channel one block of a batch-norm reduction takes when a channel is
-/// split over several blocks, and the most blocks a channel is split over.
-const NORM_MIN_CHUNK: usize = 16 << 10;
-const NORM_MAX_CHUNKS: usize = 32;
-/// Blocks a batch-norm reduction aims for over all its channels.
-const NORM_TARGET_BLOCKS: usize = 256;
 
 impl Backend for CudaBackend {
     fn batchnorm_fwd(
@@ -61,27 +50,7 @@ impl Backend for CudaBackend {
         p: BnParams,
         f: FusedNorm,
     ) -> Result<(), EngineError> {
-        let op = "batchnorm_fwd_fused";
-        let planes = [("x", x), ("y", y)];
-        let params = [("gamma", gamma), ("beta", beta)];
-        contract::fused_norm(op, s, f, &planes, &params, Some(running), saved)?;
-        if f.trials == 0 {
-            return Ok(());
-        }
-        let all = [x, gamma, beta, running, saved, y];
-        // Every trial's operands pass the single op's checks (and the arena's, in norm_fwd).
-        for i in 0..f.trials {
-            let [x, gamma, beta, running, saved, y] = f.fwd_trial(s, all, i);
-            contract::batchnorm_fwd(s, x, gamma, beta, running, saved, y)?;
-        }
-        // Inference takes no partial sums: one launch over the group whatever the shape.
-        if p.train && !self.norm_groups(s, f, 1) {
-            for i in 0..f.trials {
-                self.norm_fwd(op, s, f.fwd_trial(s, all, i), p, FusedNorm::one())?;
-            }
-            return Ok(());
-        }
-        self.norm_fwd(op, s, all, p, f)
+        self.batchnorm_fwd_fused_checked(s, x, gamma, beta, running, saved, y, p, f)
     }
 
     fn batchnorm_bwd(
@@ -111,25 +80,7 @@ impl Backend for CudaBackend {
         dbeta: Region,
         f: FusedNorm,
     ) -> Result<(), EngineError> {
-        let op = "batchnorm_bwd_fused";
-        let planes = [("x", x), ("dy", dy), ("dx", dx)];
-        let params = [("gamma", gamma), ("dgamma", dgamma), ("dbeta", dbeta)];
-        contract::fused_norm(op, s, f, &planes, &params, None, saved)?;
-        if f.trials == 0 {
-            return Ok(());
-        }
-        let all = [x, gamma, saved, dy, dx, dgamma, dbeta];
-        for i in 0..f.trials {
-            let [x, gamma, saved, dy, dx, dgamma, dbeta] = f.bwd_trial(s, all, i);
-            contract::batchnorm_bwd(s, x, gamma, saved, dy, dx, dgamma, dbeta)?;
-        }
-        if !self.norm_groups(s, f, 2) {
-            for i in 0..f.trials {
-                self.norm_bwd(op, s, f.bwd_trial(s, all, i), FusedNorm::one())?;
-            }
-            return Ok(());
-        }
-        self.norm_bwd(op, s, all, f)
+        self.batchnorm_bwd_fused_checked(s, x, gamma, saved, dy, dx, dgamma, dbeta, f)
     }
 
     fn avgpool_fwd(&mut self, s: &PlaneShape, x: Region, y: Region) -> Result<(), EngineError> {
@@ -644,21 +595,7 @@ impl Backend for CudaBackend {
         y: Region,
         ws: Region,
     ) -> Result<(), EngineError> {
-        let op = "conv2d_fwd";
-        let contract::ConvFwd { x, w, b, y } = contract::conv2d_fwd(s, x, w, b, y)?;
-        let ws = self.conv_ws(op, s, ws)?;
-        let reads: Vec<Region> = [x, w].into_iter().chain(b).collect();
-        let base = self.regions(op, &reads, &[y, ws])?;
-        let p = FwdPtrs {
-            x: at(base, x),
-            w: at(base, w),
-            b: b.map(|b| at(base, b)),
-            y: at(base, y),
-            ws: at(base, ws),
-            ws_bytes: ws.len * 4,
-        };
-        let e = self.ctx.enter()?;
-        self.conv_fwd(&e, s, &p)
+        self.conv2d_fwd_checked(s, x, w, b, y, ws)
     }
 
     fn conv2d_bwd(
@@ -672,30 +609,7 @@ impl Backend for CudaBackend {
         db: Option<Region>,
         ws: Region,
     ) -> Result<(), EngineError> {
-        let op = "conv2d_bwd";
-        let contract::ConvBwd {
-            x,
-            w,
-            dy,
-            dx,
-            dw,
-            db,
-        } = contract::conv2d_bwd(s, x, w, dy, dx, dw, db)?;
-        let ws = self.conv_ws(op, s, ws)?;
-        let writes: Vec<Region> = dx.into_iter().chain([dw]).chain(db).chain([ws]).collect();
-        let base = self.regions(op, &[x, w, dy], &writes)?;
-        let p = BwdPtrs {
-            x: at(base, x),
-            w: at(base, w),
-            dy: at(base, dy),
-            dx: dx.map(|dx| at(base, dx)),
-            dw: at(base, dw),
-            db: db.map(|db| at(base, db)),
-            ws: at(base, ws),
-            ws_bytes: ws.len * 4,
-        };
-        let e = self.ctx.enter()?;
-        self.conv_bwd(&e, s, &p)
+        self.conv2d_bwd_checked(s, x, w, dy, dx, dw, db, ws)
     }
 
     fn conv2d_fwd_fused(
@@ -708,43 +622,7 @@ impl Backend for CudaBackend {
         ws: Region,
         f: FusedConv,
     ) -> Result<(), EngineError> {
-        let op = "conv2d_fwd_fused";
-        let r = contract::conv2d_fwd_fused(s, x, w, b, y, f)?;
-        let ws_len = self.fused_ws_len(s, ws, f);
-        let ws = contract::fused_ws(op, ws, f, ws_len)?;
-        let (x_len, y_len) = (s.x_len(), s.y_len());
-        let mut base = 0;
-        for i in 0..f.trials {
-            let reads: Vec<Region> = [
-                FusedConv::at(r.x, i, x_len, x_len),
-                FusedConv::at(r.w, i, f.w_stride, s.w_len()),
-            ]
-            .into_iter()
-            .chain(r.b.map(|b| FusedConv::at(b, i, f.w_stride, s.c_out)))
-            .collect();
-            let writes = [
-                FusedConv::at(r.y, i, y_len, y_len),
-                FusedConv::at(ws, i, f.ws_stride, ws_len),
-            ];
-            base = self.regions(op, &reads, &writes)?;
-        }
-        if f.trials == 0 {
-            return Ok(());
-        }
-        // The trials run at once: no trial's output may overlap another's input or output.
-        let all = |r: Region, len: usize| Region::new(r.offset, len * f.trials);
-        let ws_all = self.fused_ws_written(s, ws, ws_len, f);
-        self.regions(op, &[all(r.x, x_len)], &[all(r.y, y_len), ws_all])?;
-        let p = FwdPtrs {
-            x: at(base, r.x),
-            w: at(base, r.w),
-            b: r.b.map(|b| at(base, b)),
-            y: at(base, r.y),
-            ws: at(base, ws),
-            ws_bytes: ws_len * 4,
-        };
-        let e = self.ctx.enter()?;
-        self.conv_fwd_fused(&e, s, &p, f)
+        self.conv2d_fwd_fused_checked(s, x, w, b, y, ws, f)
     }
 
     fn conv2d_bwd_fused(
@@ -759,51 +637,7 @@ impl Backend for CudaBackend {
         ws: Region,
         f: FusedConv,
     ) -> Result<(), EngineError> {
-        let op = "conv2d_bwd_fused";
-        let r = contract::conv2d_bwd_fused(s, x, w, dy, dx, dw, db, f)?;
-        let ws_len = self.fused_ws_len(s, ws, f);
-        let ws = contract::fused_ws(op, ws, f, ws_len)?;
-        let (x_len, y_len, w_len) = (s.x_len(), s.y_len(), s.w_len());
-        let mut base = 0;
-        for i in 0..f.trials {
-            let reads = [
-                FusedConv::at(r.x, i, x_len, x_len),
-                FusedConv::at(r.w, i, f.w_stride, w_len),
-                FusedConv::at(r.dy, i, y_len, y_len),
-            ];
-            let writes: Vec<Region> =
-                r.dx.map(|dx| FusedConv::at(dx, i, x_len, x_len))
-                    .into_iter()
-                    .chain([FusedConv::at(r.dw, i, f.w_stride, w_len)])
-                    .chain(r.db.map(|db| FusedConv::at(db, i, f.w_stride, s.c_out)))
-                    .chain([FusedConv::at(ws, i, f.ws_stride, ws_len)])
-                    .collect();
-            base = self.regions(op, &reads, &writes)?;
-        }
-        if f.trials == 0 {
-            return Ok(());
-        }
-        // The trials run at once: no trial's output may overlap another's input or output.
-        let all = |r: Region, len: usize| Region::new(r.offset, len * f.trials);
-        let ws_all = self.fused_ws_written(s, ws, ws_len, f);
-        let writes: Vec<Region> =
-            r.dx.map(|dx| all(dx, x_len))
-                .into_iter()
-                .chain([ws_all])
-                .collect();
-        self.regions(op, &[all(r.x, x_len), all(r.dy, y_len)], &writes)?;
-        let p = BwdPtrs {
-            x: at(base, r.x),
-            w: at(base, r.w),
-            dy: at(base, r.dy),
-            dx: r.dx.map(|dx| at(base, dx)),
-            dw: at(base, r.dw),
-            db: r.db.map(|db| at(base, db)),
-            ws: at(base, ws),
-            ws_bytes: ws_len * 4,
-        };
-        let e = self.ctx.enter()?;
-        self.conv_bwd_fused(&e, s, &p, f)
+        self.conv2d_bwd_fused_checked(s, x, w, dy, dx, dw, db, ws, f)
     }
 
     fn maxpool_fwd(&mut self, s: &PoolShape, x: Region, y: Region) -> Result<(), EngineError> {
@@ -1161,413 +995,4 @@ fn pool_dims(op: &'static str, s: &PoolShape) -> Result<[Arg; 9], EngineError> {
         Arg::U32(to_u32(op, "h_out", s.h_out())?),
         Arg::U32(to_u32(op, "w_out", s.w_out())?),
     ])
-}
-
-impl CudaBackend {
-    /// The arena's checks of every trial's regions (`check(i)` for trial `i`); the arena's
-    /// address.
-    fn each_trial(
-        &self,
-        f: FusedNorm,
-        check: impl Fn(usize) -> Result<sys::CUdeviceptr, EngineError>,
-    ) -> Result<sys::CUdeviceptr, EngineError> {
-        let mut base = 0;
-        for i in 0..f.trials {
-            base = check(i)?;
-        }
-        Ok(base)
-    }
-
-    /// Batch norm's forward pass over `f`'s trials (one trial: [`FusedNorm::one`]), regions
-    /// `[x, gamma, beta, running, saved, y]` spanning every trial's.
-    fn norm_fwd(
-        &mut self,
-        op: &'static str,
-        s: &PlaneShape,
-        all: [Region; 6],
-        p: BnParams,
-        f: FusedNorm,
-    ) -> Result<(), EngineError> {
-        let [x, gamma, beta, running, saved, y] = all;
-        let (ps, rs, ss) = (f.param_stride, f.running_stride, f.saved_stride);
-        let trials = Arg::U32(to_u32(op, "trials", f.trials)?);
-        let (ps_arg, rs_arg, ss_arg) = (
-            Arg::U64(ps as u64),
-            Arg::U64(rs as u64),
-            Arg::U64(ss as u64),
-        );
-        let dims = plane_dims(op, s)?;
-        let group = s.with_n(s.n * f.trials);
-        let e = self.ctx.enter()?;
-        if !p.train {
-            let base = self.each_trial(f, |i| {
-                let [x, gamma, beta, running, _, y] = f.fwd_trial(s, all, i);
-                self.regions(op, &[x, gamma, beta, running], &[y])
-            })?;
-            let mut args = vec![
-                Arg::Ptr(at(base, x)),
-                Arg::Ptr(at(base, gamma)),
-                Arg::Ptr(at(base, beta)),
-                Arg::Ptr(at(base, running)),
-                Arg::Ptr(at(base, y)),
-            ];
-            args.extend(dims);
-            args.extend([Arg::F32(p.eps), trials, ps_arg, rs_arg]);
-            return self.elementwise(&e, "batchnorm_fwd_infer", group.len(), &args);
-        }
-        let base = self.each_trial(f, |i| {
-            let [x, gamma, beta, running, saved, y] = f.fwd_trial(s, all, i);
-            self.regions(op, &[x, gamma, beta], &[running, saved, y])
-        })?;
-        let channels = s.c * f.trials;
-        let chunks = self.norm_chunks(s, 1);
-        if chunks > 1 {
-            let [partials, means, tickets] = self.scratch_ptrs()?;
-            for pass in 0..2u32 {
-                let mut a = vec![
-                    Arg::Ptr(at(base, x)),
-                    Arg::Ptr(at(base, running)),
-                    Arg::Ptr(at(base, saved)),
-                    Arg::Ptr(partials),
-                    Arg::Ptr(means),
-                    Arg::Ptr(tickets),
-                ];
-                a.extend(plane_dims(op, s)?);
-                a.extend([Arg::F32(p.momentum), Arg::F32(p.eps), Arg::U32(pass)]);
-                a.extend([trials, ps_arg, rs_arg, ss_arg]);
-                let grid = (chunks, to_u32(op, "channels", channels)?);
-                self.kernel2(&e, "batchnorm_fwd_partial", grid, NORM_BLOCK, &a)?;
-            }
-            let mut a = vec![
-                Arg::Ptr(at(base, x)),
-                Arg::Ptr(at(base, gamma)),
-                Arg::Ptr(at(base, beta)),
-                Arg::Ptr(at(base, saved)),
-                Arg::Ptr(at(base, y)),
-            ];
-            a.extend(plane_dims(op, s)?);
-            a.extend([trials, ps_arg, ss_arg]);
-            return self.elementwise(&e, "batchnorm_normalize", group.len(), &a);
-        }
-        let mut args = vec![
-            Arg::Ptr(at(base, x)),
-            Arg::Ptr(at(base, gamma)),
-            Arg::Ptr(at(base, beta)),
-            Arg::Ptr(at(base, running)),
-            Arg::Ptr(at(base, saved)),
-            Arg::Ptr(at(base, y)),
-        ];
-        args.extend(dims);
-        args.extend([Arg::F32(p.momentum), Arg::F32(p.eps)]);
-        args.extend([trials, ps_arg, rs_arg, ss_arg]);
-        // One block per channel of every trial (blocks loop over channels beyond the grid).
-        let grid = channels.clamp(1, MAX_BLOCKS as usize) as u32;
-        self.kernel(&e, "batchnorm_fwd_train", (grid, NORM_BLOCK), &args)
-    }
-
-    /// Batch norm's backward pass over `f`'s trials, regions
-    /// `[x, gamma, saved, dy, dx, dgamma, dbeta]` spanning every trial's.
-    fn norm_bwd(
-        &mut self,
-        op: &'static str,
-        s: &PlaneShape,
-        all: [Region; 7],
-        f: FusedNorm,
-    ) -> Result<(), EngineError> {
-        let [x, gamma, saved, dy, dx, dgamma, dbeta] = all;
-        let (ps, ss) = (f.param_stride, f.saved_stride);
-        let base = self.each_trial(f, |i| {
-            let [x, gamma, saved, dy, dx, dgamma, dbeta] = f.bwd_trial(s, all, i);
-            self.regions(op, &[x, gamma, saved, dy], &[dx, dgamma, dbeta])
-        })?;
-        let tail = [
-            Arg::U32(to_u32(op, "trials", f.trials)?),
-            Arg::U64(ps as u64),
-            Arg::U64(ss as u64),
-        ];
-        let group = s.with_n(s.n * f.trials);
-        let channels = s.c * f.trials;
-        let e = self.ctx.enter()?;
-        let chunks = self.norm_chunks(s, 2);
-        if chunks > 1 {
-            let [partials, _, tickets] = self.scratch_ptrs()?;
-            let mut a = vec![
-                Arg::Ptr(at(base, x)),
-                Arg::Ptr(at(base, saved)),
-                Arg::Ptr(at(base, dy)),
-                Arg::Ptr(at(base, dgamma)),
-                Arg::Ptr(at(base, dbeta)),
-                Arg::Ptr(partials),
-                Arg::Ptr(tickets),
-            ];
-            a.extend(plane_dims(op, s)?);
-            a.extend(tail);
-            let grid = (chunks, to_u32(op, "channels", channels)?);
-            self.kernel2(&e, "batchnorm_bwd_partial", grid, NORM_BLOCK, &a)?;
-            let mut a = vec![
-                Arg::Ptr(at(base, x)),
-                Arg::Ptr(at(base, gamma)),
-                Arg::Ptr(at(base, saved)),
-                Arg::Ptr(at(base, dy)),
-                Arg::Ptr(at(base, dgamma)),
-                Arg::Ptr(at(base, dbeta)),
-                Arg::Ptr(at(base, dx)),
-            ];
-            a.extend(plane_dims(op, s)?);
-            a.extend(tail);
-            return self.elementwise(&e, "batchnorm_bwd_dx", group.len(), &a);
-        }
-        let mut args = vec![
-            Arg::Ptr(at(base, x)),
-            Arg::Ptr(at(base, gamma)),
-            Arg::Ptr(at(base, saved)),
-            Arg::Ptr(at(base, dy)),
-            Arg::Ptr(at(base, dx)),
-            Arg::Ptr(at(base, dgamma)),
-            Arg::Ptr(at(base, dbeta)),
-        ];
-        args.extend(plane_dims(op, s)?);
-        args.extend(tail);
-        let grid = channels.clamp(1, MAX_BLOCKS as usize) as u32;
-        self.kernel(&e, "batchnorm_bwd", (grid, NORM_BLOCK), &args)
-    }
-}
-
-/// The size arguments of the per-channel kernels: `n, c, hw` (all elements within 32 bits).
-fn plane_dims(op: &'static str, s: &PlaneShape) -> Result<[Arg; 3], EngineError> {
-    to_u32(op, "elements", s.len())?;
-    Ok([
-        Arg::U32(to_u32(op, "n", s.n)?),
-        Arg::U32(to_u32(op, "c", s.c)?),
-        Arg::U32(to_u32(op, "hw", s.hw)?),
-    ])
-}
-
-impl CudaBackend {
-    /// The workspace region of a convolution: cuDNN takes the whole region it is given (its
-    /// algorithms are chosen to fit it; see `cudnn.rs`), the GEMM lowering needs its fixed size.
-    fn conv_ws(
-        &self,
-        op: &'static str,
-        s: &Conv2dShape,
-        ws: Region,
-    ) -> Result<Region, EngineError> {
-        if self.dnn_for(s).is_some() {
-            Ok(ws)
-        } else {
-            need(op, "workspace", ws, workspace_len(s))
-        }
-    }
-
-    /// The workspace each trial of a fused convolution takes: the GEMM lowering's fixed size, or
-    /// for cuDNN (which takes what it is given) the whole stride, or with one trial the whole
-    /// region.
-    /// The workspace a fused convolution writes, all trials together: the group lowering's
-    /// `trials·len` from the start, else every trial's copy of `len` (and the gaps between).
-    fn fused_ws_written(&self, s: &Conv2dShape, ws: Region, len: usize, f: FusedConv) -> Region {
-        if self.groups_conv(s, f) {
-            Region::new(ws.offset, len * f.trials)
-        } else {
-            ws
-        }
-    }
-
-    fn fused_ws_len(&self, s: &Conv2dShape, ws: Region, f: FusedConv) -> usize {
-        if self.groups_conv(s, f) {
-            return group_workspace_len(s);
-        }
-        match (self.dnn_for(s).is_some(), f.trials) {
-            (false, _) => workspace_len(s),
-            (true, 1) => ws.len,
-            (true, _) => f.ws_stride,
-        }
-    }
-
-    /// One optimizer step ([`Update`]) as one launch; Adam reads its `t` from `counter`. With
-    /// `advance`, the kernel's last block then advances `counter` (`kernels/optim.cu`'s
-    /// `advance_when_done`), so that [`Backend::update`] is one launch too.
-    fn optimizer(
-        &mut self,
-        u: Update,
-        counter: Option<Region>,
-        advance: bool,
-    ) -> Result<(), EngineError> {
-        /// A kernel argument: a region of the arena (its address once the arena's base is
-        /// known), or a plain value.
-        enum Part {
-            At(Region),
-            Value(Arg),
-        }
-        use Part::{At, Value};
-        let counter = counter.map(contract::counter).transpose()?;
-        let need_counter = || {
-            counter.ok_or_else(|| {
-                EngineError::Device("an optimizer step needs the step counter".into())
-            })
-        };
-        // The advance is the kernel's last argument: the counter it writes, or none.
-        let advance = if advance { Some(need_counter()?) } else { None };
-        let per_trial = |op, w: Region, trials: usize| {
-            to_u32(op, "params", w.len.checked_div(trials).unwrap_or(0)).map(Arg::U32)
-        };
-        let (op, w, reads, writes, parts) = match u {
-            Update::Sgd { w, g, v, p } => {
-                let op = "sgd_step";
-                let [g, v] = contract::elementwise(op, [("g", g), ("v", v)], w.len)?;
-                let params = [p.lr, p.momentum, p.weight_decay].map(|x| Value(Arg::F32(x)));
-                let mut parts = vec![
-                    At(w),
-                    At(g),
-                    At(v),
-                    Value(Arg::U32(to_u32(op, "len", w.len)?)),
-                ];
-                parts.extend(params);
-                (op, w, vec![g], vec![w, v], parts)
-            }
-            Update::Adam { w, g, m, v, p } => {
-                let op = "adam_step";
-                let [g, m, v] = contract::elementwise(op, [("g", g), ("m", m), ("v", v)], w.len)?;
-                let c = need_counter()?;
-                let params =
-                    [p.lr, p.beta1, p.beta2, p.eps, p.weight_decay].map(|x| Value(Arg::F32(x)));
-                let mut parts = vec![
-                    At(w),
-                    At(g),
-                    At(m),
-                    At(v),
-                    Value(Arg::U32(to_u32(op, "len", w.len)?)),
-                ];
-                parts.extend(params);
-                parts.push(At(c));
-                (op, w, vec![g, c], vec![w, m, v], parts)
-            }
-            Update::SgdBatched {
-                w,
-                g,
-                v,
-                hyper,
-                trials,
-            } => {
-                let op = "sgd_step_batched";
-                let (_, [g, v], hyper) =
-                    contract::optim_batched(op, w, [("g", g), ("v", v)], hyper, trials)?;
-                let parts = vec![
-                    At(w),
-                    At(g),
-                    At(v),
-                    Value(Arg::U32(to_u32(op, "len", w.len)?)),
-                    Value(per_trial(op, w, trials)?),
-                    At(hyper),
-                ];
-                (op, w, vec![g, hyper], vec![w, v], parts)
-            }
-            Update::AdamBatched {
-                w,
-                g,
-                m,
-                v,
-                hyper,
-                trials,
-            } => {
-                let op = "adam_step_batched";
-                let (_, [g, m, v], hyper) =
-                    contract::optim_batched(op, w, [("g", g), ("m", m), ("v", v)], hyper, trials)?;
-                let c = need_counter()?;
-                let parts = vec![
-                    At(w),
-                    At(g),
-                    At(m),
-                    At(v),
-                    Value(Arg::U32(to_u32(op, "len", w.len)?)),
-                    Value(per_trial(op, w, trials)?),
-                    At(hyper),
-                    At(c),
-                ];
-                (op, w, vec![g, hyper, c], vec![w, m, v], parts)
-            }
-        };
-        // The counter is written by the advance (and read by Adam): checked as written then.
-        let reads: Vec<Region> = reads.into_iter().filter(|r| Some(*r) != advance).collect();
-        let writes: Vec<Region> = writes.into_iter().chain(advance).collect();
-        let base = self.regions(op, &reads, &writes)?;
-        let mut args: Vec<Arg> = parts
-            .into_iter()
-            .map(|part| match part {
-                At(r) => Arg::Ptr(at(base, r)),
-                Value(a) => a,
-            })
-            .collect();
-        args.push(Arg::Ptr(advance.map_or(0, |c| at(base, c))));
-        let e = self.ctx.enter()?;
-        self.elementwise(&e, op, w.len, &args)
-    }
-
-    /// Whether a fused group's batch norm over `s` runs as one launch per kernel: where each
-    /// trial's channel takes one block, or where the reductions' scratch holds every trial's
-    /// partial sums (`pairs` doubles each). Either way each trial's sums add in the order they add
-    /// alone (the blocks a channel depend on one trial's shape), so a trial computes in a group
-    /// what it computes alone, bit for bit; else the group's trials run one after another.
-    fn norm_groups(&self, s: &PlaneShape, f: FusedNorm, pairs: usize) -> bool {
-        use super::mem_pool::{REDUCE_CHANNELS, REDUCE_PARTIALS};
-        let k = self.norm_chunks(s, pairs) as usize;
-        let channels = s.c.saturating_mul(f.trials);
-        k == 1
-            || (channels <= REDUCE_CHANNELS
-                && channels.saturating_mul(k * pairs) <= 2 * REDUCE_PARTIALS
-                && channels <= u16::MAX as usize)
-    }
-
-    /// Blocks each channel of a batch-norm reduction over `s` is split over: enough for about
-    /// [`NORM_TARGET_BLOCKS`] blocks over all channels (two an SM on the largest GPUs), each
-    /// taking about [`NORM_MIN_CHUNK`] values or more (at least half that), at most
-    /// [`NORM_MAX_CHUNKS`], and within the reductions' scratch (`pairs` doubles a partial); 1
-    /// (one block a channel, the single-kernel path) when a layer has channels enough. It depends
-    /// on the shape alone, not on the device, so the sums' order (and their last bits) is the
-    /// same on every GPU.
-    fn norm_chunks(&self, s: &PlaneShape, pairs: usize) -> u32 {
-        use super::mem_pool::{REDUCE_CHANNELS, REDUCE_PARTIALS};
-        let (c, m) = (s.c, s.n * s.hw);
-        if c == 0 || m == 0 {
-            return 1;
-        }
-        let fill = NORM_TARGET_BLOCKS.div_ceil(c);
-        let by_size = m.div_ceil(NORM_MIN_CHUNK);
-        let k = fill.min(by_size).clamp(1, NORM_MAX_CHUNKS);
-        if k == 1 || c > REDUCE_CHANNELS || c * k * pairs > 2 * REDUCE_PARTIALS {
-            return 1;
-        }
-        k as u32
-    }
-
-    /// `dropout_fwd(x → y)` or `dropout_bwd(dy → dx)`: the same kernel signature.
-    fn dropout(
-        &mut self,
-        op: &'static str,
-        len: usize,
-        d: DropoutMask,
-        src: Region,
-        dst: Region,
-    ) -> Result<(), EngineError> {
-        let counter = contract::counter(d.counter)?;
-        let (src_name, dst_name) = if op == "dropout_fwd" {
-            ("x", "y")
-        } else {
-            ("dy", "dx")
-        };
-        let [src, dst] = contract::elementwise(op, [(src_name, src), (dst_name, dst)], len)?;
-        // The counter is read by the kernel, so it is checked as a read region too.
-        let base = self.regions(op, &[src, counter], &[dst])?;
-        let args = [
-            Arg::Ptr(at(base, src)),
-            Arg::Ptr(at(base, dst)),
-            Arg::U32(to_u32(op, "len", len)?),
-            Arg::F32(d.p),
-            Arg::U64(d.seed),
-            Arg::Ptr(at(base, counter)),
-            Arg::U32(d.layer),
-            Arg::U64(d.first),
-        ];
-        let e = self.ctx.enter()?;
-        self.elementwise(&e, op, len, &args)
-    }
 }
