@@ -24,9 +24,6 @@ pub const SAMPLES_PER_S_SVG: &str = "samples_per_s.svg";
 /// The text summary: rounds table, fastest N per split, best trial, parity.
 pub const SUMMARY_TXT: &str = "summary.txt";
 
-/// The rows of one or more output directories.
-pub type Rows = (Vec<RunRow>, Vec<TrialRow>, Vec<ProgressRow>);
-
 /// The files [`write_report`] wrote.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ReportPaths {
@@ -133,16 +130,6 @@ impl ResultsDir {
         }
         Ok(())
     }
-}
-
-/// Reads one results folder whole (see [`ResultsDir`]): for folders known to be small.
-pub fn read_dir(dir: &Path) -> Result<Rows, ReportError> {
-    let d = ResultsDir::open(dir)?;
-    let progress = match d.progress(&Interrupt::Never)? {
-        Some(rows) => rows.collect::<Result<_, _>>()?,
-        None => Vec::new(),
-    };
-    Ok((d.runs()?, d.trials()?, progress))
 }
 
 /// The extra columns of several `progress.csv` files as one header: each file's in its order,
@@ -341,6 +328,19 @@ pub fn merge_into(
 mod tests {
     use super::*;
     use crate::report::tests::{run_row, trial_row};
+
+    /// The rows of one or more output directories.
+    type Rows = (Vec<RunRow>, Vec<TrialRow>, Vec<ProgressRow>);
+
+    /// Reads one results folder whole.
+    fn read_dir(dir: &Path) -> Result<Rows, ReportError> {
+        let d = ResultsDir::open(dir)?;
+        let progress = match d.progress(&Interrupt::Never)? {
+            Some(rows) => rows.collect::<Result<_, _>>()?,
+            None => Vec::new(),
+        };
+        Ok((d.runs()?, d.trials()?, progress))
+    }
 
     fn write_dir(dir: &Path, runs: &[RunRow], trials: &[TrialRow]) {
         write_merged(dir, runs, trials, &[]).unwrap();

@@ -16,8 +16,8 @@ pub use self::line::{
     check_regular, Interrupt, ResultsRow, CHECK, PROGRESS_CSV, RUNS_CSV, TRIALS_CSV,
 };
 pub use self::merge::{
-    merge_files, merge_into, progress_lines_of, progress_of, read_dir, union_of_columns,
-    write_merged, write_report, ReportPaths, ResultsDir, Rows,
+    merge_files, merge_into, progress_lines_of, progress_of, union_of_columns, write_merged,
+    write_report, ReportPaths, ResultsDir,
 };
 pub use self::plot::{plot_samples_per_s, plot_time_per_training};
 pub use self::read::{
@@ -27,7 +27,7 @@ pub use self::summary::{
     best_n, best_trial, format_best, format_best_n, format_parity, parity, summary_table,
     summary_text, BestN, ParityLine,
 };
-pub use self::write::{write_all, write_lines, write_rows, write_rows_from, ReportWriter};
+pub use self::write::{write_all, write_lines, write_rows, ReportWriter};
 
 /// The state of a trial that ran to the end.
 pub const COMPLETE: &str = "COMPLETE";

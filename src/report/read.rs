@@ -389,7 +389,6 @@ pub struct WithLines<T> {
     /// read that it copies, or `None` for an empty one. `None` when the file read lacks some
     /// column of the row (an older file): its rows are encoded from their values.
     from: Option<Vec<Option<usize>>>,
-    line: Vec<u8>,
 }
 
 impl<T: ResultsRow> RowReader<T> {
@@ -397,7 +396,7 @@ impl<T: ResultsRow> RowReader<T> {
     /// `extra`: a row whose check was verified is copied from the cells it was read from
     /// (its values are not formatted again), in the columns' new order, with a new check;
     /// any other row (no check, a line break in a cell, an older file) is encoded from its
-    /// values. Either way the line is the one [`write_rows_from`] would write.
+    /// values. Either way the line is the one [`write_rows`] would write.
     pub fn with_lines(self, extra: &[String]) -> WithLines<T> {
         let position = |name: &[u8]| self.header.iter().position(|c| c == name);
         let from = self.check.and_then(|_| {
@@ -413,14 +412,13 @@ impl<T: ResultsRow> RowReader<T> {
             reader: self,
             extra: extra.to_vec(),
             from,
-            line: Vec::with_capacity(256),
         }
     }
 }
 
 impl<T: ResultsRow> WithLines<T> {
     /// The line of the row just read, copied from its cells; `None` when it must be encoded.
-    fn copied(&mut self) -> Option<Vec<u8>> {
+    fn copied_line(&self) -> Option<Vec<u8>> {
         let from = self.from.as_ref()?;
         let record = &self.reader.record;
         let i = self.reader.check?;
@@ -433,15 +431,14 @@ impl<T: ResultsRow> WithLines<T> {
         if !from.iter().all(|k| plain(cell(k))) {
             return None;
         }
-        let check = check_value(from.iter().map(cell));
-        self.line.clear();
+        let mut line = Vec::with_capacity(256);
         for k in from {
-            self.line.extend_from_slice(cell(k));
-            self.line.push(b',');
+            line.extend_from_slice(cell(k));
+            line.push(b',');
         }
-        self.line
-            .extend_from_slice(format!("{check:016x}\n").as_bytes());
-        Some(self.line.clone())
+        line.extend_from_slice(check_of(from.iter().map(cell)).as_bytes());
+        line.push(b'\n');
+        Some(line)
     }
 }
 
@@ -453,7 +450,7 @@ impl<T: ResultsRow> Iterator for WithLines<T> {
             Ok(row) => row,
             Err(e) => return Some(Err(e)),
         };
-        let line = match self.copied() {
+        let line = match self.copied_line() {
             Some(line) => Ok(line),
             None => encode(&self.reader.path, &row, &self.extra, true),
         };

@@ -377,29 +377,16 @@ pub(super) fn write_rows_as<T: ResultsRow>(
     rows: &[T],
     extra: &[String],
 ) -> Result<(), ReportError> {
-    write_rows_from::<T, &T>(path, rows.iter().map(Ok), extra, &Interrupt::Never)
+    let lines = rows.iter().map(|row| encode(path, row, extra, true));
+    write_lines::<T>(path, lines, extra, &Interrupt::Never, &mut |_| true)
 }
 
-/// Replaces the results file at `path` with the rows `rows` gives, each encoded as it is
-/// written, so that memory does not grow with the file: the file is the old one or the whole
-/// new one (see [`crate::outdir::replace_file`]). The first error `rows` gives (a damaged line
-/// of the file read), a row that cannot be encoded, or a stop by `interrupt` leaves the old
-/// file as it was and is returned.
-pub fn write_rows_from<T: ResultsRow, R: std::borrow::Borrow<T>>(
-    path: &Path,
-    rows: impl IntoIterator<Item = Result<R, ReportError>>,
-    extra: &[String],
-    interrupt: &Interrupt,
-) -> Result<(), ReportError> {
-    let lines = rows
-        .into_iter()
-        .map(|row| row.and_then(|row| encode(path, row.borrow(), extra, true)));
-    write_lines::<T>(path, lines, extra, interrupt, &mut |_| true)
-}
-
-/// Replaces the results file at `path` (as [`write_rows_from`] does) with rows already encoded
-/// as lines under the header of `T` and `extra` ([`RowReader::with_lines`]), those that `keep`
-/// keeps (rows equal field for field are encoded alike).
+/// Replaces the results file at `path` with lines of rows encoded under the header of `T` and
+/// `extra` ([`encode`], or [`RowReader::with_lines`] for rows copied from another file), those
+/// that `keep` keeps (rows equal field for field are encoded alike), so that memory does not
+/// grow with the file: the file is the old one or the whole new one (see
+/// [`crate::outdir::replace_file`]). The first error `lines` gives (a damaged line of the file
+/// read), or a stop by `interrupt`, leaves the old file as it was and is returned.
 pub fn write_lines<T: ResultsRow>(
     path: &Path,
     lines: impl IntoIterator<Item = Result<Vec<u8>, ReportError>>,

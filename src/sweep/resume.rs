@@ -99,10 +99,13 @@ pub(super) fn keep_complete_progress(
     );
     let reader = report::RowReader::<ProgressRow>::open(&path)?.interrupted_by(interrupt);
     let columns = reader.extra_columns();
-    let kept = reader.enumerate().filter_map(|(at, row)| match row {
-        Ok(row) => epochs.keeps(at as u64, 0, &row).then_some(Ok(row)),
-        Err(e) => Some(Err(e)),
-    });
-    report::write_rows_from::<ProgressRow, ProgressRow>(&path, kept, &columns, interrupt)?;
+    let kept = reader
+        .with_lines(&columns)
+        .enumerate()
+        .filter_map(|(at, row)| match row {
+            Ok((row, line)) => epochs.keeps(at as u64, 0, &row).then_some(Ok(line)),
+            Err(e) => Some(Err(e)),
+        });
+    report::write_lines::<ProgressRow>(&path, kept, &columns, interrupt, &mut |_| true)?;
     Ok(())
 }
