@@ -93,30 +93,39 @@ fn modules_named(code: &str) -> BTreeSet<String> {
     let mut rest = code;
     while let Some(i) = rest.find("crate::") {
         rest = &rest[i + "crate::".len()..];
-        if let Some(group) = rest.strip_prefix('{') {
-            let mut depth = 0usize;
-            let mut item = String::new();
-            for c in group.chars() {
-                match c {
-                    '{' => depth += 1,
-                    '}' if depth == 0 => break,
-                    '}' => depth -= 1,
-                    ',' if depth == 0 => {
-                        named.insert(first_ident(&item));
-                        item.clear();
-                        continue;
-                    }
-                    _ => {}
-                }
-                item.push(c);
-            }
+        for item in items_of(rest) {
             named.insert(first_ident(&item));
-        } else {
-            named.insert(first_ident(rest));
         }
     }
     named.remove("");
     named
+}
+
+/// The paths a `use` or a path names right after its `crate::` or `super::`: each item of a
+/// `{a, b::c}` group, or the one path that stands there.
+fn items_of(after: &str) -> Vec<String> {
+    let Some(group) = after.strip_prefix('{') else {
+        return vec![after
+            .chars()
+            .take_while(|c| c.is_alphanumeric() || *c == '_' || *c == ':')
+            .collect()];
+    };
+    let (mut items, mut depth, mut item) = (Vec::new(), 0usize, String::new());
+    for c in group.chars() {
+        match c {
+            '{' => depth += 1,
+            '}' if depth == 0 => break,
+            '}' => depth -= 1,
+            ',' if depth == 0 => {
+                items.push(std::mem::take(&mut item));
+                continue;
+            }
+            _ => {}
+        }
+        item.push(c);
+    }
+    items.push(item);
+    items
 }
 
 fn first_ident(s: &str) -> String {
@@ -229,31 +238,7 @@ fn paths_named(code: &str, own: &[String]) -> Vec<Vec<String>> {
             continue;
         };
         let consumed = rest.len() - after.len();
-        let mut items = Vec::new();
-        if let Some(group) = after.strip_prefix('{') {
-            let (mut depth, mut item) = (0usize, String::new());
-            for c in group.chars() {
-                match c {
-                    '{' => depth += 1,
-                    '}' if depth == 0 => break,
-                    '}' => depth -= 1,
-                    ',' if depth == 0 => {
-                        items.push(std::mem::take(&mut item));
-                        continue;
-                    }
-                    _ => {}
-                }
-                item.push(c);
-            }
-            items.push(item);
-        } else {
-            items.push(
-                after
-                    .chars()
-                    .take_while(|c| c.is_alphanumeric() || *c == '_' || *c == ':')
-                    .collect(),
-            );
-        }
+        let items = items_of(after);
         for item in items {
             let mut path = base.clone();
             path.extend(
