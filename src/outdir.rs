@@ -176,7 +176,8 @@ pub fn replace_file(
     if let Some(mode) = mode {
         tmp.as_file().set_permissions(mode).map_err(failed)?;
     }
-    let mut out = BufWriter::new(tmp);
+    // Large writes: a rewrite of millions of rows makes few system calls.
+    let mut out = BufWriter::with_capacity(1 << 20, tmp);
     write(&mut out).map_err(failed)?;
     let tmp = out.into_inner().map_err(|e| failed(e.into_error()))?;
     tmp.as_file().sync_all().map_err(failed)?;

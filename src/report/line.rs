@@ -155,16 +155,6 @@ pub(super) fn check_value<'a>(cells: impl Iterator<Item = &'a [u8]>) -> u64 {
     h
 }
 
-/// Whether a row's `check` cell holds the check of its cells (16 hex digits, either case).
-pub(super) fn check_matches<'a>(given: &[u8], cells: impl Iterator<Item = &'a [u8]>) -> bool {
-    given.len() == 16
-        && given.iter().all(u8::is_ascii_hexdigit)
-        && std::str::from_utf8(given)
-            .ok()
-            .and_then(|g| u64::from_str_radix(g, 16).ok())
-            .is_some_and(|g| g == check_value(cells))
-}
-
 /// The CSV cell splitter of this thread, built once: a row is encoded for every line written,
 /// millions of times in a rewrite, and building a CSV reader for each is most of the cost.
 pub(super) struct Codec {

@@ -12,9 +12,10 @@ use super::plot::{
 };
 use super::read::{check_rows, existing_extra, read_runs, read_trials, RowReader};
 use super::summary::summary_text;
-use super::write::{write_all, write_lines, write_rows};
+use super::write::{write_all, write_lines_from, write_rows, LineOut};
 use super::{ProgressRow, RunRow, TrialRow};
 use crate::error::ReportError;
+use crate::hash::{digest_bytes, DigestSet};
 use crate::outdir::replace_bytes;
 
 /// The chart of time per training against N.
@@ -112,6 +113,12 @@ impl ResultsDir {
         ))
     }
 
+    /// The size of `progress.csv` in bytes (0 when there is none).
+    pub fn progress_bytes(&self) -> u64 {
+        let path = self.dir.join(PROGRESS_CSV);
+        fs::symlink_metadata(path).map_or(0, |m| m.len())
+    }
+
     /// The extra columns of `progress.csv`'s header (see [`super::extra`]).
     pub fn progress_columns(&self) -> Vec<String> {
         if !self.progress {
@@ -156,45 +163,6 @@ pub fn union_of_columns(dirs: &[ResultsDir]) -> Vec<String> {
     columns
 }
 
-/// What `each` makes of every folder's progress rows, in order, each with the index of its
-/// folder; a folder's file is opened when its rows are reached.
-fn per_folder<'a, X: 'a, I>(
-    dirs: &'a [ResultsDir],
-    interrupt: &'a Interrupt,
-    each: impl Fn(RowReader<ProgressRow>) -> I + 'a,
-) -> impl Iterator<Item = Result<(usize, X), ReportError>> + 'a
-where
-    I: Iterator<Item = Result<X, ReportError>> + 'a,
-{
-    dirs.iter().enumerate().flat_map(move |(i, d)| {
-        let items: Box<dyn Iterator<Item = Result<X, ReportError>> + 'a> =
-            match d.progress(interrupt) {
-                Ok(Some(reader)) => Box::new(each(reader)),
-                Ok(None) => Box::new(std::iter::empty()),
-                Err(e) => Box::new(std::iter::once(Err(e))),
-            };
-        items.map(move |r| r.map(|x| (i, x)))
-    })
-}
-
-/// The progress rows of every folder, in order, read lazily, each with the index of its folder.
-pub fn progress_of<'a>(
-    dirs: &'a [ResultsDir],
-    interrupt: &'a Interrupt,
-) -> impl Iterator<Item = Result<(usize, ProgressRow), ReportError>> + 'a {
-    per_folder(dirs, interrupt, |reader| reader)
-}
-
-/// [`progress_of`], each row with its line as written under the extra columns `columns`
-/// ([`RowReader::with_lines`]): for copying the rows into one file.
-pub fn progress_lines_of<'a>(
-    dirs: &'a [ResultsDir],
-    columns: &'a [String],
-    interrupt: &'a Interrupt,
-) -> impl Iterator<Item = Result<(usize, (ProgressRow, Vec<u8>)), ReportError>> + 'a {
-    per_folder(dirs, interrupt, move |reader| reader.with_lines(columns))
-}
-
 /// Merges the report files of every directory into `out`, in order, without rows repeated
 /// exactly (a directory given twice, or rows copied between directories): the rows of
 /// `runs.csv` and `trials.csv` are held, those of `progress.csv` copied one at a time (the
@@ -223,19 +191,71 @@ pub fn merge_files(
         source,
     })?;
     let columns = union_of_columns(&folders);
-    // A row is dropped when its line, as written, was written already.
-    let mut seen = HashSet::new();
-    let lines = progress_lines_of(&folders, &columns, interrupt).map(|r| r.map(|(_, (_, l))| l));
-    write_lines::<ProgressRow>(
-        &out.join(PROGRESS_CSV),
-        lines,
-        &columns,
-        interrupt,
-        &mut |line| seen.insert(crate::hash::digest_bytes(line)),
-    )?;
+    // A row is dropped when its line, as written, was written already (about one row per
+    // 128 bytes: the set grows once or twice rather than twenty times).
+    let bytes: u64 = folders.iter().map(ResultsDir::progress_bytes).sum();
+    let mut seen = DigestSet::with_capacity((bytes / 128).min(1 << 24) as usize);
+    write_lines_from::<ProgressRow>(&out.join(PROGRESS_CSV), &columns, interrupt, |out| {
+        let mut batch = Batch::default();
+        for d in &folders {
+            if let Some(mut reader) = d.progress(interrupt)? {
+                let plan = reader.plan(&columns);
+                while let Some(mut cells) = reader.next_cells()? {
+                    let start = batch.lines.len();
+                    cells.line_into(&plan, &mut batch.lines)?;
+                    batch.push(start);
+                    if batch.digests.len() == BATCH {
+                        batch.write_new(&mut seen, out)?;
+                    }
+                }
+            }
+        }
+        batch.write_new(&mut seen, out)
+    })?;
     write_rows(&out.join(RUNS_CSV), &runs)?;
     write_rows(&out.join(TRIALS_CSV), &trials)?;
     Ok((runs, trials))
+}
+
+/// How many lines a merge compares with those written in one go.
+const BATCH: usize = 16;
+
+/// Lines of a merge waiting to be compared with those written.
+#[derive(Default)]
+struct Batch {
+    lines: Vec<u8>,
+    /// Where each line starts in `lines`.
+    starts: Vec<usize>,
+    digests: Vec<u128>,
+    fresh: Vec<bool>,
+}
+
+impl Batch {
+    /// Takes the line that starts at `start` in `lines`.
+    fn push(&mut self, start: usize) {
+        self.starts.push(start);
+        self.digests.push(digest_bytes(&self.lines[start..]));
+    }
+
+    /// Writes the lines not written before (not in `seen`, nor earlier in the batch).
+    fn write_new(&mut self, seen: &mut DigestSet, out: &mut LineOut) -> Result<(), ReportError> {
+        seen.insert_batch(&self.digests, &mut self.fresh);
+        let ends = self
+            .starts
+            .iter()
+            .skip(1)
+            .copied()
+            .chain([self.lines.len()]);
+        for ((&start, end), &fresh) in self.starts.iter().zip(ends).zip(&self.fresh) {
+            if fresh {
+                out.write(&self.lines[start..end])?;
+            }
+        }
+        self.lines.clear();
+        self.starts.clear();
+        self.digests.clear();
+        Ok(())
+    }
 }
 
 /// Replaces the results files in `out` (created if needed) with these rows, each file whole.

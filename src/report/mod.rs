@@ -7,6 +7,7 @@ pub mod line;
 pub mod merge;
 pub mod plot;
 pub mod read;
+mod scan;
 pub mod summary;
 #[cfg(test)]
 pub(crate) mod tests;
@@ -16,18 +17,20 @@ pub use self::line::{
     check_regular, Interrupt, ResultsRow, CHECK, PROGRESS_CSV, RUNS_CSV, TRIALS_CSV,
 };
 pub use self::merge::{
-    merge_files, merge_into, progress_lines_of, progress_of, union_of_columns, write_merged,
-    write_report, ReportPaths, ResultsDir,
+    merge_files, merge_into, union_of_columns, write_merged, write_report, ReportPaths, ResultsDir,
 };
 pub use self::plot::{plot_samples_per_s, plot_time_per_training};
 pub use self::read::{
-    check_rows, read_progress, read_rows, read_runs, read_trials, RowReader, WithLines,
+    check_rows, read_progress, read_rows, read_runs, read_trials, Cells, LinePlan, RowReader,
+    WithLines,
 };
 pub use self::summary::{
     best_n, best_trial, format_best, format_best_n, format_parity, parity, summary_table,
     summary_text, BestN, ParityLine,
 };
-pub use self::write::{write_all, write_lines, write_rows, ReportWriter};
+pub use self::write::{
+    copy_rows, write_all, write_lines, write_lines_from, write_rows, LineOut, ReportWriter,
+};
 
 /// The state of a trial that ran to the end.
 pub const COMPLETE: &str = "COMPLETE";

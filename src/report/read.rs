@@ -1,11 +1,15 @@
 //! Reading results files: the one reader of `runs.csv`, `trials.csv` and `progress.csv`, row by row, that drops a cut last line and refuses damage.
 
-use std::fs::{File, OpenOptions};
-use std::io::{self, BufRead, BufReader, Read, Seek, SeekFrom};
+use std::fs::OpenOptions;
+use std::io::{BufReader, Read};
+use std::ops::Range;
 use std::path::{Path, PathBuf};
 
 use super::extra;
 use super::line::*;
+use super::scan::{
+    checks_side_by_side, hex16, push_hex16, split_plain, Blocks, Found, Splitter, LANES,
+};
 use super::{ProgressRow, RunRow, TrialRow};
 use crate::error::ReportError;
 
@@ -28,65 +32,6 @@ pub(crate) fn existing_extra(path: &Path, fixed: &::csv::ByteRecord) -> Vec<Stri
         .filter(|c| extra::refusal(c, fixed.iter()).is_none())
         .map(str::to_string)
         .collect()
-}
-
-/// Where the whole lines of a file end, found in one pass that also bounds every line.
-pub(super) struct Lines {
-    /// The offset after the last newline: the whole lines are the bytes before it.
-    end: u64,
-    /// The file's length; the bytes from `end` on are a line cut short.
-    len: u64,
-    /// How many whole lines there are.
-    count: u64,
-    /// Whether the line cut short holds a carriage return, which no row ever does: a file
-    /// with other line ends, not a row cut by a kill.
-    tail_cr: bool,
-}
-
-pub(super) fn scan_lines(path: &Path, file: &File) -> Result<Lines, ReportError> {
-    let mut reader = BufReader::with_capacity(1 << 16, file);
-    let (mut pos, mut end, mut count, mut line_len) = (0u64, 0u64, 0u64, 0usize);
-    let mut cr = false;
-    loop {
-        let buf = reader.fill_buf().map_err(read_err(path))?;
-        if buf.is_empty() {
-            break;
-        }
-        let n = buf.len();
-        let mut start = 0;
-        while let Some(i) = buf[start..].iter().position(|&b| b == b'\n') {
-            line_len += i;
-            if line_len > MAX_LINE {
-                return Err(damaged(
-                    path,
-                    count + 1,
-                    format!("the line is over {} KiB", MAX_LINE >> 10),
-                ));
-            }
-            count += 1;
-            end = pos + (start + i) as u64 + 1;
-            line_len = 0;
-            cr = false;
-            start += i + 1;
-        }
-        line_len += n - start;
-        cr |= buf[start..].contains(&b'\r');
-        if line_len > MAX_LINE {
-            return Err(damaged(
-                path,
-                count + 1,
-                format!("the line is over {} KiB", MAX_LINE >> 10),
-            ));
-        }
-        pos += n as u64;
-        reader.consume(n);
-    }
-    Ok(Lines {
-        end,
-        len: pos,
-        count,
-        tail_cr: cr,
-    })
 }
 
 /// The extra columns of a header: each one's index and name.
@@ -198,19 +143,32 @@ pub(super) fn one_record(line: &[u8]) -> Result<::csv::ByteRecord, ReportError> 
 /// - Any other damage is refused, naming the file and the line: a wrong number of cells, a NUL
 ///   byte, text that is not UTF-8, an unknown state, a number that does not parse, a cell that
 ///   does not match the row's checksum, a quoted cell never closed, a line over [`MAX_LINE`].
-///   Every line is bounded before any is parsed; the other checks come row by row, so a caller
+///   A line is bounded before it is parsed; the other checks come row by row, so a caller
 ///   that must refuse a damaged file before acting reads it through once first.
+/// - A row whose check matches its cells was written by gpumux as it is: [`RowReader::next_cells`]
+///   hands its cells over without making a `T` of them (a caller copying lines or keying rows
+///   parses only the cells it needs). A row without a check (an older file, or a row added by
+///   hand with an empty one) is made into a `T`, so that every check above is made.
 /// - A file of zero bytes, or with its header alone, has no rows.
 pub struct RowReader<T> {
-    path: PathBuf,
+    layout: Layout,
     /// `None` when the file has no header (zero bytes).
-    reader: Option<::csv::Reader<io::Take<BufReader<File>>>>,
-    header: ::csv::ByteRecord,
-    check: Option<usize>,
-    extra_columns: ExtraColumns,
+    blocks: Option<Blocks>,
+    /// The rows of the batch read last, in order, each checked; the damage found in the row
+    /// after them, if any, is `damage`.
+    batch: Vec<Slot>,
+    damage: Option<ReportError>,
+    /// The next row of `batch` to hand over.
+    next: usize,
+    found: Vec<Found>,
+    /// The cells of the batch's rows.
+    cells: Vec<Range<usize>>,
+    /// The cells of the batch's quoted rows, as parsed.
+    scratch: Vec<u8>,
+    splitter: Splitter,
     record: ::csv::ByteRecord,
-    /// The line of the last row read, and whether its last cell ran on past its line end.
-    last: Option<(u64, bool)>,
+    /// The row made of the last row's cells, when it was made.
+    parsed: Option<T>,
     /// Set once the reader has ended (the rows are over, or an error was returned).
     done: bool,
     rows: u64,
@@ -218,57 +176,63 @@ pub struct RowReader<T> {
     row: std::marker::PhantomData<fn() -> T>,
 }
 
+/// What every row of one file is read against.
+struct Layout {
+    path: PathBuf,
+    header: ::csv::ByteRecord,
+    check: Option<usize>,
+    extra_columns: ExtraColumns,
+}
+
+/// One row of a batch, its cells split and its check compared.
+struct Slot {
+    line: u64,
+    /// The row's bytes in the block (without its line end).
+    raw: Range<usize>,
+    /// Its cells, in [`RowReader::cells`].
+    cells: Range<usize>,
+    /// Whether the cells lie in the scratch (a quoted row) rather than in the block.
+    quoted: bool,
+    /// The check it carries, once compared with its cells; `None` when it has none.
+    check: Option<u64>,
+}
+
 impl<T: ResultsRow> RowReader<T> {
-    /// Opens the file (a link, FIFO or folder in its place is refused), bounds its lines and
-    /// checks its header.
+    /// Opens the file (a link, FIFO or folder in its place is refused) and checks its header.
     pub fn open(path: &Path) -> Result<Self, ReportError> {
         let file = open_regular(path, OpenOptions::new().read(true), false)?;
-        let lines = scan_lines(path, &file)?;
-        if lines.tail_cr {
-            return Err(damaged(
-                path,
-                lines.count + 1,
-                "a carriage return without a newline: the file is not written with one row per line",
-            ));
-        }
-        if lines.end < lines.len {
-            tracing::warn!(
-                "{}: dropping line {}, a row cut short ({} bytes without a newline)",
-                path.display(),
-                lines.count + 1,
-                lines.len - lines.end
-            );
-        }
         let mut out = RowReader {
-            path: path.to_path_buf(),
-            reader: None,
-            header: ::csv::ByteRecord::new(),
-            check: None,
-            extra_columns: Vec::new(),
+            layout: Layout {
+                path: path.to_path_buf(),
+                header: ::csv::ByteRecord::new(),
+                check: None,
+                extra_columns: Vec::new(),
+            },
+            blocks: None,
+            batch: Vec::new(),
+            damage: None,
+            next: 0,
+            found: Vec::new(),
+            cells: Vec::new(),
+            scratch: Vec::new(),
+            splitter: Splitter::new(),
             record: ::csv::ByteRecord::new(),
-            last: None,
+            parsed: None,
             done: true,
             rows: 0,
             interrupt: Interrupt::Never,
             row: std::marker::PhantomData,
         };
-        if lines.count == 0 {
+        let mut blocks = Blocks::new(path, file);
+        let mut first = Vec::new();
+        blocks.next_rows(&mut first, 1)?;
+        let Some(head) = first.first() else {
             return Ok(out);
-        }
-        let mut file = file;
-        file.seek(SeekFrom::Start(0)).map_err(read_err(path))?;
-        let mut reader = ::csv::ReaderBuilder::new()
-            .has_headers(false)
-            .flexible(true)
-            .from_reader(BufReader::with_capacity(1 << 16, file).take(lines.end));
-        if !reader
-            .read_byte_record(&mut out.header)
-            .map_err(|e| parse_error(path, e))?
-        {
-            return Ok(out);
-        }
-        (out.check, out.extra_columns) = check_columns::<T>(path, &out.header)?;
-        out.reader = Some(reader);
+        };
+        out.layout.header = parse_one(path, head.line, &blocks.bytes()[head.range.clone()])?;
+        (out.layout.check, out.layout.extra_columns) =
+            check_columns::<T>(path, &out.layout.header)?;
+        out.blocks = Some(blocks);
         out.done = false;
         Ok(out)
     }
@@ -281,65 +245,395 @@ impl<T: ResultsRow> RowReader<T> {
 
     /// The file's extra columns (see [`extra`]), in order.
     pub fn extra_columns(&self) -> Vec<String> {
-        self.extra_columns.iter().map(|(_, n)| n.clone()).collect()
+        let columns = &self.layout.extra_columns;
+        columns.iter().map(|(_, n)| n.clone()).collect()
+    }
+
+    /// The index of the column `name`, if the file has it.
+    pub fn column(&self, name: &str) -> Option<usize> {
+        self.layout.header.iter().position(|c| c == name.as_bytes())
     }
 
     /// The file read.
     pub fn path(&self) -> &Path {
-        &self.path
+        &self.layout.path
     }
 
-    /// The next row, `None` at the end of the rows.
-    fn next_row(&mut self) -> Result<Option<T>, ReportError> {
-        let path = self.path.as_path();
-        let Some(reader) = self.reader.as_mut() else {
-            return Ok(None);
+    /// Reads the next rows, up to [`LANES`]; false at the end of the rows.
+    fn fill(&mut self) -> Result<bool, ReportError> {
+        let Some(blocks) = self.blocks.as_mut() else {
+            return Ok(false);
         };
-        if self.rows % CHECK_EVERY == CHECK_EVERY - 1 {
-            self.interrupt.check(path)?;
-        }
-        if !reader
-            .read_byte_record(&mut self.record)
-            .map_err(|e| parse_error(path, e))?
-        {
-            // A quoted cell left open runs to the end of the file, taking its line break with it.
-            if let Some((line, true)) = self.last {
-                return Err(damaged(path, line, "a quoted cell is never closed"));
+        self.batch.clear();
+        self.cells.clear();
+        self.scratch.clear();
+        self.next = 0;
+        // Blank lines hold no row (as CSV readers take them); a batch of them alone reads on.
+        while self.batch.is_empty() {
+            blocks.next_rows(&mut self.found, LANES)?;
+            if self.found.is_empty() {
+                return Ok(false);
             }
+            let bytes = blocks.bytes();
+            for found in &self.found {
+                if found.range.is_empty() {
+                    continue;
+                }
+                let slot = split_row(
+                    &self.layout,
+                    bytes,
+                    found,
+                    &mut self.splitter,
+                    (&mut self.cells, &mut self.scratch),
+                );
+                match slot {
+                    Ok(slot) => self.batch.push(slot),
+                    Err(e) => {
+                        self.damage = Some(e);
+                        break;
+                    }
+                }
+            }
+            compare_checks(
+                &self.layout,
+                bytes,
+                &self.cells,
+                &mut self.batch,
+                &mut self.damage,
+            );
+            if self.batch.is_empty() {
+                if let Some(e) = self.damage.take() {
+                    return Err(e);
+                }
+            }
+        }
+        Ok(true)
+    }
+
+    /// The next row's cells, checked as the reader's text says; `None` at the end of the rows.
+    pub fn next_cells(&mut self) -> Result<Option<Cells<'_, T>>, ReportError> {
+        if self.done {
             return Ok(None);
         }
-        let (record, header) = (&self.record, &self.header);
-        let line = record.position().map_or(0, |p| p.line());
-        if record.len() != header.len() {
-            return Err(damaged(
-                path,
-                line,
-                format!(
-                    "{} cells where the header has {}",
-                    record.len(),
-                    header.len()
-                ),
-            ));
+        let got = self.next_slot();
+        if !matches!(got, Ok(true)) {
+            self.done = true;
         }
-        if record.iter().any(|c| c.contains(&0)) {
-            return Err(damaged(path, line, "a NUL byte"));
+        if !got? {
+            return Ok(None);
         }
-        if let Some(i) = self.check {
-            let given = record.get(i).unwrap_or(b"");
-            if !given.is_empty() && !check_matches(given, record.iter().take(i)) {
-                return Err(damaged(
-                    path,
-                    line,
-                    "its cells do not match its check: the row was changed after it was written",
-                ));
+        let slot = &self.batch[self.next - 1];
+        self.parsed = None;
+        let block = self.blocks.as_ref().map_or(&[][..], |b| b.bytes());
+        let mut cells = Cells {
+            layout: &self.layout,
+            bytes: if slot.quoted { &self.scratch } else { block },
+            cells: &self.cells[slot.cells.clone()],
+            raw: &block[slot.raw.clone()],
+            line: slot.line,
+            quoted: slot.quoted,
+            check: slot.check,
+            row: &mut self.parsed,
+            record: &mut self.record,
+        };
+        if cells.check.is_none() {
+            // No check vouches for the cells: every one is parsed now.
+            let row = cells.parse();
+            if row.is_err() {
+                self.done = true;
             }
+            *cells.row = Some(row?);
+        }
+        Ok(Some(cells))
+    }
+
+    /// Moves on to the next row of the batch, reading a batch when one is used up; false at
+    /// the end of the rows; the damage found in the row as an error.
+    fn next_slot(&mut self) -> Result<bool, ReportError> {
+        if self.rows % CHECK_EVERY == CHECK_EVERY - 1 {
+            self.interrupt.check(&self.layout.path)?;
+        }
+        if self.next >= self.batch.len() {
+            // The damage found after the batch's rows comes once they are handed over.
+            if let Some(e) = self.damage.take() {
+                return Err(e);
+            }
+            if !self.fill()? {
+                return Ok(false);
+            }
+        }
+        self.next += 1;
+        self.rows += 1;
+        Ok(true)
+    }
+
+    /// How the lines of the rows are written under the extra columns `extra` (see
+    /// [`Cells::line_into`]).
+    pub fn plan(&self, extra: &[String]) -> LinePlan {
+        let encode = LinePlan {
+            extra: extra.to_vec(),
+            how: How::Encode,
+        };
+        let (header, Some(check)) = (&self.layout.header, self.layout.check) else {
+            return encode;
+        };
+        let Ok(fixed) = columns_of::<T>() else {
+            return encode;
+        };
+        let position = |name: &[u8]| header.iter().position(|c| c == name);
+        let from: Option<Vec<Option<usize>>> = fixed
+            .iter()
+            .map(|name| position(name).map(Some))
+            .chain(extra.iter().map(|name| Some(position(name.as_bytes()))))
+            .collect();
+        let Some(from) = from else {
+            return encode;
+        };
+        // The cells kept where they are, and empty ones after them: only the check changes.
+        let kept = from.iter().take_while(|k| k.is_some()).count();
+        let prefix = from[..kept].iter().enumerate().all(|(i, k)| *k == Some(i));
+        let how = if prefix && kept == check && from[kept..].iter().all(Option::is_none) {
+            How::Append(from.len() - kept)
+        } else {
+            How::Pick(from)
+        };
+        LinePlan {
+            extra: extra.to_vec(),
+            how,
+        }
+    }
+
+    /// The rows, each with its line as a rewrite writes it under the extra columns
+    /// `extra` ([`Cells::line_into`]).
+    pub fn with_lines(self, extra: &[String]) -> WithLines<T> {
+        WithLines {
+            plan: self.plan(extra),
+            reader: self,
+        }
+    }
+}
+
+/// The cells of a header parsed as CSV: refused when the bytes hold more than one row.
+fn parse_one(path: &Path, line: u64, bytes: &[u8]) -> Result<::csv::ByteRecord, ReportError> {
+    let mut reader = ::csv::ReaderBuilder::new()
+        .has_headers(false)
+        .flexible(true)
+        .from_reader(bytes);
+    let mut record = ::csv::ByteRecord::new();
+    let at = |e: ::csv::Error| damaged(path, line, format!("does not parse: {e}"));
+    reader.read_byte_record(&mut record).map_err(at)?;
+    let mut more = ::csv::ByteRecord::new();
+    if reader.read_byte_record(&mut more).map_err(at)? {
+        return Err(damaged(
+            path,
+            line,
+            "a carriage return inside a row: the file is not written with one row per line",
+        ));
+    }
+    Ok(record)
+}
+
+/// Splits the row `found` into its cells (appended to `cells`, those of a quoted row parsed
+/// into `scratch`) and checks what can be checked of one row alone; a plain row's check is
+/// compared afterwards, with the batch's others ([`compare_checks`]).
+fn split_row(
+    layout: &Layout,
+    bytes: &[u8],
+    found: &Found,
+    splitter: &mut Splitter,
+    (cells, scratch): (&mut Vec<Range<usize>>, &mut Vec<u8>),
+) -> Result<Slot, ReportError> {
+    let (path, line) = (layout.path.as_path(), found.line);
+    let raw = &bytes[found.range.clone()];
+    let first = cells.len();
+    if found.quoted {
+        splitter
+            .split(raw, scratch, cells)
+            .map_err(|why| damaged(path, line, why))?;
+    } else {
+        split_plain(raw, found.range.start, cells);
+    }
+    let n = cells.len() - first;
+    if n != layout.header.len() {
+        return Err(damaged(
+            path,
+            line,
+            format!("{n} cells where the header has {}", layout.header.len()),
+        ));
+    }
+    if memchr::memchr(0, raw).is_some() {
+        return Err(damaged(path, line, "a NUL byte"));
+    }
+    if !raw.is_ascii() && std::str::from_utf8(raw).is_err() {
+        return Err(damaged(path, line, "text that is not UTF-8"));
+    }
+    let mut slot = Slot {
+        line,
+        raw: found.range.clone(),
+        cells: first..cells.len(),
+        quoted: found.quoted,
+        check: None,
+    };
+    let Some(i) = layout.check else {
+        return Ok(slot);
+    };
+    let own = if found.quoted { &scratch[..] } else { bytes };
+    let given = &own[cells[first + i].clone()];
+    if given.is_empty() {
+        return Ok(slot);
+    }
+    let mismatch = || {
+        damaged(
+            path,
+            line,
+            "its cells do not match its check: the row was changed after it was written",
+        )
+    };
+    let value = hex16(given).ok_or_else(mismatch)?;
+    if found.quoted {
+        let each = cells[first..first + i].iter().map(|r| &scratch[r.clone()]);
+        if check_value(each) != value {
+            return Err(mismatch());
+        }
+    }
+    slot.check = Some(value);
+    Ok(slot)
+}
+
+/// Compares the checks of the batch's plain rows with their cells, [`LANES`] at a time: a
+/// row whose check does not match becomes its damage.
+fn compare_checks(
+    layout: &Layout,
+    bytes: &[u8],
+    cells: &[Range<usize>],
+    batch: &mut Vec<Slot>,
+    damage: &mut Option<ReportError>,
+) {
+    let Some(i) = layout.check else {
+        return;
+    };
+    let mut plain: Vec<(usize, &[u8])> = Vec::with_capacity(LANES);
+    for (k, slot) in batch.iter().enumerate() {
+        if slot.quoted || slot.check.is_none() {
+            continue;
+        }
+        // The cells before the check, with the commas between them.
+        let end = if i == 0 {
+            slot.raw.start
+        } else {
+            cells[slot.cells.start + i - 1].end
+        };
+        plain.push((k, &bytes[slot.raw.start..end]));
+    }
+    for group in plain.chunks(LANES) {
+        let rows: Vec<&[u8]> = group.iter().map(|(_, r)| *r).collect();
+        let sums = checks_side_by_side(&rows);
+        if let Some(&(k, _)) = group
+            .iter()
+            .zip(sums)
+            .find(|((k, _), sum)| batch[*k].check != Some(*sum))
+            .map(|(g, _)| g)
+        {
+            // The first row that does not match ends the batch: the rows after it are not handed over.
+            *damage = Some(damaged(
+                &layout.path,
+                batch[k].line,
+                "its cells do not match its check: the row was changed after it was written",
+            ));
+            batch.truncate(k);
+            return;
+        }
+    }
+}
+
+/// How rows are written as lines under other extra columns ([`RowReader::plan`]).
+pub struct LinePlan {
+    extra: Vec<String>,
+    how: How,
+}
+
+enum How {
+    /// Every row is encoded from its values (the file has no check column, or lacks a column).
+    Encode,
+    /// The cells stay where they are, with this many empty ones after them.
+    Append(usize),
+    /// For each cell written: the index of the cell read it copies, or `None` for an empty one.
+    Pick(Vec<Option<usize>>),
+}
+
+/// One row's cells, as [`RowReader::next_cells`] hands them over.
+pub struct Cells<'r, T> {
+    layout: &'r Layout,
+    /// What `cells` index: the block, or the scratch of a quoted row.
+    bytes: &'r [u8],
+    cells: &'r [Range<usize>],
+    /// The row's line as it was read (without its line end).
+    raw: &'r [u8],
+    line: u64,
+    quoted: bool,
+    /// The row's check, compared with its cells; `None` when it has none.
+    check: Option<u64>,
+    /// The row made from the cells, once it was.
+    row: &'r mut Option<T>,
+    record: &'r mut ::csv::ByteRecord,
+}
+
+impl<T: ResultsRow> Cells<'_, T> {
+    /// The cell at `index` (empty past the last).
+    pub fn cell(&self, index: usize) -> &[u8] {
+        self.cells
+            .get(index)
+            .map_or(&[][..], |r| &self.bytes[r.clone()])
+    }
+
+    /// The line the row starts on.
+    pub fn line(&self) -> u64 {
+        self.line
+    }
+
+    /// The cell at `index` as text.
+    pub fn text(&self, index: usize) -> Result<&str, ReportError> {
+        std::str::from_utf8(self.cell(index))
+            .map_err(|_| damaged(&self.layout.path, self.line, "text that is not UTF-8"))
+    }
+
+    /// The cell at `index` parsed as a `N`; damage naming its column when it does not parse.
+    pub fn value<N: std::str::FromStr>(&self, index: usize) -> Result<N, ReportError> {
+        self.text(index)?.parse().map_err(|_| {
+            let name = self.layout.header.get(index).unwrap_or(b"");
+            damaged(
+                &self.layout.path,
+                self.line,
+                format!(
+                    "the cell `{}` does not parse",
+                    String::from_utf8_lossy(name)
+                ),
+            )
+        })
+    }
+
+    /// The row the cells make.
+    pub fn row(&mut self) -> Result<T, ReportError> {
+        match self.row.take() {
+            Some(row) => Ok(row),
+            None => self.parse(),
+        }
+    }
+
+    fn parse(&mut self) -> Result<T, ReportError> {
+        let (layout, line) = (self.layout, self.line);
+        let path = layout.path.as_path();
+        let record = &mut *self.record;
+        record.clear();
+        for r in self.cells {
+            record.push_field(&self.bytes[r.clone()]);
         }
         let mut row: T = record
-            .deserialize(Some(header))
-            .map_err(|e| damaged(path, line, cell_error(header, &e)))?;
+            .deserialize(Some(&layout.header))
+            .map_err(|e| damaged(path, line, cell_error(&layout.header, &e)))?;
         if let Some(values) = row.extra_mut() {
             // An empty cell: the trial did not report the key in this epoch.
-            for (i, name) in &self.extra_columns {
+            for (i, name) in &layout.extra_columns {
                 let cell = record.get(*i).unwrap_or(b"");
                 if cell.is_empty() {
                     continue;
@@ -356,12 +650,42 @@ impl<T: ResultsRow> RowReader<T> {
         if let Some(why) = row.invalid() {
             return Err(damaged(path, line, why));
         }
-        let open = record
-            .get(record.len() - 1)
-            .is_some_and(|c| c.ends_with(b"\n"));
-        self.last = Some((line, open));
-        self.rows += 1;
-        Ok(Some(row))
+        Ok(row)
+    }
+
+    /// Appends the row's line as a rewrite writes it under `plan`'s extra columns: a
+    /// row whose check was compared with its cells is copied from them (its values are not
+    /// formatted again), in the columns' new order, with a new check; any other row (no
+    /// check, a quoted cell, an older file) is encoded from its values. Either way the line is
+    /// the one [`encode`] makes.
+    pub fn line_into(&mut self, plan: &LinePlan, out: &mut Vec<u8>) -> Result<(), ReportError> {
+        match (&plan.how, self.check) {
+            (How::Append(more), Some(check)) if !self.quoted => {
+                let i = self.layout.check.unwrap_or(0);
+                let start = self.cells[i].start - self.cells[0].start;
+                out.extend_from_slice(&self.raw[..start]);
+                out.extend(std::iter::repeat_n(b',', *more));
+                let sep = [0x1f; 1];
+                let check = (0..*more).fold(check, |h, _| crate::hash::fnv1a_more(h, &sep));
+                push_hex16(out, check);
+                out.push(b'\n');
+            }
+            (How::Pick(from), Some(_)) if !self.quoted => {
+                let cell = |k: &Option<usize>| k.map_or(&[][..], |k| self.cell(k));
+                for k in from {
+                    out.extend_from_slice(cell(k));
+                    out.push(b',');
+                }
+                push_hex16(out, check_value(from.iter().map(cell)));
+                out.push(b'\n');
+            }
+            _ => {
+                let row = self.row()?;
+                out.extend_from_slice(&encode(&self.layout.path, &row, &plan.extra, true)?);
+                *self.row = Some(row);
+            }
+        }
+        Ok(())
     }
 }
 
@@ -369,14 +693,11 @@ impl<T: ResultsRow> Iterator for RowReader<T> {
     type Item = Result<T, ReportError>;
 
     fn next(&mut self) -> Option<Self::Item> {
-        if self.done {
-            return None;
+        match self.next_cells() {
+            Ok(Some(mut cells)) => Some(cells.row()),
+            Ok(None) => None,
+            Err(e) => Some(Err(e)),
         }
-        let got = self.next_row().transpose();
-        if !matches!(got, Some(Ok(_))) {
-            self.done = true;
-        }
-        got
     }
 }
 
@@ -384,83 +705,24 @@ impl<T: ResultsRow> Iterator for RowReader<T> {
 /// ([`RowReader::with_lines`]).
 pub struct WithLines<T> {
     reader: RowReader<T>,
-    extra: Vec<String>,
-    /// For each cell of the line written (the row's own, then `extra`): the index of the cell
-    /// read that it copies, or `None` for an empty one. `None` when the file read lacks some
-    /// column of the row (an older file): its rows are encoded from their values.
-    from: Option<Vec<Option<usize>>>,
-}
-
-impl<T: ResultsRow> RowReader<T> {
-    /// The rows, each with its line as [`write_lines`] writes it under the extra columns
-    /// `extra`: a row whose check was verified is copied from the cells it was read from
-    /// (its values are not formatted again), in the columns' new order, with a new check;
-    /// any other row (no check, a line break in a cell, an older file) is encoded from its
-    /// values. Either way the line is the one [`write_rows`] would write.
-    pub fn with_lines(self, extra: &[String]) -> WithLines<T> {
-        let position = |name: &[u8]| self.header.iter().position(|c| c == name);
-        let from = self.check.and_then(|_| {
-            let fixed = columns_of::<T>().ok()?;
-            let mut from: Vec<Option<usize>> = Vec::with_capacity(fixed.len() + extra.len());
-            for name in fixed.iter() {
-                from.push(Some(position(name)?));
-            }
-            from.extend(extra.iter().map(|name| position(name.as_bytes())));
-            Some(from)
-        });
-        WithLines {
-            reader: self,
-            extra: extra.to_vec(),
-            from,
-        }
-    }
-}
-
-impl<T: ResultsRow> WithLines<T> {
-    /// The line of the row just read, copied from its cells; `None` when it must be encoded.
-    fn copied_line(&self) -> Option<Vec<u8>> {
-        let from = self.from.as_ref()?;
-        let record = &self.reader.record;
-        let i = self.reader.check?;
-        if record.get(i).is_none_or(|c| c.is_empty()) {
-            return None;
-        }
-        let cell = |k: &Option<usize>| k.and_then(|k| record.get(k)).unwrap_or(b"");
-        // A cell that would need quoting: encoded from its values instead.
-        let plain = |c: &[u8]| !c.iter().any(|&b| matches!(b, b',' | b'"' | b'\n' | b'\r'));
-        if !from.iter().all(|k| plain(cell(k))) {
-            return None;
-        }
-        let mut line = Vec::with_capacity(256);
-        for k in from {
-            line.extend_from_slice(cell(k));
-            line.push(b',');
-        }
-        line.extend_from_slice(check_of(from.iter().map(cell)).as_bytes());
-        line.push(b'\n');
-        Some(line)
-    }
+    plan: LinePlan,
 }
 
 impl<T: ResultsRow> Iterator for WithLines<T> {
     type Item = Result<(T, Vec<u8>), ReportError>;
 
     fn next(&mut self) -> Option<Self::Item> {
-        let row = match self.reader.next()? {
-            Ok(row) => row,
+        let mut cells = match self.reader.next_cells() {
+            Ok(Some(cells)) => cells,
+            Ok(None) => return None,
             Err(e) => return Some(Err(e)),
         };
-        let line = match self.copied_line() {
-            Some(line) => Ok(line),
-            None => encode(&self.reader.path, &row, &self.extra, true),
-        };
-        Some(line.map(|line| (row, line)))
+        let mut line = Vec::with_capacity(256);
+        let got = cells
+            .line_into(&self.plan, &mut line)
+            .and_then(|()| cells.row());
+        Some(got.map(|row| (row, line)))
     }
-}
-
-pub(super) fn parse_error(path: &Path, e: ::csv::Error) -> ReportError {
-    let line = e.position().map_or(0, |p| p.line());
-    damaged(path, line, format!("does not parse: {e}"))
 }
 
 /// Reads every row of a results file with [`RowReader`]: any damage refuses the whole file.
@@ -471,9 +733,9 @@ pub fn read_rows<T: ResultsRow>(path: &Path) -> Result<Vec<T>, ReportError> {
 /// Reads a results file through to its end, every row checked, keeping none: whether it can be
 /// read, with the rows it holds counted.
 pub fn check_rows<T: ResultsRow>(path: &Path, interrupt: &Interrupt) -> Result<u64, ReportError> {
+    let mut reader = RowReader::<T>::open(path)?.interrupted_by(interrupt);
     let mut n = 0;
-    for row in RowReader::<T>::open(path)?.interrupted_by(interrupt) {
-        row?;
+    while reader.next_cells()?.is_some() {
         n += 1;
     }
     Ok(n)

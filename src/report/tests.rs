@@ -117,7 +117,16 @@ fn rows_copied_from_their_cells_are_the_lines_their_values_encode_to() {
     fs::write(&path, text).unwrap();
     let all = read_rows::<ProgressRow>(&path).unwrap();
     assert_eq!(all.len(), 5);
-    for columns in [vec![], vec!["a"], vec!["b", "c", "a"], vec!["a", "b"]] {
+    // Cells dropped, moved, kept where they are, and kept with empty ones after them.
+    let plans = [
+        vec![],
+        vec!["a"],
+        vec!["b", "c", "a"],
+        vec!["a", "b"],
+        vec!["a", "b", "c"],
+        vec!["a", "b", "c", "d"],
+    ];
+    for columns in plans {
         let columns: Vec<String> = columns.into_iter().map(String::from).collect();
         let got: Vec<(ProgressRow, Vec<u8>)> = RowReader::<ProgressRow>::open(&path)
             .unwrap()
@@ -446,8 +455,8 @@ fn a_file_of_other_line_ends_is_refused_not_dropped_as_a_cut() {
 
 #[test]
 fn an_over_long_line_is_refused_without_reading_it_whole() {
-    let dir = tempfile::tempdir().unwrap();
-    let mut big = b"trial_id,state\n".to_vec();
+    let (dir, bytes) = written(&three_rows());
+    let mut big = bytes[..=bytes.iter().position(|&b| b == b'\n').unwrap()].to_vec();
     big.extend(vec![b'x'; MAX_LINE + 10]);
     big.push(b'\n');
     let err = read_bytes(dir.path(), &big).unwrap_err();

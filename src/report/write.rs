@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use super::extra::{self, Dropped};
 use super::line::*;
-use super::read::{existing_extra, RowReader};
+use super::read::{existing_extra, Cells, LinePlan, RowReader};
 use super::{ProgressRow, RunRow, TrialRow};
 use crate::error::ReportError;
 
@@ -123,11 +123,11 @@ impl Sink {
             return Ok(());
         }
         // Row by row: the file is never held in memory; a signal stops the copy at its grace.
-        let lines = RowReader::<T>::open(&self.path)?
-            .interrupted_by(&self.interrupt)
-            .with_lines(&wider)
-            .map(|r| r.map(|(_, line)| line));
-        write_lines::<T>(&self.path, lines, &wider, &self.interrupt, &mut |_| true)?;
+        let mut reader = RowReader::<T>::open(&self.path)?.interrupted_by(&self.interrupt);
+        let plan = reader.plan(&wider);
+        write_lines_from::<T>(&self.path, &wider, &self.interrupt, |out| {
+            copy_rows(&mut reader, &plan, out, |_, _| Ok(true)).map(|_| ())
+        })?;
         let mut file = open_regular(&self.path, OpenOptions::new().read(true).append(true), true)?;
         self.len = file.seek(SeekFrom::End(0)).map_err(read_err(&self.path))?;
         self.file = file;
@@ -382,11 +382,9 @@ pub(super) fn write_rows_as<T: ResultsRow>(
 }
 
 /// Replaces the results file at `path` with lines of rows encoded under the header of `T` and
-/// `extra` ([`encode`], or [`RowReader::with_lines`] for rows copied from another file), those
-/// that `keep` keeps (rows equal field for field are encoded alike), so that memory does not
-/// grow with the file: the file is the old one or the whole new one (see
-/// [`crate::outdir::replace_file`]). The first error `lines` gives (a damaged line of the file
-/// read), or a stop by `interrupt`, leaves the old file as it was and is returned.
+/// `extra` ([`encode`], or [`super::read::Cells::line_into`] for rows copied from another
+/// file), those that `keep` keeps (rows equal field for field are encoded alike): see
+/// [`write_lines_from`].
 pub fn write_lines<T: ResultsRow>(
     path: &Path,
     lines: impl IntoIterator<Item = Result<Vec<u8>, ReportError>>,
@@ -394,26 +392,46 @@ pub fn write_lines<T: ResultsRow>(
     interrupt: &Interrupt,
     keep: &mut dyn FnMut(&[u8]) -> bool,
 ) -> Result<(), ReportError> {
+    write_lines_from::<T>(path, extra, interrupt, |out| {
+        for line in lines {
+            let line = line?;
+            if keep(&line) {
+                out.write(&line)?;
+            }
+        }
+        Ok(())
+    })
+}
+
+/// Replaces the results file at `path` with the header of `T` and `extra`, then the lines
+/// `produce` writes, so that memory does not grow with the file: the file is the old one or
+/// the whole new one (see [`crate::outdir::replace_file`]). The first error `produce` returns
+/// (a damaged line of a file read), or a stop by `interrupt`, leaves the old file as it was
+/// and is returned.
+pub fn write_lines_from<T: ResultsRow>(
+    path: &Path,
+    extra: &[String],
+    interrupt: &Interrupt,
+    produce: impl FnOnce(&mut LineOut) -> Result<(), ReportError>,
+) -> Result<(), ReportError> {
     let header = header_of::<T>(extra)?;
     let head = line_of(path, &header)?;
     let mut failed = None;
     let written = crate::outdir::replace_file(path, |w| {
         w.write_all(&head)?;
-        for (n, line) in lines.into_iter().enumerate() {
-            let line = line.and_then(|line| {
-                if n as u64 % CHECK_EVERY == CHECK_EVERY - 1 {
-                    interrupt.check(path)?;
-                }
-                Ok(line)
-            });
-            match line {
-                Ok(line) if keep(&line) => w.write_all(&line)?,
-                Ok(_) => {}
-                Err(e) => {
-                    failed = Some(e);
-                    return Err(io::Error::other("a row cannot be written"));
-                }
+        let mut out = LineOut {
+            w,
+            path,
+            interrupt,
+            lines: 0,
+            io: None,
+        };
+        if let Err(e) = produce(&mut out) {
+            if let Some(io) = out.io.take() {
+                return Err(io);
             }
+            failed = Some(e);
+            return Err(io::Error::other("a row cannot be written"));
         }
         Ok(())
     });
@@ -421,6 +439,54 @@ pub fn write_lines<T: ResultsRow>(
         Some(e) => Err(e),
         None => written,
     }
+}
+
+/// Where [`write_lines_from`]'s lines go: the new file, with a look at the interrupt every
+/// [`CHECK_EVERY`] lines.
+pub struct LineOut<'w> {
+    w: &'w mut dyn Write,
+    path: &'w Path,
+    interrupt: &'w Interrupt,
+    lines: u64,
+    /// The error the new file gave, handed to the replacement (which names that file).
+    io: Option<io::Error>,
+}
+
+impl LineOut<'_> {
+    /// Writes one whole line (its newline included).
+    pub fn write(&mut self, line: &[u8]) -> Result<(), ReportError> {
+        if self.lines % CHECK_EVERY == CHECK_EVERY - 1 {
+            self.interrupt.check(self.path)?;
+        }
+        self.lines += 1;
+        self.w.write_all(line).map_err(|e| {
+            let said = write_err(self.path)(io::Error::new(e.kind(), e.to_string()));
+            self.io = Some(e);
+            said
+        })
+    }
+}
+
+/// Copies the rows of `reader` into `out`, each as its line under `plan`
+/// ([`Cells::line_into`]), those that `keep` keeps (given the row and its line); returns how
+/// many were written.
+pub fn copy_rows<T: ResultsRow>(
+    reader: &mut RowReader<T>,
+    plan: &LinePlan,
+    out: &mut LineOut,
+    mut keep: impl FnMut(&mut Cells<'_, T>, &[u8]) -> Result<bool, ReportError>,
+) -> Result<u64, ReportError> {
+    let mut line = Vec::with_capacity(512);
+    let mut n = 0;
+    while let Some(mut cells) = reader.next_cells()? {
+        line.clear();
+        cells.line_into(plan, &mut line)?;
+        if keep(&mut cells, &line)? {
+            out.write(&line)?;
+            n += 1;
+        }
+    }
+    Ok(n)
 }
 
 /// Replaces the three results files of `dir` (created if needed) with these rows; each file

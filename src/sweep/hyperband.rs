@@ -86,7 +86,7 @@ impl Pruner {
     /// [`Pruner::restore`] for one row, as `progress.csv` is read row by row: whether the row
     /// gave a rung value. `done` holds the ids of the trials done ([`done_ids`]).
     pub fn restore_row(&self, done: &HashSet<&str>, p: &ProgressRow) -> bool {
-        if !self.rungs.contains(&p.epoch) || !done.contains(p.trial_id.as_str()) {
+        if !self.wants(done, &p.trial_id, p.epoch) {
             return false;
         }
         let Some(v) = stats_of(p).metric(&self.metric) else {
@@ -97,6 +97,12 @@ impl Pruner {
             .or_default()
             .insert(p.trial_id.clone(), v);
         true
+    }
+
+    /// Whether the row of trial `id` at `epoch` may give a rung value ([`Pruner::restore_row`]):
+    /// the epoch is a rung and the trial is done.
+    pub fn wants(&self, done: &HashSet<&str>, id: &str, epoch: u32) -> bool {
+        self.rungs.contains(&epoch) && done.contains(id)
     }
 
     /// The schedule in words, for `--dry-run`.

@@ -1,22 +1,33 @@
 //! One progress row per (trial, epoch) of the trials kept, found in two passes over rows read one at a time: the last one written of each, where it was written.
 //!
 //! The first pass sees every row ([`OnePerEpoch::see`]); the second keeps a row when
-//! [`OnePerEpoch::keeps`] says so. What is held is one 64-bit key per (trial, epoch), and the
-//! number of the last row of each key met twice: never the rows.
+//! [`OnePerEpoch::keeps`] says so. What is held is one bit per (trial, epoch) (a 64-bit key
+//! for an epoch past [`NEAR_EPOCHS`]), and the number of the last row of each key met twice:
+//! never the rows.
 
 use std::collections::{HashMap, HashSet};
 
-use crate::report::ProgressRow;
+use crate::error::ReportError;
+use crate::hash::Seeded;
+use crate::report::{Cells, ProgressRow, RowReader};
+
+/// Epochs below this are held as bits (at most 512 bytes a trial); the rare ones past it as keys.
+pub const NEAR_EPOCHS: u32 = 4096;
 
 /// The rows to keep of a stream of progress rows (see the module's text).
 #[derive(Debug, Default)]
 pub struct OnePerEpoch<'a> {
     /// The trials whose rows are kept, by id: their index (in the key) and the source (a
     /// folder's index) their rows must come from.
-    trials: HashMap<&'a str, (u32, usize)>,
-    seen: HashSet<u64>,
+    trials: HashMap<&'a str, (u32, usize), Seeded>,
+    /// The epochs seen of each trial, by its index: one bit per epoch below [`NEAR_EPOCHS`].
+    near: Vec<Vec<u64>>,
+    /// The keys seen of epochs from [`NEAR_EPOCHS`] on.
+    far: HashSet<u64, Seeded>,
+    /// How many (trial, epoch) keys were seen.
+    distinct: u64,
     /// The number of the last row of each key met more than once.
-    last: HashMap<u64, u64>,
+    last: HashMap<u64, u64, Seeded>,
     /// The rows seen by the first pass.
     rows: u64,
 }
@@ -24,43 +35,93 @@ pub struct OnePerEpoch<'a> {
 impl<'a> OnePerEpoch<'a> {
     /// Keeps the rows of these trials, each from its source only.
     pub fn new(kept: impl IntoIterator<Item = (&'a str, usize)>) -> Self {
-        let mut trials = HashMap::new();
+        let mut trials = HashMap::default();
         for (id, source) in kept {
             let index = trials.len() as u32;
             trials.entry(id).or_insert((index, source));
         }
         OnePerEpoch {
+            near: vec![Vec::new(); trials.len()],
             trials,
             ..Default::default()
         }
     }
 
-    fn key(&self, source: usize, row: &ProgressRow) -> Option<u64> {
-        let &(index, from) = self.trials.get(row.trial_id.as_str())?;
-        (from == source).then_some((u64::from(index) << 32) | u64::from(row.epoch))
+    fn key(&self, source: usize, (id, epoch): (&str, u32)) -> Option<u64> {
+        let &(index, from) = self.trials.get(id)?;
+        (from == source).then_some((u64::from(index) << 32) | u64::from(epoch))
     }
 
-    /// The first pass: the `at`-th row (counted from 0 over all sources, in order).
-    pub fn see(&mut self, at: u64, source: usize, row: &ProgressRow) {
+    /// The first pass: the `at`-th row (counted from 0 over all sources, in order), by its
+    /// trial id and epoch.
+    pub fn see(&mut self, at: u64, source: usize, row: (&str, u32)) {
         self.rows += 1;
         if let Some(key) = self.key(source, row) {
-            if !self.seen.insert(key) {
+            if self.first_time(key) {
+                self.distinct += 1;
+            } else {
                 self.last.insert(key, at);
             }
         }
     }
 
+    /// Marks `key` seen: whether it was not yet.
+    fn first_time(&mut self, key: u64) -> bool {
+        let (index, epoch) = ((key >> 32) as usize, key as u32);
+        if epoch >= NEAR_EPOCHS {
+            return self.far.insert(key);
+        }
+        let bits = &mut self.near[index];
+        let (word, bit) = ((epoch / 64) as usize, 1u64 << (epoch % 64));
+        if bits.len() <= word {
+            bits.resize(word + 1, 0);
+        }
+        let new = bits[word] & bit == 0;
+        bits[word] |= bit;
+        new
+    }
+
     /// How many rows of the first pass are not kept: of other trials, or an epoch written again.
     pub fn dropped(&self) -> u64 {
-        self.rows - self.seen.len() as u64
+        self.rows - self.distinct
     }
 
     /// The second pass, over the same rows in the same order: whether the `at`-th is kept.
-    pub fn keeps(&self, at: u64, source: usize, row: &ProgressRow) -> bool {
+    pub fn keeps(&self, at: u64, source: usize, row: (&str, u32)) -> bool {
         match self.key(source, row) {
             None => false,
             Some(key) => self.last.get(&key).is_none_or(|&last| last == at),
         }
+    }
+}
+
+/// Where the rows of one `progress.csv` hold their trial id and epoch.
+#[derive(Clone, Copy, Debug)]
+pub struct KeyColumns {
+    id: usize,
+    epoch: usize,
+}
+
+impl KeyColumns {
+    /// The key columns of the file `reader` reads (every file that reads has both).
+    pub fn of(reader: &RowReader<ProgressRow>) -> Result<Self, ReportError> {
+        let at = |name: &str| {
+            reader.column(name).ok_or_else(|| {
+                ReportError::Invalid(format!("{}: no column `{name}`", reader.path().display()))
+            })
+        };
+        Ok(KeyColumns {
+            id: at("trial_id")?,
+            epoch: at("epoch")?,
+        })
+    }
+
+    /// A row's trial id and epoch.
+    pub fn key<'c>(
+        &self,
+        cells: &'c Cells<'_, ProgressRow>,
+    ) -> Result<(&'c str, u32), ReportError> {
+        Ok((cells.text(self.id)?, cells.value(self.epoch)?))
     }
 }
 
@@ -81,12 +142,12 @@ mod tests {
     fn kept(keep: &[(&str, usize)], rows: &[(usize, ProgressRow)]) -> (Vec<ProgressRow>, u64) {
         let mut one = OnePerEpoch::new(keep.iter().copied());
         for (at, (s, r)) in rows.iter().enumerate() {
-            one.see(at as u64, *s, r);
+            one.see(at as u64, *s, (&r.trial_id, r.epoch));
         }
         let out = rows
             .iter()
             .enumerate()
-            .filter(|(at, (s, r))| one.keeps(*at as u64, *s, r))
+            .filter(|(at, (s, r))| one.keeps(*at as u64, *s, (&r.trial_id, r.epoch)))
             .map(|(_, (_, r))| r.clone())
             .collect();
         (out, one.dropped())
@@ -105,6 +166,17 @@ mod tests {
         let accs: Vec<f64> = got.iter().map(|r| r.test_acc).collect();
         assert_eq!(accs, [0.2, 0.3, 0.4]);
         assert_eq!(dropped, 2);
+        // Epochs far past the usual ones are told apart as well.
+        let far = [
+            (0, row("a", NEAR_EPOCHS, 0.1)),
+            (0, row("a", u32::MAX, 0.2)),
+            (0, row("a", NEAR_EPOCHS, 0.3)),
+            (0, row("a", NEAR_EPOCHS - 1, 0.4)),
+        ];
+        let (got, dropped) = kept(&[("a", 0)], &far);
+        let accs: Vec<f64> = got.iter().map(|r| r.test_acc).collect();
+        assert_eq!(accs, [0.2, 0.3, 0.4]);
+        assert_eq!(dropped, 1);
     }
 
     #[test]

@@ -3,7 +3,7 @@
 use std::path::Path;
 
 use super::hyperband;
-use super::one_per_epoch::OnePerEpoch;
+use super::one_per_epoch::{KeyColumns, OnePerEpoch};
 use crate::error::Result;
 use crate::report::{self, ProgressRow, TrialRow};
 
@@ -68,11 +68,15 @@ pub(super) fn scan_progress<'a>(
     if !path.exists() {
         return Ok(scan);
     }
-    for row in report::RowReader::<ProgressRow>::open(&path)?.interrupted_by(interrupt) {
-        let row = row?;
-        scan.epochs.see(scan.rows, 0, &row);
-        if pruner.is_some_and(|p| p.restore_row(&done, &row)) {
-            scan.restored += 1;
+    let mut reader = report::RowReader::<ProgressRow>::open(&path)?.interrupted_by(interrupt);
+    let key = KeyColumns::of(&reader)?;
+    while let Some(mut cells) = reader.next_cells()? {
+        let (id, epoch) = key.key(&cells)?;
+        scan.epochs.see(scan.rows, 0, (id, epoch));
+        if let Some(p) = pruner.filter(|p| p.wants(&done, id, epoch)) {
+            if p.restore_row(&done, &cells.row()?) {
+                scan.restored += 1;
+            }
         }
         scan.rows += 1;
     }
@@ -97,15 +101,16 @@ pub(super) fn keep_complete_progress(
         "{}: dropping {dropped} rows of trials that did not complete (or of an epoch written twice)",
         path.display(),
     );
-    let reader = report::RowReader::<ProgressRow>::open(&path)?.interrupted_by(interrupt);
+    let mut reader = report::RowReader::<ProgressRow>::open(&path)?.interrupted_by(interrupt);
     let columns = reader.extra_columns();
-    let kept = reader
-        .with_lines(&columns)
-        .enumerate()
-        .filter_map(|(at, row)| match row {
-            Ok((row, line)) => epochs.keeps(at as u64, 0, &row).then_some(Ok(line)),
-            Err(e) => Some(Err(e)),
-        });
-    report::write_lines::<ProgressRow>(&path, kept, &columns, interrupt, &mut |_| true)?;
+    let (key, plan) = (KeyColumns::of(&reader)?, reader.plan(&columns));
+    let mut at = 0u64;
+    report::write_lines_from::<ProgressRow>(&path, &columns, interrupt, |out| {
+        report::copy_rows(&mut reader, &plan, out, |cells, _| {
+            at += 1;
+            Ok(epochs.keeps(at - 1, 0, key.key(cells)?))
+        })
+        .map(|_| ())
+    })?;
     Ok(())
 }

@@ -9,7 +9,7 @@ use crate::job::Goal;
 use crate::report::{self, Interrupt, ProgressRow, TrialRow};
 
 use super::best;
-use super::one_per_epoch::OnePerEpoch;
+use super::one_per_epoch::{KeyColumns, OnePerEpoch};
 use crate::rounds::say;
 
 /// What a merge found.
@@ -87,26 +87,33 @@ impl Merged {
                 .zip(&self.from)
                 .map(|(t, &i)| (t.trial_id.as_str(), i)),
         );
-        for (at, row) in report::progress_of(&self.folders, interrupt).enumerate() {
-            let (source, row) = row?;
-            epochs.see(at as u64, source, &row);
+        let mut at = 0u64;
+        for (source, d) in self.folders.iter().enumerate() {
+            let Some(mut reader) = d.progress(interrupt)? else {
+                continue;
+            };
+            let key = KeyColumns::of(&reader)?;
+            while let Some(cells) = reader.next_cells()? {
+                epochs.see(at, source, key.key(&cells)?);
+                at += 1;
+            }
         }
         let columns = report::union_of_columns(&self.folders);
-        let kept = report::progress_lines_of(&self.folders, &columns, interrupt)
-            .enumerate()
-            .filter_map(|(at, row)| match row {
-                Ok((source, (row, line))) => {
-                    epochs.keeps(at as u64, source, &row).then_some(Ok(line))
-                }
-                Err(e) => Some(Err(e)),
-            });
-        report::write_lines::<ProgressRow>(
-            &out_dir.join(report::PROGRESS_CSV),
-            kept,
-            &columns,
-            interrupt,
-            &mut |_| true,
-        )?;
+        let path = out_dir.join(report::PROGRESS_CSV);
+        let mut at = 0u64;
+        report::write_lines_from::<ProgressRow>(&path, &columns, interrupt, |out| {
+            for (source, d) in self.folders.iter().enumerate() {
+                let Some(mut reader) = d.progress(interrupt)? else {
+                    continue;
+                };
+                let (key, plan) = (KeyColumns::of(&reader)?, reader.plan(&columns));
+                report::copy_rows(&mut reader, &plan, out, |cells, _| {
+                    at += 1;
+                    Ok(epochs.keeps(at - 1, source, key.key(cells)?))
+                })?;
+            }
+            Ok(())
+        })?;
         Ok(())
     }
 }

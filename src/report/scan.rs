@@ -1,0 +1,396 @@
+//! Rows of a results file found in large blocks: each row bounded and split into cells, and the checks of several rows computed side by side.
+//!
+//! A results file is read a block at a time (never whole). A row is one line, or several
+//! when a quoted cell holds a line break (older files). Most rows hold no quote: their cells
+//! are split at the commas where they lie, and their checks (FNV-1a, one byte after another)
+//! are computed [`LANES`] rows at a time, so that each row's chain of multiplications runs
+//! beside the others'. A row with a quote or a carriage return is parsed as CSV on its own.
+
+use std::fs::File;
+use std::io::{self, Read};
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+
+use memchr::{memchr, memchr2, memchr_iter};
+
+use super::line::{damaged, read_err, MAX_LINE};
+use crate::error::ReportError;
+use crate::hash::{fnv1a_more, FNV_START};
+
+/// How many bytes one read asks for.
+const BLOCK: usize = 1 << 20;
+
+/// How many rows' checks are computed side by side (and rows found in one go).
+pub(super) const LANES: usize = 8;
+
+/// One row found in the block: where its bytes lie (without its line end) and on which line
+/// it starts.
+#[derive(Clone, Debug)]
+pub(super) struct Found {
+    pub(super) range: Range<usize>,
+    pub(super) line: u64,
+    /// Whether the row holds a quote or a carriage return (other than a `\r\n` line end): its
+    /// cells are parsed as CSV, not split at the commas.
+    pub(super) quoted: bool,
+}
+
+/// The rows of a file, found a block at a time; what was read is held until the rows found
+/// in it are done with.
+pub(super) struct Blocks {
+    path: PathBuf,
+    file: File,
+    buf: Vec<u8>,
+    /// The bytes read and not yet taken are `buf[at..filled]`.
+    at: usize,
+    filled: usize,
+    eof: bool,
+    /// The lines taken so far.
+    lines: u64,
+}
+
+impl Blocks {
+    /// Reads `file` (at its start) as the results file at `path`.
+    pub(super) fn new(path: &Path, file: File) -> Self {
+        Blocks {
+            path: path.to_path_buf(),
+            file,
+            buf: Vec::new(),
+            at: 0,
+            filled: 0,
+            eof: false,
+            lines: 0,
+        }
+    }
+
+    /// The bytes the rows found last lie in.
+    pub(super) fn bytes(&self) -> &[u8] {
+        &self.buf
+    }
+
+    /// Up to `max` next rows into `out` (cleared first); `out` stays empty at the end of the
+    /// rows. The bytes of the rows found last may move: their ranges hold until the next call.
+    /// A last line without its newline is a row cut short by a kill: it is dropped (and said).
+    pub(super) fn next_rows(
+        &mut self,
+        out: &mut Vec<Found>,
+        max: usize,
+    ) -> Result<(), ReportError> {
+        out.clear();
+        while out.len() < max {
+            if let Some(found) = self.find()? {
+                out.push(found);
+                continue;
+            }
+            if !out.is_empty() {
+                break;
+            }
+            if self.eof {
+                return self.tail();
+            }
+            self.read_more()?;
+        }
+        Ok(())
+    }
+
+    /// Moves the bytes not yet taken to the front and reads more after them.
+    fn read_more(&mut self) -> Result<(), ReportError> {
+        if self.at > 0 {
+            self.buf.copy_within(self.at..self.filled, 0);
+            self.filled -= self.at;
+            self.at = 0;
+        }
+        let want = self.filled + BLOCK;
+        if self.buf.len() < want {
+            self.buf.resize(want, 0);
+        }
+        loop {
+            match self.file.read(&mut self.buf[self.filled..want]) {
+                Ok(0) => {
+                    self.eof = true;
+                    return Ok(());
+                }
+                Ok(n) => {
+                    self.filled += n;
+                    return Ok(());
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(read_err(&self.path)(e)),
+            }
+        }
+    }
+
+    fn over_long(&self, line: u64) -> ReportError {
+        damaged(
+            &self.path,
+            line,
+            format!("the line is over {} KiB", MAX_LINE >> 10),
+        )
+    }
+
+    /// The next whole row in the bytes read, if they hold one; a line over [`MAX_LINE`] is
+    /// refused as soon as its first [`MAX_LINE`] bytes are read.
+    fn find(&mut self) -> Result<Option<Found>, ReportError> {
+        let start = self.at;
+        let (mut q, mut lines, mut open, mut quoted) = (start, 0u64, false, false);
+        loop {
+            let rest = &self.buf[q..self.filled];
+            let Some(i) = memchr(b'\n', rest) else {
+                if rest.len() > MAX_LINE || q - start > MAX_LINE {
+                    return Err(self.over_long(self.lines + lines + 1));
+                }
+                return Ok(None);
+            };
+            if i > MAX_LINE || q + i - start > MAX_LINE {
+                return Err(self.over_long(self.lines + lines + 1));
+            }
+            let line = &rest[..i];
+            let body = line.strip_suffix(b"\r").unwrap_or(line);
+            if memchr2(b'"', b'\r', body).is_some() {
+                quoted = true;
+                open ^= memchr_iter(b'"', line).count() % 2 == 1;
+            }
+            lines += 1;
+            q += i + 1;
+            if open {
+                continue;
+            }
+            let mut end = q - 1;
+            if self.buf[start..end].ends_with(b"\r") {
+                end -= 1;
+            }
+            let found = Found {
+                range: start..end,
+                line: self.lines + 1,
+                quoted,
+            };
+            self.lines += lines;
+            self.at = q;
+            return Ok(Some(found));
+        }
+    }
+
+    /// At the end of the file, what is left after the last whole row: a row cut short is
+    /// dropped; a quoted cell left open or a carriage return without a newline is damage.
+    fn tail(&mut self) -> Result<(), ReportError> {
+        let rest = &self.buf[self.at..self.filled];
+        if rest.is_empty() {
+            return Ok(());
+        }
+        let line = self.lines + 1;
+        if memchr(b'\n', rest).is_some() {
+            return Err(damaged(&self.path, line, "a quoted cell is never closed"));
+        }
+        if memchr(b'\r', rest).is_some() {
+            return Err(damaged(
+                &self.path,
+                line,
+                "a carriage return without a newline: the file is not written with one row per line",
+            ));
+        }
+        tracing::warn!(
+            "{}: dropping line {line}, a row cut short ({} bytes without a newline)",
+            self.path.display(),
+            rest.len()
+        );
+        self.at = self.filled;
+        Ok(())
+    }
+}
+
+/// The CSV parser of rows with quotes, built once per file (building one costs more than
+/// parsing a row).
+pub(super) struct Splitter {
+    reader: csv_core::Reader,
+    ends: Vec<usize>,
+}
+
+impl Splitter {
+    pub(super) fn new() -> Self {
+        Splitter {
+            reader: csv_core::Reader::new(),
+            ends: vec![0; 64],
+        }
+    }
+
+    /// Parses the one row `raw` (without its line end): its cells are appended to `scratch`,
+    /// and their ranges there to `cells`. Refused: bytes that hold more than one row (a
+    /// carriage return outside quotes).
+    pub(super) fn split(
+        &mut self,
+        raw: &[u8],
+        scratch: &mut Vec<u8>,
+        cells: &mut Vec<Range<usize>>,
+    ) -> Result<(), &'static str> {
+        self.reader.reset();
+        let base = scratch.len();
+        // Unquoting never makes a row longer.
+        scratch.resize(base + raw.len() + 1, 0);
+        let (mut input, mut nout, mut nend) = (raw, 0, 0);
+        loop {
+            let (res, nin, o, e) =
+                self.reader
+                    .read_record(input, &mut scratch[base + nout..], &mut self.ends[nend..]);
+            input = &input[nin..];
+            nout += o;
+            nend += e;
+            match res {
+                csv_core::ReadRecordResult::OutputEndsFull => {
+                    let more = self.ends.len();
+                    self.ends.resize(more * 2, 0);
+                }
+                csv_core::ReadRecordResult::OutputFull => {
+                    let more = scratch.len();
+                    scratch.resize(more * 2, 0);
+                }
+                csv_core::ReadRecordResult::InputEmpty if !input.is_empty() => {}
+                csv_core::ReadRecordResult::InputEmpty => {
+                    // The end of the row: tell the parser there is no more.
+                    let (_, _, o, e) = self.reader.read_record(
+                        &[],
+                        &mut scratch[base + nout..],
+                        &mut self.ends[nend..],
+                    );
+                    nout += o;
+                    nend += e;
+                    break;
+                }
+                csv_core::ReadRecordResult::Record | csv_core::ReadRecordResult::End => break,
+            }
+        }
+        if !input.is_empty() {
+            return Err(
+                "a carriage return inside a row: the file is not written with one row per line",
+            );
+        }
+        scratch.truncate(base + nout);
+        let mut start = 0;
+        for &end in &self.ends[..nend] {
+            cells.push(base + start..base + end.min(nout));
+            start = end;
+        }
+        Ok(())
+    }
+}
+
+/// Where each cell of a row without quotes lies: `cells` gets one range per cell.
+pub(super) fn split_plain(line: &[u8], base: usize, cells: &mut Vec<Range<usize>>) {
+    let mut from = 0;
+    for comma in memchr_iter(b',', line) {
+        cells.push(base + from..base + comma);
+        from = comma + 1;
+    }
+    cells.push(base + from..base + line.len());
+}
+
+/// The FNV-1a of each row's bytes with every comma taken as the unit separator (the check of
+/// cells without quotes, joined as [`super::line::check_value`] joins them), [`LANES`] rows side by side.
+pub(super) fn checks_side_by_side(rows: &[&[u8]]) -> [u64; LANES] {
+    let mut h = [FNV_START; LANES];
+    let n = rows.len().min(LANES);
+    let common = rows.iter().take(n).map(|r| r.len()).min().unwrap_or(0);
+    if n == LANES {
+        let lanes: [&[u8]; LANES] = std::array::from_fn(|l| &rows[l][..common]);
+        for i in 0..common {
+            for (h, lane) in h.iter_mut().zip(&lanes) {
+                let b = lane[i];
+                let b = if b == b',' { 0x1f } else { b };
+                *h = (*h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3);
+            }
+        }
+    } else {
+        for l in 0..n {
+            h[l] = comma_fnv(h[l], &rows[l][..common]);
+        }
+    }
+    for l in 0..n {
+        h[l] = comma_fnv(h[l], &rows[l][common..]);
+    }
+    h
+}
+
+/// FNV-1a of `bytes` after `h`, a comma taken as the unit separator.
+fn comma_fnv(h: u64, bytes: &[u8]) -> u64 {
+    bytes.iter().fold(h, |h, &b| {
+        fnv1a_more(h, &[if b == b',' { 0x1f } else { b }])
+    })
+}
+
+/// The number 16 hex digits (either case) write; `None` for anything else.
+pub(super) fn hex16(cell: &[u8]) -> Option<u64> {
+    if cell.len() != 16 {
+        return None;
+    }
+    cell.iter().try_fold(0u64, |v, &b| {
+        let d = (b as char).to_digit(16)?;
+        Some((v << 4) | u64::from(d))
+    })
+}
+
+/// `value` as the 16 lowercase hex digits of a check cell.
+pub(super) fn push_hex16(out: &mut Vec<u8>, value: u64) {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    for k in (0..16).rev() {
+        out.push(DIGITS[((value >> (4 * k)) & 0xf) as usize]);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::report::line::check_value;
+
+    #[test]
+    fn checks_side_by_side_are_the_checks_of_the_cells() {
+        let rows: Vec<Vec<u8>> = (0..11)
+            .map(|i| {
+                format!("{i},t{},x{},,{}", i * 37, "y".repeat(i % 5), i as f64 / 3.0).into_bytes()
+            })
+            .collect();
+        for take in [0, 1, 3, 8] {
+            let some: Vec<&[u8]> = rows.iter().take(take).map(|r| r.as_slice()).collect();
+            let got = checks_side_by_side(&some);
+            for (l, row) in some.iter().enumerate() {
+                let want = check_value(row.split(|&b| b == b','));
+                assert_eq!(got[l], want, "row {l} of {take}");
+            }
+        }
+    }
+
+    #[test]
+    fn hex_cells_read_and_write_back() {
+        assert_eq!(hex16(b"892d7bccc88bdaa4"), Some(0x892d_7bcc_c88b_daa4));
+        assert_eq!(hex16(b"892D7BCCC88BDAA4"), Some(0x892d_7bcc_c88b_daa4));
+        assert_eq!(hex16(b"892d7bccc88bdaa"), None);
+        assert_eq!(hex16(b"892d7bccc88bdaaz"), None);
+        assert_eq!(hex16(b"+92d7bccc88bdaa4"), None);
+        let mut out = Vec::new();
+        push_hex16(&mut out, 0x0123_4567_89ab_cdef);
+        assert_eq!(out, b"0123456789abcdef");
+    }
+
+    #[test]
+    fn quoted_rows_split_as_csv_and_two_rows_are_refused() {
+        let mut splitter = Splitter::new();
+        let (mut scratch, mut cells) = (b"xy".to_vec(), Vec::new());
+        let row = b"a,\"b,\"\"c\"\"\",,\"line\nbreak\"";
+        splitter.split(row, &mut scratch, &mut cells).unwrap();
+        let got: Vec<&[u8]> = cells.iter().map(|r| &scratch[r.clone()]).collect();
+        assert_eq!(got, [&b"a"[..], b"b,\"c\"", b"", b"line\nbreak"]);
+        let big = format!("\"{}\",z", "q".repeat(300));
+        cells.clear();
+        splitter
+            .split(big.as_bytes(), &mut scratch, &mut cells)
+            .unwrap();
+        assert_eq!(cells.len(), 2);
+        assert!(splitter
+            .split(b"a,b\rc,d", &mut scratch, &mut cells)
+            .is_err());
+    }
+
+    #[test]
+    fn split_plain_finds_every_cell() {
+        let mut cells = Vec::new();
+        split_plain(b"a,,bc,", 10, &mut cells);
+        assert_eq!(cells, vec![10..11, 12..12, 13..15, 16..16]);
+    }
+}
