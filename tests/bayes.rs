@@ -151,8 +151,15 @@ fn a_bayes_sweep_killed_ten_times_runs_each_of_its_indices_once() {
             rows_in(&trials) >= want
         });
         child.kill().expect("SIGKILL");
-        let _ = child.wait();
-        assert!(reached, "kill {kill}: the sweep ended before {want} rows");
+        let said = child
+            .wait_with_output()
+            .map(|o| o.stderr)
+            .unwrap_or_default();
+        assert!(
+            reached,
+            "kill {kill}: the sweep ended before {want} rows: {}",
+            String::from_utf8_lossy(&said)
+        );
         rows = rows_in(&trials);
         assert!(rows < run_cap as usize, "kill {kill}: done too soon");
     }

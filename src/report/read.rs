@@ -3,13 +3,12 @@
 use std::fs::OpenOptions;
 use std::io::{BufReader, Read};
 use std::ops::Range;
-use std::path::{Path, PathBuf};
+use std::path::Path;
+use std::sync::Arc;
 
 use super::extra;
 use super::line::*;
-use super::scan::{
-    checks_side_by_side, hex16, push_hex16, split_plain, Blocks, Found, Splitter, LANES,
-};
+use super::scan::{push_hex16, Blocks, Chunk, Finder, Layout};
 use super::{ProgressRow, RunRow, TrialRow};
 use crate::error::ReportError;
 
@@ -151,21 +150,13 @@ pub(super) fn one_record(line: &[u8]) -> Result<::csv::ByteRecord, ReportError> 
 ///   hand with an empty one) is made into a `T`, so that every check above is made.
 /// - A file of zero bytes, or with its header alone, has no rows.
 pub struct RowReader<T> {
-    layout: Layout,
-    /// `None` when the file has no header (zero bytes).
-    blocks: Option<Blocks>,
-    /// The rows of the batch read last, in order, each checked; the damage found in the row
-    /// after them, if any, is `damage`.
-    batch: Vec<Slot>,
-    damage: Option<ReportError>,
-    /// The next row of `batch` to hand over.
+    layout: Arc<Layout>,
+    /// `None` when the file has no header (zero bytes), and once the rows are over.
+    finder: Option<Finder>,
+    /// The rows handed over last by the finder.
+    chunk: Chunk,
+    /// The next row of `chunk` to hand over.
     next: usize,
-    found: Vec<Found>,
-    /// The cells of the batch's rows.
-    cells: Vec<Range<usize>>,
-    /// The cells of the batch's quoted rows, as parsed.
-    scratch: Vec<u8>,
-    splitter: Splitter,
     record: ::csv::ByteRecord,
     /// The row made of the last row's cells, when it was made.
     parsed: Option<T>,
@@ -176,65 +167,41 @@ pub struct RowReader<T> {
     row: std::marker::PhantomData<fn() -> T>,
 }
 
-/// What every row of one file is read against.
-struct Layout {
-    path: PathBuf,
-    header: ::csv::ByteRecord,
-    check: Option<usize>,
-    extra_columns: ExtraColumns,
-}
-
-/// One row of a batch, its cells split and its check compared.
-struct Slot {
-    line: u64,
-    /// The row's bytes in the block (without its line end).
-    raw: Range<usize>,
-    /// Its cells, in [`RowReader::cells`].
-    cells: Range<usize>,
-    /// Whether the cells lie in the scratch (a quoted row) rather than in the block.
-    quoted: bool,
-    /// The check it carries, once compared with its cells; `None` when it has none.
-    check: Option<u64>,
-}
-
 impl<T: ResultsRow> RowReader<T> {
     /// Opens the file (a link, FIFO or folder in its place is refused) and checks its header.
     pub fn open(path: &Path) -> Result<Self, ReportError> {
         let file = open_regular(path, OpenOptions::new().read(true), false)?;
-        let mut out = RowReader {
-            layout: Layout {
-                path: path.to_path_buf(),
-                header: ::csv::ByteRecord::new(),
-                check: None,
-                extra_columns: Vec::new(),
-            },
-            blocks: None,
-            batch: Vec::new(),
-            damage: None,
-            next: 0,
-            found: Vec::new(),
-            cells: Vec::new(),
-            scratch: Vec::new(),
-            splitter: Splitter::new(),
-            record: ::csv::ByteRecord::new(),
-            parsed: None,
-            done: true,
-            rows: 0,
-            interrupt: Interrupt::Never,
-            row: std::marker::PhantomData,
+        let mut layout = Layout {
+            path: path.to_path_buf(),
+            header: ::csv::ByteRecord::new(),
+            check: None,
+            extra_columns: Vec::new(),
         };
         let mut blocks = Blocks::new(path, file);
         let mut first = Vec::new();
         blocks.next_rows(&mut first, 1)?;
-        let Some(head) = first.first() else {
-            return Ok(out);
+        let head = first.first().map(|h| (h.line, h.range.clone()));
+        if let Some((line, range)) = &head {
+            layout.header = parse_one(path, *line, &blocks.bytes()[range.clone()])?;
+            (layout.check, layout.extra_columns) = check_columns::<T>(path, &layout.header)?;
+        }
+        let layout = Arc::new(layout);
+        let finder = match head {
+            Some(_) => Some(Finder::start(Arc::clone(&layout), blocks)?),
+            None => None,
         };
-        out.layout.header = parse_one(path, head.line, &blocks.bytes()[head.range.clone()])?;
-        (out.layout.check, out.layout.extra_columns) =
-            check_columns::<T>(path, &out.layout.header)?;
-        out.blocks = Some(blocks);
-        out.done = false;
-        Ok(out)
+        Ok(RowReader {
+            layout,
+            done: finder.is_none(),
+            finder,
+            chunk: Chunk::default(),
+            next: 0,
+            record: ::csv::ByteRecord::new(),
+            parsed: None,
+            rows: 0,
+            interrupt: Interrupt::Never,
+            row: std::marker::PhantomData,
+        })
     }
 
     /// The same reader, giving up as `interrupt` says.
@@ -259,57 +226,6 @@ impl<T: ResultsRow> RowReader<T> {
         &self.layout.path
     }
 
-    /// Reads the next rows, up to [`LANES`]; false at the end of the rows.
-    fn fill(&mut self) -> Result<bool, ReportError> {
-        let Some(blocks) = self.blocks.as_mut() else {
-            return Ok(false);
-        };
-        self.batch.clear();
-        self.cells.clear();
-        self.scratch.clear();
-        self.next = 0;
-        // Blank lines hold no row (as CSV readers take them); a batch of them alone reads on.
-        while self.batch.is_empty() {
-            blocks.next_rows(&mut self.found, LANES)?;
-            if self.found.is_empty() {
-                return Ok(false);
-            }
-            let bytes = blocks.bytes();
-            for found in &self.found {
-                if found.range.is_empty() {
-                    continue;
-                }
-                let slot = split_row(
-                    &self.layout,
-                    bytes,
-                    found,
-                    &mut self.splitter,
-                    (&mut self.cells, &mut self.scratch),
-                );
-                match slot {
-                    Ok(slot) => self.batch.push(slot),
-                    Err(e) => {
-                        self.damage = Some(e);
-                        break;
-                    }
-                }
-            }
-            compare_checks(
-                &self.layout,
-                bytes,
-                &self.cells,
-                &mut self.batch,
-                &mut self.damage,
-            );
-            if self.batch.is_empty() {
-                if let Some(e) = self.damage.take() {
-                    return Err(e);
-                }
-            }
-        }
-        Ok(true)
-    }
-
     /// The next row's cells, checked as the reader's text says; `None` at the end of the rows.
     pub fn next_cells(&mut self) -> Result<Option<Cells<'_, T>>, ReportError> {
         if self.done {
@@ -322,14 +238,18 @@ impl<T: ResultsRow> RowReader<T> {
         if !got? {
             return Ok(None);
         }
-        let slot = &self.batch[self.next - 1];
+        let chunk = &self.chunk;
+        let slot = &chunk.slots[self.next - 1];
         self.parsed = None;
-        let block = self.blocks.as_ref().map_or(&[][..], |b| b.bytes());
         let mut cells = Cells {
             layout: &self.layout,
-            bytes: if slot.quoted { &self.scratch } else { block },
-            cells: &self.cells[slot.cells.clone()],
-            raw: &block[slot.raw.clone()],
+            bytes: if slot.quoted {
+                &chunk.scratch
+            } else {
+                &chunk.bytes
+            },
+            cells: &chunk.cells[slot.cells.clone()],
+            raw: &chunk.bytes[slot.raw.clone()],
             line: slot.line,
             quoted: slot.quoted,
             check: slot.check,
@@ -347,19 +267,30 @@ impl<T: ResultsRow> RowReader<T> {
         Ok(Some(cells))
     }
 
-    /// Moves on to the next row of the batch, reading a batch when one is used up; false at
+    /// Moves on to the next row, taking the finder's next chunk when one is used up; false at
     /// the end of the rows; the damage found in the row as an error.
     fn next_slot(&mut self) -> Result<bool, ReportError> {
         if self.rows % CHECK_EVERY == CHECK_EVERY - 1 {
             self.interrupt.check(&self.layout.path)?;
         }
-        if self.next >= self.batch.len() {
-            // The damage found after the batch's rows comes once they are handed over.
-            if let Some(e) = self.damage.take() {
+        while self.next >= self.chunk.slots.len() {
+            // The damage found after a chunk's rows comes once they are handed over.
+            if let Some(e) = self.chunk.damage.take() {
                 return Err(e);
             }
-            if !self.fill()? {
+            let Some(finder) = self.finder.as_mut() else {
                 return Ok(false);
+            };
+            let used = std::mem::take(&mut self.chunk);
+            match finder.next(used)? {
+                Some(chunk) => {
+                    self.chunk = chunk;
+                    self.next = 0;
+                }
+                None => {
+                    self.finder = None;
+                    return Ok(false);
+                }
             }
         }
         self.next += 1;
@@ -431,119 +362,6 @@ fn parse_one(path: &Path, line: u64, bytes: &[u8]) -> Result<::csv::ByteRecord, 
         ));
     }
     Ok(record)
-}
-
-/// Splits the row `found` into its cells (appended to `cells`, those of a quoted row parsed
-/// into `scratch`) and checks what can be checked of one row alone; a plain row's check is
-/// compared afterwards, with the batch's others ([`compare_checks`]).
-fn split_row(
-    layout: &Layout,
-    bytes: &[u8],
-    found: &Found,
-    splitter: &mut Splitter,
-    (cells, scratch): (&mut Vec<Range<usize>>, &mut Vec<u8>),
-) -> Result<Slot, ReportError> {
-    let (path, line) = (layout.path.as_path(), found.line);
-    let raw = &bytes[found.range.clone()];
-    let first = cells.len();
-    if found.quoted {
-        splitter
-            .split(raw, scratch, cells)
-            .map_err(|why| damaged(path, line, why))?;
-    } else {
-        split_plain(raw, found.range.start, cells);
-    }
-    let n = cells.len() - first;
-    if n != layout.header.len() {
-        return Err(damaged(
-            path,
-            line,
-            format!("{n} cells where the header has {}", layout.header.len()),
-        ));
-    }
-    if memchr::memchr(0, raw).is_some() {
-        return Err(damaged(path, line, "a NUL byte"));
-    }
-    if !raw.is_ascii() && std::str::from_utf8(raw).is_err() {
-        return Err(damaged(path, line, "text that is not UTF-8"));
-    }
-    let mut slot = Slot {
-        line,
-        raw: found.range.clone(),
-        cells: first..cells.len(),
-        quoted: found.quoted,
-        check: None,
-    };
-    let Some(i) = layout.check else {
-        return Ok(slot);
-    };
-    let own = if found.quoted { &scratch[..] } else { bytes };
-    let given = &own[cells[first + i].clone()];
-    if given.is_empty() {
-        return Ok(slot);
-    }
-    let mismatch = || {
-        damaged(
-            path,
-            line,
-            "its cells do not match its check: the row was changed after it was written",
-        )
-    };
-    let value = hex16(given).ok_or_else(mismatch)?;
-    if found.quoted {
-        let each = cells[first..first + i].iter().map(|r| &scratch[r.clone()]);
-        if check_value(each) != value {
-            return Err(mismatch());
-        }
-    }
-    slot.check = Some(value);
-    Ok(slot)
-}
-
-/// Compares the checks of the batch's plain rows with their cells, [`LANES`] at a time: a
-/// row whose check does not match becomes its damage.
-fn compare_checks(
-    layout: &Layout,
-    bytes: &[u8],
-    cells: &[Range<usize>],
-    batch: &mut Vec<Slot>,
-    damage: &mut Option<ReportError>,
-) {
-    let Some(i) = layout.check else {
-        return;
-    };
-    let mut plain: Vec<(usize, &[u8])> = Vec::with_capacity(LANES);
-    for (k, slot) in batch.iter().enumerate() {
-        if slot.quoted || slot.check.is_none() {
-            continue;
-        }
-        // The cells before the check, with the commas between them.
-        let end = if i == 0 {
-            slot.raw.start
-        } else {
-            cells[slot.cells.start + i - 1].end
-        };
-        plain.push((k, &bytes[slot.raw.start..end]));
-    }
-    for group in plain.chunks(LANES) {
-        let rows: Vec<&[u8]> = group.iter().map(|(_, r)| *r).collect();
-        let sums = checks_side_by_side(&rows);
-        if let Some(&(k, _)) = group
-            .iter()
-            .zip(sums)
-            .find(|((k, _), sum)| batch[*k].check != Some(*sum))
-            .map(|(g, _)| g)
-        {
-            // The first row that does not match ends the batch: the rows after it are not handed over.
-            *damage = Some(damaged(
-                &layout.path,
-                batch[k].line,
-                "its cells do not match its check: the row was changed after it was written",
-            ));
-            batch.truncate(k);
-            return;
-        }
-    }
 }
 
 /// How rows are written as lines under other extra columns ([`RowReader::plan`]).

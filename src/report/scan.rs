@@ -1,4 +1,4 @@
-//! Rows of a results file found in large blocks: each row bounded and split into cells, and the checks of several rows computed side by side.
+//! Rows of a results file found in large blocks on a thread of their own: each row bounded and split into cells, and the checks of several rows computed side by side.
 //!
 //! A results file is read a block at a time (never whole). A row is one line, or several
 //! when a quoted cell holds a line break (older files). Most rows hold no quote: their cells
@@ -10,10 +10,13 @@ use std::fs::File;
 use std::io::{self, Read};
 use std::ops::Range;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::thread::JoinHandle;
 
+use crossbeam_channel::{bounded, Receiver, Sender};
 use memchr::{memchr, memchr2, memchr_iter};
 
-use super::line::{damaged, read_err, MAX_LINE};
+use super::line::{check_value, damaged, read_err, MAX_LINE};
 use crate::error::ReportError;
 use crate::hash::{fnv1a_more, FNV_START};
 
@@ -269,6 +272,282 @@ impl Splitter {
             start = end;
         }
         Ok(())
+    }
+}
+
+/// What every row of one file is read against: its header, where its check is, its extra
+/// columns (each one's index and name).
+pub(super) struct Layout {
+    pub(super) path: PathBuf,
+    pub(super) header: ::csv::ByteRecord,
+    pub(super) check: Option<usize>,
+    pub(super) extra_columns: Vec<(usize, String)>,
+}
+
+/// One row of a chunk, its cells split and its check compared.
+pub(super) struct Slot {
+    pub(super) line: u64,
+    /// The row's bytes in the chunk (without its line end).
+    pub(super) raw: Range<usize>,
+    /// Its cells, in [`Chunk::cells`].
+    pub(super) cells: Range<usize>,
+    /// Whether the cells lie in the scratch (a quoted row) rather than in the chunk's bytes.
+    pub(super) quoted: bool,
+    /// The check it carries, once compared with its cells; `None` when it has none.
+    pub(super) check: Option<u64>,
+}
+
+/// Rows of a file, in its order, each split and checked.
+#[derive(Default)]
+pub(super) struct Chunk {
+    /// The rows' bytes.
+    pub(super) bytes: Vec<u8>,
+    pub(super) slots: Vec<Slot>,
+    /// The rows' cells: ranges in `bytes`, or in `scratch` for a quoted row.
+    pub(super) cells: Vec<Range<usize>>,
+    /// The cells of quoted rows, as parsed.
+    pub(super) scratch: Vec<u8>,
+    /// The damage found in the row after `slots`, or a read that failed: the last chunk.
+    pub(super) damage: Option<ReportError>,
+}
+
+impl Chunk {
+    fn clear(&mut self) {
+        self.bytes.clear();
+        self.slots.clear();
+        self.cells.clear();
+        self.scratch.clear();
+        self.damage = None;
+    }
+}
+
+/// How many rows a chunk holds at most.
+const CHUNK_ROWS: usize = 2048;
+
+/// How many chunks the finder may be ahead of the rows handed over.
+const AHEAD: usize = 2;
+
+/// The rows of a file after its header, found, split and checked on a thread of their own
+/// (a second core does that while the caller uses the rows), handed over in chunks, in order.
+/// It is never more than [`AHEAD`] chunks ahead; dropped, it stops and is waited for.
+pub(super) struct Finder {
+    path: PathBuf,
+    rows: Option<Receiver<Chunk>>,
+    /// Chunks used up, sent back to be filled again.
+    back: Sender<Chunk>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Finder {
+    /// Starts finding the rows `blocks` holds after the header.
+    pub(super) fn start(layout: Arc<Layout>, blocks: Blocks) -> Result<Self, ReportError> {
+        let (tx, rows) = bounded(AHEAD);
+        let (back, used) = bounded(AHEAD + 2);
+        let path = layout.path.clone();
+        let thread = std::thread::Builder::new()
+            .name("gpumux-rows".into())
+            .spawn(move || find_rows(&layout, blocks, &tx, &used))
+            .map_err(read_err(&path))?;
+        Ok(Finder {
+            path,
+            rows: Some(rows),
+            back,
+            thread: Some(thread),
+        })
+    }
+
+    /// The next chunk, `None` after the last; `used` (the chunk handed over before) goes back
+    /// to be filled again.
+    pub(super) fn next(&mut self, used: Chunk) -> Result<Option<Chunk>, ReportError> {
+        let _ = self.back.try_send(used);
+        let Some(rows) = &self.rows else {
+            return Ok(None);
+        };
+        if let Ok(chunk) = rows.recv() {
+            return Ok(Some(chunk));
+        }
+        // The finder ended: at the end of the rows, or by a panic, which must not pass for the
+        // end of the rows.
+        self.rows = None;
+        if let Some(thread) = self.thread.take() {
+            if thread.join().is_err() {
+                return Err(ReportError::Invalid(format!(
+                    "{}: the reading of its rows stopped unexpectedly",
+                    self.path.display()
+                )));
+            }
+        }
+        Ok(None)
+    }
+}
+
+impl Drop for Finder {
+    fn drop(&mut self) {
+        // Its next chunk finds no one to take it, and it ends.
+        self.rows = None;
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// The finder's work: chunks of rows found in `blocks`, split and checked, sent on `tx` until
+/// the rows are over, a row is damaged, or no one takes them.
+fn find_rows(layout: &Layout, mut blocks: Blocks, tx: &Sender<Chunk>, used: &Receiver<Chunk>) {
+    let mut splitter = Splitter::new();
+    let mut found = Vec::with_capacity(CHUNK_ROWS);
+    loop {
+        let mut chunk = used.try_recv().unwrap_or_default();
+        chunk.clear();
+        if let Err(e) = blocks.next_rows(&mut found, CHUNK_ROWS) {
+            chunk.damage = Some(e);
+            let _ = tx.send(chunk);
+            return;
+        }
+        let (Some(first), Some(last)) = (found.first(), found.last()) else {
+            return;
+        };
+        let (lo, hi) = (first.range.start, last.range.end);
+        chunk.bytes.extend_from_slice(&blocks.bytes()[lo..hi]);
+        for f in &found {
+            if f.range.is_empty() {
+                // A blank line holds no row (as CSV readers take it).
+                continue;
+            }
+            let f = Found {
+                range: f.range.start - lo..f.range.end - lo,
+                line: f.line,
+                quoted: f.quoted,
+            };
+            let cells = (&mut chunk.cells, &mut chunk.scratch);
+            match split_row(layout, &chunk.bytes, &f, &mut splitter, cells) {
+                Ok(slot) => chunk.slots.push(slot),
+                Err(e) => {
+                    chunk.damage = Some(e);
+                    break;
+                }
+            }
+        }
+        let (cells, slots) = (&chunk.cells, &mut chunk.slots);
+        compare_checks(layout, &chunk.bytes, cells, slots, &mut chunk.damage);
+        let last = chunk.damage.is_some();
+        if tx.send(chunk).is_err() || last {
+            return;
+        }
+    }
+}
+
+/// Splits the row `found` into its cells (appended to `cells`, those of a quoted row parsed
+/// into `scratch`) and checks what can be checked of one row alone; a plain row's check is
+/// compared afterwards, with the chunk's others ([`compare_checks`]).
+fn split_row(
+    layout: &Layout,
+    bytes: &[u8],
+    found: &Found,
+    splitter: &mut Splitter,
+    (cells, scratch): (&mut Vec<Range<usize>>, &mut Vec<u8>),
+) -> Result<Slot, ReportError> {
+    let (path, line) = (layout.path.as_path(), found.line);
+    let raw = &bytes[found.range.clone()];
+    let first = cells.len();
+    if found.quoted {
+        splitter
+            .split(raw, scratch, cells)
+            .map_err(|why| damaged(path, line, why))?;
+    } else {
+        split_plain(raw, found.range.start, cells);
+    }
+    let n = cells.len() - first;
+    if n != layout.header.len() {
+        return Err(damaged(
+            path,
+            line,
+            format!("{n} cells where the header has {}", layout.header.len()),
+        ));
+    }
+    if memchr::memchr(0, raw).is_some() {
+        return Err(damaged(path, line, "a NUL byte"));
+    }
+    if !raw.is_ascii() && std::str::from_utf8(raw).is_err() {
+        return Err(damaged(path, line, "text that is not UTF-8"));
+    }
+    let mut slot = Slot {
+        line,
+        raw: found.range.clone(),
+        cells: first..cells.len(),
+        quoted: found.quoted,
+        check: None,
+    };
+    let Some(i) = layout.check else {
+        return Ok(slot);
+    };
+    let own = if found.quoted { &scratch[..] } else { bytes };
+    let given = &own[cells[first + i].clone()];
+    if given.is_empty() {
+        return Ok(slot);
+    }
+    let mismatch = || {
+        damaged(
+            path,
+            line,
+            "its cells do not match its check: the row was changed after it was written",
+        )
+    };
+    let value = hex16(given).ok_or_else(mismatch)?;
+    if found.quoted {
+        let each = cells[first..first + i].iter().map(|r| &scratch[r.clone()]);
+        if check_value(each) != value {
+            return Err(mismatch());
+        }
+    }
+    slot.check = Some(value);
+    Ok(slot)
+}
+
+/// Compares the checks of the chunk's plain rows with their cells, [`LANES`] at a time: the
+/// first row whose check does not match becomes the chunk's damage, and the rows from it on
+/// are dropped.
+fn compare_checks(
+    layout: &Layout,
+    bytes: &[u8],
+    cells: &[Range<usize>],
+    batch: &mut Vec<Slot>,
+    damage: &mut Option<ReportError>,
+) {
+    let Some(i) = layout.check else {
+        return;
+    };
+    let mut plain: Vec<(usize, &[u8])> = Vec::with_capacity(LANES);
+    for (k, slot) in batch.iter().enumerate() {
+        if slot.quoted || slot.check.is_none() {
+            continue;
+        }
+        // The cells before the check, with the commas between them.
+        let end = if i == 0 {
+            slot.raw.start
+        } else {
+            cells[slot.cells.start + i - 1].end
+        };
+        plain.push((k, &bytes[slot.raw.start..end]));
+    }
+    for group in plain.chunks(LANES) {
+        let rows: Vec<&[u8]> = group.iter().map(|(_, r)| *r).collect();
+        let sums = checks_side_by_side(&rows);
+        if let Some(&(k, _)) = group
+            .iter()
+            .zip(sums)
+            .find(|((k, _), sum)| batch[*k].check != Some(*sum))
+            .map(|(g, _)| g)
+        {
+            // The first row that does not match ends the batch: the rows after it are not handed over.
+            *damage = Some(damaged(
+                &layout.path,
+                batch[k].line,
+                "its cells do not match its check: the row was changed after it was written",
+            ));
+            batch.truncate(k);
+            return;
+        }
     }
 }
 

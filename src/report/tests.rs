@@ -562,3 +562,84 @@ mod props {
         }
     }
 }
+
+/// `n` progress rows of one trial, as written.
+fn many_progress_rows(path: &Path, n: u32) -> Vec<u8> {
+    let rows: Vec<ProgressRow> = (1..=n).map(progress_row).collect();
+    write_rows(path, &rows).unwrap();
+    fs::read(path).unwrap()
+}
+
+#[test]
+fn damage_far_into_a_file_names_its_line_and_no_row_after_it_is_handed_over() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join(PROGRESS_CSV);
+    let bytes = many_progress_rows(&path, 9_000);
+    // The check of row 7,000 (line 7,001) no longer matches: one digit of it changed.
+    let starts: Vec<usize> = std::iter::once(0)
+        .chain(
+            bytes
+                .iter()
+                .enumerate()
+                .filter(|(_, &b)| b == b'\n')
+                .map(|(i, _)| i + 1),
+        )
+        .collect();
+    let mut bad = bytes.clone();
+    let end = starts[7_001] - 2;
+    bad[end] = if bad[end] == b'0' { b'1' } else { b'0' };
+    fs::write(&path, &bad).unwrap();
+    let mut reader = RowReader::<ProgressRow>::open(&path).unwrap();
+    let mut handed = 0;
+    let err = loop {
+        match reader.next_cells() {
+            Ok(Some(_)) => handed += 1,
+            Ok(None) => panic!("the damaged row was not found"),
+            Err(e) => break e,
+        }
+    };
+    assert_eq!(handed, 6_999);
+    assert!(
+        matches!(err, ReportError::Damaged { line: 7_001, .. }),
+        "{err}"
+    );
+    assert!(reader.next_cells().unwrap().is_none());
+    // A NUL byte in a later row, a row with a cell too many, and a quoted row keep their lines.
+    let mut nul = bytes.clone();
+    nul[starts[8_500] + 2] = 0;
+    fs::write(&path, &nul).unwrap();
+    let err = read_progress(dir.path()).unwrap_err();
+    assert!(
+        matches!(err, ReportError::Damaged { line: 8_501, .. }),
+        "{err}"
+    );
+    let mut more = bytes[..starts[4_000]].to_vec();
+    more.extend_from_slice(b"1,2,3\n");
+    more.extend_from_slice(&bytes[starts[4_000]..]);
+    fs::write(&path, &more).unwrap();
+    let err = read_progress(dir.path()).unwrap_err();
+    assert!(
+        matches!(err, ReportError::Damaged { line: 4_001, .. }),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_reader_left_early_stops_its_finder() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join(PROGRESS_CSV);
+    many_progress_rows(&path, 50_000);
+    for take in [0, 1, 3_000] {
+        let started = std::time::Instant::now();
+        let reader = RowReader::<ProgressRow>::open(&path).unwrap();
+        assert_eq!(reader.take(take).count(), take);
+        assert!(started.elapsed() < std::time::Duration::from_secs(20));
+    }
+    // Every row is handed over once, in order, across many chunks.
+    let epochs: Vec<u32> = read_progress(dir.path())
+        .unwrap()
+        .iter()
+        .map(|r| r.epoch)
+        .collect();
+    assert_eq!(epochs, (1..=50_000).collect::<Vec<_>>());
+}
