@@ -115,7 +115,7 @@ for (build, step), (s, m) in best.items():
     if step == "copy":
         out.append(f"| - | plain copy ({sys.argv[3]} MiB + trials.csv, synced) | {s:.2f} | 1 | {m} | - |")
         continue
-    out.append(f"| {build} | {step} | {s:.2f} | {s / copy:.0f} | {m} | {'yes' if m < 200 else 'NO'} |")
+    out.append(f"| {build} | {step} | {s:.2f} | {s / copy:.1f} | {m} | {'yes' if m < 200 else 'NO'} |")
 open(sys.argv[2], "w").write("\n".join(out) + "\n")
 print("\n".join(out))
 EOF
