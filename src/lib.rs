@@ -1,33 +1,29 @@
 //! gpumux: multiplex one GPU among many concurrent trainings, split into slices, and measure the time per training.
 //!
-//! Data flow: the command line (the binary's `cli`) → [`run`] (a run's setup) → the runners
-//! ([`trial`], [`fib`], [`sweep`], [`parallel`]'s `run` and `scan`, sharing [`rounds`]) →
+//! Data flow: the command line (the binary's `cli`) → [`run`] (a run's setup) → the
+//! [`runners`] (`train`, `fib`, `sweep`, `parallel`, `batch_scan`, sharing [`rounds`]) →
 //! [`sched`] → [`train`] → [`models`] → [`engine`], with [`job`] and [`plan`] read near the
 //! top and [`report`] writing the results.
 
-pub mod batch_scan;
 pub mod cancel;
 pub mod data;
 pub mod engine;
 pub mod error;
-pub mod fib;
 pub mod gpu;
 pub mod hash;
 pub mod job;
 pub mod models;
 pub mod outdir;
-pub mod parallel;
 pub mod plan;
 pub mod report;
 pub mod rng;
 pub mod rounds;
 pub mod run;
+pub mod runners;
 pub mod sched;
 pub mod space;
-pub mod sweep;
 pub mod telemetry;
 pub mod train;
-pub mod trial;
 pub mod units;
 
 pub use error::{Error, Result};

@@ -8,8 +8,8 @@ use std::path::{Path, PathBuf};
 const FLOORS: &[&[&str]] = &[
     // The command line: one file per subcommand.
     &["cli"],
-    // The runners.
-    &["trial", "fib", "sweep", "parallel", "batch_scan"],
+    // The runners (none imports another: see `no_runner_imports_another`).
+    &["runners"],
     // What the runners share: a round's context and its result rows.
     &["rounds"],
     // Run setup: backend, devices, data, output folder, signals, telemetry.
@@ -337,4 +337,39 @@ fn the_circle_check_resolves_super_and_groups() {
             "report/line/CHECK"
         ]
     );
+}
+
+#[test]
+fn no_runner_imports_another() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    rust_files(&src.join("runners"), &mut files);
+    files.sort();
+    let mut sideways = Vec::new();
+    let mut runners = BTreeSet::new();
+    for file in &files {
+        let own = module_path(file.strip_prefix(&src).expect("under src/"));
+        let Some(runner) = own.get(1).cloned() else {
+            continue;
+        };
+        runners.insert(runner.clone());
+        let text = fs::read_to_string(file).expect("a readable source file");
+        for path in paths_named(&code_of(&text), &own) {
+            if path.first().is_some_and(|p| p == "runners")
+                && path.get(1).is_some_and(|other| *other != runner)
+            {
+                sideways.push(format!(
+                    "{}: `{runner}` uses `{}`",
+                    file.display(),
+                    path.join("::")
+                ));
+            }
+        }
+    }
+    assert!(
+        sideways.is_empty(),
+        "a runner uses another (what they share belongs in `rounds` or below):\n{}",
+        sideways.join("\n")
+    );
+    assert!(runners.len() >= 5, "too few runners found: {runners:?}");
 }

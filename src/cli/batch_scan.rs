@@ -3,10 +3,10 @@
 use std::io::Write;
 use std::path::PathBuf;
 
-use gpumux::batch_scan::ScanOptions;
 use gpumux::error::Error;
 use gpumux::job::MemorySpec;
 use gpumux::run;
+use gpumux::runners::batch_scan::ScanOptions;
 
 use super::args::{load_with, scan_seconds, RunFlags, SplitArg};
 
@@ -59,5 +59,5 @@ pub fn run(a: Args, out: &mut dyn Write) -> Result<(), Error> {
         seconds: a.seconds,
         command: run::command_line(),
     };
-    gpumux::batch_scan::run(&job, &opts, out).map(|_| ())
+    gpumux::runners::batch_scan::run(&job, &opts, out).map(|_| ())
 }

@@ -9,10 +9,10 @@ use gpumux::gpu::{self, Discovery};
 use gpumux::job::{
     BackendChoice, EngineOptions, Job, JobFile, MemorySpec, ModelKind, ModelSpec, SplitMode,
 };
-use gpumux::parallel::{slice_table, sm_notes};
 use gpumux::plan::{self, MIB};
 use gpumux::rounds::say;
 use gpumux::run::{self, Unavailable};
+use gpumux::runners::parallel::{slice_table, sm_notes};
 
 use super::args::SplitArg;
 

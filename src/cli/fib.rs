@@ -4,8 +4,8 @@ use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 
 use gpumux::error::Error;
-use gpumux::fib::FibOptions;
 use gpumux::run;
+use gpumux::runners::fib::FibOptions;
 
 use super::args::{load_with, EngineFlags, RunFlags, SplitArg};
 
@@ -52,5 +52,5 @@ pub fn run(a: Args, out: &mut dyn Write) -> Result<(), Error> {
         command: run::command_line(),
         progress: std::io::stderr().is_terminal(),
     };
-    gpumux::fib::run(&job, &opts, out).map(|_| ())
+    gpumux::runners::fib::run(&job, &opts, out).map(|_| ())
 }

@@ -24,5 +24,5 @@ pub fn run(a: Args, out: &mut dyn Write) -> Result<(), Error> {
     // A signal stops the reading or the copying at once, leaving --out as it was (exit 3).
     let cancel = gpumux::run::cancel_on_signals(std::time::Duration::ZERO);
     let interrupt = gpumux::report::Interrupt::OnDrain(cancel);
-    gpumux::sweep::shards::run(&a.dirs, &a.out, a.goal.into(), &interrupt, out)
+    gpumux::runners::sweep::shards::run(&a.dirs, &a.out, a.goal.into(), &interrupt, out)
 }

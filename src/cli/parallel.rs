@@ -5,8 +5,8 @@ use std::path::PathBuf;
 
 use gpumux::error::Error;
 use gpumux::job::BatchRatios;
-use gpumux::parallel::ParallelOptions;
 use gpumux::run;
+use gpumux::runners::parallel::ParallelOptions;
 
 use super::args::{load_with, RunFlags, SplitArg};
 
@@ -69,5 +69,5 @@ pub fn run(a: Args, out: &mut dyn Write) -> Result<(), Error> {
         dry_run: a.dry_run,
         command: run::command_line(),
     };
-    gpumux::parallel::run(&job, &opts, out).map(|_| ())
+    gpumux::runners::parallel::run(&job, &opts, out).map(|_| ())
 }

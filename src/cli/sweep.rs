@@ -7,7 +7,7 @@ use std::time::Duration;
 use gpumux::error::Error;
 use gpumux::job::{AutoWord, Concurrency};
 use gpumux::run;
-use gpumux::sweep::{Shard, SweepOptions};
+use gpumux::runners::sweep::{Shard, SweepOptions};
 
 use super::args::{grace_seconds, load_with, EngineFlags, RunFlags, SplitArg};
 
@@ -79,5 +79,5 @@ pub fn run(a: Args, out: &mut dyn Write) -> Result<(), Error> {
         progress: std::io::stderr().is_terminal(),
         verbose: super::verbose(),
     };
-    gpumux::sweep::run(&job, &opts, out).map(|_| ())
+    gpumux::runners::sweep::run(&job, &opts, out).map(|_| ())
 }

@@ -61,7 +61,7 @@ pub struct Args {
 
 pub fn run(a: Args, out: &mut dyn Write) -> Result<(), Error> {
     let (job, trial, data_dir) = job_of(a)?;
-    gpumux::trial::run(&job, trial, data_dir.as_deref(), out)
+    gpumux::runners::train::run(&job, trial, data_dir.as_deref(), out)
 }
 
 /// The job flags describe: the job file's (when given) with the flags over it, or one made of

@@ -1,4 +1,4 @@
-//! `gpumux batch-scan`: samples/s against batch size for one model on one slice, up to the largest batch that fits its cap (seed 000: a batch too small leaves the device idle).
+//! `gpumux batch-scan`: samples/s against batch size for one model on one slice, up to the largest batch that fits its cap: a batch too small leaves the device idle.
 
 use std::io::Write;
 use std::path::PathBuf;
