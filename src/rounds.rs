@@ -12,7 +12,7 @@ use crate::error::{Error, ReportError, Result};
 use crate::job::{Job, SplitMode};
 use crate::plan::{Round, MIB};
 use crate::report::{self, ProgressRow, TrialRow};
-use crate::run::{self, Resolved, Unavailable};
+use crate::run::Resolved;
 use crate::sched::{RoundContext, TrialOutcome};
 
 /// Writes one line of a command's output.
@@ -242,27 +242,6 @@ fn csv_error(path: &Path, source: csv::Error) -> Error {
         path: path.to_path_buf(),
         source,
     })
-}
-
-/// Why the replicas cannot run under `split` here, if they cannot.
-pub fn check_threads_split(split: SplitMode, r: &Resolved) -> Result<()> {
-    if split.one_process_per_trial() {
-        return Err(Error::Usage(format!(
-            "parallel runs its replicas as threads of one process: split {split} does not apply (use shared, logical or green)"
-        )));
-    }
-    if split == SplitMode::Fused {
-        return Err(Error::Usage(
-            "parallel trains one model across its slices: split fused, which trains several trials as one model, does not apply (use shared, logical or green)".into(),
-        ));
-    }
-    match run::unavailable(split, r) {
-        None => Ok(()),
-        Some(Unavailable::NeedsGpu) => Err(Error::Usage(format!(
-            "split {split} needs a GPU; on the CPU backend use logical (capped) or shared"
-        ))),
-        Some(why) => Err(Error::NoDevice(format!("split {split}: {why}"))),
-    }
 }
 
 #[cfg(test)]

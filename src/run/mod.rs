@@ -4,8 +4,8 @@
 //! cannot be read is refused before anything is written in it), but each step is written here
 //! only.
 
-pub mod availability;
 pub mod backend_choice;
+pub mod split_policy;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -19,8 +19,8 @@ use crate::outdir::{self, OutLock};
 use crate::sched::signals::{self, Cancel};
 use crate::telemetry::Sampler;
 
-pub use availability::{mps_daemon_running, unavailable, Unavailable};
 pub use backend_choice::{resolve_backend, Resolved};
+pub use split_policy::{mps_daemon_running, unavailable, Unavailable, Work};
 
 /// The file of an output folder that records the command line that wrote it.
 pub const COMMAND_TXT: &str = "command.txt";

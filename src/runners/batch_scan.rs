@@ -11,7 +11,8 @@ use crate::error::{EngineError, Error, Result, TrialError};
 use crate::job::{Job, SplitMode};
 use crate::models;
 use crate::plan::{self, MIB};
-use crate::rounds::{check_threads_split, say, CsvFile};
+use crate::rounds::{say, CsvFile};
+use crate::run::split_policy::{check_here, check_use, Work};
 use crate::run::{self, OutFolder};
 use crate::sched;
 use crate::train::largest_fitting;
@@ -99,10 +100,11 @@ pub fn run(job: &Job, opts: &ScanOptions, out: &mut dyn Write) -> Result<PathBuf
     }
     // A signal stops the scan (exit 3): at once, inside a measurement, or before the next
     // batch size; the rows measured until then are in the CSV.
+    let split = opts.split.unwrap_or(job.file.split);
+    check_use(split, Work::Threads("batch-scan"))?;
     let cancel = run::cancel_on_signals(std::time::Duration::ZERO);
     let r = run::backend(job)?;
-    let split = opts.split.unwrap_or(job.file.split);
-    check_threads_split(split, &r)?;
+    check_here(split, Work::Threads("batch-scan"), &r)?;
     let slices = plan::slices(job, 1, split, &r.budgets)?;
     let slice = slices.get(opts.slice as usize).cloned().ok_or_else(|| {
         Error::Usage(format!(

@@ -8,12 +8,13 @@ use std::path::{Path, PathBuf};
 use indicatif::{ProgressBar, ProgressStyle};
 
 use crate::error::{Error, Result};
-use crate::job::{BackendChoice, Job};
+use crate::job::Job;
 use crate::plan::{self, Round};
 use crate::report::{self, RunRow, TrialRow};
 use crate::rounds::{
     builtin_context, check_batch, counts_line, print_paths, progress_row, say, trial_row,
 };
+use crate::run::split_policy::{self, check_listed};
 use crate::run::{self, OutFolder};
 use crate::sched::{self, Event, TrialState};
 use crate::telemetry::Sampler;
@@ -34,30 +35,9 @@ pub struct FibOptions {
 /// `gpumux fib`: every round of the job; writes the CSVs row by row, the plots and the summary.
 pub fn run(job: &Job, opts: &FibOptions, out: &mut dyn Write) -> Result<PathBuf> {
     job.model()?;
-    // `splits` is read by fib only (parallel and batch-scan take `split`), so it is checked here.
-    if job.file.backend == BackendChoice::Cpu {
-        if let Some(m) = job.file.splits.iter().find(|m| m.gpu_only()) {
-            return Err(Error::Usage(format!(
-                "{}: `splits` lists {m}, which needs a GPU, but the job says backend: cpu \
-                 (remove {m}, or use backend: auto)",
-                job.path.display()
-            )));
-        }
-    }
+    check_listed(job)?;
     let r = run::backend(job)?;
-    let mut splits = job.file.splits.clone();
-    splits.retain(|m| match run::unavailable(*m, &r) {
-        Some(why) => {
-            crate::note!("note: skipping split mode {m}: {why}");
-            false
-        }
-        None => true,
-    });
-    if splits.is_empty() {
-        return Err(Error::Usage(
-            "no split mode of the job can run on the CPU backend".into(),
-        ));
-    }
+    let splits = split_policy::runnable(&job.file.splits, &r)?;
     let data = run::load_data(job, opts.data_dir.as_deref())?;
     let max_n = job.file.n.iter().copied().max().unwrap_or(1);
     check_batch(job, &data, &(0..max_n).collect::<Vec<_>>())?;

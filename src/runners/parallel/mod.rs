@@ -12,7 +12,8 @@ use crate::engine::{Backend, BackendKind};
 use crate::error::{Error, Result, TrialError};
 use crate::job::{BatchRatios, Job, SplitMode};
 use crate::plan::{self, SliceSpec};
-use crate::rounds::{check_threads_split, model_name, say, CsvFile};
+use crate::rounds::{model_name, say, CsvFile};
+use crate::run::split_policy::{check_here, check_use, Work};
 use crate::run::{self, OutFolder, Resolved};
 use crate::sched::{self, Devices};
 use crate::train::mirrored::{
@@ -234,9 +235,10 @@ fn joined<T: std::fmt::Display>(items: impl IntoIterator<Item = T>) -> String {
 pub fn run(job: &Job, opts: &ParallelOptions, out: &mut dyn Write) -> Result<PathBuf> {
     let model = job.model()?.clone();
     let k = job.replicas()?;
-    let r = run::backend(job)?;
     let split = opts.split.unwrap_or(job.file.split);
-    check_threads_split(split, &r)?;
+    check_use(split, Work::Threads("parallel"))?;
+    let r = run::backend(job)?;
+    check_here(split, Work::Threads("parallel"), &r)?;
     let slices = plan::slices(job, k, split, &r.budgets)?;
     let ratios = job
         .file

@@ -27,7 +27,8 @@ use crate::job::{Concurrency, Goal, Job, SplitMode};
 use crate::plan::{self, Round, TrialSpec};
 use crate::report::{self, TrialRow};
 use crate::rounds::{builtin_context, counts_line, progress_row, say, trial_row};
-use crate::run::{self, OutFolder, Resolved, Unavailable};
+use crate::run::split_policy::{check_here, check_use, Work};
+use crate::run::{self, OutFolder, Resolved};
 use crate::sched::external::ExternalEnv;
 use crate::sched::{self, Device, Devices, Event, ExternalTrials, RoundContext};
 use crate::space::{Method, ParamValue};
@@ -287,12 +288,11 @@ pub fn run(job: &Job, opts: &SweepOptions, out: &mut dyn Write) -> Result<PathBu
             .collect(),
     };
     let split = opts.split.unwrap_or(job.file.split);
-    if split == SplitMode::Fused && job.file.command.is_some() {
-        return Err(Error::Usage(format!(
-            "{}: split fused trains built-in models only; a sweep with `command:` runs each trial as its own command (use shared, process, logical, green or mps)",
-            job.path.display()
-        )));
-    }
+    let work = match job.file.command {
+        Some(_) => Work::Commands,
+        None => Work::BuiltinTrials,
+    };
+    check_use(split, work)?;
     let concurrency = opts.concurrency.unwrap_or(job.file.concurrency);
     // Refused before anything is opened or loaded (a GPU, the dataset), and in a dry run too.
     if let Concurrency::Auto(_) = concurrency {
@@ -378,16 +378,7 @@ pub fn run(job: &Job, opts: &SweepOptions, out: &mut dyn Write) -> Result<PathBu
         return Ok(dir);
     }
     let resolved = run::backend(job)?;
-    match run::unavailable(split, &resolved) {
-        None => {}
-        Some(Unavailable::NeedsGpu) => {
-            return Err(Error::Usage(format!(
-                "split mode {split} needs a GPU; {}",
-                resolved.note
-            )))
-        }
-        Some(why) => return Err(Error::NoDevice(format!("split {split}: {why}"))),
-    }
+    check_here(split, work, &resolved)?;
     // The command line and device next to the results, as every command writes them (a resume
     // records its own).
     if let Some(folder) = &lock {
