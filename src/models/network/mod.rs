@@ -18,12 +18,12 @@ use crate::rng::{derive, HostRng};
 
 use super::memplan::MemoryPlan;
 
-pub mod fused;
+pub mod side_by_side;
 #[cfg(test)]
 mod graph_tests;
 mod placement;
 
-pub use fused::FusedNetwork;
+pub use side_by_side::FusedNetwork;
 
 /// The plan entry holding the gradients of values, laid out by liveness.
 const GRADIENT_BLOCK: &str = "activation gradients";
