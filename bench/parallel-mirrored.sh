@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Seed 003's table on one device: one model on 1 slice against 2 and 4 mirrored slices, with the
+# The mirrored table on one device: one model on 1 slice against 2 and 4 mirrored slices, with the
 # global batch = 64 per replica × replicas (as MirroredStrategy scales it): time per epoch, total
 # time and test accuracy. Then the same global batch (256) on 1, 2 and 4 slices, which must reach
 # the same accuracy (mirrored training is single-slice training on the global batch).

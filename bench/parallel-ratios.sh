@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Seed 000's table on one device: two slices of unequal speed (green partitions of 80 and 48 SMs
+# The ratios table on one device: two slices of unequal speed (green partitions of 80 and 48 SMs
 # on an H100), each global batch split evenly, then by the ratios a probe measured (auto):
 # samples/s per slice and in total.
 # Usage: bench/parallel-ratios.sh [OUT_DIR]   (BACKEND=cpu|cuda|auto, SPLIT=green|logical,

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Slices on two GPUs: jobs/parallel-two-gpus.yaml (seed 000's two devices, ratios auto) with
+# Slices on two GPUs: jobs/parallel-two-gpus.yaml (two devices of unequal speed, ratios auto) with
 # `gpumux parallel`, then a two-round fib of the same slices. With fewer than two visible GPUs it
 # checks instead that gpumux stops before training, exit 4, naming device 1. The GPUs are counted
 # by `gpumux devices --backend cuda` (nvidia-smi is not needed). With BACKEND=cpu (a rehearsal of

@@ -20,7 +20,7 @@
 #            may be ignored; (c) a short MLP fib (N=1,2,5, 1 epoch, --verbose) in
 #            each split mode: shared, logical, process, green; (d) the comparisons: one MLP
 #            training against PyTorch eager (graphs on and off), ResNet-50 224px images/s
-#            against PyTorch, seed 000's even against auto ratios on unequal green partitions
+#            against PyTorch, even against auto ratios on unequal green partitions
 #            (5:3 as the device's SM groups allow; auto must be faster), and two GPUs (or a clean stop with one); (e) SIGTERM
 #            during ResNet-50 on 13 green slices: exit 3 within 20 s (scripts/stop-latency.sh)
 #   speed    bench/gpu-speed.sh: every ratio of the GPU speed table against its peers (PyTorch
@@ -28,7 +28,7 @@
 #            against warm, into GPU_CHECK_DIR/gpu-speed (ratios.csv, summary.md, command.txt)
 #   tests    the library and CLI test binaries on this machine (those carried: the library's
 #            alone unless scripts/build-gpu-check.sh --all carried the others)
-#   bench    seed 003's mirrored table, a batch scan, and a ResNet-50 fib (N=1,2,5,13)
+#   bench    the mirrored (data-parallel) table, a batch scan, and a ResNet-50 fib (N=1,2,5,13)
 #   results  the full fib experiments for results/: MLP and CNN on MNIST-10k, N=1..34, every
 #            split mode (long: give it a call of its own)
 #
@@ -484,7 +484,7 @@ backend: $backend
 YAML
         ratios=(JOB="$out/parallel-ratios.yaml")
     fi
-    step "seed 000: even vs auto ratios, $gsplit slices 5:3 (the log names their SMs)" parallel-ratios.log 30/120 \
+    step "ratios: even vs auto, $gsplit slices 5:3 (the log names their SMs)" parallel-ratios.log 30/120 \
         env GPUMUX="$bin" BACKEND="$backend" SPLIT="$gsplit" "${ratios[@]}" bench/parallel-ratios.sh "$out/parallel-ratios"
     checked ratios "$out/parallel-ratios/table.csv" "$backend" "$judge"
     step "slices on two GPUs (or a clean stop with one)" parallel-two-gpus.log 20/90 \
@@ -543,7 +543,7 @@ YAML
         job="$out/resnet50-fib.yaml"
         scan=(--max-batch 64 --seconds 0.1)
     fi
-    step "seed 003: 1 vs 2 vs 4 mirrored $gsplit slices" parallel-mirrored.log 60/300 \
+    step "mirrored: 1 vs 2 vs 4 $gsplit slices" parallel-mirrored.log 60/300 \
         env GPUMUX="$bin" BACKEND="$backend" SPLIT="$gsplit" "${mirrored[@]}" bench/parallel-mirrored.sh "$out/parallel-mirrored"
     checked tables "$backend" "$out/parallel-mirrored/scaled/table.csv" "$out/parallel-mirrored/global256/table.csv"
     step "batch-scan: the CNN on one 1 GiB logical slice" batch-scan.log 30/120 \
@@ -611,10 +611,10 @@ import csv, sys
 try:
     rows = {r["ratios"]: float(r["samples_per_s"]) for r in csv.DictReader(open(sys.argv[1]))}
     e, a = rows["even"], rows["auto"]
-    print(f"seed 000: even {e:.0f} samples/s, auto ratios {a:.0f} samples/s ({a / e:.2f}x)"
+    print(f"ratios: even {e:.0f} samples/s, auto ratios {a:.0f} samples/s ({a / e:.2f}x)"
           + (" (not judged: the CPU has no SMs to split)" if sys.argv[2] == "1" else ""))
 except Exception as err:
-    print(f"seed 000 table: unreadable ({err!r})")
+    print(f"ratios table: unreadable ({err!r})")
 PY
 )"
     fi

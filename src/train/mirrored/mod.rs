@@ -1,7 +1,8 @@
 //! Data-parallel training: one model mirrored on several slices, each global batch split into shards, and their gradients reduced into one synchronous update.
 //!
-//! As in TensorFlow's MirroredStrategy (seed 003), with the batch split by ratios as in seed 000
-//! or evenly as seed 001's make_parallel does. Each replica is one [`Backend`] (its own arena and
+//! As in TensorFlow's MirroredStrategy, with the batch split by ratios (for devices of unequal
+//! speed, as Keras's multi-GPU model for GPUs of different sizes does) or evenly as Keras's
+//! `make_parallel` does. Each replica is one [`Backend`] (its own arena and
 //! stream, and on a GPU its slice's capped pool and green context) driven by a thread of its own.
 //! One step:
 //!
@@ -61,7 +62,7 @@ pub struct SliceSpeed {
     /// Rows of each global batch this slice takes.
     pub rows: usize,
     /// Its rows per second of the epoch's training time. Steps are synchronous, so every slice
-    /// moves at the pace of the slowest, as in seed 000's per-GPU figures.
+    /// moves at the pace of the slowest, as the per-GPU figures of Keras's multi-GPU model on GPUs of different sizes show.
     pub samples_per_s: f64,
     /// Seconds it spent computing (gather, forward, loss, backward, gradient read, optimiser
     /// step); for the rest of the epoch it waited for the others and for the reduction.
@@ -83,7 +84,7 @@ pub struct ParallelEpoch {
 }
 
 impl ParallelEpoch {
-    /// Seed 000's line: `slice 0 [820] 1257 sps · slice 1 [568] 871 sps · total [1388] 2123 sps`.
+    /// The line of samples/s per slice: `slice 0 [820] 1257 sps · slice 1 [568] 871 sps · total [1388] 2123 sps`.
     pub fn speed_line(&self) -> String {
         let mut parts: Vec<String> = self
             .slices

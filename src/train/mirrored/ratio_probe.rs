@@ -88,7 +88,7 @@ pub fn ratios(speeds: &[f64]) -> Vec<f64> {
 }
 
 /// Small whole numbers in about the same proportion (within 2 percentage points of each share),
-/// for people: 1260 against 875 samples/s reads as 3:2 (seed 000's choice).
+/// for people: 1260 against 875 samples/s reads as 3:2 (as one would choose by hand).
 pub fn small_integers(weights: &[f64]) -> Vec<u32> {
     let sum: f64 = weights.iter().sum();
     let min = weights.iter().cloned().fold(f64::INFINITY, f64::min);
