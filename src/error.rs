@@ -113,46 +113,6 @@ pub enum CudaLibrary {
     Cudnn,
 }
 
-/// Errors in running a trial (the trial fails; the round goes on).
-#[derive(Debug, thiserror::Error)]
-pub enum TrialError {
-    #[error(transparent)]
-    Engine(#[from] EngineError),
-    #[error("loss is {value} at epoch {epoch} step {step}")]
-    NonFiniteLoss {
-        value: f32,
-        epoch: usize,
-        step: usize,
-    },
-    /// The trial's plan at its batch size does not fit under its slice's cap; it never starts.
-    #[error("batch {batch} needs {need_mib:.1} MiB, slice cap {cap_mib:.1} MiB; {}", match largest {
-        Some(b) => format!("the largest batch that fits is {b}"),
-        None => format!("no batch size fits (batch 1 needs {floor_mib:.1} MiB)"),
-    })]
-    DoesNotFit {
-        batch: usize,
-        need_mib: f64,
-        cap_mib: f64,
-        /// The largest batch size whose plan fits, if any.
-        largest: Option<usize>,
-        /// What batch size 1 needs.
-        floor_mib: f64,
-    },
-    #[error("injected fault: {0}")]
-    Injected(String),
-    #[error("interrupted")]
-    Interrupted,
-    #[error("panic: {0}")]
-    Panic(String),
-    #[error("worker process: {0}")]
-    Worker(String),
-    #[error(transparent)]
-    Data(#[from] DataError),
-    /// One replica of a data-parallel training failed.
-    #[error("slice {slice}: {source}")]
-    Slice { slice: u32, source: Box<TrialError> },
-}
-
 /// Errors in writing or reading results files (and the output folder they live in).
 #[derive(Debug, thiserror::Error)]
 pub enum ReportError {
@@ -272,18 +232,6 @@ impl Error {
     pub fn io(context: impl Into<String>) -> impl FnOnce(std::io::Error) -> Error {
         let context = context.into();
         move |source| Error::Io { context, source }
-    }
-
-    /// The error of a command that runs one training, from how the training ended: stopped by
-    /// a signal (exit 3), or failed (exit 1) with its reason after `what`.
-    pub fn from_trial(what: &str, e: TrialError) -> Error {
-        match e {
-            TrialError::Interrupted => Error::Interrupted(format!("{what}: stopped by a signal")),
-            TrialError::Slice { source, .. } if matches!(*source, TrialError::Interrupted) => {
-                Error::Interrupted(format!("{what}: stopped by a signal"))
-            }
-            other => Error::TrialsFailed(format!("{what} failed: {other}")),
-        }
     }
 
     /// The stable exit code for this error: the one place where errors become exit codes.

@@ -5,11 +5,11 @@ use std::sync::Arc;
 use gpumux::data::{Dataset, Samples};
 use gpumux::engine::cpu::CpuBackend;
 use gpumux::engine::{Backend, Region, Split};
-use gpumux::error::TrialError;
 use gpumux::job::{EngineOptions, Hyper, ModelKind, ModelSpec, Optimizer};
 use gpumux::models::{self, FusedNetwork, Network};
 use gpumux::rng::HostRng;
 use gpumux::train::fused::run_group;
+use gpumux::train::stop::{Failure, Stop};
 use gpumux::train::{run_trial, EpochStats, TrialConfig, TrialResult};
 
 /// Random images of `shape`, labels that a model can partly learn (the sign of one pixel).
@@ -69,7 +69,7 @@ fn config(model: &ModelSpec, optimizer: Optimizer, d: &Dataset, i: usize) -> Tri
 /// A trial's figures, its end and its final parameters.
 struct Run {
     epochs: Vec<EpochStats>,
-    end: Result<TrialResult, TrialError>,
+    end: Result<TrialResult, Stop>,
     params: Vec<f32>,
 }
 
@@ -160,12 +160,12 @@ fn check(d: &Arc<Dataset>, cfgs: &[TrialConfig]) {
                 );
             }
             (
-                Err(TrialError::NonFiniteLoss { epoch, step, .. }),
-                Err(TrialError::NonFiniteLoss {
+                Err(Stop::Failed(Failure::NonFiniteLoss { epoch, step, .. })),
+                Err(Stop::Failed(Failure::NonFiniteLoss {
                     epoch: we,
                     step: ws,
                     ..
-                }),
+                })),
             ) => assert_eq!((epoch, step), (we, ws), "{what}"),
             (g, w) => panic!("{what}: fused {g:?}, alone {w:?}"),
         }
@@ -246,7 +246,10 @@ fn a_diverging_trial_fails_alone_and_the_others_still_match() {
     cfgs[2].hyper.lr = 1e6;
     let group = fused(&d, &cfgs);
     assert!(
-        matches!(group[2].end, Err(TrialError::NonFiniteLoss { .. })),
+        matches!(
+            group[2].end,
+            Err(Stop::Failed(Failure::NonFiniteLoss { .. }))
+        ),
         "{:?}",
         group[2].end
     );

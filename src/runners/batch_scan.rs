@@ -7,7 +7,7 @@ use std::sync::Arc;
 use serde::Serialize;
 
 use crate::engine::Backend;
-use crate::error::{EngineError, Error, Result, TrialError};
+use crate::error::{Error, Result};
 use crate::job::{Job, SplitMode};
 use crate::models;
 use crate::plan::{self, MIB};
@@ -17,6 +17,7 @@ use crate::run::{self, OutFolder};
 use crate::sched;
 use crate::train::largest_fitting;
 use crate::train::mirrored::{plan_on, ratio_probe as probe, ParallelConfig};
+use crate::train::stop::{Failure, Stop as TrialStop};
 
 /// The file with one row per batch size tried.
 pub const SCAN_CSV: &str = "batch_scan.csv";
@@ -186,7 +187,7 @@ pub fn run(job: &Job, opts: &ScanOptions, out: &mut dyn Write) -> Result<PathBuf
         let mut be = open()?;
         match plan_on(be.as_mut(), &model, data.shape, data.classes, b, &h) {
             Ok(_) => Ok(Ok(())),
-            Err(TrialError::Engine(EngineError::CapExceeded { need_mib, cap_mib })) => {
+            Err(TrialStop::Failed(Failure::CapExceeded { need_mib, cap_mib })) => {
                 Ok(Err((need_mib, cap_mib)))
             }
             Err(e) => Err(Error::Internal(format!("batch {b}: {e}"))),
@@ -214,8 +215,8 @@ pub fn run(job: &Job, opts: &ScanOptions, out: &mut dyn Write) -> Result<PathBuf
             let mut be = open()?;
             let speed = match probe::measure(be.as_mut(), &cfg, b, opts.seconds) {
                 Ok(s) => s,
-                Err(TrialError::Interrupted) => return Err(interrupted(rows)),
-                Err(e) => return Err(Error::from_trial(&format!("batch {b}"), e)),
+                Err(TrialStop::Interrupted) => return Err(interrupted(rows)),
+                Err(e) => return Err(e.into_error(&format!("batch {b}"))),
             };
             let row = ScanRow {
                 batch: b,

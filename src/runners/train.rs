@@ -76,6 +76,6 @@ pub fn run(job: &Job, trial: u32, data_dir: Option<&Path>, out: &mut dyn Write) 
             "done: test acc {:.4}, final loss {:.4}, {:.2} s, {:.0} samples/s, {} parameters, arena {:.2} MiB",
             r.test_acc, r.final_loss, r.wall_s, r.samples_per_s, r.param_count, r.peak_mem_bytes as f64 / MIB
         )),
-        Err(e) => Err(Error::from_trial(&format!("trial {}", spec.id), e)),
+        Err(e) => Err(e.into_error(&format!("trial {}", spec.id))),
     }
 }

@@ -22,11 +22,11 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{bounded, Receiver, RecvTimeoutError};
-use serde::{Deserialize, Serialize};
 
 use super::lines::{self, Tail};
 use super::reap;
 use crate::cancel::Cancel;
+pub use crate::train::stop::{signal_name, Exit};
 
 /// How long a child being ended has between SIGTERM and SIGKILL: long enough for a training
 /// script to flush and close its files, short enough that a stopped run ends promptly.
@@ -43,18 +43,6 @@ pub const STDERR_LINE_CHARS: usize = 1000;
 /// The most bytes of one stderr line read into memory (the kept part is cut further).
 const STDERR_LINE_BYTES: usize = 4 * STDERR_LINE_CHARS;
 
-/// How a child exited.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Exit {
-    /// It exited by itself with this code.
-    Code(i32),
-    /// A signal killed it.
-    Signal(i32),
-    /// Neither a code nor a signal (not seen on Linux).
-    Unknown,
-}
-
 /// How a child with this status exited.
 pub fn describe_exit(status: ExitStatus) -> Exit {
     match (status.code(), status.signal()) {
@@ -62,31 +50,6 @@ pub fn describe_exit(status: ExitStatus) -> Exit {
         (Some(code), _) => Exit::Code(code),
         _ => Exit::Unknown,
     }
-}
-
-/// The usual name of a signal number.
-pub fn signal_name(sig: i32) -> &'static str {
-    const NAMES: [(i32, &str); 15] = [
-        (libc::SIGHUP, "SIGHUP"),
-        (libc::SIGINT, "SIGINT"),
-        (libc::SIGQUIT, "SIGQUIT"),
-        (libc::SIGILL, "SIGILL"),
-        (libc::SIGTRAP, "SIGTRAP"),
-        (libc::SIGABRT, "SIGABRT"),
-        (libc::SIGBUS, "SIGBUS"),
-        (libc::SIGFPE, "SIGFPE"),
-        (libc::SIGKILL, "SIGKILL"),
-        (libc::SIGUSR1, "SIGUSR1"),
-        (libc::SIGSEGV, "SIGSEGV"),
-        (libc::SIGUSR2, "SIGUSR2"),
-        (libc::SIGPIPE, "SIGPIPE"),
-        (libc::SIGALRM, "SIGALRM"),
-        (libc::SIGTERM, "SIGTERM"),
-    ];
-    NAMES
-        .iter()
-        .find(|(n, _)| *n == sig)
-        .map_or("unknown signal", |(_, name)| name)
 }
 
 /// The timings of a supervision (tests shorten them).

@@ -247,9 +247,9 @@ pub fn worker_main(input: &mut dyn Read, output: &mut dyn Write) -> Result<(), S
                 host_peak_mib: crate::gpu::peak_rss_mib(),
             };
             send(output, &WorkerMessage::Ready(ready));
-            Ok(run_trial(be.as_mut(), &req.config, &mut |s| {
+            run_trial(be.as_mut(), &req.config, &mut |s| {
                 send(output, &WorkerMessage::Epoch(s.clone()))
-            })?)
+            })
         },
     ));
     let msg = match res {

@@ -12,7 +12,6 @@ use super::{
 };
 use crate::engine::cuda::GreenPartition;
 use crate::engine::Backend;
-use crate::error::TrialError;
 use crate::plan::{SliceSpec, TrialSpec};
 use crate::train::run_trial;
 use crate::train::TrialResult;
@@ -34,13 +33,12 @@ fn open(
 /// own ([`crate::engine::Backend::recycle`]): after a result, a diverged loss, a batch that does
 /// not fit or a stop. An engine error (a kernel fault poisons the context), a panic or anything
 /// else drops it.
-fn keeps_backend(err: Option<&TrialError>) -> bool {
+fn keeps_backend(err: Option<&Stop>) -> bool {
     matches!(
         err,
         None | Some(
-            TrialError::NonFiniteLoss { .. }
-                | TrialError::DoesNotFit { .. }
-                | TrialError::Interrupted
+            Stop::Failed(Failure::NonFiniteLoss { .. } | Failure::DoesNotFit { .. })
+                | Stop::Interrupted
         )
     )
 }
@@ -63,7 +61,7 @@ pub fn run(
         if keeps_backend(r.as_ref().err()) {
             be.recycle();
         }
-        Ok(r?)
+        r
     }));
     let res = match res {
         Ok(r) => pruned_if_stopped(r, cfg.prune.as_ref()),
@@ -97,7 +95,7 @@ pub fn run_group(
         Ok(ends)
     }));
     let ends: Vec<Result<TrialResult, Stop>> = match res {
-        Ok(Ok(ends)) => ends.into_iter().map(|r| r.map_err(Stop::from)).collect(),
+        Ok(Ok(ends)) => ends,
         Ok(Err(stop)) => vec![Err(stop); trials.len()],
         Err(payload) => {
             let why = Failure::Panic(crate::error::panic_text(payload.as_ref()));

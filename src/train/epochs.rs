@@ -2,10 +2,10 @@
 
 use std::time::Instant;
 
+use super::stop::Stop;
 use super::{seeds, EpochStats, Prune, TrialResult};
 use crate::cancel::Cancel;
 use crate::engine::STATS_LEN;
-use crate::error::TrialError;
 
 /// Where a step stands in the training.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -22,15 +22,15 @@ pub struct StepAt {
 pub trait Steps {
     /// Starts an epoch: the training samples are visited in `order`, and the epoch's sums of
     /// loss and correct predictions start at zero.
-    fn begin_epoch(&mut self, order: Vec<u32>) -> Result<(), TrialError>;
-    /// Takes one training step (a diverged one fails with [`TrialError::NonFiniteLoss`]).
-    fn step(&mut self, at: StepAt) -> Result<(), TrialError>;
+    fn begin_epoch(&mut self, order: Vec<u32>) -> Result<(), Stop>;
+    /// Takes one training step (a diverged one fails with [`Stop::NonFiniteLoss`]).
+    fn step(&mut self, at: StepAt) -> Result<(), Stop>;
     /// Ends epoch `epoch`: the epoch's sums over its training rows (loss, then correct
     /// predictions), and, with `evaluate`, the mean loss and accuracy over the test split (NaN
-    /// without). A training whose loss diverged fails with [`TrialError::NonFiniteLoss`].
-    fn end_epoch(&mut self, epoch: u32, evaluate: bool) -> Result<EpochSums, TrialError>;
+    /// without). A training whose loss diverged fails with [`Stop::NonFiniteLoss`].
+    fn end_epoch(&mut self, epoch: u32, evaluate: bool) -> Result<EpochSums, Stop>;
     /// Waits for the work issued, after the last epoch.
-    fn finish(&mut self) -> Result<(), TrialError>;
+    fn finish(&mut self) -> Result<(), Stop>;
     /// Bytes of the arenas allocated for the training.
     fn arena_bytes(&self) -> u64;
     /// Parameters of the model.
@@ -116,7 +116,7 @@ pub fn train<S: Steps + ?Sized>(
     prune: Option<&Prune>,
     started: Instant,
     on_epoch: &mut dyn FnMut(&mut S, &Epoch),
-) -> Result<TrialResult, TrialError> {
+) -> Result<TrialResult, Stop> {
     let steps = plan.steps();
     let mut last = None;
     for epoch in 1..=plan.epochs {
@@ -125,7 +125,7 @@ pub fn train<S: Steps + ?Sized>(
         let steps_start = Instant::now();
         for step in 0..steps {
             if cancel.aborted() {
-                return Err(TrialError::Interrupted);
+                return Err(Stop::Interrupted);
             }
             s.step(StepAt { epoch, step, steps })?;
         }
@@ -155,7 +155,7 @@ pub fn train<S: Steps + ?Sized>(
         last = Some(e.stats);
     }
     s.finish()?;
-    let last = last.ok_or_else(|| TrialError::Worker("no epoch ran".into()))?;
+    let last = last.ok_or_else(|| Stop::worker("no epoch ran"))?;
     Ok(result(
         last,
         plan,

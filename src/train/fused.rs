@@ -10,12 +10,13 @@ use super::{group_key, run_trial, seeds, EpochStats, TrialConfig, TrialResult};
 use crate::engine::cpu::denormals::FlushGuard;
 use crate::engine::fused_hyper::HYPER_LEN;
 use crate::engine::{Backend, BackendKind, Counted, Split, STATS_LEN};
-use crate::error::{EngineError, TrialError};
+use crate::error::EngineError;
 use crate::models::{self, FusedNetwork};
+use crate::train::stop::{Failure, Stop};
 use crate::units::MIB;
 
 /// Each trial's end, in the group's order.
-pub type GroupEnds = Vec<Result<TrialResult, TrialError>>;
+pub type GroupEnds = Vec<Result<TrialResult, Stop>>;
 
 /// Trains `cfgs` (trials of one [`group_key`]) as one fused group on `be`, calling
 /// `on_epoch(i, stats)` after each epoch of trial `i`. Returns each trial's end, in order.
@@ -37,7 +38,7 @@ pub fn run_group(
         let why = format!("trial {odd} of a fused group does not share the first one's model, batch, optimizer or epochs");
         return cfgs
             .iter()
-            .map(|_| Err(TrialError::Worker(why.clone())))
+            .map(|_| Err(Stop::worker(why.clone())))
             .collect();
     }
     let _flush = FlushGuard::when(be.kind() == BackendKind::Cpu);
@@ -137,7 +138,7 @@ pub fn run_group(
                 arena,
                 params,
             ))),
-            (None, None) => Err(TrialError::Worker("no epoch ran".into())),
+            (None, None) => Err(Stop::worker("no epoch ran")),
         })
         .collect()
 }
@@ -160,7 +161,7 @@ struct Group<'a> {
     cfgs: &'a [TrialConfig],
     /// `Some` once the trial has ended (failed or interrupted, or `Ok` when pruned); a trial
     /// still `None` at the end has completed.
-    ends: Vec<Option<Result<TrialResult, TrialError>>>,
+    ends: Vec<Option<Result<TrialResult, Stop>>>,
     /// Each trial's last epoch's figures.
     last: Vec<Option<EpochStats>>,
     /// What the group asked of its backend (every trial's row carries the group's counts).
@@ -177,7 +178,7 @@ impl Group<'_> {
     }
 
     /// Ends every trial still training with (a copy of) `e`.
-    fn end_all(&mut self, e: &TrialError) {
+    fn end_all(&mut self, e: &Stop) {
         for end in self.ends.iter_mut().filter(|e| e.is_none()) {
             *end = Some(Err(copy_error(e)));
         }
@@ -190,7 +191,7 @@ impl Group<'_> {
         be: &mut Counted,
         started: Instant,
         on_epoch: &mut dyn FnMut(usize, &EpochStats),
-    ) -> Result<(), TrialError> {
+    ) -> Result<(), Stop> {
         let first = &self.cfgs[0];
         let n = self.cfgs.len();
         let n_train = self.fused.n_train;
@@ -224,7 +225,7 @@ impl Group<'_> {
             be.fill(self.fused.stats(), 0.0)?;
             for step in 0..steps {
                 if first.cancel.aborted() {
-                    return Err(TrialError::Interrupted);
+                    return Err(Stop::Interrupted);
                 }
                 if epoch == 1 {
                     for (m, cfg) in self.fused.members.iter().zip(self.cfgs) {
@@ -320,15 +321,15 @@ impl Group<'_> {
         sums: &[f32],
         epoch: u32,
         step: usize,
-    ) -> Result<(), TrialError> {
+    ) -> Result<(), Stop> {
         for i in 0..self.cfgs.len() {
             let loss = sums[i * STATS_LEN];
             if self.live(i) && !loss.is_finite() {
-                self.ends[i] = Some(Err(TrialError::NonFiniteLoss {
-                    value: loss,
+                self.ends[i] = Some(Err(Stop::Failed(Failure::NonFiniteLoss {
+                    value: f64::from(loss),
                     epoch: epoch as usize,
                     step,
-                }));
+                })));
                 self.fused.kill(be, i)?;
             }
         }
@@ -337,12 +338,6 @@ impl Group<'_> {
 }
 
 /// An error that ends every trial of a group, for each of them.
-fn copy_error(e: &TrialError) -> TrialError {
-    match e {
-        TrialError::Engine(e) => TrialError::Engine(e.clone()),
-        TrialError::Interrupted => TrialError::Interrupted,
-        TrialError::Panic(s) => TrialError::Panic(s.clone()),
-        TrialError::Injected(s) => TrialError::Injected(s.clone()),
-        other => TrialError::Worker(other.to_string()),
-    }
+fn copy_error(e: &Stop) -> Stop {
+    e.clone()
 }

@@ -31,6 +31,7 @@ mod metric_names_tests;
 pub mod mirrored;
 pub mod seeds;
 mod single;
+pub mod stop;
 
 use serde::{Deserialize, Serialize};
 
@@ -69,8 +70,7 @@ pub struct TrialConfig {
     /// that every kernel a trial runs (its evaluation's too) is loaded before timed trials run.
     #[serde(default)]
     pub warm_up: bool,
-    /// Checked at every step: an aborted trial stops with
-    /// [`crate::error::TrialError::Interrupted`].
+    /// Checked at every step: an aborted trial stops with [`stop::Stop::Interrupted`].
     #[serde(skip)]
     pub cancel: crate::cancel::Cancel,
     /// Asked after each epoch, once its figures are reported: when it says stop, the training

@@ -11,8 +11,9 @@ use crate::engine::cpu::denormals::FlushGuard;
 use crate::engine::{
     work_signature, Backend, BackendKind, Counted, Split, WorkPart, GRAPH_SLOTS, STATS_LEN,
 };
-use crate::error::{EngineError, TrialError};
+use crate::error::EngineError;
 use crate::models;
+use crate::train::stop::{Failure, Stop};
 use crate::units::MIB;
 
 /// Trains one trial on `be`, calling `on_epoch` after each epoch.
@@ -24,7 +25,7 @@ pub fn run_trial(
     be: &mut dyn Backend,
     cfg: &TrialConfig,
     on_epoch: &mut dyn FnMut(&EpochStats),
-) -> Result<TrialResult, TrialError> {
+) -> Result<TrialResult, Stop> {
     let started = Instant::now();
     let _flush = FlushGuard::when(be.kind() == BackendKind::Cpu);
     let h = &cfg.hyper;
@@ -32,7 +33,7 @@ pub fn run_trial(
     let n_train = be.split_len(Split::Train);
     let n_test = be.split_len(Split::Test);
     if batch > n_train {
-        return Err(TrialError::Engine(crate::error::EngineError::Shape {
+        return Err(Stop::from(crate::error::EngineError::Shape {
             op: "train",
             message: format!("batch size {batch} is larger than the {n_train} training samples"),
         }));
@@ -60,13 +61,13 @@ pub fn run_trial(
             let need = |b: usize| plan(&*be, b).map(|n| (n.plan.bytes() as f64 + extra) / MIB);
             let fits = |b: usize| Ok::<_, Infallible>(need(b).is_ok_and(|mib| mib <= cap_mib));
             let Ok(lo) = largest_fitting(0, batch, &mut |b| fits(b));
-            return Err(TrialError::DoesNotFit {
+            return Err(Stop::Failed(Failure::DoesNotFit {
                 batch,
                 need_mib,
                 cap_mib,
                 largest: (lo > 0).then_some(lo),
                 floor_mib: need(1).unwrap_or(need_mib),
-            });
+            }));
         }
         r => r?,
     }
@@ -199,14 +200,14 @@ impl Signatures {
 }
 
 impl Steps for Single<'_> {
-    fn begin_epoch(&mut self, order: Vec<u32>) -> Result<(), TrialError> {
+    fn begin_epoch(&mut self, order: Vec<u32>) -> Result<(), Stop> {
         self.tally.epoch_begins(&self.be);
         self.be.set_train_order(&order)?;
         self.be.fill(self.net.stats, 0.0)?;
         Ok(())
     }
 
-    fn step(&mut self, at: StepAt) -> Result<(), TrialError> {
+    fn step(&mut self, at: StepAt) -> Result<(), Stop> {
         let (be, net, h) = (&mut self.be, &self.net, &self.cfg.hyper);
         if at.epoch == 1 {
             inject(be, net, self.cfg.fault.as_ref(), at.step)?;
@@ -240,17 +241,17 @@ impl Steps for Single<'_> {
         if (at.step + 1).is_multiple_of(self.check_every) {
             let mut sums = [0f32; STATS_LEN];
             if be.peek(net.stats, &mut sums)? && !sums[0].is_finite() {
-                return Err(TrialError::NonFiniteLoss {
-                    value: sums[0],
+                return Err(Stop::Failed(Failure::NonFiniteLoss {
+                    value: f64::from(sums[0]),
                     epoch: at.epoch as usize,
                     step: at.step,
-                });
+                }));
             }
         }
         Ok(())
     }
 
-    fn end_epoch(&mut self, epoch: u32, evaluate: bool) -> Result<epochs::EpochSums, TrialError> {
+    fn end_epoch(&mut self, epoch: u32, evaluate: bool) -> Result<epochs::EpochSums, Stop> {
         let net = &self.net;
         let mut sums = [0f32; 2 * STATS_LEN];
         let test = if evaluate && self.n_test > 0 {
@@ -271,16 +272,16 @@ impl Steps for Single<'_> {
             (f64::NAN, f64::NAN)
         };
         if !sums[0].is_finite() {
-            return Err(TrialError::NonFiniteLoss {
-                value: sums[0],
+            return Err(Stop::Failed(Failure::NonFiniteLoss {
+                value: f64::from(sums[0]),
                 epoch: epoch as usize,
                 step: self.steps_per_epoch.saturating_sub(1),
-            });
+            }));
         }
         Ok(([sums[0] as f64, sums[1] as f64], test))
     }
 
-    fn finish(&mut self) -> Result<(), TrialError> {
+    fn finish(&mut self) -> Result<(), Stop> {
         self.tally.epochs_end(&self.be);
         self.be.synchronize()?;
         Ok(())
@@ -321,7 +322,7 @@ impl StepGraph {
 
     /// Takes a capture's outcome: `Ok` when the step goes on (replayed, or run eagerly after a
     /// first failure), the error after a second failure.
-    pub(super) fn outcome(&mut self, captured: Result<(), TrialError>) -> Result<(), TrialError> {
+    pub(super) fn outcome(&mut self, captured: Result<(), Stop>) -> Result<(), Stop> {
         match captured {
             Ok(()) => {
                 self.captured = true;
@@ -373,7 +374,7 @@ impl Loads {
 pub(super) fn capture_step(
     be: &mut dyn Backend,
     step: impl FnOnce(&mut dyn Backend) -> Result<(), crate::error::EngineError>,
-) -> Result<(), TrialError> {
+) -> Result<(), Stop> {
     capture_into(be, 0, step)
 }
 
@@ -383,7 +384,7 @@ pub(super) fn capture_into(
     be: &mut dyn Backend,
     slot: usize,
     work: impl FnOnce(&mut dyn Backend) -> Result<(), crate::error::EngineError>,
-) -> Result<(), TrialError> {
+) -> Result<(), Stop> {
     be.begin_capture()?;
     let body = work(&mut *be);
     let end = be.end_capture_into(slot);
@@ -417,7 +418,7 @@ impl EvalGraphs {
 
     /// Runs one evaluation of `n_test` samples in batches of `batch` (the last one partial):
     /// `issue(be, start, rows)` issues one batch's ops. With [`Loads::HoldCaptures`] the first
-    /// eager chunk holds the process's captures off. [`TrialError::Interrupted`] when `stop`
+    /// eager chunk holds the process's captures off. [`Stop::Interrupted`] when `stop`
     /// said to stop.
     pub(super) fn run(
         &mut self,
@@ -427,12 +428,12 @@ impl EvalGraphs {
         loads: Loads,
         stop: &dyn Fn() -> bool,
         issue: &IssueBatch<'_>,
-    ) -> Result<(), TrialError> {
+    ) -> Result<(), Stop> {
         let chunks = eval_chunks(n_test, batch);
         let capture = self.enabled && !self.captured && !self.failed && self.evaluations > 0;
         for (k, chunk) in chunks.iter().enumerate() {
             if stop() {
-                return Err(TrialError::Interrupted);
+                return Err(Stop::Interrupted);
             }
             let slot = 1 + k;
             if self.captured {
@@ -504,7 +505,7 @@ fn issue_evaluation(
     loads: Loads,
     cancel: &crate::cancel::Cancel,
     graphs: &mut EvalGraphs,
-) -> Result<(), TrialError> {
+) -> Result<(), Stop> {
     be.fill(net.test_stats, 0.0)?;
     let stop = || cancel.aborted();
     let issue = |be: &mut dyn Backend, start: usize, rows: usize| net.eval_batch(be, start, rows);
@@ -519,7 +520,7 @@ pub(crate) fn evaluate(
     n_test: usize,
     loads: Loads,
     cancel: &crate::cancel::Cancel,
-) -> Result<(f64, f64), TrialError> {
+) -> Result<(f64, f64), Stop> {
     if n_test == 0 {
         return Ok((f64::NAN, f64::NAN));
     }
@@ -538,7 +539,7 @@ pub(super) fn inject(
     net: &models::Network,
     fault: Option<&FaultSpec>,
     step: usize,
-) -> Result<(), TrialError> {
+) -> Result<(), Stop> {
     let Some(f) = fault else { return Ok(()) };
     if f.step as usize != step {
         return Ok(());
@@ -612,7 +613,7 @@ mod tests {
         assert!(loss.is_finite() && (0.0..=1.0).contains(&acc));
         cancel.abort();
         let e = evaluate(&mut be, &net, 10, Loads::Done, &cancel).unwrap_err();
-        assert!(matches!(e, TrialError::Interrupted), "{e}");
+        assert!(matches!(e, Stop::Interrupted), "{e}");
     }
 
     #[test]
@@ -651,11 +652,7 @@ mod tests {
 
     #[test]
     fn a_failed_capture_gets_one_eager_step_and_one_more_try() {
-        let failed = || {
-            Err(TrialError::Worker(
-                "CUDA_ERROR_STREAM_CAPTURE_INVALIDATED".into(),
-            ))
-        };
+        let failed = || Err(Stop::worker("CUDA_ERROR_STREAM_CAPTURE_INVALIDATED"));
         // Warm-up: eager and holding captures off; no capture yet.
         let mut g = StepGraph::new(true);
         assert!(!g.wants_capture(true) && g.eager_holds(true));
@@ -697,7 +694,7 @@ mod tests {
         let cap = (plan_mib(37) + plan_mib(38)) / 2.0;
         let e = run_trial(&mut backend(cap), &config(128), &mut |_| {}).unwrap_err();
         match e {
-            TrialError::DoesNotFit { batch, largest, .. } => {
+            Stop::Failed(Failure::DoesNotFit { batch, largest, .. }) => {
                 assert_eq!((batch, largest), (128, Some(37)), "{e}")
             }
             other => panic!("{other}"),

@@ -18,10 +18,10 @@ use crate::rng::{derive, HostRng};
 
 use super::memplan::MemoryPlan;
 
-pub mod side_by_side;
 #[cfg(test)]
 mod graph_tests;
 mod placement;
+pub mod side_by_side;
 
 pub use side_by_side::FusedNetwork;
 

@@ -9,7 +9,7 @@ use serde::Serialize;
 use crate::data::Dataset;
 use crate::engine::cuda::GreenPartition;
 use crate::engine::{Backend, BackendKind};
-use crate::error::{Error, Result, TrialError};
+use crate::error::{Error, Result};
 use crate::job::{BatchRatios, Job, SplitMode};
 use crate::plan::{self, SliceSpec};
 use crate::rounds::{model_name, say, CsvFile};
@@ -19,6 +19,7 @@ use crate::sched::{self, Devices};
 use crate::train::mirrored::{
     ratio_probe as probe, train, ParallelConfig, ParallelEpoch, ParallelOutcome,
 };
+use crate::train::stop::Stop;
 
 /// The file with one row per slice and epoch, and one for their total.
 pub const PROGRESS_CSV: &str = "progress.csv";
@@ -218,8 +219,8 @@ fn open_all(
         .collect()
 }
 
-fn trial_error(e: TrialError) -> Error {
-    Error::from_trial("the parallel training", e)
+fn trial_error(e: Stop) -> Error {
+    e.into_error("the parallel training")
 }
 
 fn joined<T: std::fmt::Display>(items: impl IntoIterator<Item = T>) -> String {
@@ -420,9 +421,8 @@ fn choose_ratios(
         // Each probe has its own backend, dropped before the next slice runs: slices alone.
         let part = sched::partition_of(parts, s);
         let mut be = sched::open_backend(devices.device(s.device)?, Arc::clone(data), s, part)?;
-        let speed = probe::measure(be.as_mut(), cfg, rows, probe::TARGET_S).map_err(|e| {
-            Error::from_trial(&format!("ratios auto: the probe of slice {}", s.index), e)
-        })?;
+        let speed = probe::measure(be.as_mut(), cfg, rows, probe::TARGET_S)
+            .map_err(|e| e.into_error(&format!("ratios auto: the probe of slice {}", s.index)))?;
         speeds.push(speed);
     }
     let weights = probe::ratios(&speeds.iter().map(|s| s.samples_per_s).collect::<Vec<_>>());

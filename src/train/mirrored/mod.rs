@@ -38,10 +38,11 @@ use crossbeam_channel::{bounded, Receiver, Sender};
 
 use crate::engine::cpu::denormals::FlushGuard;
 use crate::engine::{Backend, BackendKind, Split, STATS_LEN};
-use crate::error::{EngineError, TrialError};
+use crate::error::EngineError;
 use crate::models::{self, Network};
 use crate::models::{Hyper, ModelSpec};
 use crate::train::epochs::{self, Schedule, StepAt, Steps};
+use crate::train::stop::{Failure, Stop};
 use crate::train::{seeds, EpochStats, TrialConfig, TrialResult};
 
 /// What a data-parallel training trains, and how each global batch is split.
@@ -129,18 +130,18 @@ enum Reply {
     Params(Vec<f32>),
 }
 
-type Task = Box<dyn FnOnce(&mut Replica) -> Result<Reply, TrialError> + Send>;
+type Task = Box<dyn FnOnce(&mut Replica) -> Result<Reply, Stop> + Send>;
 
 /// The replicas' threads, each answering one task at a time in order.
 struct Crew {
     slices: Vec<u32>,
     tasks: Vec<Sender<Task>>,
-    replies: Vec<Receiver<Result<Reply, TrialError>>>,
+    replies: Vec<Receiver<Result<Reply, Stop>>>,
 }
 
 impl Crew {
     /// Gives every replica its task at once, then waits for all the answers.
-    fn all(&self, make: impl Fn(usize) -> Task) -> Result<Vec<Reply>, TrialError> {
+    fn all(&self, make: impl Fn(usize) -> Task) -> Result<Vec<Reply>, Stop> {
         for (i, tx) in self.tasks.iter().enumerate() {
             tx.send(make(i)).map_err(|_| self.gone(i))?;
         }
@@ -165,7 +166,7 @@ impl Crew {
     }
 
     /// Runs a task on replica `i` alone.
-    fn one(&self, i: usize, task: Task) -> Result<Reply, TrialError> {
+    fn one(&self, i: usize, task: Task) -> Result<Reply, Stop> {
         self.tasks[i].send(task).map_err(|_| self.gone(i))?;
         match self.replies[i].recv() {
             Ok(r) => r.map_err(|e| self.on_slice(i, e)),
@@ -173,23 +174,15 @@ impl Crew {
         }
     }
 
-    fn on_slice(&self, i: usize, e: TrialError) -> TrialError {
+    fn on_slice(&self, i: usize, e: Stop) -> Stop {
         match e {
-            TrialError::Interrupted | TrialError::NonFiniteLoss { .. } => e,
-            other => TrialError::Slice {
-                slice: self.slices[i],
-                source: Box::new(other),
-            },
+            Stop::Interrupted | Stop::Failed(Failure::NonFiniteLoss { .. }) => e,
+            other => other.in_slice(self.slices[i]),
         }
     }
 
-    fn gone(&self, i: usize) -> TrialError {
-        TrialError::Slice {
-            slice: self.slices[i],
-            source: Box::new(TrialError::Engine(EngineError::Device(
-                "its thread has ended".into(),
-            ))),
-        }
+    fn gone(&self, i: usize) -> Stop {
+        Stop::from(EngineError::Device("its thread has ended".into())).in_slice(self.slices[i])
     }
 }
 
@@ -214,7 +207,7 @@ pub(crate) fn plan_on(
     classes: usize,
     rows: usize,
     h: &Hyper,
-) -> Result<Network, TrialError> {
+) -> Result<Network, Stop> {
     let net = models::build(
         model,
         input,
@@ -239,10 +232,10 @@ pub fn train(
     backends: Vec<(u32, Box<dyn Backend>)>,
     cfg: &ParallelConfig,
     on_epoch: &mut dyn FnMut(&ParallelEpoch),
-) -> Result<ParallelOutcome, TrialError> {
+) -> Result<ParallelOutcome, Stop> {
     let started = Instant::now();
     let shape = |message: String| {
-        TrialError::Engine(EngineError::Shape {
+        Stop::from(EngineError::Shape {
             op: "parallel",
             message,
         })
@@ -272,13 +265,8 @@ pub fn train(
         .zip(cfg.shards.iter().zip(offsets(&cfg.shards)))
     {
         let t = &cfg.trial;
-        let mut net =
-            plan_on(be.as_mut(), &t.model, t.input, t.classes, rows, &t.hyper).map_err(|e| {
-                TrialError::Slice {
-                    slice,
-                    source: Box::new(e),
-                }
-            })?;
+        let mut net = plan_on(be.as_mut(), &t.model, t.input, t.classes, rows, &t.hyper)
+            .map_err(|e| e.in_slice(slice))?;
         // The same seed on every replica: identical initial weights.
         net.init(be.as_mut(), seeds::init(t.seed))?;
         // Each replica's dropout masks are its rows' part of the whole batch's.
@@ -297,7 +285,7 @@ pub fn train(
     let (tasks, task_rx): (Vec<_>, Vec<_>) = replicas.iter().map(|_| bounded::<Task>(1)).unzip();
     let (reply_tx, replies): (Vec<_>, Vec<_>) = replicas
         .iter()
-        .map(|_| bounded::<Result<Reply, TrialError>>(1))
+        .map(|_| bounded::<Result<Reply, Stop>>(1))
         .unzip();
     std::thread::scope(|s| {
         for ((mut rep, rx), tx) in replicas.into_iter().zip(task_rx).zip(reply_tx) {
@@ -321,14 +309,14 @@ pub fn train(
 }
 
 /// A replica's thread: runs each task it is given, a panic included, and answers.
-fn serve(rep: &mut Replica, tasks: &Receiver<Task>, replies: &Sender<Result<Reply, TrialError>>) {
+fn serve(rep: &mut Replica, tasks: &Receiver<Task>, replies: &Sender<Result<Reply, Stop>>) {
     let _flush = FlushGuard::when(rep.be.kind() == BackendKind::Cpu);
     while let Ok(task) = tasks.recv() {
         let answer = match catch_unwind(AssertUnwindSafe(|| task(rep))) {
             Ok(r) => r,
-            Err(payload) => Err(TrialError::Panic(crate::error::panic_text(
+            Err(payload) => Err(Stop::Failed(Failure::Panic(crate::error::panic_text(
                 payload.as_ref(),
-            ))),
+            )))),
         };
         let failed = answer.is_err();
         if replies.send(answer).is_err() || failed {
@@ -353,7 +341,7 @@ fn drive(
     sizes: &Sizes,
     started: Instant,
     on_epoch: &mut dyn FnMut(&ParallelEpoch),
-) -> Result<ParallelOutcome, TrialError> {
+) -> Result<ParallelOutcome, Stop> {
     let t = &cfg.trial;
     let global = sizes.global;
     let plan = Schedule {
@@ -448,7 +436,7 @@ struct Mirrored<'a> {
 }
 
 impl Steps for Mirrored<'_> {
-    fn begin_epoch(&mut self, order: Vec<u32>) -> Result<(), TrialError> {
+    fn begin_epoch(&mut self, order: Vec<u32>) -> Result<(), Stop> {
         // The epoch's order, as a single-slice training of the same seed visits it.
         let order = std::sync::Arc::new(order);
         self.crew.all(|_| {
@@ -463,7 +451,7 @@ impl Steps for Mirrored<'_> {
         Ok(())
     }
 
-    fn step(&mut self, at: StepAt) -> Result<(), TrialError> {
+    fn step(&mut self, at: StepAt) -> Result<(), Stop> {
         let start = (self.done % self.steps_per_epoch) * self.global;
         self.done += 1;
         let dropout_seed = self.dropout_seed;
@@ -472,7 +460,7 @@ impl Steps for Mirrored<'_> {
         let mut reduced: Vec<f32> = Vec::new();
         for (i, a) in answers.into_iter().enumerate() {
             let Reply::Grads(g, took) = a else {
-                return Err(TrialError::Worker("a replica answered out of turn".into()));
+                return Err(Stop::worker("a replica answered out of turn"));
             };
             self.busy[i] += took;
             let w = self.weights[i] as f32;
@@ -486,11 +474,11 @@ impl Steps for Mirrored<'_> {
             }
         }
         if reduced.iter().any(|x| !x.is_finite()) {
-            return Err(TrialError::NonFiniteLoss {
-                value: f32::NAN,
+            return Err(Stop::Failed(Failure::NonFiniteLoss {
+                value: f64::NAN,
                 epoch: at.epoch as usize,
                 step: at.step,
-            });
+            }));
         }
         let reduced = std::sync::Arc::new(reduced);
         let h = self.hyper.clone();
@@ -512,11 +500,7 @@ impl Steps for Mirrored<'_> {
         Ok(())
     }
 
-    fn end_epoch(
-        &mut self,
-        epoch: u32,
-        evaluate: bool,
-    ) -> Result<super::epochs::EpochSums, TrialError> {
+    fn end_epoch(&mut self, epoch: u32, evaluate: bool) -> Result<super::epochs::EpochSums, Stop> {
         let sums = self.train_sums()?;
         let test = if evaluate {
             self.evaluate(epoch)?
@@ -526,7 +510,7 @@ impl Steps for Mirrored<'_> {
         Ok((sums, test))
     }
 
-    fn finish(&mut self) -> Result<(), TrialError> {
+    fn finish(&mut self) -> Result<(), Stop> {
         self.params = self
             .crew
             .all(|_| {
@@ -556,7 +540,7 @@ impl Steps for Mirrored<'_> {
 }
 
 impl Mirrored<'_> {
-    fn train_sums(&mut self) -> Result<[f64; STATS_LEN], TrialError> {
+    fn train_sums(&mut self) -> Result<[f64; STATS_LEN], Stop> {
         let mut stats = [0f64; STATS_LEN];
         for a in self.crew.all(|_| {
             Box::new(|r: &mut Replica| {
@@ -574,7 +558,7 @@ impl Mirrored<'_> {
         Ok(stats)
     }
 
-    fn evaluate(&mut self, _epoch: u32) -> Result<(f64, f64), TrialError> {
+    fn evaluate(&mut self, _epoch: u32) -> Result<(f64, f64), Stop> {
         let (n_test, cancel) = (self.sizes.n_test, self.cancel.clone());
         let answer = self.crew.one(
             0,

@@ -5,7 +5,8 @@ use std::time::Instant;
 use super::{plan_on, ParallelConfig};
 use crate::engine::cpu::denormals::FlushGuard;
 use crate::engine::{Backend, BackendKind, Split};
-use crate::error::{EngineError, TrialError};
+use crate::error::EngineError;
+use crate::train::stop::Stop;
 
 /// Untimed steps first (kernels load, caches warm).
 pub const WARM_UP_STEPS: usize = 2;
@@ -26,16 +27,16 @@ pub struct Speed {
 /// Trains `cfg.trial.model` on `be` alone, in batches of `rows` (not `cfg.shards`), for a short
 /// timed run: whole training steps (gather, forward, backward, update), each waited for, as a
 /// data-parallel step is. Fails with the cap error when the batch's memory plan does not fit the
-/// slice, and with [`TrialError::Interrupted`] when `cfg.trial.cancel` is aborted.
+/// slice, and with [`Stop::Interrupted`] when `cfg.trial.cancel` is aborted.
 pub fn measure(
     be: &mut dyn Backend,
     cfg: &ParallelConfig,
     rows: usize,
     target_s: f64,
-) -> Result<Speed, TrialError> {
+) -> Result<Speed, Stop> {
     let n = be.split_len(Split::Train);
     if rows == 0 || rows > n {
-        return Err(TrialError::Engine(EngineError::Shape {
+        return Err(Stop::from(EngineError::Shape {
             op: "probe",
             message: format!("a batch of {rows} for {n} training samples"),
         }));
@@ -57,7 +58,7 @@ pub fn measure(
     let mut steps = 0;
     while steps < MAX_STEPS && (steps < MIN_STEPS || started.elapsed().as_secs_f64() < target_s) {
         if t.cancel.aborted() {
-            return Err(TrialError::Interrupted);
+            return Err(Stop::Interrupted);
         }
         net.train_step(be, steps_per_epoch, seed, h)?;
         be.synchronize()?;
