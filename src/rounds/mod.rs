@@ -1,19 +1,21 @@
-//! What the runners share: the round context of a built-in model, the rows of results files they write, the split check of threaded runs, and their output lines.
+//! What the runners share: the round context of a built-in model, the batch check, and their output lines; the rows they write are in `rows.rs`.
 
 use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
-
-use serde::Serialize;
 
 use crate::cancel::Cancel;
 use crate::data::Dataset;
-use crate::error::{Error, ReportError, Result};
-use crate::job::{Job, SplitMode};
-use crate::plan::{Round, MIB};
-use crate::report::{self, ProgressRow, TrialRow};
+use crate::error::{Error, Result};
+use crate::job::Job;
+use crate::report;
 use crate::run::Resolved;
-use crate::sched::{RoundContext, TrialOutcome};
+use crate::sched::RoundContext;
+
+mod rows;
+pub use rows::{
+    counts_line, progress_row, trial_row, unless_progress_lost, CsvFile, LostRow, LostRows,
+};
 
 /// Writes one line of a command's output.
 pub fn say(out: &mut dyn Write, line: impl std::fmt::Display) -> Result<()> {
@@ -94,153 +96,6 @@ pub fn builtin_context(
         external: None,
         metric: None,
         prune: None,
-    })
-}
-
-/// The `progress.csv` row of one trial's epoch in a round.
-pub fn progress_row(
-    round: &Round,
-    trial_id: &str,
-    stats: &crate::train::EpochStats,
-) -> ProgressRow {
-    ProgressRow {
-        round: round.index,
-        trial_id: trial_id.to_string(),
-        split: round.split.to_string(),
-        n: round.n,
-        epoch: stats.epoch,
-        train_loss: stats.train_loss,
-        train_acc: stats.train_acc,
-        test_loss: stats.test_loss,
-        test_acc: stats.test_acc,
-        wall_s: stats.wall_s,
-        extra: stats.extra.clone(),
-    }
-}
-
-/// Why a trial's progress row could not be written.
-#[derive(Clone, Debug, PartialEq)]
-pub struct LostRow {
-    pub why: String,
-    /// A signal stopped the write (a rewrite of the file past its grace), not a failure.
-    pub by_signal: bool,
-}
-
-impl From<&ReportError> for LostRow {
-    fn from(e: &ReportError) -> Self {
-        LostRow {
-            why: e.to_string(),
-            by_signal: e.is_interrupted(),
-        }
-    }
-}
-
-/// The trials with a progress row that could not be written, by id (the first reason each).
-pub type LostRows = std::collections::HashMap<String, LostRow>;
-
-/// A finished trial's row as it may be recorded, given the trials whose progress rows could
-/// not all be written (`lost`, with why): such a trial is never COMPLETE or PRUNED (its epochs
-/// would be missing, and `--resume` would not run it again), but a FAIL that says why, or
-/// INTERRUPTED when a signal stopped the write.
-pub fn unless_progress_lost(mut row: TrialRow, lost: &LostRows) -> TrialRow {
-    if let (Some(lost), true) = (lost.get(&row.trial_id), row.done()) {
-        row.state = if lost.by_signal {
-            "INTERRUPTED"
-        } else {
-            "FAIL"
-        }
-        .into();
-        row.error = format!("its progress rows could not all be written: {}", lost.why);
-    }
-    row
-}
-
-/// The `trials.csv` row of a trial that ended in round `round` (N trials under `split`).
-pub fn trial_row(job: &Job, round: u32, split: SplitMode, n: u32, o: &TrialOutcome) -> TrialRow {
-    let h = &o.trial.hyper;
-    let r = o.result();
-    let metric = |name: &str| r.and_then(|r| r.metrics.get(name).copied());
-    TrialRow {
-        trial_id: o.trial.id.clone(),
-        round,
-        split: split.to_string(),
-        n,
-        slice: o.slice.index,
-        model: model_name(job),
-        params_lr: h.lr,
-        params_batch_size: h.batch_size,
-        params_optimizer: h.optimizer.to_string(),
-        params_momentum: h.momentum,
-        params_weight_decay: h.weight_decay,
-        params_dropout: h.dropout,
-        seed: o.trial.seed,
-        state: o.state().name().to_string(),
-        test_acc: metric("test_acc"),
-        final_loss: metric("final_loss"),
-        epochs: r.map(|r| r.epochs).unwrap_or(0),
-        wall_s: o.wall_s,
-        samples_per_s: r.map(|r| r.samples_per_s).filter(|x| *x > 0.0),
-        peak_mem_mib: r
-            .map(|r| r.peak_mem_bytes as f64 / MIB)
-            .filter(|x| *x > 0.0),
-        mem_cap_mib: o.slice.cap_mib(),
-        error: o.error().unwrap_or_default(),
-        metric: r.and_then(|r| crate::train::metric_in(&r.metrics, &job.file.metric.name)),
-        params: serde_json::to_string(&o.trial.params).unwrap_or_default(),
-        launches_per_step: r.and_then(|r| r.launches_per_step),
-        host_syncs: r.and_then(|r| r.host_syncs),
-    }
-}
-
-/// What a round's trials asked of their backends, for `--verbose`: the range of their
-/// `launches_per_step` and `host_syncs`; `None` when no trial of them was counted.
-pub fn counts_line(rows: &[TrialRow]) -> Option<String> {
-    let range = |pick: &dyn Fn(&TrialRow) -> Option<u64>| {
-        let vals: Vec<u64> = rows.iter().filter_map(pick).collect();
-        let (lo, hi) = (vals.iter().min()?, vals.iter().max()?);
-        Some(if lo == hi {
-            lo.to_string()
-        } else {
-            format!("{lo}-{hi}")
-        })
-    };
-    let launches = range(&|r| r.launches_per_step)?;
-    let syncs = range(&|r| r.host_syncs).unwrap_or_else(|| "-".into());
-    Some(format!(
-        "{launches} backend calls per training step, {syncs} host waits inside the epochs \
-         (the per-epoch metric read excluded)"
-    ))
-}
-
-/// A CSV file written a row at a time, each row flushed and fsynced as it is written, so that a
-/// signal or a crash loses none of the rows before it.
-pub struct CsvFile {
-    path: PathBuf,
-    w: csv::Writer<std::fs::File>,
-}
-
-impl CsvFile {
-    pub fn create(path: PathBuf) -> Result<CsvFile> {
-        let w = csv::Writer::from_path(&path).map_err(|e| csv_error(&path, e))?;
-        Ok(CsvFile { path, w })
-    }
-
-    pub fn row<T: Serialize>(&mut self, row: &T) -> Result<()> {
-        self.w
-            .serialize(row)
-            .map_err(|e| csv_error(&self.path, e))?;
-        let io = Error::io(self.path.display().to_string());
-        self.w
-            .flush()
-            .map_err(Error::io(self.path.display().to_string()))?;
-        self.w.get_ref().sync_data().map_err(io)
-    }
-}
-
-fn csv_error(path: &Path, source: csv::Error) -> Error {
-    Error::Report(crate::error::ReportError::Csv {
-        path: path.to_path_buf(),
-        source,
     })
 }
 
