@@ -49,44 +49,74 @@ pub fn run(job: &Job, opts: &FibOptions, out: &mut dyn Write) -> Result<PathBuf>
     // A signal stops the experiment: running trials end as INTERRUPTED, the round is not
     // recorded (its makespan would be wrong), and gpumux exits with code 3.
     let cancel = run::cancel_on_signals(std::time::Duration::ZERO);
-    let ctx = builtin_context(
-        job,
-        &data,
-        &r,
-        opts.data_dir.as_deref(),
-        &opts.worker_exe,
-        &cancel,
-    )?;
+    let data_dir = opts.data_dir.as_deref();
+    let ctx = builtin_context(job, &data, &r, data_dir, &opts.worker_exe, &cancel)?;
     let total: u64 = rounds.iter().map(|r| r.n as u64).sum();
+    let names: Vec<&str> = splits.iter().map(|s| s.name()).collect();
     crate::note!(
-        "{}: {} rounds ({} trials) of {} on {}, N = {:?}, splits {}; writing {}",
+        "{}: {} rounds ({total} trials) of {} on {}, N = {:?}, splits {}; writing {}",
         job.name,
         rounds.len(),
-        total,
         job.model()?.kind,
         data.name,
         job.file.n,
-        splits
-            .iter()
-            .map(|s| s.name())
-            .collect::<Vec<_>>()
-            .join(", "),
+        names.join(", "),
         dir.display()
     );
     warm_up(&rounds, &ctx)?;
-    let bar = if opts.progress {
-        ProgressBar::new(total)
-    } else {
-        ProgressBar::hidden()
-    };
-    bar.set_style(
-        ProgressStyle::with_template("{elapsed_precise} [{bar:30}] {pos}/{len} trials  {msg}")
-            .unwrap_or_else(|_| ProgressStyle::default_bar())
-            .progress_chars("=> "),
-    );
+    let bar = progress_bar(total, opts.progress);
     let mut runs = Vec::new();
     let mut trials = Vec::new();
     for round in &rounds {
+        let at = Timed {
+            job,
+            ctx: &ctx,
+            data: &data,
+            r: &r,
+            bar: &bar,
+        };
+        let row = at.round(round, &mut writer, &mut trials).map_err(|e| match e {
+            Error::Interrupted(what) => Error::Interrupted(format!(
+                "{what}; {} rounds recorded in {}",
+                runs.len(),
+                dir.display()
+            )),
+            other => other,
+        })?;
+        say_round(&bar, round, &row, rounds.len(), opts.progress);
+        runs.push(row);
+    }
+    bar.finish_and_clear();
+    finish(&dir, &runs, &trials, out)?;
+    let ok: u32 = runs.iter().map(|r| r.ok).sum();
+    if ok == 0 && !runs.is_empty() {
+        return Err(Error::TrialsFailed(format!(
+            "every trial failed ({total} of {total}); trials.csv in {} gives each one's reason",
+            dir.display()
+        )));
+    }
+    Ok(dir)
+}
+
+/// What every timed round of a fib run shares.
+struct Timed<'a> {
+    job: &'a Job,
+    ctx: &'a sched::RoundContext,
+    data: &'a crate::data::Dataset,
+    r: &'a run::Resolved,
+    bar: &'a ProgressBar,
+}
+
+impl Timed<'_> {
+    /// Runs one timed round: its trials' rows written as they come (appended to `trials`),
+    /// its `runs.csv` row returned once it ends. A signal during it records no row for it.
+    fn round(
+        &self,
+        round: &Round,
+        writer: &mut report::ReportWriter,
+        trials: &mut Vec<TrialRow>,
+    ) -> Result<RunRow> {
+        let (job, bar) = (self.job, self.bar);
         let mut states = StateCounts {
             queued: round.n,
             ..Default::default()
@@ -96,8 +126,8 @@ pub fn run(job: &Job, opts: &FibOptions, out: &mut dyn Write) -> Result<PathBuf>
         // Trials with a progress row that could not be written: never recorded COMPLETE.
         let mut lost = crate::rounds::LostRows::default();
         // NVML samples the device at 20 Hz while the round runs (GPU only).
-        let sampler = run::telemetry(&r, 20.0);
-        let outcome = sched::run_round(round, &ctx, &mut |ev| {
+        let sampler = run::telemetry(self.r, 20.0);
+        let outcome = sched::run_round(round, self.ctx, &mut |ev| {
             let res = match ev {
                 Event::Started { .. } => {
                     states.queued -= 1;
@@ -139,22 +169,18 @@ pub fn run(job: &Job, opts: &FibOptions, out: &mut dyn Write) -> Result<PathBuf>
             return Err(e.into());
         }
         let telemetry = sampler.map(Sampler::stop).unwrap_or_default();
-        if cancel.draining() {
+        if self.ctx.cancel.draining() {
             bar.finish_and_clear();
             return Err(Error::Interrupted(format!(
-                "stopped during round {} (N={} {}); {} rounds recorded in {}",
-                round.index,
-                round.n,
-                round.split,
-                runs.len(),
-                dir.display()
+                "stopped during round {} (N={} {})",
+                round.index, round.n, round.split
             )));
         }
-        let row = rows::run_row(job, round, &outcome, &data, &r, &telemetry);
+        let row = rows::run_row(job, round, &outcome, self.data, self.r, &telemetry);
         writer.run(&row)?;
         let this_round: Vec<_> = trials
             .iter()
-            .filter(|t: &&crate::report::TrialRow| t.round == round.index)
+            .filter(|t| t.round == round.index)
             .cloned()
             .collect();
         if let Some(line) = counts_line(&this_round) {
@@ -165,35 +191,44 @@ pub fn run(job: &Job, opts: &FibOptions, out: &mut dyn Write) -> Result<PathBuf>
                 round.split
             );
         }
-        bar.println(format!(
-            "round {:>3}: N={:<3} {:<8} makespan {:>8.2} s  time/training {:>7.3} s  ok {}  failed {}",
-            round.index, round.n, round.split.name(), row.makespan_s, row.time_per_training_s, row.ok, row.failed
-        ));
-        if !opts.progress {
-            crate::note!(
-                "round {}/{}: N={} {} makespan {:.2} s, time per training {:.3} s, ok {}, failed {}",
-                round.index + 1,
-                rounds.len(),
-                round.n,
-                round.split,
-                row.makespan_s,
-                row.time_per_training_s,
-                row.ok,
-                row.failed
-            );
-        }
-        runs.push(row);
+        Ok(row)
     }
-    bar.finish_and_clear();
-    finish(&dir, &runs, &trials, out)?;
-    let ok: u32 = runs.iter().map(|r| r.ok).sum();
-    if ok == 0 && !runs.is_empty() {
-        return Err(Error::TrialsFailed(format!(
-            "every trial failed ({total} of {total}); trials.csv in {} gives each one's reason",
-            dir.display()
-        )));
+}
+
+/// The progress bar of a fib run (hidden when stderr is no terminal).
+fn progress_bar(total: u64, show: bool) -> ProgressBar {
+    let bar = if show {
+        ProgressBar::new(total)
+    } else {
+        ProgressBar::hidden()
+    };
+    bar.set_style(
+        ProgressStyle::with_template("{elapsed_precise} [{bar:30}] {pos}/{len} trials  {msg}")
+            .unwrap_or_else(|_| ProgressStyle::default_bar())
+            .progress_chars("=> "),
+    );
+    bar
+}
+
+/// A round's line: above the progress bar, and as a note when there is no bar.
+fn say_round(bar: &ProgressBar, round: &Round, row: &RunRow, rounds: usize, progress: bool) {
+    bar.println(format!(
+        "round {:>3}: N={:<3} {:<8} makespan {:>8.2} s  time/training {:>7.3} s  ok {}  failed {}",
+        round.index, round.n, round.split.name(), row.makespan_s, row.time_per_training_s, row.ok, row.failed
+    ));
+    if !progress {
+        crate::note!(
+            "round {}/{}: N={} {} makespan {:.2} s, time per training {:.3} s, ok {}, failed {}",
+            round.index + 1,
+            rounds,
+            round.n,
+            round.split,
+            row.makespan_s,
+            row.time_per_training_s,
+            row.ok,
+            row.failed
+        );
     }
-    Ok(dir)
 }
 
 /// An untimed warm-up round per in-process split mode before the timed rounds: each
