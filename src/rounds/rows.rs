@@ -140,6 +140,11 @@ impl CsvFile {
         Ok(CsvFile { path, w })
     }
 
+    /// The file written.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
     pub fn row<T: Serialize>(&mut self, row: &T) -> Result<()> {
         self.w
             .serialize(row)

@@ -40,6 +40,22 @@ pub struct ScanOptions {
     pub command: String,
 }
 
+impl ScanOptions {
+    /// Refuses options no scan can take (bad input, exit 2).
+    fn check(&self) -> Result<()> {
+        if self.start == 0 {
+            return Err(Error::Usage("--start must be at least 1".into()));
+        }
+        if !(self.seconds.is_finite() && self.seconds > 0.0) {
+            return Err(Error::Usage(format!(
+                "--seconds wants a positive number, not {}",
+                self.seconds
+            )));
+        }
+        Ok(())
+    }
+}
+
 impl Default for ScanOptions {
     fn default() -> Self {
         ScanOptions {
@@ -90,15 +106,7 @@ pub enum Stop {
 /// is the normal end.
 pub fn run(job: &Job, opts: &ScanOptions, out: &mut dyn Write) -> Result<PathBuf> {
     let model = job.model()?.clone();
-    if opts.start == 0 {
-        return Err(Error::Usage("--start must be at least 1".into()));
-    }
-    if !(opts.seconds.is_finite() && opts.seconds > 0.0) {
-        return Err(Error::Usage(format!(
-            "--seconds wants a positive number, not {}",
-            opts.seconds
-        )));
-    }
+    opts.check()?;
     // A signal stops the scan (exit 3): at once, inside a measurement, or before the next
     // batch size; the rows measured until then are in the CSV.
     let split = opts.split.unwrap_or(job.file.split);
@@ -115,38 +123,12 @@ pub fn run(job: &Job, opts: &ScanOptions, out: &mut dyn Write) -> Result<PathBuf
         ))
     })?;
     let data = run::load_data(job, opts.data_dir.as_deref())?;
-    let n_train = data.train.len();
     let h = job.hyper(0)?;
     let devices = r.device_for(&data)?;
-    let device = devices.device(slice.device)?;
     // The scanned slice's partition alone: the other slices of the plan stay idle.
     let parts = sched::partitions(split, std::slice::from_ref(&slice), &devices)
         .map_err(Error::NoDevice)?;
-    let part = sched::partition_of(&parts, &slice);
-    let open = || -> Result<Box<dyn Backend>> {
-        Ok(sched::open_backend(
-            device,
-            Arc::clone(&data),
-            &slice,
-            part.clone(),
-        )?)
-    };
-    let sizer = open()?;
-    let plan_bytes = |b: usize| -> Result<u64> {
-        let net = models::build(
-            &model,
-            data.shape,
-            data.classes,
-            b,
-            h.dropout as f32,
-            h.optimizer,
-            &|s| sizer.conv_workspace_len(s),
-        )
-        .map_err(|m| Error::Usage(format!("model: {m}")))?;
-        Ok(net.plan.bytes() as u64)
-    };
-    let cap = slice.mem_cap_bytes;
-    let cap_words = cap.map_or_else(
+    let cap_words = slice.mem_cap_bytes.map_or_else(
         || format!("no cap under split {split}"),
         |c| format!("cap {:.1} MiB", c as f64 / MIB),
     );
@@ -157,182 +139,262 @@ pub fn run(job: &Job, opts: &ScanOptions, out: &mut dyn Write) -> Result<PathBuf
             model.kind, data.name, slice.index, h.optimizer, h.lr, r.device
         ),
     )?;
-    let cfg = ParallelConfig {
-        trial: crate::train::TrialConfig {
-            model: model.clone(),
-            hyper: h.clone(),
-            epochs: 1,
-            seed: job.file.seed,
-            input: data.shape,
-            classes: data.classes,
-            fault: None,
-            engine: job.engine_options(),
-            max_steps: None,
-            warm_up: false,
-            cancel: cancel.clone(),
-            prune: None,
+    let mut scan = Scan {
+        device: devices.device(slice.device)?,
+        part: sched::partition_of(&parts, &slice),
+        cfg: ParallelConfig {
+            trial: crate::train::TrialConfig {
+                model,
+                hyper: h,
+                epochs: 1,
+                seed: job.file.seed,
+                input: data.shape,
+                classes: data.classes,
+                fault: None,
+                engine: job.engine_options(),
+                max_steps: None,
+                warm_up: false,
+                cancel: cancel.clone(),
+                prune: None,
+            },
+            shards: Vec::new(),
         },
-        shards: Vec::new(),
+        sizer: None,
+        data,
+        slice,
+        seconds: opts.seconds,
+        rows: Vec::new(),
     };
-    // Whether batch `b` fits: the static plan first, then a real allocation from the slice's
-    // pool (on a GPU the pool also holds the cuBLAS workspace and the epoch's order). `Err`
-    // carries the cap error's figures.
-    let fits = |b: usize| -> Result<std::result::Result<(), (f64, f64)>> {
-        let need = plan_bytes(b)?;
-        if let Some(c) = cap {
-            if need > c {
-                return Ok(Err((need as f64 / MIB, c as f64 / MIB)));
-            }
-        }
-        let mut be = open()?;
-        match plan_on(be.as_mut(), &model, data.shape, data.classes, b, &h) {
-            Ok(_) => Ok(Ok(())),
-            Err(TrialStop::Failed(Failure::CapExceeded { need_mib, cap_mib })) => {
-                Ok(Err((need_mib, cap_mib)))
-            }
-            Err(e) => Err(Error::Internal(format!("batch {b}: {e}"))),
-        }
-    };
+    scan.sizer = Some(scan.open()?);
     let dir = run::out_dir(opts.out.as_deref(), &format!("{}-batch-scan", job.name));
     let folder = OutFolder::lock_fresh(&dir, "batch-scan")?;
     folder.record_command(&opts.command, &r.device)?;
     let path = dir.join(SCAN_CSV);
     // Each row is written and fsynced as it is measured, in increasing batch order.
     let mut csv = CsvFile::create(path.clone())?;
-    let mut rows: Vec<ScanRow> = Vec::new();
-    let interrupted = |rows: &[ScanRow]| {
-        Error::Interrupted(format!(
-            "batch scan stopped by a signal; the {} batch size(s) measured are in {}",
-            rows.len(),
-            path.display()
-        ))
-    };
-    let time =
-        |b: usize, rows: &mut Vec<ScanRow>, csv: &mut CsvFile, out: &mut dyn Write| -> Result<()> {
-            if cancel.draining() {
-                return Err(interrupted(rows));
-            }
-            let mut be = open()?;
-            let speed = match probe::measure(be.as_mut(), &cfg, b, opts.seconds) {
-                Ok(s) => s,
-                Err(TrialStop::Interrupted) => return Err(interrupted(rows)),
-                Err(e) => return Err(e.into_error(&format!("batch {b}"))),
-            };
-            let row = ScanRow {
-                batch: b,
-                arena_mib: plan_bytes(b)? as f64 / MIB,
-                mem_cap_mib: cap.map(|c| c as f64 / MIB),
-                fits: true,
-                steps: Some(speed.steps),
-                seconds: Some(speed.seconds),
-                samples_per_s: Some(speed.samples_per_s),
-            };
-            csv.row(&row)?;
-            say(
-                out,
-                format!(
-                    "batch {:>7}  arena {:>9.1} MiB  {:>4} steps  {:>10.0} samples/s",
-                    b, row.arena_mib, speed.steps, speed.samples_per_s
-                ),
-            )?;
-            rows.push(row);
-            Ok(())
-        };
-    let mut b = opts.start;
-    let mut last_ok: Option<usize> = None;
-    let stop = loop {
-        if let Some(m) = opts.max_batch {
-            if b > m {
-                break Stop::MaxBatch(m);
-            }
-        }
-        if b > n_train {
-            break Stop::Data { samples: n_train };
-        }
-        if let Err((need_mib, cap_mib)) = fits(b)? {
-            break Stop::Cap {
-                batch: b,
-                need_mib,
-                cap_mib,
-            };
-        }
-        time(b, &mut rows, &mut csv, out)?;
-        last_ok = Some(b);
-        b = b.saturating_mul(2);
-    };
-    let largest = match (&stop, last_ok) {
-        (Stop::Cap { batch, .. }, Some(ok)) => {
-            Some(largest_fitting::<Error>(ok, *batch, &mut |m| {
-                Ok(fits(m)?.is_ok())
-            })?)
-        }
-        (Stop::Data { samples }, Some(ok)) if ok < *samples => {
-            if fits(*samples)?.is_ok() {
-                Some(*samples)
-            } else {
-                Some(largest_fitting::<Error>(ok, *samples, &mut |m| {
-                    Ok(fits(m)?.is_ok())
-                })?)
-            }
-        }
-        (Stop::Cap { batch, .. }, None) if *batch > 1 => {
-            Some(largest_fitting::<Error>(0, *batch, &mut |m| {
-                Ok(fits(m)?.is_ok())
-            })?)
-            .filter(|&l| l > 0)
-        }
-        (_, ok) => ok,
-    };
-    if cancel.draining() {
-        return Err(interrupted(&rows));
-    }
-    if let Some(l) = largest {
-        if last_ok != Some(l) {
-            time(l, &mut rows, &mut csv, out)?;
-        }
-    }
-    if let Stop::Cap {
-        batch, need_mib, ..
-    } = &stop
-    {
-        let row = ScanRow {
-            batch: *batch,
-            arena_mib: *need_mib,
-            mem_cap_mib: cap.map(|c| c as f64 / MIB),
-            fits: false,
-            ..Default::default()
-        };
-        csv.row(&row)?;
-        rows.push(row);
-    }
-    let best = rows
-        .iter()
-        .filter_map(|r| r.samples_per_s.map(|s| (r.batch, s)))
-        .max_by(|a, b| a.1.total_cmp(&b.1));
-    let largest_words = match largest {
-        Some(l) => format!("largest batch that fits: {l}"),
-        None => "no batch fits".to_string(),
-    };
-    let verdict = match &stop {
-        Stop::Cap {
-            batch,
-            need_mib,
-            cap_mib,
-        } => format!(
-            "batch {batch} does not fit: needs {need_mib:.1} MiB, slice cap {cap_mib:.1} MiB; {largest_words}"
-        ),
-        Stop::Data { samples } => format!(
-            "stopped at the {samples} training samples of {} (the cap was not reached); {largest_words}",
-            data.name
-        ),
-        Stop::MaxBatch(m) => format!("stopped at --max-batch {m}; {largest_words}"),
-    };
-    say(out, verdict)?;
-    if let Some((b, s)) = best {
+    let (stop, largest) = scan.walk(opts, &mut csv, out)?;
+    say(out, scan.verdict(&stop, largest))?;
+    if let Some((b, s)) = scan.fastest() {
         say(out, format!("fastest: batch {b}, {s:.0} samples/s"))?;
     }
     say(out, format!("wrote {}", path.display()))?;
     Ok(dir)
+}
+
+/// One batch scan: the slice it runs on, and the rows measured so far.
+struct Scan<'a> {
+    device: &'a sched::Device,
+    part: Option<Arc<crate::engine::cuda::GreenPartition>>,
+    cfg: ParallelConfig,
+    /// A backend on the slice that sizes convolution workspaces for the plans.
+    sizer: Option<Box<dyn Backend>>,
+    data: Arc<crate::data::Dataset>,
+    slice: plan::SliceSpec,
+    seconds: f64,
+    rows: Vec<ScanRow>,
+}
+
+impl Scan<'_> {
+    /// A fresh backend on the scanned slice.
+    fn open(&self) -> Result<Box<dyn Backend>> {
+        Ok(sched::open_backend(
+            self.device,
+            Arc::clone(&self.data),
+            &self.slice,
+            self.part.clone(),
+        )?)
+    }
+
+    fn cap(&self) -> Option<u64> {
+        self.slice.mem_cap_bytes
+    }
+
+    /// The bytes of the static memory plan at batch `b`.
+    fn plan_bytes(&self, b: usize) -> Result<u64> {
+        let t = &self.cfg.trial;
+        let sizer = self.sizer.as_deref();
+        let net = models::build(
+            &t.model,
+            self.data.shape,
+            self.data.classes,
+            b,
+            t.hyper.dropout as f32,
+            t.hyper.optimizer,
+            &|s| sizer.map_or(0, |be| be.conv_workspace_len(s)),
+        )
+        .map_err(|m| Error::Usage(format!("model: {m}")))?;
+        Ok(net.plan.bytes() as u64)
+    }
+
+    /// Whether batch `b` fits: the static plan first, then a real allocation from the slice's
+    /// pool (on a GPU the pool also holds the cuBLAS workspace and the epoch's order). `Err`
+    /// carries the cap error's figures.
+    fn fits(&self, b: usize) -> Result<std::result::Result<(), (f64, f64)>> {
+        let need = self.plan_bytes(b)?;
+        if let Some(c) = self.cap() {
+            if need > c {
+                return Ok(Err((need as f64 / MIB, c as f64 / MIB)));
+            }
+        }
+        let mut be = self.open()?;
+        let t = &self.cfg.trial;
+        match plan_on(be.as_mut(), &t.model, t.input, t.classes, b, &t.hyper) {
+            Ok(_) => Ok(Ok(())),
+            Err(TrialStop::Failed(Failure::CapExceeded { need_mib, cap_mib })) => {
+                Ok(Err((need_mib, cap_mib)))
+            }
+            Err(e) => Err(Error::Internal(format!("batch {b}: {e}"))),
+        }
+    }
+
+    fn interrupted(&self, csv: &CsvFile) -> Error {
+        Error::Interrupted(format!(
+            "batch scan stopped by a signal; the {} batch size(s) measured are in {}",
+            self.rows.len(),
+            csv.path().display()
+        ))
+    }
+
+    /// Measures batch `b` and writes its row.
+    fn time(&mut self, b: usize, csv: &mut CsvFile, out: &mut dyn Write) -> Result<()> {
+        if self.cfg.trial.cancel.draining() {
+            return Err(self.interrupted(csv));
+        }
+        let mut be = self.open()?;
+        let speed = match probe::measure(be.as_mut(), &self.cfg, b, self.seconds) {
+            Ok(s) => s,
+            Err(TrialStop::Interrupted) => return Err(self.interrupted(csv)),
+            Err(e) => return Err(e.into_error(&format!("batch {b}"))),
+        };
+        let row = ScanRow {
+            batch: b,
+            arena_mib: self.plan_bytes(b)? as f64 / MIB,
+            mem_cap_mib: self.cap().map(|c| c as f64 / MIB),
+            fits: true,
+            steps: Some(speed.steps),
+            seconds: Some(speed.seconds),
+            samples_per_s: Some(speed.samples_per_s),
+        };
+        csv.row(&row)?;
+        say(
+            out,
+            format!(
+                "batch {:>7}  arena {:>9.1} MiB  {:>4} steps  {:>10.0} samples/s",
+                b, row.arena_mib, speed.steps, speed.samples_per_s
+            ),
+        )?;
+        self.rows.push(row);
+        Ok(())
+    }
+
+    /// Doubles the batch from `--start` until it no longer fits (or meets the data or
+    /// `--max-batch`), measuring each; then measures the largest batch that fits. Returns why
+    /// it stopped, and that largest batch.
+    fn walk(
+        &mut self,
+        opts: &ScanOptions,
+        csv: &mut CsvFile,
+        out: &mut dyn Write,
+    ) -> Result<(Stop, Option<usize>)> {
+        let n_train = self.data.train.len();
+        let mut b = opts.start;
+        let mut last_ok: Option<usize> = None;
+        let stop = loop {
+            if let Some(m) = opts.max_batch {
+                if b > m {
+                    break Stop::MaxBatch(m);
+                }
+            }
+            if b > n_train {
+                break Stop::Data { samples: n_train };
+            }
+            if let Err((need_mib, cap_mib)) = self.fits(b)? {
+                break Stop::Cap {
+                    batch: b,
+                    need_mib,
+                    cap_mib,
+                };
+            }
+            self.time(b, csv, out)?;
+            last_ok = Some(b);
+            b = b.saturating_mul(2);
+        };
+        let largest = self.largest(&stop, last_ok)?;
+        if self.cfg.trial.cancel.draining() {
+            return Err(self.interrupted(csv));
+        }
+        if let Some(l) = largest {
+            if last_ok != Some(l) {
+                self.time(l, csv, out)?;
+            }
+        }
+        if let Stop::Cap {
+            batch, need_mib, ..
+        } = &stop
+        {
+            let row = ScanRow {
+                batch: *batch,
+                arena_mib: *need_mib,
+                mem_cap_mib: self.cap().map(|c| c as f64 / MIB),
+                fits: false,
+                ..Default::default()
+            };
+            csv.row(&row)?;
+            self.rows.push(row);
+        }
+        Ok((stop, largest))
+    }
+
+    /// The largest batch that fits, searched between the last that fit and the one that did not.
+    fn largest(&self, stop: &Stop, last_ok: Option<usize>) -> Result<Option<usize>> {
+        let mut fits = |m: usize| Ok(self.fits(m)?.is_ok());
+        Ok(match (stop, last_ok) {
+            (Stop::Cap { batch, .. }, Some(ok)) => {
+                Some(largest_fitting::<Error>(ok, *batch, &mut fits)?)
+            }
+            (Stop::Data { samples }, Some(ok)) if ok < *samples => {
+                if self.fits(*samples)?.is_ok() {
+                    Some(*samples)
+                } else {
+                    Some(largest_fitting::<Error>(ok, *samples, &mut fits)?)
+                }
+            }
+            (Stop::Cap { batch, .. }, None) if *batch > 1 => {
+                Some(largest_fitting::<Error>(0, *batch, &mut fits)?).filter(|&l| l > 0)
+            }
+            (_, ok) => ok,
+        })
+    }
+
+    /// The batch measured fastest, and its samples/s.
+    fn fastest(&self) -> Option<(usize, f64)> {
+        self.rows
+            .iter()
+            .filter_map(|r| r.samples_per_s.map(|s| (r.batch, s)))
+            .max_by(|a, b| a.1.total_cmp(&b.1))
+    }
+
+    /// Why the scan stopped, and the largest batch that fits, in words.
+    fn verdict(&self, stop: &Stop, largest: Option<usize>) -> String {
+        let largest_words = match largest {
+            Some(l) => format!("largest batch that fits: {l}"),
+            None => "no batch fits".to_string(),
+        };
+        match stop {
+            Stop::Cap {
+                batch,
+                need_mib,
+                cap_mib,
+            } => format!(
+                "batch {batch} does not fit: needs {need_mib:.1} MiB, slice cap {cap_mib:.1} MiB; {largest_words}"
+            ),
+            Stop::Data { samples } => format!(
+                "stopped at the {samples} training samples of {} (the cap was not reached); {largest_words}",
+                self.data.name
+            ),
+            Stop::MaxBatch(m) => format!("stopped at --max-batch {m}; {largest_words}"),
+        }
+    }
 }
 
 #[cfg(test)]
