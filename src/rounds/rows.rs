@@ -163,4 +163,3 @@ fn csv_error(path: &Path, source: csv::Error) -> Error {
         source,
     })
 }
-

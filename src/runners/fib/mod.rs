@@ -75,14 +75,16 @@ pub fn run(job: &Job, opts: &FibOptions, out: &mut dyn Write) -> Result<PathBuf>
             r: &r,
             bar: &bar,
         };
-        let row = at.round(round, &mut writer, &mut trials).map_err(|e| match e {
-            Error::Interrupted(what) => Error::Interrupted(format!(
-                "{what}; {} rounds recorded in {}",
-                runs.len(),
-                dir.display()
-            )),
-            other => other,
-        })?;
+        let row = at
+            .round(round, &mut writer, &mut trials)
+            .map_err(|e| match e {
+                Error::Interrupted(what) => Error::Interrupted(format!(
+                    "{what}; {} rounds recorded in {}",
+                    runs.len(),
+                    dir.display()
+                )),
+                other => other,
+            })?;
         say_round(&bar, round, &row, rounds.len(), opts.progress);
         runs.push(row);
     }
@@ -214,7 +216,13 @@ fn progress_bar(total: u64, show: bool) -> ProgressBar {
 fn say_round(bar: &ProgressBar, round: &Round, row: &RunRow, rounds: usize, progress: bool) {
     bar.println(format!(
         "round {:>3}: N={:<3} {:<8} makespan {:>8.2} s  time/training {:>7.3} s  ok {}  failed {}",
-        round.index, round.n, round.split.name(), row.makespan_s, row.time_per_training_s, row.ok, row.failed
+        round.index,
+        round.n,
+        round.split.name(),
+        row.makespan_s,
+        row.time_per_training_s,
+        row.ok,
+        row.failed
     ));
     if !progress {
         crate::note!(

@@ -241,80 +241,24 @@ pub fn run(job: &Job, opts: &ParallelOptions, out: &mut dyn Write) -> Result<Pat
     let r = run::backend(job)?;
     check_here(split, Work::Threads("parallel"), &r)?;
     let slices = plan::slices(job, k, split, &r.budgets)?;
-    let ratios = job
-        .file
-        .parallel
-        .as_ref()
-        .and_then(|p| p.ratios.clone())
-        .unwrap_or(BatchRatios::Even);
-    say(
-        out,
-        format!(
-            "slice plan: {k} slice{}, split {split}, on {}",
-            if k == 1 { "" } else { "s" },
-            r.device
-        ),
-    )?;
-    for line in slice_table(&slices) {
-        say(out, line)?;
-    }
-    for note in sm_notes(job, split, r.kind, &slices) {
-        say(out, note)?;
-    }
+    let ratios = ratios_of(job);
+    say_plan(out, job, split, &r, &slices)?;
     let h = job.hyper(0)?;
     let global = h.batch_size as usize;
     let data = run::load_data(job, opts.data_dir.as_deref())?;
-    if global > data.train.len() {
-        return Err(job
-            .invalid(
-                "train.batch_size",
-                format!(
-                    "the global batch of {global} is larger than the {} training samples of {}",
-                    data.train.len(),
-                    data.name
-                ),
-            )
-            .into());
-    }
-    let fixed = match &ratios {
-        BatchRatios::Even => Some(plan::shares(global, &vec![1.0; k as usize], false)),
-        BatchRatios::Weights(w) => {
-            let shards = plan::shares(global, w, false);
-            if let Some(i) = shards.iter().position(|&n| n == 0) {
-                return Err(job
-                    .invalid(
-                        "parallel.ratios",
-                        format!("give slice {i} no rows of the global batch of {global}: raise its ratio or the batch"),
-                    )
-                    .into());
-            }
-            Some(shards)
-        }
-        BatchRatios::Auto => None,
-    };
-    let ratio_words = match &ratios {
-        BatchRatios::Even => "even".to_string(),
-        BatchRatios::Auto => "auto".to_string(),
-        BatchRatios::Weights(w) => w
-            .iter()
-            .map(|x| x.to_string())
-            .collect::<Vec<_>>()
-            .join(":"),
-    };
+    let fixed = fixed_shards(job, &ratios, global, k, &data)?;
+    let ratio_words = words_of(&ratios);
     let spec = plan::trials(job, 1)?
         .pop()
         .ok_or_else(|| Error::Internal("no trial".into()))?;
     if opts.dry_run {
         let shards = fixed
             .as_ref()
-            .map(joined)
-            .unwrap_or_else(|| "measured at run time (ratios: auto)".into());
+            .map_or_else(|| "measured at run time (ratios: auto)".into(), joined);
+        let what = format!("{} on {}: global batch {global}", model.kind, data.name);
         say(
             out,
-            format!(
-                "{} on {}: global batch {global}, ratios {ratio_words}, shards {shards}; dry run, nothing trained",
-                model.kind, data.name
-            ),
+            format!("{what}, ratios {ratio_words}, shards {shards}; dry run, nothing trained"),
         )?;
         return Ok(PathBuf::new());
     }
@@ -358,9 +302,111 @@ pub fn run(job: &Job, opts: &ParallelOptions, out: &mut dyn Write) -> Result<Pat
         ),
     )?;
     let backends = open_all(&devices, &data, &slices, &parts)?;
+    let outcome = train_recording(backends, &cfg, split, &dir, out)?;
+    let row = summary_row(job, &data, &r, split, &cfg, &ratio_words, &outcome);
+    let mut summary = CsvFile::create(dir.join(PARALLEL_CSV))?;
+    summary.row(&row)?;
+    say_done(out, &row, &outcome)?;
+    say(out, format!("results: {}", dir.display()))?;
+    Ok(dir)
+}
+
+/// The slice plan, as the run starts: one line per slice, and notes on SM partitions.
+fn say_plan(
+    out: &mut dyn Write,
+    job: &Job,
+    split: SplitMode,
+    r: &run::Resolved,
+    slices: &[plan::SliceSpec],
+) -> Result<()> {
+    let k = slices.len();
+    say(
+        out,
+        format!(
+            "slice plan: {k} slice{}, split {split}, on {}",
+            if k == 1 { "" } else { "s" },
+            r.device
+        ),
+    )?;
+    for line in slice_table(slices) {
+        say(out, line)?;
+    }
+    for note in sm_notes(job, split, r.kind, slices) {
+        say(out, note)?;
+    }
+    Ok(())
+}
+
+/// The shards of the global batch that `ratios` fixes before the run (`None` for `auto`, which
+/// measures them); refused: a global batch larger than the data, a slice given no rows.
+fn fixed_shards(
+    job: &Job,
+    ratios: &BatchRatios,
+    global: usize,
+    k: u32,
+    data: &Dataset,
+) -> Result<Option<Vec<usize>>> {
+    if global > data.train.len() {
+        return Err(job
+            .invalid(
+                "train.batch_size",
+                format!(
+                    "the global batch of {global} is larger than the {} training samples of {}",
+                    data.train.len(),
+                    data.name
+                ),
+            )
+            .into());
+    }
+    Ok(match ratios {
+        BatchRatios::Even => Some(plan::shares(global, &vec![1.0; k as usize], false)),
+        BatchRatios::Weights(w) => {
+            let shards = plan::shares(global, w, false);
+            if let Some(i) = shards.iter().position(|&n| n == 0) {
+                return Err(job
+                    .invalid(
+                        "parallel.ratios",
+                        format!("give slice {i} no rows of the global batch of {global}: raise its ratio or the batch"),
+                    )
+                    .into());
+            }
+            Some(shards)
+        }
+        BatchRatios::Auto => None,
+    })
+}
+
+/// The job's `parallel.ratios` (even when it gives none).
+fn ratios_of(job: &Job) -> BatchRatios {
+    let given = job.file.parallel.as_ref().and_then(|p| p.ratios.clone());
+    given.unwrap_or(BatchRatios::Even)
+}
+
+/// The ratios in words: `even`, `auto`, or the weights joined by `:`.
+fn words_of(ratios: &BatchRatios) -> String {
+    match ratios {
+        BatchRatios::Even => "even".to_string(),
+        BatchRatios::Auto => "auto".to_string(),
+        BatchRatios::Weights(w) => w
+            .iter()
+            .map(|x| x.to_string())
+            .collect::<Vec<_>>()
+            .join(":"),
+    }
+}
+
+/// Trains on `backends`, printing each epoch and writing its rows to `progress.csv` in `dir`.
+fn train_recording(
+    backends: Vec<(u32, Box<dyn crate::engine::Backend>)>,
+    cfg: &ParallelConfig,
+    split: SplitMode,
+    dir: &Path,
+    out: &mut dyn Write,
+) -> Result<ParallelOutcome> {
+    let k = cfg.shards.len() as u32;
     let mut progress = CsvFile::create(dir.join(PROGRESS_CSV))?;
     let mut write_err = None;
-    let outcome = train(backends, &cfg, &mut |e: &ParallelEpoch| {
+    let outcome = train(backends, cfg, &mut |e: &ParallelEpoch| {
         let s = &e.stats;
         let _ = writeln!(
             out,
@@ -376,12 +422,14 @@ pub fn run(job: &Job, opts: &ParallelOptions, out: &mut dyn Write) -> Result<Pat
         }
     })
     .map_err(trial_error)?;
-    if let Some(e) = write_err {
-        return Err(e);
+    match write_err {
+        Some(e) => Err(e),
+        None => Ok(outcome),
     }
-    let row = summary_row(job, &data, &r, split, &cfg, &ratio_words, &outcome);
-    let mut summary = CsvFile::create(dir.join(PARALLEL_CSV))?;
-    summary.row(&row)?;
+}
+
+/// The last line of a parallel run.
+fn say_done(out: &mut dyn Write, row: &ParallelRow, outcome: &ParallelOutcome) -> Result<()> {
     say(
         out,
         format!(
@@ -397,9 +445,7 @@ pub fn run(job: &Job, opts: &ParallelOptions, out: &mut dyn Write) -> Result<Pat
                 format!("no (max |Δ| {:e})", outcome.replica_spread)
             }
         ),
-    )?;
-    say(out, format!("results: {}", dir.display()))?;
-    Ok(dir)
+    )
 }
 
 /// `ratios: auto`: each slice trains alone for a moment on the even shard size; the batch is
