@@ -9,6 +9,7 @@ mod one_per_epoch;
 mod recorder;
 mod resume;
 pub mod same_failure;
+mod setup;
 pub mod shards;
 
 use std::collections::{BTreeMap, HashSet};
@@ -27,18 +28,18 @@ use crate::job::{Concurrency, Goal, Job, SplitMode};
 use crate::plan::{self, Round, TrialSpec};
 use crate::report::{self, TrialRow};
 use crate::rounds::{builtin_context, counts_line, progress_row, say, trial_row};
-use crate::run::split_policy::{check_here, check_use, Work};
-use crate::run::{self, OutFolder, Resolved};
+use crate::run::split_policy::check_here;
+use crate::run::{self, Resolved};
 use crate::sched::external::ExternalEnv;
 use crate::sched::{self, Device, Devices, Event, ExternalTrials, RoundContext};
-use crate::space::{Method, ParamValue};
-use dry_run::{dry_run, slurm_line};
+use crate::space::ParamValue;
 pub use dry_run::{DRY_RUN_LISTED, SLURM_SHARDS};
 pub use identity::{trial_key, Shard};
 use recorder::Recorder;
 pub use recorder::PROGRESS_SYNC;
-use resume::{keep_complete_progress, scan_progress, Held};
+use resume::Taken;
 use same_failure::{SameFailures, Seen, Stopped};
+use setup::Sweep;
 
 /// Options of `gpumux sweep` beyond the job.
 #[derive(Clone, Debug)]
@@ -191,317 +192,141 @@ fn write_best(dir: &Path, job: &Job, row: &TrialRow) -> Result<PathBuf> {
 
 /// `gpumux sweep`: runs the trials of this shard that are not COMPLETE yet.
 pub fn run(job: &Job, opts: &SweepOptions, out: &mut dyn Write) -> Result<PathBuf> {
-    crate::sched::external::check_job(job)?;
-    let is_bayes = job.space.method == Method::Bayes;
-    // A bayes sweep's trials are proposed as it runs: none is built in advance.
-    let all = if is_bayes {
-        plan::sweep_count(job)?;
-        Vec::new()
-    } else {
-        sweep_trials(job)?
-    };
-    let mine: Vec<TrialSpec> = match opts.shard {
-        Some(s) => all.iter().filter(|t| s.contains(&t.id)).cloned().collect(),
-        None => all.clone(),
-    };
-    let dir = match (&opts.out, opts.shard) {
-        (Some(out), _) => out.clone(),
-        (None, Some(s)) => run::out_dir(None, &format!("{}-sweep", job.name))
-            .join(format!("shard-{}-of-{}", s.index, s.count)),
-        (None, None) => run::out_dir(None, &format!("{}-sweep", job.name)),
-    };
-    // A writing run holds the folder's lock from before it reads what is there to its end.
-    let lock = if opts.dry_run {
-        None
-    } else {
-        Some(OutFolder::lock(&dir)?)
-    };
+    let sweep = Sweep::plan(job, opts)?;
     // A signal stops the reading of what is there at once (nothing has started yet), and the
     // rewrites of results files once the trials' grace is over.
     let cancel = run::cancel_on_signals(opts.grace);
-    let reading = report::Interrupt::OnDrain(cancel.clone());
-    // Every results file there is read through first (progress.csv row by row): one that
-    // cannot be read is refused (exit 2) and left as it is, with or without --resume; a cut
-    // last line is dropped.
-    let held = Held::read(&dir)?;
-    // The trials' own folders go under `trials/`: never through a link planted there.
-    let trials_dir = dir.join("trials");
-    if std::fs::symlink_metadata(&trials_dir).is_ok_and(|m| !m.is_dir()) {
-        return Err(Error::Usage(format!(
-            "{} is a link or a file, not a folder: the trials' folders are made inside the output folder only; move it away",
-            trials_dir.display()
-        )));
-    }
-    // Nor through a link planted in its place of a trial's folder.
-    if let Ok(entries) = std::fs::read_dir(&trials_dir) {
-        for entry in entries.flatten() {
-            if entry.file_type().is_ok_and(|t| t.is_symlink()) {
-                return Err(Error::Usage(format!(
-                    "{} is a link: the trials' folders are made inside the output folder only; move it away",
-                    entry.path().display()
-                )));
-            }
-        }
-    }
-    let had_rows = held.has_rows();
-    let previous = if opts.resume { held.trials } else { Vec::new() };
     // Early termination resumes where it was: the rungs of the trials done.
     let pruner = hyperband::Pruner::of(job).map(Arc::new);
-    let restoring = pruner.as_deref().filter(|_| opts.resume);
-    let scan = scan_progress(&dir, &previous, restoring, &reading)?;
-    if (had_rows || scan.rows > 0) && !opts.resume && !opts.dry_run {
-        return Err(Error::Usage(format!(
-            "{} already holds sweep results: add --resume to finish them, or choose another --out",
-            dir.display()
-        )));
-    }
-    if scan.restored > 0 {
-        tracing::info!(
-            "early termination: {} rung values restored from the trials done",
-            scan.restored
-        );
-    }
-    let resumed = if opts.resume && !opts.dry_run {
-        keep_complete_progress(&dir, &scan.epochs, &reading)?;
-        // Drops a cut last line, so that the next row starts on a line of its own.
-        let mut writer = report::ReportWriter::append(&dir)?;
-        writer.interrupted_by(&report::Interrupt::OnAbort(cancel.clone()));
-        Some(writer)
-    } else {
-        None
-    };
-    drop(scan);
-    let done: HashSet<&str> = previous
-        .iter()
-        .filter(|r| r.done())
-        .map(|r| r.trial_id.as_str())
-        .collect();
-    let mut proposer = is_bayes.then(|| bayes::Proposer::new(job, opts.shard, &previous));
-    let todo: Vec<TrialSpec> = match &proposer {
-        // What a dry run lists of a bayes sweep: its random startup trials.
-        Some(p) if opts.dry_run => p.startup_trials()?,
-        Some(_) => Vec::new(),
-        None => mine
-            .iter()
-            .filter(|t| !done.contains(t.id.as_str()))
-            .cloned()
-            .collect(),
-    };
-    let split = opts.split.unwrap_or(job.file.split);
-    let work = match job.file.command {
-        Some(_) => Work::Commands,
-        None => Work::BuiltinTrials,
-    };
-    check_use(split, work)?;
-    let concurrency = opts.concurrency.unwrap_or(job.file.concurrency);
-    // Refused before anything is opened or loaded (a GPU, the dataset), and in a dry run too.
-    if let Concurrency::Auto(_) = concurrency {
-        if is_bayes {
-            return Err(job
-                .invalid(
-                    "concurrency",
-                    "auto is not available with method: bayes (its trials are proposed as it runs); give a number",
-                )
-                .into());
-        }
-        if job.file.command.is_some() {
-            return Err(job
-                .invalid(
-                    "concurrency",
-                    "auto probes built-in models only; give a number for an external command",
-                )
-                .into());
-        }
-    }
-    let shard_note = opts
-        .shard
-        .map(|s| format!(", shard {s}"))
-        .unwrap_or_default();
-    // What is there already, by state: a PRUNED trial is done, and said so apart.
+    let Taken {
+        lock,
+        previous,
+        resumed,
+    } = Taken::take(&sweep.dir, opts, &cancel, pruner.as_deref())?;
+    let mut proposer = sweep
+        .is_bayes
+        .then(|| bayes::Proposer::new(job, opts.shard, &previous));
+    let todo = sweep.todo(&previous, proposer.as_ref())?;
     let held_latest = latest_rows(&previous);
-    match &proposer {
-        Some(p) => {
-            let n = |state: &str| p.before.get(state).copied().unwrap_or(0);
-            say(out, format!(
-                "sweep {}: bayes, {} trials{shard_note}: {}, {} to propose; split {split}; metric {} ({:?})",
-                job.name,
-                p.planned,
-                already(n("COMPLETE"), n(report::PRUNED), n("FAIL"), pruner.is_some()),
-                p.left,
-                job.file.metric.name,
-                job.file.metric.goal
-            ))?;
-            if p.ignored > 0 {
-                say(out, format!(
-                    "note: {} rows of trials.csv are not this job's (another command, data, space, seed or epochs): they are kept, and ignored",
-                    p.ignored
-                ))?;
-            }
-        }
-        None => {
-            let ids: HashSet<&str> = mine.iter().map(|t| t.id.as_str()).collect();
-            let held: Vec<&TrialRow> = held_latest
-                .iter()
-                .filter(|r| ids.contains(r.trial_id.as_str()))
-                .collect();
-            let count_of = |state: &str| held.iter().filter(|r| r.state == state).count();
-            say(out, format!(
-                "sweep {}: {} trials in the space{shard_note}: {} here, {}, {} to run; split {split}; metric {} ({:?})",
-                job.name,
-                all.len(),
-                mine.len(),
-                already(
-                    count_of("COMPLETE"),
-                    count_of(report::PRUNED),
-                    0,
-                    pruner.is_some()
-                ),
-                todo.len(),
-                job.file.metric.name,
-                job.file.metric.goal
-            ))?;
-        }
-    }
+    let pruning = pruner.is_some();
+    sweep.say_opening(out, todo.len(), &held_latest, proposer.as_ref(), pruning)?;
     if opts.dry_run {
-        if let Some(p) = &pruner {
-            say(out, p.describe())?;
-        }
-        if let Some(p) = &proposer {
-            say(out, bayes::plan_line(p))?;
-        }
-        dry_run(job, &todo, split, concurrency, &dir, out)?;
-        if opts.shard.is_none() {
-            // Every trial of the job, done or not: the array's shape is the whole sweep's.
-            let count = proposer.as_ref().map_or(mine.len(), |p| p.planned as usize);
-            say(out, slurm_line(job, concurrency, count))?;
-        }
-        return Ok(dir);
+        sweep.say_dry_run(&todo, pruner.as_deref(), proposer.as_ref(), out)?;
+        return Ok(sweep.dir);
     }
     let resolved = run::backend(job)?;
-    check_here(split, work, &resolved)?;
+    check_here(sweep.split, sweep.work, &resolved)?;
     // The command line and device next to the results, as every command writes them (a resume
     // records its own).
     if let Some(folder) = &lock {
         folder.record_command(&run::command_line(), &resolved.device)?;
     }
-    let mut writer = match resumed {
-        Some(w) => w,
+    let mut writer = Taken::writer(resumed, &sweep.dir, &cancel)?;
+    let to_run = proposer.as_ref().map_or(todo.len(), |p| p.left as usize);
+    let reached = sweep.target_reached(&held_latest, proposer.as_ref());
+    let (ran, stopped) = match reached.filter(|_| to_run > 0) {
+        Some(id) => {
+            let words = format!("trial {id} already reached metric.target: no trial is started");
+            say(out, words)?;
+            (Vec::new(), None)
+        }
         None => {
-            let mut w = report::ReportWriter::create(&dir)?;
-            w.interrupted_by(&report::Interrupt::OnAbort(cancel.clone()));
-            w
+            let trials = Trials {
+                sweep: &sweep,
+                resolved: &resolved,
+                cancel: &cancel,
+            };
+            let ends = (proposer.as_mut(), &mut writer);
+            trials.run(&todo, to_run, pruner, ends, out)?
         }
     };
-    let mut rows = previous.clone();
-    let mut stopped = None;
-    let mut to_run = proposer.as_ref().map_or(todo.len(), |p| p.left as usize);
-    // Only this job's own rows can have reached its target (not another job's in the folder).
-    let own: HashSet<&str> = match &proposer {
-        Some(p) => p.ids.iter().map(String::as_str).collect(),
-        None => mine.iter().map(|t| t.id.as_str()).collect(),
-    };
-    let held_refs: Vec<&TrialRow> = held_latest
-        .iter()
-        .filter(|r| own.contains(r.trial_id.as_str()))
-        .collect();
-    if to_run > 0 {
-        if let Some(r) = target_reached(job, &held_refs) {
-            say(
-                out,
-                format!(
-                    "trial {} already reached metric.target: no trial is started",
-                    r.trial_id
-                ),
-            )?;
-            to_run = 0;
+    let mut rows = previous;
+    rows.extend(ran);
+    let (ids, planned) = sweep.ids_planned(proposer.as_ref());
+    let stopped = stopped.as_ref();
+    finish(job, &sweep.dir, &ids, planned, &rows, &cancel, stopped, out)?;
+    Ok(sweep.dir)
+}
+
+/// What running a sweep's trials needs, once its folder is read and its device open.
+struct Trials<'a> {
+    sweep: &'a Sweep<'a>,
+    resolved: &'a Resolved,
+    cancel: &'a Cancel,
+}
+
+impl Trials<'_> {
+    /// Runs up to `to_run` trials (`todo`, or those the proposer proposes), `concurrency` at a
+    /// time (`auto`: the probe picks it), their rows written by the writer; returns the rows
+    /// and why the sweep stopped early, if it did.
+    fn run(
+        &self,
+        todo: &[TrialSpec],
+        to_run: usize,
+        pruner: Option<Arc<hyperband::Pruner>>,
+        (proposer, writer): (Option<&mut bayes::Proposer>, &mut report::ReportWriter),
+        out: &mut dyn Write,
+    ) -> Result<(Vec<TrialRow>, Option<Stopped>)> {
+        let (job, opts, split) = (self.sweep.job, self.sweep.opts, self.sweep.split);
+        if to_run == 0 {
+            return Ok((Vec::new(), None));
         }
-    }
-    if to_run > 0 {
-        let mut ctx = context(job, opts, &resolved, &cancel, &dir)?;
-        let n = match concurrency {
-            Concurrency::Fixed(n) => Some(n),
+        let mut ctx = context(job, opts, self.resolved, self.cancel, &self.sweep.dir)?;
+        let n = match self.sweep.concurrency {
+            Concurrency::Fixed(n) => n,
             // Under fused the probe times fused rounds: the N it picks is the number of
             // trials that train at once, in groups over the fused slices.
             Concurrency::Auto(_) => {
-                match concurrency_probe::choose(job, &todo, &ctx, &resolved, split, out) {
-                    Ok(n) => Some(n),
-                    // A signal during the probe: no trial ran; the end below says so (exit 3).
+                match concurrency_probe::choose(job, todo, &ctx, self.resolved, split, out) {
+                    Ok(n) => n,
+                    // A signal during the probe: no trial ran; the end says so (exit 3).
                     Err(Error::Interrupted(why)) => {
                         tracing::warn!("{why}");
-                        None
+                        return Ok((Vec::new(), None));
                     }
                     Err(e) => return Err(e),
                 }
             }
         };
-        if let Some(n) = n {
-            let n = n.min(to_run as u32).max(1);
-            let round = Round {
-                index: 0,
-                n,
-                split,
-                slices: plan::slices(job, n, split, &resolved.budgets)?,
-                trials: todo.clone(),
-            };
-            ctx.metric = Some(job.file.metric.name.clone());
-            ctx.prune = pruner.clone().map(|p| {
-                sched::Pruning(Arc::new(
-                    move |t: &TrialSpec, s: &crate::train::EpochStats| !p.goes_on(&t.id, s),
-                ))
-            });
-            if let Some(ext) = ctx.external.as_mut() {
-                // One trial at a time, its lines cannot be mixed with another's: they show.
-                ext.stream = opts.verbose || n == 1;
-            }
-            let (ran, stop) = match proposer.as_mut() {
-                None => execute(job, &round, &ctx, &mut writer, opts.progress, None)?,
-                Some(p) => {
+        let n = n.min(to_run as u32).max(1);
+        let round = Round {
+            index: 0,
+            n,
+            split,
+            slices: plan::slices(job, n, split, &self.resolved.budgets)?,
+            trials: todo.to_vec(),
+        };
+        ctx.metric = Some(job.file.metric.name.clone());
+        ctx.prune = pruner.map(|p| {
+            sched::Pruning(Arc::new(
+                move |t: &TrialSpec, s: &crate::train::EpochStats| !p.goes_on(&t.id, s),
+            ))
+        });
+        if let Some(ext) = ctx.external.as_mut() {
+            // One trial at a time, its lines cannot be mixed with another's: they show.
+            ext.stream = opts.verbose || n == 1;
+        }
+        match proposer {
+            None => execute(job, &round, &ctx, writer, opts.progress, None),
+            Some(p) => {
+                let ran = {
                     let mut feed = |ended: Option<&sched::TrialOutcome>| p.next(ended);
                     execute(
                         job,
                         &round,
                         &ctx,
-                        &mut writer,
+                        writer,
                         opts.progress,
                         Some((to_run, &mut feed)),
                     )?
+                };
+                match p.error.take() {
+                    Some(e) => Err(e.into()),
+                    None => Ok(ran),
                 }
-            };
-            rows.extend(ran);
-            stopped = stop;
-            if let Some(e) = proposer.as_mut().and_then(|p| p.error.take()) {
-                return Err(e.into());
             }
         }
     }
-    let (ids, planned) = match &proposer {
-        Some(p) => (p.ids.clone(), p.planned as usize),
-        None => (mine.iter().map(|t| t.id.clone()).collect(), mine.len()),
-    };
-    finish(
-        job,
-        &dir,
-        &ids,
-        planned,
-        &rows,
-        &cancel,
-        stopped.as_ref(),
-        out,
-    )?;
-    Ok(dir)
-}
-
-/// What a sweep's start says it holds already: its COMPLETE trials, its PRUNED ones (when
-/// there are any, or early termination is on), and its FAIL ones (when there are any).
-fn already(complete: usize, pruned: usize, failed: usize, pruning: bool) -> String {
-    let mut parts = vec![format!("{complete} already COMPLETE")];
-    if pruned > 0 || pruning {
-        parts.push(format!("{pruned} PRUNED"));
-    }
-    if failed > 0 {
-        parts.push(format!("{failed} FAIL"));
-    }
-    parts.join(", ")
 }
 
 /// The context every worker of the sweep shares.

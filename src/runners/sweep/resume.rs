@@ -4,8 +4,113 @@ use std::path::Path;
 
 use super::hyperband;
 use super::one_per_epoch::{KeyColumns, OnePerEpoch};
-use crate::error::Result;
+use super::SweepOptions;
+use crate::cancel::Cancel;
+use crate::error::{Error, Result};
 use crate::report::{self, ProgressRow, TrialRow};
+use crate::run::OutFolder;
+
+/// What a sweep found in its output folder as it took it.
+pub(super) struct Taken {
+    /// The folder's lock (none in a dry run, which writes nothing).
+    pub(super) lock: Option<OutFolder>,
+    /// The trials' rows a resume goes on from (none without `--resume`).
+    pub(super) previous: Vec<TrialRow>,
+    /// The results files open for appending, after a resume dropped the rows of trials run again.
+    pub(super) resumed: Option<report::ReportWriter>,
+}
+
+impl Taken {
+    /// Takes the sweep's folder `dir`: its lock (a writing run holds it from before it reads
+    /// what is there to its end), then every results file read through (`progress.csv` row by
+    /// row): one that cannot be read is refused (exit 2) and left as it is, with or without
+    /// `--resume`, and a cut last line is dropped. Results there without `--resume` are refused;
+    /// with it, the rung values of the trials done are restored into `pruner`, and
+    /// `progress.csv` keeps the rows of the trials done only.
+    pub(super) fn take(
+        dir: &Path,
+        opts: &SweepOptions,
+        cancel: &Cancel,
+        pruner: Option<&hyperband::Pruner>,
+    ) -> Result<Taken> {
+        let lock = if opts.dry_run {
+            None
+        } else {
+            Some(OutFolder::lock(dir)?)
+        };
+        let reading = report::Interrupt::OnDrain(cancel.clone());
+        let held = Held::read(dir)?;
+        check_trials_dir(dir)?;
+        let had_rows = held.has_rows();
+        let previous = if opts.resume { held.trials } else { Vec::new() };
+        let restoring = pruner.filter(|_| opts.resume);
+        let scan = scan_progress(dir, &previous, restoring, &reading)?;
+        if (had_rows || scan.rows > 0) && !opts.resume && !opts.dry_run {
+            return Err(Error::Usage(format!(
+                "{} already holds sweep results: add --resume to finish them, or choose another --out",
+                dir.display()
+            )));
+        }
+        if scan.restored > 0 {
+            tracing::info!(
+                "early termination: {} rung values restored from the trials done",
+                scan.restored
+            );
+        }
+        let resumed = if opts.resume && !opts.dry_run {
+            keep_complete_progress(dir, &scan.epochs, &reading)?;
+            // Drops a cut last line, so that the next row starts on a line of its own.
+            let mut writer = report::ReportWriter::append(dir)?;
+            writer.interrupted_by(&report::Interrupt::OnAbort(cancel.clone()));
+            Some(writer)
+        } else {
+            None
+        };
+        drop(scan);
+        Ok(Taken {
+            lock,
+            previous,
+            resumed,
+        })
+    }
+
+    /// The writer of the sweep's results files: the resumed one, or new files.
+    pub(super) fn writer(
+        resumed: Option<report::ReportWriter>,
+        dir: &Path,
+        cancel: &Cancel,
+    ) -> Result<report::ReportWriter> {
+        if let Some(w) = resumed {
+            return Ok(w);
+        }
+        let mut w = report::ReportWriter::create(dir)?;
+        w.interrupted_by(&report::Interrupt::OnAbort(cancel.clone()));
+        Ok(w)
+    }
+}
+
+/// The trials' own folders go under `trials/`: never through a link planted there, nor
+/// through a link planted in the place of a trial's folder.
+fn check_trials_dir(dir: &Path) -> Result<()> {
+    let trials_dir = dir.join("trials");
+    if std::fs::symlink_metadata(&trials_dir).is_ok_and(|m| !m.is_dir()) {
+        return Err(Error::Usage(format!(
+            "{} is a link or a file, not a folder: the trials' folders are made inside the output folder only; move it away",
+            trials_dir.display()
+        )));
+    }
+    if let Ok(entries) = std::fs::read_dir(&trials_dir) {
+        for entry in entries.flatten() {
+            if entry.file_type().is_ok_and(|t| t.is_symlink()) {
+                return Err(Error::Usage(format!(
+                    "{} is a link: the trials' folders are made inside the output folder only; move it away",
+                    entry.path().display()
+                )));
+            }
+        }
+    }
+    Ok(())
+}
 
 /// What an output folder already holds, read with the one reader of results files: its trials
 /// and runs (its progress rows are read one at a time by [`scan_progress`]).
