@@ -10,7 +10,7 @@ use crate::error::{Error, Result};
 use crate::job::Job;
 use crate::report;
 use crate::run::Resolved;
-use crate::sched::RoundContext;
+use crate::sched::{BuiltinWork, RoundContext, Workload};
 
 mod rows;
 pub use rows::{
@@ -81,19 +81,20 @@ pub fn builtin_context(
     cancel: &Cancel,
 ) -> Result<RoundContext> {
     Ok(RoundContext {
-        data: Arc::clone(data),
-        data_spec: job.data()?.clone(),
-        data_base: data_dir.map(Path::to_path_buf),
-        data_seed: job.file.seed,
-        model: job.model()?.clone(),
-        epochs: job.file.train.epochs,
-        engine: job.file.engine.clone(),
+        work: Workload::Builtin(BuiltinWork {
+            data: Arc::clone(data),
+            data_spec: job.data()?.clone(),
+            data_base: data_dir.map(Path::to_path_buf),
+            data_seed: job.file.seed,
+            model: job.model()?.clone(),
+            epochs: job.file.train.epochs,
+            engine: job.file.engine.clone(),
+        }),
         devices: r.device_for(data)?,
         worker_exe: worker_exe.to_path_buf(),
         cancel: cancel.clone(),
         max_steps: None,
         warm_up: false,
-        external: None,
         metric: None,
         prune: None,
     })

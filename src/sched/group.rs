@@ -9,14 +9,14 @@ use crate::plan::{fused_width, Round, TrialSpec};
 /// [`fused_width`] trials (of the round's N over its slices: N trials train at once); in every
 /// other mode, each trial alone.
 pub fn queued(round: &Round, ctx: &RoundContext) -> Vec<Vec<TrialSpec>> {
-    if round.split != SplitMode::Fused {
+    let Some(work) = ctx.builtin().filter(|_| round.split == SplitMode::Fused) else {
         return round.trials.iter().map(|t| vec![t.clone()]).collect();
-    }
+    };
     let cpu = ctx.devices.kind() == crate::engine::BackendKind::Cpu;
     let slices = round.slices.len();
     let width = fused_width(round.n as usize, slices, cpu);
     chunked(round.trials.clone(), width, slices, |t| {
-        crate::train::group_key(&ctx.config(t))
+        crate::train::group_key(&work.config(ctx, t))
     })
 }
 

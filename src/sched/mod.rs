@@ -117,9 +117,17 @@ pub enum Event {
     },
 }
 
-/// Everything a worker needs besides its trial and slice.
+/// What a round's trials train: a built-in model on a dataset of ours, or a job's own command.
 #[derive(Clone, Debug)]
-pub struct RoundContext {
+pub enum Workload {
+    Builtin(BuiltinWork),
+    /// One process of the job's command per trial.
+    External(ExternalTrials),
+}
+
+/// A built-in model's trials: the model, its dataset, and how a child process finds the same.
+#[derive(Clone, Debug)]
+pub struct BuiltinWork {
     /// The dataset, loaded once per process and shared read-only by its trials.
     pub data: Arc<Dataset>,
     /// How a child process finds the same dataset.
@@ -129,6 +137,13 @@ pub struct RoundContext {
     pub model: ModelSpec,
     pub epochs: u32,
     pub engine: crate::job::EngineOptions,
+}
+
+/// Everything a worker needs besides its trial and slice.
+#[derive(Clone, Debug)]
+pub struct RoundContext {
+    /// What the trials train.
+    pub work: Workload,
     /// Where the trials run, by device number (for `process` mode: which backend each child opens).
     pub devices: Devices,
     /// The gpumux executable that child processes run as `gpumux worker`.
@@ -140,8 +155,6 @@ pub struct RoundContext {
     /// A warm-up round: its trials evaluate once after their capped steps (see
     /// [`TrialConfig::warm_up`]).
     pub warm_up: bool,
-    /// Trials run this command instead of a built-in model (sweeps with `command:`).
-    pub external: Option<ExternalTrials>,
     /// The metric every COMPLETE trial must report (a sweep's `metric.name`): a trial whose
     /// result has no finite value for it fails. `None` checks nothing (probes, `fib`).
     pub metric: Option<String>,
@@ -201,8 +214,62 @@ fn not_opened(number: u32) -> String {
 }
 
 impl RoundContext {
-    /// The configuration of one trial.
-    pub fn config(&self, trial: &TrialSpec) -> TrialConfig {
+    /// The built-in model's trials, when they are what the round trains.
+    pub fn builtin(&self) -> Option<&BuiltinWork> {
+        match &self.work {
+            Workload::Builtin(b) => Some(b),
+            Workload::External(_) => None,
+        }
+    }
+
+    /// [`RoundContext::builtin`], to change (a warm-up's or a probe's epochs).
+    pub fn builtin_mut(&mut self) -> Option<&mut BuiltinWork> {
+        match &mut self.work {
+            Workload::Builtin(b) => Some(b),
+            Workload::External(_) => None,
+        }
+    }
+
+    /// The external command's trials, when they are what the round trains.
+    pub fn external(&self) -> Option<&ExternalTrials> {
+        match &self.work {
+            Workload::External(e) => Some(e),
+            Workload::Builtin(_) => None,
+        }
+    }
+
+    /// [`RoundContext::external`], to change (whether its lines are shown).
+    pub fn external_mut(&mut self) -> Option<&mut ExternalTrials> {
+        match &mut self.work {
+            Workload::External(e) => Some(e),
+            Workload::Builtin(_) => None,
+        }
+    }
+
+    /// How `split` runs this round's trials: chosen once per round, from what they train.
+    fn worker_kind(&self, split: SplitMode) -> WorkerKind<'_> {
+        match &self.work {
+            Workload::External(e) => WorkerKind::Command(e),
+            Workload::Builtin(b) if split.one_process_per_trial() => WorkerKind::Process(b),
+            Workload::Builtin(b) if split == SplitMode::Fused => WorkerKind::Fused(b),
+            Workload::Builtin(b) => WorkerKind::Thread(b),
+        }
+    }
+}
+
+/// How a round's trials run: one process of the job's command each, one `gpumux worker`
+/// process each, in threads, or in fused groups on threads.
+#[derive(Clone, Copy)]
+enum WorkerKind<'a> {
+    Command(&'a ExternalTrials),
+    Process(&'a BuiltinWork),
+    Thread(&'a BuiltinWork),
+    Fused(&'a BuiltinWork),
+}
+
+impl BuiltinWork {
+    /// The configuration of one trial of the round `ctx`.
+    pub fn config(&self, ctx: &RoundContext, trial: &TrialSpec) -> TrialConfig {
         TrialConfig {
             model: self.model.clone(),
             hyper: trial.hyper.clone(),
@@ -212,10 +279,10 @@ impl RoundContext {
             classes: self.data.classes,
             fault: trial.fault.clone(),
             engine: self.engine.clone(),
-            max_steps: self.max_steps,
-            warm_up: self.warm_up,
-            cancel: self.cancel.clone(),
-            prune: self.prune.as_ref().map(|p| p.for_trial(trial)),
+            max_steps: ctx.max_steps,
+            warm_up: ctx.warm_up,
+            cancel: ctx.cancel.clone(),
+            prune: ctx.prune.as_ref().map(|p| p.for_trial(trial)),
         }
     }
 }
@@ -488,11 +555,11 @@ fn run_round_core(
     let mut outcomes = Vec::new();
     let mut makespan_s = 0.0;
     let parts = partitions(round.split, &round.slices, &ctx.devices);
+    let kind = ctx.worker_kind(round.split);
     std::thread::scope(|s| {
         for slice in &round.slices {
             let queue = queue_rx.clone();
             let events = event_tx.clone();
-            let split = round.split;
             let part = match &parts {
                 Ok(p) => Ok(partition_of(p, slice)),
                 Err(e) => Err(e.clone()),
@@ -509,15 +576,14 @@ fn run_round_core(
                         break;
                     }
                     // Only `fused` queues groups of several (of built-in trials, in threads).
-                    let fused = group.len() > 1 && ctx.external.is_none();
-                    if let (true, Ok(p)) = (fused, &part) {
+                    if let (WorkerKind::Fused(work), true, Ok(p)) = (kind, group.len() > 1, &part) {
                         for t in &group {
                             let _ = events.send(Event::Started {
                                 trial: t.clone(),
                                 slice: slice.index,
                             });
                         }
-                        let ends = thread::run_group(ctx, slice, p.clone(), group, &events);
+                        let ends = thread::run_group(ctx, work, slice, p.clone(), group, &events);
                         ends.into_iter().for_each(&finish);
                         continue;
                     }
@@ -526,17 +592,19 @@ fn run_round_core(
                             trial: trial.clone(),
                             slice: slice.index,
                         });
-                        finish(match &part {
-                            Err(e) => {
+                        finish(match (&part, kind) {
+                            (Err(e), _) => {
                                 outcome(trial, slice, Err(Failure::NoSlice(e.clone()).into()), 0.0)
                             }
-                            Ok(_) if ctx.external.is_some() => {
-                                run_external(ctx, slice, round, trial, &events)
+                            (Ok(_), WorkerKind::Command(ext)) => {
+                                run_external(ctx, ext, slice, round, trial, &events)
                             }
-                            Ok(_) if split.one_process_per_trial() => {
-                                process::run(ctx, slice, round, trial, &events)
+                            (Ok(_), WorkerKind::Process(work)) => {
+                                process::run(ctx, work, slice, round, trial, &events)
                             }
-                            Ok(p) => thread::run(ctx, slice, p.clone(), trial, &events),
+                            (Ok(p), WorkerKind::Thread(work) | WorkerKind::Fused(work)) => {
+                                thread::run(ctx, work, slice, p.clone(), trial, &events)
+                            }
                         });
                     }
                 }
@@ -589,16 +657,13 @@ fn run_round_core(
 /// one per epoch, in increasing order (see the comment on `last_epoch`).
 fn run_external(
     ctx: &RoundContext,
+    ext: &ExternalTrials,
     slice: &SliceSpec,
     round: &Round,
     trial: TrialSpec,
     events: &Sender<Event>,
 ) -> TrialOutcome {
     let started = Instant::now();
-    let Some(ext) = &ctx.external else {
-        let why = Failure::Command("no external command".into());
-        return outcome(trial, slice, Err(why.into()), 0.0);
-    };
     let env = match ext.env_for(slice.device) {
         // Every slice of the round runs a trial at once: they share the host's cores.
         Ok(e) => e.shared_by(round.slices.len().try_into().unwrap_or(u32::MAX)),

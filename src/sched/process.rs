@@ -12,7 +12,7 @@ use crossbeam_channel::Sender;
 use super::child::{describe_exit, End, OnStderr, Supervised, Timing};
 use super::end::ChildKind;
 use super::{
-    epoch_event, open_backend, outcome, Device, Event, Failure, RoundContext, Stop, TrialOutcome,
+    epoch_event, open_backend, outcome, BuiltinWork, Device, Event, Failure, RoundContext, Stop, TrialOutcome,
 };
 use crate::data::DataSpec;
 use crate::engine::BackendKind;
@@ -73,6 +73,7 @@ pub fn ready_line(
 /// Runs one trial in a child process and waits for it.
 pub fn run(
     ctx: &RoundContext,
+    work: &BuiltinWork,
     slice: &SliceSpec,
     round: &Round,
     trial: TrialSpec,
@@ -85,12 +86,12 @@ pub fn run(
         Vec::new()
     };
     let req = WorkerRequest {
-        config: ctx.config(&trial),
+        config: work.config(ctx, &trial),
         trial: trial.clone(),
         slice: slice.clone(),
-        data: ctx.data_spec.clone(),
-        data_base: ctx.data_base.clone(),
-        data_seed: ctx.data_seed,
+        data: work.data_spec.clone(),
+        data_base: work.data_base.clone(),
+        data_seed: work.data_seed,
         backend: ctx.devices.kind(),
     };
     // The trial's own stop: early termination ends this worker alone, as a signal would.

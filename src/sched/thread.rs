@@ -7,7 +7,7 @@ use std::time::Instant;
 use crossbeam_channel::Sender;
 
 use super::{
-    epoch_event, open_backend, outcome, pruned_if_stopped, Event, Failure, RoundContext, Stop,
+    epoch_event, open_backend, outcome, pruned_if_stopped, BuiltinWork, Event, Failure, RoundContext, Stop,
     TrialOutcome,
 };
 use crate::engine::cuda::GreenPartition;
@@ -19,6 +19,7 @@ use crate::train::TrialResult;
 /// The backend of a slice, on its device (in its green partition when it has one).
 fn open(
     ctx: &RoundContext,
+    work: &BuiltinWork,
     slice: &SliceSpec,
     partition: Option<Arc<GreenPartition>>,
 ) -> Result<Box<dyn Backend>, Stop> {
@@ -26,7 +27,7 @@ fn open(
         .devices
         .device(slice.device)
         .map_err(|e| Failure::NoSlice(e.to_string()))?;
-    Ok(open_backend(device, Arc::clone(&ctx.data), slice, partition).map_err(Failure::from)?)
+    Ok(open_backend(device, Arc::clone(&work.data), slice, partition).map_err(Failure::from)?)
 }
 
 /// Whether a trial that ended so leaves its backend fit for the next trial on a slice like its
@@ -46,15 +47,16 @@ fn keeps_backend(err: Option<&Stop>) -> bool {
 /// Runs one trial in this thread.
 pub fn run(
     ctx: &RoundContext,
+    work: &BuiltinWork,
     slice: &SliceSpec,
     partition: Option<Arc<GreenPartition>>,
     trial: TrialSpec,
     events: &Sender<Event>,
 ) -> TrialOutcome {
     let started = Instant::now();
-    let cfg = ctx.config(&trial);
+    let cfg = work.config(ctx, &trial);
     let res = catch_unwind(AssertUnwindSafe(|| -> Result<_, Stop> {
-        let mut be = open(ctx, slice, partition)?;
+        let mut be = open(ctx, work, slice, partition)?;
         let r = run_trial(be.as_mut(), &cfg, &mut |s| {
             epoch_event(events, &trial, slice.index, s)
         });
@@ -75,15 +77,16 @@ pub fn run(
 /// group's. A failure to open the backend, or a panic, ends every member alike.
 pub fn run_group(
     ctx: &RoundContext,
+    work: &BuiltinWork,
     slice: &SliceSpec,
     partition: Option<Arc<GreenPartition>>,
     trials: Vec<TrialSpec>,
     events: &Sender<Event>,
 ) -> Vec<TrialOutcome> {
     let started = Instant::now();
-    let cfgs: Vec<_> = trials.iter().map(|t| ctx.config(t)).collect();
+    let cfgs: Vec<_> = trials.iter().map(|t| work.config(ctx, t)).collect();
     let res = catch_unwind(AssertUnwindSafe(|| -> Result<_, Stop> {
-        let mut be = open(ctx, slice, partition)?;
+        let mut be = open(ctx, work, slice, partition)?;
         let ends = crate::train::fused::run_group(be.as_mut(), &cfgs, &mut |i, s| {
             if let Some(t) = trials.get(i) {
                 epoch_event(events, t, slice.index, s)

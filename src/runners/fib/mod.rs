@@ -248,7 +248,9 @@ fn say_round(bar: &ProgressBar, round: &Round, row: &RunRow, rounds: usize, prog
 /// workers start afresh each round, so they are not warmed.
 fn warm_up(rounds: &[Round], ctx: &sched::RoundContext) -> Result<()> {
     let mut warm = ctx.clone();
-    warm.epochs = 1;
+    if let Some(work) = warm.builtin_mut() {
+        work.epochs = 1;
+    }
     warm.max_steps = Some(2);
     warm.warm_up = true;
     let mut seen = Vec::new();

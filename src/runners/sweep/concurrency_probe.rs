@@ -49,9 +49,15 @@ pub fn choose(
     split: SplitMode,
     out: &mut dyn Write,
 ) -> Result<u32> {
+    let Some(work) = ctx.builtin() else {
+        return Err(Error::Internal(
+            "concurrency auto probes built-in models only".into(),
+        ));
+    };
     let mut probe_ctx = ctx.clone();
     probe_ctx.max_steps = Some(PROBE_STEPS);
-    probe_ctx.epochs = 1;
+    let mut epochs = 1;
+    set_epochs(&mut probe_ctx, epochs);
     let time = |n: u32, ctx: &RoundContext| -> Result<Option<f64>> {
         let trials: Vec<TrialSpec> = (0..n as usize)
             .map(|i| todo[i % todo.len()].clone())
@@ -81,14 +87,15 @@ pub fn choose(
     };
     // Calibrate: enough steps that N=1 takes about PROBE_TARGET_S.
     // When an epoch is shorter than that, the probe spans epochs, up to a whole trial.
-    let per_epoch = (ctx.data.train.len() / todo[0].hyper.batch_size.max(1) as usize).max(1);
+    let per_epoch = (work.data.train.len() / todo[0].hyper.batch_size.max(1) as usize).max(1);
     if let Some(t1) = time(1, &probe_ctx)? {
         let ran = PROBE_STEPS.min(per_epoch);
         let want = calibrate(ran, t1, PROBE_TARGET_S);
         probe_ctx.max_steps = Some(want.min(per_epoch));
-        probe_ctx.epochs = (want.div_ceil(per_epoch) as u32).clamp(1, ctx.epochs.max(1));
+        epochs = (want.div_ceil(per_epoch) as u32).clamp(1, work.epochs.max(1));
+        set_epochs(&mut probe_ctx, epochs);
     }
-    let steps = probe_ctx.max_steps.unwrap_or(PROBE_STEPS) * probe_ctx.epochs as usize;
+    let steps = probe_ctx.max_steps.unwrap_or(PROBE_STEPS) * epochs as usize;
     let mut times: Vec<(u32, f64)> = Vec::new();
     let mut worse = 0;
     for &n in DEFAULT_N
@@ -122,6 +129,13 @@ pub fn choose(
         ),
     )?;
     Ok(n)
+}
+
+/// The epochs each probe trial trains.
+fn set_epochs(ctx: &mut RoundContext, epochs: u32) {
+    if let Some(work) = ctx.builtin_mut() {
+        work.epochs = epochs;
+    }
 }
 
 #[cfg(test)]

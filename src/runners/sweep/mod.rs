@@ -31,7 +31,7 @@ use crate::rounds::{builtin_context, counts_line, progress_row, say, trial_row};
 use crate::run::split_policy::check_here;
 use crate::run::{self, Resolved};
 use crate::sched::external::ExternalEnv;
-use crate::sched::{self, Device, Devices, Event, ExternalTrials, RoundContext};
+use crate::sched::{self, Device, Devices, Event, ExternalTrials, RoundContext, Workload};
 use crate::space::ParamValue;
 pub use dry_run::{DRY_RUN_LISTED, SLURM_SHARDS};
 pub use identity::{trial_key, Shard};
@@ -302,7 +302,7 @@ impl Trials<'_> {
                 move |t: &TrialSpec, s: &crate::train::EpochStats| !p.goes_on(&t.id, s),
             ))
         });
-        if let Some(ext) = ctx.external.as_mut() {
+        if let Some(ext) = ctx.external_mut() {
             // One trial at a time, its lines cannot be mixed with another's: they show.
             ext.stream = opts.verbose || n == 1;
         }
@@ -380,26 +380,7 @@ fn external_context(
     let more = r.more.iter().map(|(d, e)| (*d, env_of(Some(e)))).collect();
     let envs = plan::PerDevice::with(env_of(r.engine.as_ref()), more);
     RoundContext {
-        // Placeholders: an external trial never reads them.
-        data: Arc::new(crate::data::Dataset {
-            name: "external".into(),
-            shape: [1, 1, 1],
-            classes: 2,
-            train: Default::default(),
-            test: Default::default(),
-        }),
-        data_spec: crate::data::DataSpec::of(crate::data::Source::Synthetic),
-        data_base: opts.data_dir.clone(),
-        data_seed: job.file.seed,
-        model: crate::job::ModelSpec::of(crate::job::ModelKind::Mlp),
-        epochs: job.file.train.epochs,
-        engine: job.file.engine.clone(),
-        devices: Devices::one(Device::Cpu),
-        worker_exe: opts.worker_exe.clone(),
-        cancel: cancel.clone(),
-        max_steps: None,
-        warm_up: false,
-        external: Some(ExternalTrials {
+        work: Workload::External(ExternalTrials {
             template: template.to_string(),
             program: job.file.program.clone(),
             swept: swept_names(job),
@@ -408,6 +389,12 @@ fn external_context(
             // Set once the round's concurrency is known (see `run`).
             stream: false,
         }),
+        // An external command finds its own device through CUDA_VISIBLE_DEVICES.
+        devices: Devices::one(Device::Cpu),
+        worker_exe: opts.worker_exe.clone(),
+        cancel: cancel.clone(),
+        max_steps: None,
+        warm_up: false,
         metric: None,
         prune: None,
     }
@@ -472,7 +459,7 @@ fn execute(
                 if let Some(line) = counts_line(std::slice::from_ref(&row)) {
                     tracing::debug!("trial {}: {line}", row.trial_id);
                 }
-                let seen = if ctx.external.is_some() && !ctx.cancel.draining() {
+                let seen = if ctx.external().is_some() && !ctx.cancel.draining() {
                     same.see(o)
                 } else {
                     Seen::Nothing
