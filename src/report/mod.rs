@@ -3,8 +3,8 @@
 use serde::{Deserialize, Serialize};
 
 pub mod extra;
+pub mod folders;
 pub mod line;
-pub mod merge;
 pub mod plot;
 pub mod read;
 mod scan;
@@ -13,11 +13,11 @@ pub mod summary;
 pub(crate) mod tests;
 pub mod write;
 
+pub use self::folders::{
+    merge_files, merge_into, union_of_columns, write_merged, write_report, ReportPaths, ResultsDir,
+};
 pub use self::line::{
     check_regular, Interrupt, ResultsRow, CHECK, PROGRESS_CSV, RUNS_CSV, TRIALS_CSV,
-};
-pub use self::merge::{
-    merge_files, merge_into, union_of_columns, write_merged, write_report, ReportPaths, ResultsDir,
 };
 pub use self::plot::{plot_samples_per_s, plot_time_per_training};
 pub use self::read::{

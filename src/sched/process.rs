@@ -12,7 +12,8 @@ use crossbeam_channel::Sender;
 use super::child::{describe_exit, End, OnStderr, Supervised, Timing};
 use super::end::ChildKind;
 use super::{
-    epoch_event, open_backend, outcome, BuiltinWork, Device, Event, Failure, RoundContext, Stop, TrialOutcome,
+    epoch_event, open_backend, outcome, BuiltinWork, Device, Event, Failure, RoundContext, Stop,
+    TrialOutcome,
 };
 use crate::data::DataSpec;
 use crate::engine::BackendKind;

@@ -7,8 +7,8 @@ use std::time::Instant;
 use crossbeam_channel::Sender;
 
 use super::{
-    epoch_event, open_backend, outcome, pruned_if_stopped, BuiltinWork, Event, Failure, RoundContext, Stop,
-    TrialOutcome,
+    epoch_event, open_backend, outcome, pruned_if_stopped, BuiltinWork, Event, Failure,
+    RoundContext, Stop, TrialOutcome,
 };
 use crate::engine::cuda::GreenPartition;
 use crate::engine::Backend;

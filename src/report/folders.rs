@@ -1,4 +1,4 @@
-//! Merging the report files of several output directories, and drawing a directory's charts and summary.
+//! Results folders: each one opened and its files read, several merged into one, and a folder's charts and summary drawn.
 
 use std::collections::HashSet;
 use std::fmt::Debug;
