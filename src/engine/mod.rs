@@ -557,7 +557,7 @@ pub trait Backend: Send {
     ) -> Result<(), EngineError>;
     /// [`Backend::sgd_step`] over a fused group of `trials` trials of `w.len / trials`
     /// parameters each (trial `i`'s at `i·P` in `w`, `g` and `v`), each with the lr, momentum and
-    /// weight decay of its row of the hyper table `hyper` ([`fused`]); a trial whose `live` is 0
+    /// weight decay of its row of the hyper table `hyper` ([`fused_hyper`]); a trial whose `live` is 0
     /// is left untouched. Each trial computes what [`Backend::sgd_step`] computes.
     fn sgd_step_batched(
         &mut self,

@@ -31,7 +31,7 @@ pub trait ResultsRow: Serialize + DeserializeOwned + Default {
     /// Why this row cannot be a row of its file, if it cannot.
     fn invalid(&self) -> Option<String>;
 
-    /// Whether the file has extra columns after the row's own (see [`extra`]).
+    /// Whether the file has extra columns after the row's own (see [`super::extra`]).
     const EXTRA: bool = false;
 
     /// The row's values of the extra columns, by name; None when the file has none.
@@ -341,7 +341,7 @@ pub(crate) fn open_regular(
 }
 
 /// Refuses a results file's place that holds anything but a regular file (or nothing), without
-/// opening it: see [`open_regular`].
+/// opening it: see `open_regular`.
 pub fn check_regular(path: &Path) -> Result<(), ReportError> {
     match fs::symlink_metadata(path) {
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),

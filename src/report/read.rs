@@ -475,7 +475,7 @@ impl<T: ResultsRow> Cells<'_, T> {
     /// row whose check was compared with its cells is copied from them (its values are not
     /// formatted again), in the columns' new order, with a new check; any other row (no
     /// check, a quoted cell, an older file) is encoded from its values. Either way the line is
-    /// the one [`encode`] makes.
+    /// the one its values encode to.
     pub fn line_into(&mut self, plan: &LinePlan, out: &mut Vec<u8>) -> Result<(), ReportError> {
         match (&plan.how, self.check) {
             (How::Append(more), Some(check)) if !self.quoted => {

@@ -382,7 +382,7 @@ pub(super) fn write_rows_as<T: ResultsRow>(
 }
 
 /// Replaces the results file at `path` with lines of rows encoded under the header of `T` and
-/// `extra` ([`encode`], or [`super::read::Cells::line_into`] for rows copied from another
+/// `extra` (`encode`, or [`super::read::Cells::line_into`] for rows copied from another
 /// file), those that `keep` keeps (rows equal field for field are encoded alike): see
 /// [`write_lines_from`].
 pub fn write_lines<T: ResultsRow>(

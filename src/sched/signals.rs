@@ -2,7 +2,7 @@
 //!
 //! The signals are watched for the whole process ([`watch_signals`], called by the CLI before a
 //! long-running command starts), so that one that comes early (while data loads) is neither lost
-//! nor fatal: each [`Cancel`] that subscribes later ([`Cancel::on_signals`]) is told of the
+//! nor fatal: each [`Cancel`] that subscribes later (`Cancel::on_signals`) is told of the
 //! signals already seen.
 
 use std::sync::atomic::{AtomicUsize, Ordering};

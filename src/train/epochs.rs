@@ -23,11 +23,11 @@ pub trait Steps {
     /// Starts an epoch: the training samples are visited in `order`, and the epoch's sums of
     /// loss and correct predictions start at zero.
     fn begin_epoch(&mut self, order: Vec<u32>) -> Result<(), Stop>;
-    /// Takes one training step (a diverged one fails with [`Stop::NonFiniteLoss`]).
+    /// Takes one training step (a diverged one fails with `Failure::NonFiniteLoss` (see [`super::stop`])).
     fn step(&mut self, at: StepAt) -> Result<(), Stop>;
     /// Ends epoch `epoch`: the epoch's sums over its training rows (loss, then correct
     /// predictions), and, with `evaluate`, the mean loss and accuracy over the test split (NaN
-    /// without). A training whose loss diverged fails with [`Stop::NonFiniteLoss`].
+    /// without). A training whose loss diverged fails with `Failure::NonFiniteLoss` (see [`super::stop`]).
     fn end_epoch(&mut self, epoch: u32, evaluate: bool) -> Result<EpochSums, Stop>;
     /// Waits for the work issued, after the last epoch.
     fn finish(&mut self) -> Result<(), Stop>;

@@ -147,7 +147,7 @@ pub(super) fn slurm_command(shards: usize, cpus: u32, gpu: bool, job: &Path) -> 
     )
 }
 
-/// The most array tasks [`slurm_line`] proposes.
+/// The most array tasks the dry run's `sbatch` line proposes.
 pub const SLURM_SHARDS: usize = 4;
 
 /// The most trials `--dry-run` lists one by one; it counts the others.

@@ -26,7 +26,7 @@ pub struct Merged {
 /// refused, a cut last line dropped) and keeps, per trial id, its COMPLETE row when it has one,
 /// else its PRUNED row, else its latest row. A folder of a `fib` run (rounds in runs.csv, the
 /// same trial id in every round) is refused: one row per trial id would drop its rounds. The
-/// folders' progress rows are read later, one at a time, by [`write`].
+/// folders' progress rows are read later, one at a time, when the merge writes them.
 pub fn merge(dirs: &[PathBuf]) -> Result<Merged> {
     if dirs.is_empty() {
         return Err(Error::Usage(

@@ -13,7 +13,7 @@ pub fn in_place() -> bool {
 }
 
 /// Row-major `C = alpha·op(A)·op(B) + beta·C` (with `beta == 0`, `C` is overwritten, NaNs included).
-/// See [`in_place`] for which kernel runs it.
+/// See `in_place` for which kernel runs it.
 pub fn gemm(g: &GemmShape, a: &[f32], b: &[f32], c: &mut [f32]) {
     let (a, b, c) = (&a[..g.a_len()], &b[..g.b_len()], &mut c[..g.c_len()]);
     #[cfg(target_arch = "x86_64")]
