@@ -16,6 +16,15 @@ use crate::error::EngineError;
 pub use counted::{Counted, OpCounts};
 pub use cuda::CaptureHold;
 pub use options::{ConvEngine, EngineOptions};
+
+/// What a thread that drives a backend holds while it trains: on the CPU backend, its
+/// flush-to-zero mode (see `cpu::denormals`); on a GPU, nothing.
+pub type ThreadGuard = cpu::denormals::FlushGuard;
+
+/// The guard of a thread that drives all of `backends` (the leader of a mirrored training).
+pub fn thread_guard_of<'a>(backends: impl IntoIterator<Item = &'a dyn Backend>) -> ThreadGuard {
+    ThreadGuard::when(backends.into_iter().any(|b| b.kind() == BackendKind::Cpu))
+}
 pub use shapes::{
     BnParams, Conv2dShape, FusedConv, FusedNorm, GemmBatch, GemmShape, PlaneShape, PoolShape,
     Window,
@@ -177,6 +186,12 @@ pub fn dropout_stream(count: u32, layer: u32) -> u64 {
 /// the ones read. Ops run in issue order on the trial's stream; [`Backend::read`] synchronises.
 pub trait Backend: Send {
     fn kind(&self) -> BackendKind;
+
+    /// The guard a thread holds for as long as it drives this backend ([`ThreadGuard`]):
+    /// taken by every training loop, so that it needs to know nothing of the backend's modes.
+    fn thread_guard(&self) -> ThreadGuard {
+        ThreadGuard::when(self.kind() == BackendKind::Cpu)
+    }
 
     /// Allocates the trial's arena of `elems` `f32` from its slice's pool, once.
     /// Fails with [`EngineError::CapExceeded`] when it does not fit under the cap.

@@ -7,9 +7,8 @@ use super::single::{
     capture_step, inject, warm_up_test_len, EvalGraphs, Signatures, StepGraph, Tally,
 };
 use super::{group_key, run_trial, seeds, EpochStats, TrialConfig, TrialResult};
-use crate::engine::cpu::denormals::FlushGuard;
 use crate::engine::fused_hyper::HYPER_LEN;
-use crate::engine::{Backend, BackendKind, Counted, Split, STATS_LEN};
+use crate::engine::{Backend, Counted, Split, STATS_LEN};
 use crate::error::EngineError;
 use crate::models::{self, FusedNetwork};
 use crate::train::stop::{Failure, Stop};
@@ -41,7 +40,7 @@ pub fn run_group(
             .map(|_| Err(Stop::worker(why.clone())))
             .collect();
     }
-    let _flush = FlushGuard::when(be.kind() == BackendKind::Cpu);
+    let _guard = be.thread_guard();
     let started = Instant::now();
     let alone = |be: &mut dyn Backend, on_epoch: &mut dyn FnMut(usize, &EpochStats)| {
         cfgs.iter()

@@ -7,10 +7,7 @@ use super::epochs::{self, Schedule, StepAt, Steps};
 use super::fault::{FaultKind, FaultSpec};
 use super::fit::largest_fitting;
 use super::{seeds, EpochStats, TrialConfig, TrialResult};
-use crate::engine::cpu::denormals::FlushGuard;
-use crate::engine::{
-    work_signature, Backend, BackendKind, Counted, Split, WorkPart, GRAPH_SLOTS, STATS_LEN,
-};
+use crate::engine::{work_signature, Backend, Counted, Split, WorkPart, GRAPH_SLOTS, STATS_LEN};
 use crate::error::EngineError;
 use crate::models;
 use crate::train::stop::{Failure, Stop};
@@ -20,14 +17,14 @@ use crate::units::MIB;
 ///
 /// The arena is allocated from the backend's (capped) pool before step 0, so a trial that does not
 /// fit fails here, having done nothing. On the CPU backend the calling thread flushes subnormal
-/// floats to zero until this returns ([`FlushGuard`]).
+/// floats to zero until this returns ([`crate::engine::ThreadGuard`]).
 pub fn run_trial(
     be: &mut dyn Backend,
     cfg: &TrialConfig,
     on_epoch: &mut dyn FnMut(&EpochStats),
 ) -> Result<TrialResult, Stop> {
     let started = Instant::now();
-    let _flush = FlushGuard::when(be.kind() == BackendKind::Cpu);
+    let _guard = be.thread_guard();
     let h = &cfg.hyper;
     let batch = h.batch_size as usize;
     let n_train = be.split_len(Split::Train);

@@ -15,7 +15,8 @@
 //! Dropping the guard restores the thread's previous modes, so a guard can be taken by code that
 //! may already run under one. Other threads are untouched, except that a thread created while a
 //! guard is held starts with its creator's modes (POSIX threads inherit them). Every thread that runs CPU engine work holds one for the whole
-//! trial: [`crate::train::run_trial`] (trial threads, process-mode workers, `gpumux train`) and
+//! trial, taken through [`crate::engine::Backend::thread_guard`] (the training loops know nothing
+//! of it): [`crate::train::run_trial`] (trial threads, process-mode workers, `gpumux train`) and
 //! mirrored training's leader and replica threads. The results stay deterministic: a run is
 //! bit-identical to another run with the same seed, in any split mode, as before. They differ from
 //! a run without the guard only where a value fell below about 1.2e-38 and was read as zero, a

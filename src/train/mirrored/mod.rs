@@ -36,8 +36,7 @@ use std::time::Instant;
 
 use crossbeam_channel::{bounded, Receiver, Sender};
 
-use crate::engine::cpu::denormals::FlushGuard;
-use crate::engine::{Backend, BackendKind, Split, STATS_LEN};
+use crate::engine::{Backend, Split, STATS_LEN};
 use crate::error::EngineError;
 use crate::models::{self, Network};
 use crate::models::{Hyper, ModelSpec};
@@ -227,7 +226,7 @@ pub(crate) fn plan_on(
 
 /// Trains one model mirrored on `backends` (one per slice, with its slice index), calling
 /// `on_epoch` after each epoch. Threads that run CPU replicas, and the calling thread when any
-/// replica is on the CPU, flush subnormal floats to zero until this returns ([`FlushGuard`]).
+/// replica is on the CPU, flush subnormal floats to zero until this returns ([`crate::engine::ThreadGuard`]).
 pub fn train(
     backends: Vec<(u32, Box<dyn Backend>)>,
     cfg: &ParallelConfig,
@@ -250,7 +249,7 @@ pub fn train(
     if let Some(i) = cfg.shards.iter().position(|&n| n == 0) {
         return Err(shape(format!("slice {i} has no rows of the global batch")));
     }
-    let _flush = FlushGuard::when(backends.iter().any(|(_, b)| b.kind() == BackendKind::Cpu));
+    let _guard = crate::engine::thread_guard_of(backends.iter().map(|(_, b)| b.as_ref()));
     let global: usize = cfg.shards.iter().sum();
     let n_train = backends[0].1.split_len(Split::Train);
     let n_test = backends[0].1.split_len(Split::Test);
@@ -310,7 +309,7 @@ pub fn train(
 
 /// A replica's thread: runs each task it is given, a panic included, and answers.
 fn serve(rep: &mut Replica, tasks: &Receiver<Task>, replies: &Sender<Result<Reply, Stop>>) {
-    let _flush = FlushGuard::when(rep.be.kind() == BackendKind::Cpu);
+    let _guard = rep.be.thread_guard();
     while let Ok(task) = tasks.recv() {
         let answer = match catch_unwind(AssertUnwindSafe(|| task(rep))) {
             Ok(r) => r,

@@ -3,8 +3,7 @@
 use std::time::Instant;
 
 use super::{plan_on, ParallelConfig};
-use crate::engine::cpu::denormals::FlushGuard;
-use crate::engine::{Backend, BackendKind, Split};
+use crate::engine::{Backend, Split};
 use crate::error::EngineError;
 use crate::train::stop::Stop;
 
@@ -42,7 +41,7 @@ pub fn measure(
         }));
     }
     // Timed as a trial trains: flushing subnormals on the CPU.
-    let _flush = FlushGuard::when(be.kind() == BackendKind::Cpu);
+    let _guard = be.thread_guard();
     let t = &cfg.trial;
     let (h, seed) = (&t.hyper, t.seed);
     let mut net = plan_on(be, &t.model, t.input, t.classes, rows, h)?;
