@@ -12,6 +12,8 @@
 #   resume-dry    `gpumux sweep JOB --out DIR --resume --dry-run`: what a resume reads
 #   resume-widen  `gpumux sweep JOB --out DIR --resume` of one trial whose epoch line brings a
 #                 key the header lacks: the resume's read, then progress.csv rewritten wider
+#   rewrite       the widening rewrite alone: one progress row with a new key appended by the
+#                 writer (examples/widen_progress.rs; this build only)
 # With --against REV, the same commands run with the gpumux built at REV (a git worktree),
 # interleaved with this build's, on the same files.
 # Writes measurements.csv, summary.md and command.txt under --out (results/results-memory-cpu).
@@ -31,7 +33,7 @@ while [ $# -gt 0 ]; do
   esac
 done
 command -v /usr/bin/time >/dev/null || { echo "needs /usr/bin/time (apt-get install time)" >&2; exit 2; }
-cargo build --release --quiet --bin gpumux --example results_at_scale
+cargo build --release --quiet --bin gpumux --example results_at_scale --example widen_progress
 builds=("current=$PWD/target/release/gpumux")
 if [ -n "$against" ]; then
   tree=$(mktemp -d)/base
@@ -88,6 +90,10 @@ for round in 1 2; do
     measure "$name" resume-widen "$exe" sweep "$work/wide.yaml" --out "$work/w" --resume
     head -1 "$work/w/progress.csv" | grep -q grad_norm || echo "  (the widened header is missing: see $work/last.log)"
   done
+  rm -rf "$work/w2"
+  cp -r "$work/one" "$work/w2"
+  measure current rewrite target/release/examples/widen_progress "$work/w2"
+  head -1 "$work/w2/progress.csv" | grep -q grad_norm || echo "  (the rewrite left no wider header: see $work/last.log)"
 done
 commit=$(git rev-parse --short HEAD)
 {
