@@ -155,33 +155,39 @@ pub(super) fn check_value<'a>(cells: impl Iterator<Item = &'a [u8]>) -> u64 {
     h
 }
 
-/// The CSV cell splitter of this thread, built once: a row is encoded for every line written,
-/// millions of times in a rewrite, and building a CSV reader for each is most of the cost.
-pub(super) struct Codec {
-    splitter: csv_core::Reader,
-    out: Vec<u8>,
+/// A CSV parser of one row at a time, built once (building one costs more than parsing a
+/// row): for the rows with quotes of a file read, and for the rows encoded to be written.
+pub(super) struct Splitter {
+    reader: csv_core::Reader,
     ends: Vec<usize>,
 }
 
-impl Codec {
-    fn new() -> Self {
-        Codec {
-            splitter: csv_core::Reader::new(),
-            out: Vec::new(),
+impl Splitter {
+    pub(super) fn new() -> Self {
+        Splitter {
+            reader: csv_core::Reader::new(),
             ends: vec![0; 64],
         }
     }
 
-    /// The cells of one CSV line.
-    fn split(&mut self, line: &[u8]) -> ::csv::ByteRecord {
-        self.splitter.reset();
-        self.out.clear();
-        self.out.resize(line.len().max(1), 0);
-        let (mut input, mut nout, mut nend) = (line, 0, 0);
+    /// Parses the one row `raw` (without its line end): its cells are appended to `scratch`,
+    /// and their ranges there to `cells`. Refused: bytes that hold more than one row (a
+    /// carriage return outside quotes).
+    pub(super) fn split(
+        &mut self,
+        raw: &[u8],
+        scratch: &mut Vec<u8>,
+        cells: &mut Vec<std::ops::Range<usize>>,
+    ) -> Result<(), &'static str> {
+        self.reader.reset();
+        let base = scratch.len();
+        // Unquoting never makes a row longer.
+        scratch.resize(base + raw.len() + 1, 0);
+        let (mut input, mut nout, mut nend) = (raw, 0, 0);
         loop {
             let (res, nin, o, e) =
-                self.splitter
-                    .read_record(input, &mut self.out[nout..], &mut self.ends[nend..]);
+                self.reader
+                    .read_record(input, &mut scratch[base + nout..], &mut self.ends[nend..]);
             input = &input[nin..];
             nout += o;
             nend += e;
@@ -191,16 +197,15 @@ impl Codec {
                     self.ends.resize(more * 2, 0);
                 }
                 csv_core::ReadRecordResult::OutputFull => {
-                    let more = self.out.len();
-                    self.out.resize(more * 2, 0);
+                    let more = scratch.len();
+                    scratch.resize(more * 2, 0);
                 }
                 csv_core::ReadRecordResult::InputEmpty if !input.is_empty() => {}
                 csv_core::ReadRecordResult::InputEmpty => {
-                    // The end of the line: tell the splitter there is no more.
-                    input = &[];
-                    let (_, _, o, e) = self.splitter.read_record(
-                        input,
-                        &mut self.out[nout..],
+                    // The end of the row: tell the parser there is no more.
+                    let (_, _, o, e) = self.reader.read_record(
+                        &[],
+                        &mut scratch[base + nout..],
                         &mut self.ends[nend..],
                     );
                     nout += o;
@@ -210,13 +215,48 @@ impl Codec {
                 csv_core::ReadRecordResult::Record | csv_core::ReadRecordResult::End => break,
             }
         }
-        let mut record = ::csv::ByteRecord::new();
+        if !input.is_empty() {
+            return Err(
+                "a carriage return inside a row: the file is not written with one row per line",
+            );
+        }
+        scratch.truncate(base + nout);
         let mut start = 0;
         for &end in &self.ends[..nend] {
-            record.push_field(&self.out[start..end.min(nout)]);
+            cells.push(base + start..base + end.min(nout));
             start = end;
         }
-        record
+        Ok(())
+    }
+}
+
+/// The CSV cell splitter of this thread, built once: a row is encoded for every line written,
+/// millions of times in a rewrite, and building a CSV reader for each is most of the cost.
+pub(super) struct Codec {
+    splitter: Splitter,
+    out: Vec<u8>,
+    cells: Vec<std::ops::Range<usize>>,
+}
+
+impl Codec {
+    fn new() -> Self {
+        Codec {
+            splitter: Splitter::new(),
+            out: Vec::new(),
+            cells: Vec::new(),
+        }
+    }
+
+    /// The cells of one CSV line (its line end included, or not).
+    fn split(&mut self, line: &[u8]) -> Result<::csv::ByteRecord, &'static str> {
+        self.out.clear();
+        self.cells.clear();
+        self.splitter.split(line, &mut self.out, &mut self.cells)?;
+        let mut record = ::csv::ByteRecord::new();
+        for r in &self.cells {
+            record.push_field(&self.out[r.clone()]);
+        }
+        Ok(record)
     }
 }
 
@@ -242,7 +282,9 @@ pub(super) fn cells_of<S: Serialize>(
     let bytes = writer
         .into_inner()
         .map_err(|e| ReportError::Invalid(format!("{}: {e}", path.display())))?;
-    Ok(CODEC.with_borrow_mut(|c| c.split(&bytes)))
+    CODEC
+        .with_borrow_mut(|c| c.split(&bytes))
+        .map_err(|why| ReportError::Invalid(format!("{}: a row encoded: {why}", path.display())))
 }
 
 /// The bytes of one CSV line holding `record`'s cells.

@@ -16,7 +16,7 @@ use std::thread::JoinHandle;
 use crossbeam_channel::{bounded, Receiver, Sender};
 use memchr::{memchr, memchr2, memchr_iter};
 
-use super::line::{check_value, damaged, read_err, MAX_LINE};
+use super::line::{check_value, damaged, read_err, Splitter, MAX_LINE};
 use crate::error::ReportError;
 use crate::hash::{fnv1a_more, FNV_START};
 
@@ -196,81 +196,6 @@ impl Blocks {
             rest.len()
         );
         self.at = self.filled;
-        Ok(())
-    }
-}
-
-/// The CSV parser of rows with quotes, built once per file (building one costs more than
-/// parsing a row).
-pub(super) struct Splitter {
-    reader: csv_core::Reader,
-    ends: Vec<usize>,
-}
-
-impl Splitter {
-    pub(super) fn new() -> Self {
-        Splitter {
-            reader: csv_core::Reader::new(),
-            ends: vec![0; 64],
-        }
-    }
-
-    /// Parses the one row `raw` (without its line end): its cells are appended to `scratch`,
-    /// and their ranges there to `cells`. Refused: bytes that hold more than one row (a
-    /// carriage return outside quotes).
-    pub(super) fn split(
-        &mut self,
-        raw: &[u8],
-        scratch: &mut Vec<u8>,
-        cells: &mut Vec<Range<usize>>,
-    ) -> Result<(), &'static str> {
-        self.reader.reset();
-        let base = scratch.len();
-        // Unquoting never makes a row longer.
-        scratch.resize(base + raw.len() + 1, 0);
-        let (mut input, mut nout, mut nend) = (raw, 0, 0);
-        loop {
-            let (res, nin, o, e) =
-                self.reader
-                    .read_record(input, &mut scratch[base + nout..], &mut self.ends[nend..]);
-            input = &input[nin..];
-            nout += o;
-            nend += e;
-            match res {
-                csv_core::ReadRecordResult::OutputEndsFull => {
-                    let more = self.ends.len();
-                    self.ends.resize(more * 2, 0);
-                }
-                csv_core::ReadRecordResult::OutputFull => {
-                    let more = scratch.len();
-                    scratch.resize(more * 2, 0);
-                }
-                csv_core::ReadRecordResult::InputEmpty if !input.is_empty() => {}
-                csv_core::ReadRecordResult::InputEmpty => {
-                    // The end of the row: tell the parser there is no more.
-                    let (_, _, o, e) = self.reader.read_record(
-                        &[],
-                        &mut scratch[base + nout..],
-                        &mut self.ends[nend..],
-                    );
-                    nout += o;
-                    nend += e;
-                    break;
-                }
-                csv_core::ReadRecordResult::Record | csv_core::ReadRecordResult::End => break,
-            }
-        }
-        if !input.is_empty() {
-            return Err(
-                "a carriage return inside a row: the file is not written with one row per line",
-            );
-        }
-        scratch.truncate(base + nout);
-        let mut start = 0;
-        for &end in &self.ends[..nend] {
-            cells.push(base + start..base + end.min(nout));
-            start = end;
-        }
         Ok(())
     }
 }
