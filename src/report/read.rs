@@ -333,15 +333,6 @@ impl<T: ResultsRow> RowReader<T> {
             how,
         }
     }
-
-    /// The rows, each with its line as a rewrite writes it under the extra columns
-    /// `extra` ([`Cells::line_into`]).
-    pub fn with_lines(self, extra: &[String]) -> WithLines<T> {
-        WithLines {
-            plan: self.plan(extra),
-            reader: self,
-        }
-    }
 }
 
 /// The cells of a header parsed as CSV: refused when the bytes hold more than one row.
@@ -516,30 +507,6 @@ impl<T: ResultsRow> Iterator for RowReader<T> {
             Ok(None) => None,
             Err(e) => Some(Err(e)),
         }
-    }
-}
-
-/// The rows of a [`RowReader`], each with its line as written under other extra columns
-/// ([`RowReader::with_lines`]).
-pub struct WithLines<T> {
-    reader: RowReader<T>,
-    plan: LinePlan,
-}
-
-impl<T: ResultsRow> Iterator for WithLines<T> {
-    type Item = Result<(T, Vec<u8>), ReportError>;
-
-    fn next(&mut self) -> Option<Self::Item> {
-        let mut cells = match self.reader.next_cells() {
-            Ok(Some(cells)) => cells,
-            Ok(None) => return None,
-            Err(e) => return Some(Err(e)),
-        };
-        let mut line = Vec::with_capacity(256);
-        let got = cells
-            .line_into(&self.plan, &mut line)
-            .and_then(|()| cells.row());
-        Some(got.map(|row| (row, line)))
     }
 }
 

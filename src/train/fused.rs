@@ -179,7 +179,7 @@ impl Group<'_> {
     /// Ends every trial still training with (a copy of) `e`.
     fn end_all(&mut self, e: &Stop) {
         for end in self.ends.iter_mut().filter(|e| e.is_none()) {
-            *end = Some(Err(copy_error(e)));
+            *end = Some(Err(e.clone()));
         }
     }
 
@@ -334,9 +334,4 @@ impl Group<'_> {
         }
         Ok(())
     }
-}
-
-/// An error that ends every trial of a group, for each of them.
-fn copy_error(e: &Stop) -> Stop {
-    e.clone()
 }
