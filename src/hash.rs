@@ -7,6 +7,9 @@ use std::sync::OnceLock;
 /// FNV-1a's starting value.
 pub const FNV_START: u64 = 0xcbf2_9ce4_8422_2325;
 
+/// FNV-1a's 64-bit multiplier.
+pub const FNV_PRIME: u64 = 0x0000_0100_0000_01b3;
+
 /// FNV-1a over `bytes`.
 pub fn fnv1a(bytes: &[u8]) -> u64 {
     fnv1a_more(FNV_START, bytes)
@@ -14,9 +17,9 @@ pub fn fnv1a(bytes: &[u8]) -> u64 {
 
 /// FNV-1a of what `h` hashed so far followed by `bytes`.
 pub fn fnv1a_more(h: u64, bytes: &[u8]) -> u64 {
-    bytes.iter().fold(h, |h, &b| {
-        (h ^ b as u64).wrapping_mul(0x0000_0100_0000_01b3)
-    })
+    bytes
+        .iter()
+        .fold(h, |h, &b| (h ^ b as u64).wrapping_mul(FNV_PRIME))
 }
 
 /// Two hashes of one text, fed piece by piece: FNV-1a and SipHash with fixed keys.

@@ -18,7 +18,7 @@ use memchr::{memchr, memchr2, memchr_iter};
 
 use super::line::{check_value, damaged, read_err, Splitter, MAX_LINE};
 use crate::error::ReportError;
-use crate::hash::{fnv1a_more, FNV_START};
+use crate::hash::{fnv1a_more, FNV_PRIME, FNV_START};
 
 /// How many bytes one read asks for.
 const BLOCK: usize = 1 << 20;
@@ -49,6 +49,8 @@ pub(super) struct Blocks {
     eof: bool,
     /// The lines taken so far.
     lines: u64,
+    /// `buf[at..clean]` holds no quote and no carriage return: rows that end there are plain.
+    clean: usize,
 }
 
 impl Blocks {
@@ -62,6 +64,7 @@ impl Blocks {
             filled: 0,
             eof: false,
             lines: 0,
+            clean: 0,
         }
     }
 
@@ -100,6 +103,7 @@ impl Blocks {
         if self.at > 0 {
             self.buf.copy_within(self.at..self.filled, 0);
             self.filled -= self.at;
+            self.clean = self.clean.saturating_sub(self.at);
             self.at = 0;
         }
         let want = self.filled + BLOCK;
@@ -148,7 +152,14 @@ impl Blocks {
             }
             let line = &rest[..i];
             let body = line.strip_suffix(b"\r").unwrap_or(line);
-            if memchr2(b'"', b'\r', body).is_some() {
+            if q + i > self.clean {
+                // One search over what was read finds the next quote or carriage return, so
+                // that the rows before it are known to be plain without a search each.
+                let from = self.clean.max(q);
+                self.clean = memchr2(b'"', b'\r', &self.buf[from..self.filled])
+                    .map_or(self.filled, |k| from + k);
+            }
+            if q + i > self.clean && memchr2(b'"', b'\r', body).is_some() {
                 quoted = true;
                 open ^= memchr_iter(b'"', line).count() % 2 == 1;
             }
@@ -321,6 +332,7 @@ impl Drop for Finder {
 fn find_rows(layout: &Layout, mut blocks: Blocks, tx: &Sender<Chunk>, used: &Receiver<Chunk>) {
     let mut splitter = Splitter::new();
     let mut found = Vec::with_capacity(CHUNK_ROWS);
+    let mut units = Vec::new();
     loop {
         let mut chunk = used.try_recv().unwrap_or_default();
         chunk.clear();
@@ -334,32 +346,219 @@ fn find_rows(layout: &Layout, mut blocks: Blocks, tx: &Sender<Chunk>, used: &Rec
         };
         let (lo, hi) = (first.range.start, last.range.end);
         chunk.bytes.extend_from_slice(&blocks.bytes()[lo..hi]);
-        for f in &found {
-            if f.range.is_empty() {
-                // A blank line holds no row (as CSV readers take it).
-                continue;
-            }
-            let f = Found {
-                range: f.range.start - lo..f.range.end - lo,
-                line: f.line,
-                quoted: f.quoted,
-            };
-            let cells = (&mut chunk.cells, &mut chunk.scratch);
-            match split_row(layout, &chunk.bytes, &f, &mut splitter, cells) {
-                Ok(slot) => chunk.slots.push(slot),
-                Err(e) => {
-                    chunk.damage = Some(e);
-                    break;
-                }
-            }
+        if found.iter().all(|f| !f.quoted) && is_clean_text(&chunk.bytes) {
+            // The common case: rows of plain text, split in one pass over the chunk.
+            split_plain_chunk(layout, &found, lo, &mut chunk);
+        } else {
+            split_each(layout, &found, lo, &mut splitter, &mut chunk);
         }
         let (cells, slots) = (&chunk.cells, &mut chunk.slots);
-        compare_checks(layout, &chunk.bytes, cells, slots, &mut chunk.damage);
+        compare_checks(
+            layout,
+            (&chunk.bytes, &mut units),
+            cells,
+            slots,
+            &mut chunk.damage,
+        );
         let last = chunk.damage.is_some();
         if tx.send(chunk).is_err() || last {
             return;
         }
     }
+}
+
+/// Whether `bytes` are ASCII without a NUL or a carriage return (checked over a chunk at once;
+/// a chunk that is not is split row by row, to name the row).
+fn is_clean_text(bytes: &[u8]) -> bool {
+    bytes.is_ascii() && memchr2(0, b'\r', bytes).is_none()
+}
+
+/// Splits the rows `found` (their bytes from `lo` on in the blocks, now in `chunk.bytes`) one
+/// at a time, quoted ones as CSV.
+fn split_each(
+    layout: &Layout,
+    found: &[Found],
+    lo: usize,
+    splitter: &mut Splitter,
+    chunk: &mut Chunk,
+) {
+    for f in found {
+        if f.range.is_empty() {
+            // A blank line holds no row (as CSV readers take it).
+            continue;
+        }
+        let f = Found {
+            range: f.range.start - lo..f.range.end - lo,
+            line: f.line,
+            quoted: f.quoted,
+        };
+        let cells = (&mut chunk.cells, &mut chunk.scratch);
+        match split_row(layout, &chunk.bytes, &f, splitter, cells) {
+            Ok(slot) => chunk.slots.push(slot),
+            Err(e) => {
+                chunk.damage = Some(e);
+                break;
+            }
+        }
+    }
+}
+
+/// Splits rows of plain ASCII text (none quoted, no carriage return, no NUL): the commas and
+/// line ends of the whole chunk are found 64 bytes at a time, and each row's cells taken from them.
+fn split_plain_chunk(layout: &Layout, found: &[Found], lo: usize, chunk: &mut Chunk) {
+    let width = layout.header.len();
+    let Chunk {
+        bytes,
+        slots,
+        cells,
+        damage,
+        ..
+    } = chunk;
+    let mut seps = Separators::new(bytes);
+    for f in found {
+        let range = f.range.start - lo..f.range.end - lo;
+        if range.is_empty() {
+            // A blank line holds no row; its line end (if the chunk holds it) is passed.
+            if range.end < bytes.len() {
+                seps.next();
+            }
+            continue;
+        }
+        let first = cells.len();
+        let mut from = range.start;
+        loop {
+            match seps.next() {
+                Some((at, false)) => {
+                    cells.push(from..at);
+                    from = at + 1;
+                }
+                Some((at, true)) => {
+                    cells.push(from..at);
+                    break;
+                }
+                None => {
+                    cells.push(from..range.end);
+                    break;
+                }
+            }
+        }
+        let n = cells.len() - first;
+        let check = match layout.check {
+            _ if n != width => Err(damaged(
+                &layout.path,
+                f.line,
+                format!("{n} cells where the header has {width}"),
+            )),
+            Some(i) if !cells[first + i].is_empty() => hex16(&bytes[cells[first + i].clone()])
+                .map(Some)
+                .ok_or_else(|| mismatch(&layout.path, f.line)),
+            _ => Ok(None),
+        };
+        match check {
+            Ok(check) => slots.push(Slot {
+                line: f.line,
+                raw: range,
+                cells: first..cells.len(),
+                quoted: false,
+                check,
+            }),
+            Err(e) => {
+                *damage = Some(e);
+                return;
+            }
+        }
+    }
+}
+
+/// The commas and line ends of some bytes, in order, each as (where, whether a line end):
+/// found by comparing 64 bytes at a time into two bit masks.
+struct Separators<'a> {
+    bytes: &'a [u8],
+    /// Where the block the masks describe starts (the next block: where the one after starts).
+    next: usize,
+    base: usize,
+    commas: u64,
+    ends: u64,
+}
+
+impl<'a> Separators<'a> {
+    fn new(bytes: &'a [u8]) -> Self {
+        Separators {
+            bytes,
+            next: 0,
+            base: 0,
+            commas: 0,
+            ends: 0,
+        }
+    }
+}
+
+impl Iterator for Separators<'_> {
+    type Item = (usize, bool);
+
+    fn next(&mut self) -> Option<(usize, bool)> {
+        loop {
+            let any = self.commas | self.ends;
+            if any != 0 {
+                let k = any.trailing_zeros();
+                let bit = 1u64 << k;
+                self.commas &= !bit;
+                let end = self.ends & bit != 0;
+                self.ends &= !bit;
+                return Some((self.base + k as usize, end));
+            }
+            if self.next >= self.bytes.len() {
+                return None;
+            }
+            self.base = self.next;
+            let block = &self.bytes[self.base..self.bytes.len().min(self.base + 64)];
+            self.next = self.base + block.len();
+            (self.commas, self.ends) = match <&[u8; 64]>::try_from(block) {
+                Ok(whole) => masks_of(whole),
+                Err(_) => masks_of_bytes(block),
+            };
+        }
+    }
+}
+
+/// Bit k of the first mask is set when byte k is a comma, of the second when it is a line end.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+fn masks_of(block: &[u8; 64]) -> (u64, u64) {
+    use std::arch::x86_64::{
+        __m128i, _mm_cmpeq_epi8, _mm_loadu_si128, _mm_movemask_epi8, _mm_set1_epi8,
+    };
+    let (mut commas, mut ends) = (0u64, 0u64);
+    // SAFETY: SSE2 is part of every x86_64 target, and each unaligned load reads 16 bytes
+    // that lie inside `block`.
+    unsafe {
+        let (comma, end) = (_mm_set1_epi8(b',' as i8), _mm_set1_epi8(b'\n' as i8));
+        for k in 0..4 {
+            let v = _mm_loadu_si128(block.as_ptr().add(16 * k).cast::<__m128i>());
+            let c = _mm_movemask_epi8(_mm_cmpeq_epi8(v, comma)) as u16;
+            let e = _mm_movemask_epi8(_mm_cmpeq_epi8(v, end)) as u16;
+            commas |= u64::from(c) << (16 * k);
+            ends |= u64::from(e) << (16 * k);
+        }
+    }
+    (commas, ends)
+}
+
+/// Bit k of the first mask is set when byte k is a comma, of the second when it is a line end.
+#[cfg(not(target_arch = "x86_64"))]
+#[inline]
+fn masks_of(block: &[u8; 64]) -> (u64, u64) {
+    masks_of_bytes(block)
+}
+
+/// [`masks_of`] one byte at a time, for any number of bytes up to 64.
+fn masks_of_bytes(block: &[u8]) -> (u64, u64) {
+    block.iter().enumerate().fold((0, 0), |(c, e), (k, &b)| {
+        (
+            c | u64::from(b == b',') << k,
+            e | u64::from(b == b'\n') << k,
+        )
+    })
 }
 
 /// Splits the row `found` into its cells (appended to `cells`, those of a quoted row parsed
@@ -411,13 +610,7 @@ fn split_row(
     if given.is_empty() {
         return Ok(slot);
     }
-    let mismatch = || {
-        damaged(
-            path,
-            line,
-            "its cells do not match its check: the row was changed after it was written",
-        )
-    };
+    let mismatch = || mismatch(path, line);
     let value = hex16(given).ok_or_else(mismatch)?;
     if found.quoted {
         let each = cells[first..first + i].iter().map(|r| &scratch[r.clone()]);
@@ -429,12 +622,21 @@ fn split_row(
     Ok(slot)
 }
 
+/// The damage of a row whose cells do not match its check.
+fn mismatch(path: &Path, line: u64) -> ReportError {
+    damaged(
+        path,
+        line,
+        "its cells do not match its check: the row was changed after it was written",
+    )
+}
+
 /// Compares the checks of the chunk's plain rows with their cells, [`LANES`] at a time: the
 /// first row whose check does not match becomes the chunk's damage, and the rows from it on
-/// are dropped.
+/// are dropped. `units` is scratch: the chunk's bytes with each comma made the unit separator.
 fn compare_checks(
     layout: &Layout,
-    bytes: &[u8],
+    (bytes, units): (&[u8], &mut Vec<u8>),
     cells: &[Range<usize>],
     batch: &mut Vec<Slot>,
     damage: &mut Option<ReportError>,
@@ -442,39 +644,50 @@ fn compare_checks(
     let Some(i) = layout.check else {
         return;
     };
+    units.clear();
+    units.extend(bytes.iter().map(|&b| if b == b',' { UNIT } else { b }));
     let mut plain: Vec<(usize, &[u8])> = Vec::with_capacity(LANES);
-    for (k, slot) in batch.iter().enumerate() {
+    let group = |plain: &mut Vec<(usize, &[u8])>, batch: &mut Vec<Slot>| {
+        let rows: [&[u8]; LANES] = std::array::from_fn(|l| plain.get(l).map_or(&[][..], |p| p.1));
+        let sums = fnv_side_by_side(&rows);
+        let bad = plain
+            .iter()
+            .zip(sums)
+            .find(|((k, _), sum)| batch[*k].check != Some(*sum));
+        let bad = bad.map(|((k, _), _)| *k);
+        plain.clear();
+        bad
+    };
+    for k in 0..batch.len() {
+        let slot = &batch[k];
         if slot.quoted || slot.check.is_none() {
             continue;
         }
-        // The cells before the check, with the commas between them.
+        // The cells before the check, with the separators between them.
         let end = if i == 0 {
             slot.raw.start
         } else {
             cells[slot.cells.start + i - 1].end
         };
-        plain.push((k, &bytes[slot.raw.start..end]));
-    }
-    for group in plain.chunks(LANES) {
-        let rows: Vec<&[u8]> = group.iter().map(|(_, r)| *r).collect();
-        let sums = checks_side_by_side(&rows);
-        if let Some(&(k, _)) = group
-            .iter()
-            .zip(sums)
-            .find(|((k, _), sum)| batch[*k].check != Some(*sum))
-            .map(|(g, _)| g)
-        {
-            // The first row that does not match ends the batch: the rows after it are not handed over.
-            *damage = Some(damaged(
-                &layout.path,
-                batch[k].line,
-                "its cells do not match its check: the row was changed after it was written",
-            ));
-            batch.truncate(k);
-            return;
+        plain.push((k, &units[slot.raw.start..end]));
+        if plain.len() == LANES {
+            if let Some(bad) = group(&mut plain, batch) {
+                // The first row that does not match ends the batch: the rows after it are not
+                // handed over.
+                *damage = Some(mismatch(&layout.path, batch[bad].line));
+                batch.truncate(bad);
+                return;
+            }
         }
     }
+    if let Some(bad) = group(&mut plain, batch) {
+        *damage = Some(mismatch(&layout.path, batch[bad].line));
+        batch.truncate(bad);
+    }
 }
+
+/// The byte a comma between cells is taken as in a check: the unit separator.
+const UNIT: u8 = 0x1f;
 
 /// Where each cell of a row without quotes lies: `cells` gets one range per cell.
 pub(super) fn split_plain(line: &[u8], base: usize, cells: &mut Vec<Range<usize>>) {
@@ -486,49 +699,51 @@ pub(super) fn split_plain(line: &[u8], base: usize, cells: &mut Vec<Range<usize>
     cells.push(base + from..base + line.len());
 }
 
-/// The FNV-1a of each row's bytes with every comma taken as the unit separator (the check of
-/// cells without quotes, joined as [`super::line::check_value`] joins them), [`LANES`] rows side by side.
-pub(super) fn checks_side_by_side(rows: &[&[u8]]) -> [u64; LANES] {
+/// The FNV-1a of each of [`LANES`] rows (their commas already made [`UNIT`]s), side by side:
+/// each row's chain of multiplications runs beside the others'. An empty row's is FNV's start.
+pub(super) fn fnv_side_by_side(rows: &[&[u8]; LANES]) -> [u64; LANES] {
     let mut h = [FNV_START; LANES];
-    let n = rows.len().min(LANES);
-    let common = rows.iter().take(n).map(|r| r.len()).min().unwrap_or(0);
-    if n == LANES {
-        let lanes: [&[u8]; LANES] = std::array::from_fn(|l| &rows[l][..common]);
-        for i in 0..common {
-            for (h, lane) in h.iter_mut().zip(&lanes) {
-                let b = lane[i];
-                let b = if b == b',' { 0x1f } else { b };
-                *h = (*h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3);
-            }
-        }
-    } else {
-        for l in 0..n {
-            h[l] = comma_fnv(h[l], &rows[l][..common]);
+    let common = rows.iter().map(|r| r.len()).min().unwrap_or(0);
+    let lanes: [&[u8]; LANES] = std::array::from_fn(|l| &rows[l][..common]);
+    for i in 0..common {
+        for (h, lane) in h.iter_mut().zip(&lanes) {
+            *h = (*h ^ u64::from(lane[i])).wrapping_mul(FNV_PRIME);
         }
     }
-    for l in 0..n {
-        h[l] = comma_fnv(h[l], &rows[l][common..]);
+    for (h, row) in h.iter_mut().zip(rows) {
+        *h = fnv1a_more(*h, &row[common..]);
     }
     h
 }
 
-/// FNV-1a of `bytes` after `h`, a comma taken as the unit separator.
-fn comma_fnv(h: u64, bytes: &[u8]) -> u64 {
-    bytes.iter().fold(h, |h, &b| {
-        fnv1a_more(h, &[if b == b',' { 0x1f } else { b }])
-    })
-}
-
 /// The number 16 hex digits (either case) write; `None` for anything else.
 pub(super) fn hex16(cell: &[u8]) -> Option<u64> {
-    if cell.len() != 16 {
-        return None;
+    let digits: &[u8; 16] = cell.try_into().ok()?;
+    let mut v = 0u64;
+    let mut bad = 0u8;
+    for &b in digits {
+        let d = HEX[usize::from(b)];
+        bad |= d;
+        v = (v << 4) | u64::from(d & 0xf);
     }
-    cell.iter().try_fold(0u64, |v, &b| {
-        let d = (b as char).to_digit(16)?;
-        Some((v << 4) | u64::from(d))
-    })
+    (bad & 0x80 == 0).then_some(v)
 }
+
+/// Each byte's value as a hex digit (either case), or 0x80 for a byte that is none.
+const HEX: [u8; 256] = {
+    let mut t = [0x80u8; 256];
+    let mut b = 0;
+    while b < 256 {
+        t[b] = match b as u8 {
+            c @ b'0'..=b'9' => c - b'0',
+            c @ b'a'..=b'f' => c - b'a' + 10,
+            c @ b'A'..=b'F' => c - b'A' + 10,
+            _ => 0x80,
+        };
+        b += 1;
+    }
+    t
+};
 
 /// `value` as the 16 lowercase hex digits of a check cell.
 pub(super) fn push_hex16(out: &mut Vec<u8>, value: u64) {
@@ -550,11 +765,24 @@ mod tests {
                 format!("{i},t{},x{},,{}", i * 37, "y".repeat(i % 5), i as f64 / 3.0).into_bytes()
             })
             .collect();
+        let units: Vec<Vec<u8>> = rows
+            .iter()
+            .map(|r| {
+                r.iter()
+                    .map(|&b| if b == b',' { UNIT } else { b })
+                    .collect()
+            })
+            .collect();
         for take in [0, 1, 3, 8] {
-            let some: Vec<&[u8]> = rows.iter().take(take).map(|r| r.as_slice()).collect();
-            let got = checks_side_by_side(&some);
-            for (l, row) in some.iter().enumerate() {
-                let want = check_value(row.split(|&b| b == b','));
+            let some: [&[u8]; LANES] =
+                std::array::from_fn(|l| if l < take { &units[l + 2][..] } else { &[][..] });
+            let got = fnv_side_by_side(&some);
+            for l in 0..LANES {
+                let want = if l < take {
+                    check_value(rows[l + 2].split(|&b| b == b','))
+                } else {
+                    FNV_START
+                };
                 assert_eq!(got[l], want, "row {l} of {take}");
             }
         }
@@ -589,6 +817,103 @@ mod tests {
         assert!(splitter
             .split(b"a,b\rc,d", &mut scratch, &mut cells)
             .is_err());
+    }
+
+    /// The rows of `text` (lines split at `\n`, the last without one) as the blocks find them.
+    fn found_in(text: &[u8]) -> Vec<Found> {
+        let mut at = 0;
+        text.split(|&b| b == b'\n')
+            .enumerate()
+            .map(|(i, row)| {
+                let f = Found {
+                    range: at..at + row.len(),
+                    line: i as u64 + 2,
+                    quoted: false,
+                };
+                at += row.len() + 1;
+                f
+            })
+            .collect()
+    }
+
+    /// One row a split left: its line, cells and check.
+    type Split<'a> = (u64, Vec<&'a [u8]>, Option<u64>);
+
+    /// What a split left: each row, and the damage said.
+    fn outcome(chunk: &Chunk) -> (Vec<Split<'_>>, Option<String>) {
+        let rows = chunk
+            .slots
+            .iter()
+            .map(|s| {
+                let cells = chunk.cells[s.cells.clone()]
+                    .iter()
+                    .map(|r| &chunk.bytes[r.clone()])
+                    .collect();
+                (s.line, cells, s.check)
+            })
+            .collect();
+        (rows, chunk.damage.as_ref().map(ToString::to_string))
+    }
+
+    /// A row of `cells` with its check, as a results file holds it.
+    fn checked_row(cells: &[String]) -> String {
+        let mut out = cells.join(",").into_bytes();
+        out.push(b',');
+        push_hex16(&mut out, check_value(cells.iter().map(|c| c.as_bytes())));
+        String::from_utf8(out).unwrap()
+    }
+
+    proptest::proptest! {
+        /// The one-pass split of a chunk of plain rows finds the cells, checks and damage that
+        /// the row-by-row split finds, blank lines, short rows and bad checks included.
+        #[test]
+        fn a_plain_chunk_splits_as_its_rows_one_by_one(
+            rows in proptest::collection::vec(
+                (proptest::collection::vec("[a-z0-9.]{0,9}", 3), 0u8..8),
+                1..40,
+            )
+        ) {
+            let lines: Vec<String> = rows
+                .iter()
+                .map(|(cells, how)| match how {
+                    0 => String::new(),
+                    1 => cells.join(","),
+                    2 => format!("{},{}", checked_row(cells), cells[0]),
+                    3 => format!("{},zz{}", cells.join(","), "0".repeat(14)),
+                    4 => format!("{},", cells.join(",")),
+                    _ => checked_row(cells),
+                })
+                .collect();
+            let text = lines.join("\n").into_bytes();
+            let layout = Layout {
+                path: PathBuf::from("p.csv"),
+                header: ::csv::ByteRecord::from(vec!["a", "b", "c", "check"]),
+                check: Some(3),
+                extra_columns: Vec::new(),
+            };
+            let found = found_in(&text);
+            let (mut one, mut each) = (Chunk::default(), Chunk::default());
+            one.bytes = text.clone();
+            each.bytes = text;
+            split_plain_chunk(&layout, &found, 0, &mut one);
+            split_each(&layout, &found, 0, &mut Splitter::new(), &mut each);
+            proptest::prop_assert_eq!(outcome(&one), outcome(&each));
+        }
+    }
+
+    #[test]
+    fn separators_are_found_across_blocks_and_in_a_short_tail() {
+        let mut text = vec![b'x'; 200];
+        for at in [0, 5, 63, 64, 65, 127, 128, 190, 199] {
+            text[at] = if at % 2 == 0 { b',' } else { b'\n' };
+        }
+        let got: Vec<(usize, bool)> = Separators::new(&text).collect();
+        let want: Vec<(usize, bool)> = [0, 5, 63, 64, 65, 127, 128, 190, 199]
+            .iter()
+            .map(|&at| (at, at % 2 == 1))
+            .collect();
+        assert_eq!(got, want);
+        assert_eq!(Separators::new(&[]).count(), 0);
     }
 
     #[test]
