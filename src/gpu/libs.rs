@@ -55,8 +55,16 @@ pub struct Env {
 }
 
 impl Env {
-    /// This process's environment.
+    /// This process's environment, with the `sys.path` of the `python3` on `PATH`.
     pub fn from_process() -> Env {
+        Env {
+            python_sys_path: python_sys_path().to_vec(),
+            ..Env::from_process_alone()
+        }
+    }
+
+    /// This process's environment, without asking a Python for its `sys.path`.
+    fn from_process_alone() -> Env {
         let path = |name: &str| {
             std::env::var_os(name)
                 .filter(|v| !v.is_empty())
@@ -67,7 +75,7 @@ impl Env {
             cuda_path: path("CUDA_PATH"),
             ld_library_path: std::env::var_os("LD_LIBRARY_PATH"),
             virtual_env: path("VIRTUAL_ENV"),
-            python_sys_path: python_sys_path().to_vec(),
+            python_sys_path: Vec::new(),
             root: PathBuf::from("/"),
         }
     }
@@ -138,7 +146,17 @@ pub fn preload(lib: CudaLib) -> Result<PathBuf, LibError> {
     if let Some((_, path, _)) = loaded.iter().find(|(l, _, _)| *l == lib) {
         return Ok(path.clone());
     }
-    let dirs = dirs_for(lib, &Env::from_process());
+    let env = if lib == CudaLib::Driver {
+        // The driver is installed with the system's, never by pip: no need to start a Python
+        // to ask it for its site-packages (which can take a second behind a version manager).
+        Env {
+            python_sys_path: Vec::new(),
+            ..Env::from_process_alone()
+        }
+    } else {
+        Env::from_process()
+    };
+    let dirs = dirs_for(lib, &env);
     let (path, handles) = match locate(lib, &dirs) {
         Ok(files) => load_files(&dirs, &files)?,
         Err(miss) => load_by_soname(lib).ok_or(miss)?,
