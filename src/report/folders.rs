@@ -10,7 +10,9 @@ use super::plot::{
     plot_samples_per_s, plot_time_per_training, samples_per_s_plottable,
     time_per_training_plottable,
 };
-use super::read::{check_rows, existing_extra, read_runs, read_trials, RowReader};
+use super::read::{
+    check_rows, existing_extra, read_rows_and_lines, read_runs, read_trials, RowReader,
+};
 use super::summary::summary_text;
 use super::write::{write_all, write_lines_from, write_rows, LineOut};
 use super::{ProgressRow, RunRow, TrialRow};
@@ -100,6 +102,11 @@ impl ResultsDir {
         read_trials(&self.dir)
     }
 
+    /// The rows of `trials.csv`, each with its line ([`read_rows_and_lines`]).
+    pub fn trials_and_lines(&self) -> Result<Vec<(TrialRow, Vec<u8>)>, ReportError> {
+        read_rows_and_lines(&self.dir.join(TRIALS_CSV))
+    }
+
     /// The rows of `progress.csv`, one at a time (none when there is no such file).
     pub fn progress(
         &self,
@@ -165,8 +172,8 @@ pub fn union_of_columns(dirs: &[ResultsDir]) -> Vec<String> {
 
 /// Merges the report files of every directory into `out`, in order, without rows repeated
 /// exactly (a directory given twice, or rows copied between directories): the rows of
-/// `runs.csv` and `trials.csv` are held, those of `progress.csv` copied one at a time (the
-/// digests of those seen are held). Each file is replaced whole; a damaged input, or a stop by
+/// `runs.csv` and `trials.csv` are held (those of `trials.csv` with their lines, copied as
+/// written), those of `progress.csv` copied one at a time (the digests of those seen are held). Each file is replaced whole; a damaged input, or a stop by
 /// `interrupt`, leaves `out` as it was. Returns the runs and trials merged.
 pub fn merge_files(
     dirs: &[PathBuf],
@@ -183,9 +190,12 @@ pub fn merge_files(
     let (mut runs, mut trials) = (Vec::new(), Vec::new());
     for d in &folders {
         runs.extend(d.runs()?);
-        trials.extend(d.trials()?);
+        trials.extend(d.trials_and_lines()?);
     }
-    let (runs, trials) = (dedup(runs), dedup(trials));
+    let runs = dedup(runs);
+    // A trial's row is dropped when its line, as written, was met already (as a progress row is).
+    let mut seen = HashSet::new();
+    trials.retain(|(_, line)| seen.insert(digest_bytes(line)));
     fs::create_dir_all(out).map_err(|source| ReportError::Write {
         path: out.to_path_buf(),
         source,
@@ -213,8 +223,10 @@ pub fn merge_files(
         batch.write_new(&mut seen, out)
     })?;
     write_rows(&out.join(RUNS_CSV), &runs)?;
-    write_rows(&out.join(TRIALS_CSV), &trials)?;
-    Ok((runs, trials))
+    write_lines_from::<TrialRow>(&out.join(TRIALS_CSV), &[], interrupt, |out| {
+        trials.iter().try_for_each(|(_, line)| out.write(line))
+    })?;
+    Ok((runs, trials.into_iter().map(|(row, _)| row).collect()))
 }
 
 /// How many lines a merge compares with those written in one go.

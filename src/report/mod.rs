@@ -21,7 +21,8 @@ pub use self::line::{
 };
 pub use self::plot::{plot_samples_per_s, plot_time_per_training};
 pub use self::read::{
-    check_rows, read_progress, read_rows, read_runs, read_trials, Cells, LinePlan, RowReader,
+    check_rows, read_progress, read_rows, read_rows_and_lines, read_runs, read_trials, Cells,
+    LinePlan, RowReader,
 };
 pub use self::summary::{
     best_n, best_trial, format_best, format_best_n, format_parity, parity, summary_table,

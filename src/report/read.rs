@@ -395,6 +395,23 @@ impl<T: ResultsRow> Cells<'_, T> {
             .map_or(&[][..], |r| &self.bytes[r.clone()])
     }
 
+    /// The row's line as it was read (without its line end), when `plan` writes it unchanged:
+    /// the same columns, and a check that matched its cells (quoted cells included: the line
+    /// read again gives the same cells).
+    pub fn as_written(&self, plan: &LinePlan) -> Option<&[u8]> {
+        let same = matches!(plan.how, How::Append(0)) && self.check.is_some();
+        same.then_some(self.raw)
+    }
+
+    /// Makes every damage check on the row: none left when its check matched its cells, else
+    /// it is parsed whole.
+    pub fn verify(&mut self) -> Result<(), ReportError> {
+        if self.check.is_none() {
+            self.row()?;
+        }
+        Ok(())
+    }
+
     /// The line the row starts on.
     pub fn line(&self) -> u64 {
         self.line
@@ -468,6 +485,11 @@ impl<T: ResultsRow> Cells<'_, T> {
     /// check, a quoted cell, an older file) is encoded from its values. Either way the line is
     /// the one its values encode to.
     pub fn line_into(&mut self, plan: &LinePlan, out: &mut Vec<u8>) -> Result<(), ReportError> {
+        if let Some(raw) = self.as_written(plan) {
+            out.extend_from_slice(raw);
+            out.push(b'\n');
+            return Ok(());
+        }
         match (&plan.how, self.check) {
             (How::Append(more), Some(check)) if !self.quoted => {
                 let i = self.layout.check.unwrap_or(0);
@@ -513,6 +535,21 @@ impl<T: ResultsRow> Iterator for RowReader<T> {
 /// Reads every row of a results file with [`RowReader`]: any damage refuses the whole file.
 pub fn read_rows<T: ResultsRow>(path: &Path) -> Result<Vec<T>, ReportError> {
     RowReader::open(path)?.collect()
+}
+
+/// Reads a results file of rows without extra columns, each with its line as `T`'s columns
+/// write it: copied as it was read when the file has those columns and the row's check
+/// matched, encoded anew otherwise.
+pub fn read_rows_and_lines<T: ResultsRow>(path: &Path) -> Result<Vec<(T, Vec<u8>)>, ReportError> {
+    let mut reader = RowReader::<T>::open(path)?;
+    let plan = reader.plan(&[]);
+    let mut rows = Vec::new();
+    while let Some(mut cells) = reader.next_cells()? {
+        let mut line = Vec::new();
+        cells.line_into(&plan, &mut line)?;
+        rows.push((cells.row()?, line));
+    }
+    Ok(rows)
 }
 
 /// Reads a results file through to its end, every row checked, keeping none: whether it can be

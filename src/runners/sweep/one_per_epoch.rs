@@ -5,6 +5,7 @@
 //! for an epoch past [`NEAR_EPOCHS`]), and the number of the last row of each key met twice:
 //! never the rows.
 
+use std::cell::RefCell;
 use std::collections::{HashMap, HashSet};
 
 use crate::error::ReportError;
@@ -14,12 +15,26 @@ use crate::report::{Cells, ProgressRow, RowReader};
 /// Epochs below this are held as bits (at most 512 bytes a trial); the rare ones past it as keys.
 pub const NEAR_EPOCHS: u32 = 4096;
 
+/// An id looked up, and what was found for it: its trial's index and source.
+type Memo = (Vec<u8>, Option<(u32, usize)>);
+
+/// What the first pass makes of one row (its trial and epoch met).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Met {
+    /// A row of a trial not kept, or from a source its rows do not come from.
+    NotKept,
+    /// The first row of its (trial, epoch).
+    First,
+    /// A (trial, epoch) seen before: only the last of its rows is kept.
+    Again,
+}
+
 /// The rows to keep of a stream of progress rows (see the module's text).
 #[derive(Debug, Default)]
 pub struct OnePerEpoch<'a> {
     /// The trials whose rows are kept, by id: their index (in the key) and the source (a
     /// folder's index) their rows must come from.
-    trials: HashMap<&'a str, (u32, usize), Seeded>,
+    trials: HashMap<&'a [u8], (u32, usize), Seeded>,
     /// The epochs seen of each trial, by its index: one bit per epoch below [`NEAR_EPOCHS`].
     near: Vec<Vec<u64>>,
     /// The keys seen of epochs from [`NEAR_EPOCHS`] on.
@@ -30,6 +45,8 @@ pub struct OnePerEpoch<'a> {
     last: HashMap<u64, u64, Seeded>,
     /// The rows seen by the first pass.
     rows: u64,
+    /// The id looked up last, and what was found for it.
+    memo: RefCell<Memo>,
 }
 
 impl<'a> OnePerEpoch<'a> {
@@ -38,7 +55,7 @@ impl<'a> OnePerEpoch<'a> {
         let mut trials = HashMap::default();
         for (id, source) in kept {
             let index = trials.len() as u32;
-            trials.entry(id).or_insert((index, source));
+            trials.entry(id.as_bytes()).or_insert((index, source));
         }
         OnePerEpoch {
             near: vec![Vec::new(); trials.len()],
@@ -47,21 +64,35 @@ impl<'a> OnePerEpoch<'a> {
         }
     }
 
-    fn key(&self, source: usize, (id, epoch): (&str, u32)) -> Option<u64> {
-        let &(index, from) = self.trials.get(id)?;
+    fn key(&self, source: usize, (id, epoch): (&[u8], u32)) -> Option<u64> {
+        // A trial's rows mostly follow one another: the last id looked up is compared first.
+        let mut memo = self.memo.borrow_mut();
+        let found = if memo.0 == id {
+            memo.1
+        } else {
+            let found = self.trials.get(id).copied();
+            memo.0.clear();
+            memo.0.extend_from_slice(id);
+            memo.1 = found;
+            found
+        };
+        let (index, from) = found?;
         (from == source).then_some((u64::from(index) << 32) | u64::from(epoch))
     }
 
     /// The first pass: the `at`-th row (counted from 0 over all sources, in order), by its
     /// trial id and epoch.
-    pub fn see(&mut self, at: u64, source: usize, row: (&str, u32)) {
+    pub fn see(&mut self, at: u64, source: usize, row: (&[u8], u32)) -> Met {
         self.rows += 1;
-        if let Some(key) = self.key(source, row) {
-            if self.first_time(key) {
-                self.distinct += 1;
-            } else {
-                self.last.insert(key, at);
-            }
+        let Some(key) = self.key(source, row) else {
+            return Met::NotKept;
+        };
+        if self.first_time(key) {
+            self.distinct += 1;
+            Met::First
+        } else {
+            self.last.insert(key, at);
+            Met::Again
         }
     }
 
@@ -87,7 +118,7 @@ impl<'a> OnePerEpoch<'a> {
     }
 
     /// The second pass, over the same rows in the same order: whether the `at`-th is kept.
-    pub fn keeps(&self, at: u64, source: usize, row: (&str, u32)) -> bool {
+    pub fn keeps(&self, at: u64, source: usize, row: (&[u8], u32)) -> bool {
         match self.key(source, row) {
             None => false,
             Some(key) => self.last.get(&key).is_none_or(|&last| last == at),
@@ -116,13 +147,33 @@ impl KeyColumns {
         })
     }
 
-    /// A row's trial id and epoch.
+    /// A row's trial id (its bytes) and epoch.
     pub fn key<'c>(
         &self,
         cells: &'c Cells<'_, ProgressRow>,
-    ) -> Result<(&'c str, u32), ReportError> {
-        Ok((cells.text(self.id)?, cells.value(self.epoch)?))
+    ) -> Result<(&'c [u8], u32), ReportError> {
+        let epoch = match digits_u32(cells.cell(self.epoch)) {
+            Some(e) => e,
+            // Said as any cell that does not parse is.
+            None => cells.value(self.epoch)?,
+        };
+        Ok((cells.cell(self.id), epoch))
     }
+}
+
+/// The number 1 to 10 decimal digits write, when it fits in a `u32`.
+fn digits_u32(cell: &[u8]) -> Option<u32> {
+    if cell.is_empty() || cell.len() > 10 {
+        return None;
+    }
+    let mut v = 0u64;
+    for &b in cell {
+        if !b.is_ascii_digit() {
+            return None;
+        }
+        v = v * 10 + u64::from(b - b'0');
+    }
+    u32::try_from(v).ok()
 }
 
 #[cfg(test)]
@@ -142,12 +193,12 @@ mod tests {
     fn kept(keep: &[(&str, usize)], rows: &[(usize, ProgressRow)]) -> (Vec<ProgressRow>, u64) {
         let mut one = OnePerEpoch::new(keep.iter().copied());
         for (at, (s, r)) in rows.iter().enumerate() {
-            one.see(at as u64, *s, (&r.trial_id, r.epoch));
+            one.see(at as u64, *s, (r.trial_id.as_bytes(), r.epoch));
         }
         let out = rows
             .iter()
             .enumerate()
-            .filter(|(at, (s, r))| one.keeps(*at as u64, *s, (&r.trial_id, r.epoch)))
+            .filter(|(at, (s, r))| one.keeps(*at as u64, *s, (r.trial_id.as_bytes(), r.epoch)))
             .map(|(_, (_, r))| r.clone())
             .collect();
         (out, one.dropped())

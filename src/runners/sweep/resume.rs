@@ -178,7 +178,10 @@ pub(super) fn scan_progress<'a>(
     while let Some(mut cells) = reader.next_cells()? {
         let (id, epoch) = key.key(&cells)?;
         scan.epochs.see(scan.rows, 0, (id, epoch));
-        if let Some(p) = pruner.filter(|p| p.wants(&done, id, epoch)) {
+        let wanted = |p: &&hyperband::Pruner| {
+            std::str::from_utf8(id).is_ok_and(|id| p.wants(&done, id, epoch))
+        };
+        if let Some(p) = pruner.filter(wanted) {
             if p.restore_row(&done, &cells.row()?) {
                 scan.restored += 1;
             }
@@ -211,7 +214,7 @@ pub(super) fn keep_complete_progress(
     let (key, plan) = (KeyColumns::of(&reader)?, reader.plan(&columns));
     let mut at = 0u64;
     report::write_lines_from::<ProgressRow>(&path, &columns, interrupt, |out| {
-        report::copy_rows(&mut reader, &plan, out, |cells, _| {
+        report::copy_rows(&mut reader, &plan, out, |cells| {
             at += 1;
             Ok(epochs.keeps(at - 1, 0, key.key(cells)?))
         })

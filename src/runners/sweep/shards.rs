@@ -1,6 +1,6 @@
 //! `gpumux merge`: the results of several sweep shards (or resumed runs) as one report.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::HashSet;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
@@ -9,7 +9,7 @@ use crate::job::Goal;
 use crate::report::{self, Interrupt, ProgressRow, TrialRow};
 
 use super::best;
-use super::one_per_epoch::{KeyColumns, OnePerEpoch};
+use super::one_per_epoch::{KeyColumns, Met, OnePerEpoch};
 use crate::rounds::say;
 
 /// What a merge found.
@@ -19,6 +19,8 @@ pub struct Merged {
     pub trials: Vec<TrialRow>,
     /// The folder each kept row came from (by index into `folders`), row for row.
     from: Vec<usize>,
+    /// Each kept row's line, as its folder wrote it (when its check matched), row for row.
+    lines: Vec<Vec<u8>>,
     folders: Vec<report::ResultsDir>,
 }
 
@@ -37,7 +39,7 @@ pub fn merge(dirs: &[PathBuf]) -> Result<Merged> {
         .iter()
         .map(|d| report::ResultsDir::open(d))
         .collect::<std::result::Result<_, _>>()?;
-    let mut rows: Vec<(usize, TrialRow)> = Vec::new();
+    let mut rows: Vec<(usize, (TrialRow, Vec<u8>))> = Vec::new();
     for (i, d) in folders.iter().enumerate() {
         let runs = d.runs()?;
         if !runs.is_empty() {
@@ -50,7 +52,7 @@ pub fn merge(dirs: &[PathBuf]) -> Result<Merged> {
                 report::RUNS_CSV
             )));
         }
-        rows.extend(d.trials()?.into_iter().map(|t| (i, t)));
+        rows.extend(d.trials_and_lines()?.into_iter().map(|t| (i, t)));
     }
     // Per trial id, the last COMPLETE row, else the last PRUNED one, else the last row, in the
     // order given: a trial that completed anywhere is COMPLETE, whatever the folders' order.
@@ -59,27 +61,36 @@ pub fn merge(dirs: &[PathBuf]) -> Result<Merged> {
         report::PRUNED => 1,
         _ => 0,
     };
-    let mut chosen: BTreeMap<String, (usize, TrialRow)> = BTreeMap::new();
-    for (i, r) in rows {
-        let replace = match chosen.get(&r.trial_id) {
-            None => true,
-            Some((_, kept)) => rank(&r) >= rank(kept),
-        };
-        if replace {
-            chosen.insert(r.trial_id.clone(), (i, r));
+    // The rows in order of their ids (and, per id, as given), then the one kept of each id.
+    let mut order: Vec<usize> = (0..rows.len()).collect();
+    order.sort_by(|&x, &y| rows[x].1 .0.trial_id.cmp(&rows[y].1 .0.trial_id));
+    let mut kept: Vec<usize> = Vec::new();
+    for &k in &order {
+        match kept.last_mut() {
+            Some(last) if rows[*last].1 .0.trial_id == rows[k].1 .0.trial_id => {
+                if rank(&rows[k].1 .0) >= rank(&rows[*last].1 .0) {
+                    *last = k;
+                }
+            }
+            _ => kept.push(k),
         }
     }
-    let (from, trials) = chosen.into_values().unzip();
+    let mut rows: Vec<Option<_>> = rows.into_iter().map(Some).collect();
+    let (from, rows): (Vec<usize>, Vec<_>) = kept.iter().filter_map(|&k| rows[k].take()).unzip();
+    let (trials, lines) = rows.into_iter().unzip();
     Ok(Merged {
         trials,
         from,
+        lines,
         folders,
     })
 }
 
 impl Merged {
     /// Writes `out`'s `progress.csv`: the epochs of each kept row's trial, from the folder
-    /// that row came from, one per epoch (the last written), copied row by row in two passes.
+    /// that row came from, one per epoch (the last written), copied row by row. Rows are
+    /// written as they are read; only when an epoch turns up twice is that file given up and
+    /// the rows copied again in a second pass that keeps the last of each.
     fn write_progress(&self, out_dir: &Path, interrupt: &Interrupt) -> Result<()> {
         let mut epochs = OnePerEpoch::new(
             self.trials
@@ -87,19 +98,36 @@ impl Merged {
                 .zip(&self.from)
                 .map(|(t, &i)| (t.trial_id.as_str(), i)),
         );
-        let mut at = 0u64;
-        for (source, d) in self.folders.iter().enumerate() {
-            let Some(mut reader) = d.progress(interrupt)? else {
-                continue;
-            };
-            let key = KeyColumns::of(&reader)?;
-            while let Some(cells) = reader.next_cells()? {
-                epochs.see(at, source, key.key(&cells)?);
-                at += 1;
-            }
-        }
         let columns = report::union_of_columns(&self.folders);
         let path = out_dir.join(report::PROGRESS_CSV);
+        let (mut at, mut again, mut given_up) = (0u64, false, false);
+        let once = report::write_lines_from::<ProgressRow>(&path, &columns, interrupt, |out| {
+            for (source, d) in self.folders.iter().enumerate() {
+                let Some(mut reader) = d.progress(interrupt)? else {
+                    continue;
+                };
+                let (key, plan) = (KeyColumns::of(&reader)?, reader.plan(&columns));
+                report::copy_rows(&mut reader, &plan, out, |cells| {
+                    let seen = epochs.see(at, source, key.key(cells)?);
+                    at += 1;
+                    again |= seen == Met::Again;
+                    Ok(seen == Met::First && !again)
+                })?;
+            }
+            if again {
+                // This file is dropped (its temporary file removed), never put in place.
+                given_up = true;
+                return Err(crate::error::ReportError::Invalid(
+                    "an epoch written twice".into(),
+                ));
+            }
+            Ok(())
+        });
+        match once {
+            Ok(()) => return Ok(()),
+            Err(_) if given_up => {}
+            Err(e) => return Err(e.into()),
+        }
         let mut at = 0u64;
         report::write_lines_from::<ProgressRow>(&path, &columns, interrupt, |out| {
             for (source, d) in self.folders.iter().enumerate() {
@@ -107,7 +135,7 @@ impl Merged {
                     continue;
                 };
                 let (key, plan) = (KeyColumns::of(&reader)?, reader.plan(&columns));
-                report::copy_rows(&mut reader, &plan, out, |cells, _| {
+                report::copy_rows(&mut reader, &plan, out, |cells| {
                     at += 1;
                     Ok(epochs.keeps(at - 1, source, key.key(cells)?))
                 })?;
@@ -165,7 +193,11 @@ pub fn write(
     )))?;
     m.write_progress(out_dir, interrupt)?;
     report::write_rows::<report::RunRow>(&out_dir.join(report::RUNS_CSV), &[])?;
-    report::write_rows(&out_dir.join(report::TRIALS_CSV), &m.trials)?;
+    // The kept rows as their folders wrote them.
+    let trials = out_dir.join(report::TRIALS_CSV);
+    report::write_lines_from::<TrialRow>(&trials, &[], interrupt, |out| {
+        m.lines.iter().try_for_each(|line| out.write(line))
+    })?;
     let count = |s: &str| m.trials.iter().filter(|r| r.state == s).count();
     say(
         out,
@@ -240,5 +272,60 @@ mod tests {
         );
         assert!(merge(&[tmp.path().join("nothing")]).is_err());
         assert!(merge(&[]).is_err());
+    }
+
+    fn epoch(id: &str, epoch: u32, acc: f64) -> ProgressRow {
+        ProgressRow {
+            trial_id: id.into(),
+            epoch,
+            test_acc: acc,
+            ..Default::default()
+        }
+    }
+
+    /// Merges `a` and `b` into `out`: the progress rows written there (trial, epoch, accuracy),
+    /// and the files left in `out`.
+    fn merged_progress(a: &Path, b: &Path, out: &Path) -> (Vec<(String, u32, f64)>, usize) {
+        let m = merge(&[a.to_path_buf(), b.to_path_buf()]).unwrap();
+        write(&m, out, Goal::Maximize, &Interrupt::Never, &mut Vec::new()).unwrap();
+        let rows = report::read_progress(out)
+            .unwrap()
+            .into_iter()
+            .map(|r| (r.trial_id, r.epoch, r.test_acc))
+            .collect();
+        (rows, std::fs::read_dir(out).unwrap().count())
+    }
+
+    #[test]
+    fn progress_rows_are_copied_in_one_pass_or_two_when_an_epoch_is_written_twice() {
+        let tmp = tempfile::tempdir().unwrap();
+        let (a, b) = (tmp.path().join("a"), tmp.path().join("b"));
+        let mut wa = report::ReportWriter::create(&a).unwrap();
+        let mut wb = report::ReportWriter::create(&b).unwrap();
+        for (id, acc) in [("x", 0.1), ("y", 0.2)] {
+            wa.progress(&epoch(id, 1, acc)).unwrap();
+            wa.progress(&epoch(id, 2, acc + 0.01)).unwrap();
+        }
+        wa.trial(&row("x", "COMPLETE")).unwrap();
+        wa.trial(&row("y", "FAIL")).unwrap();
+        // y completed in b: its rows come from b only.
+        wb.progress(&epoch("y", 1, 0.5)).unwrap();
+        wb.trial(&row("y", "COMPLETE")).unwrap();
+        let once = tmp.path().join("once");
+        let (rows, files) = merged_progress(&a, &b, &once);
+        let want = [("x", 1, 0.1), ("x", 2, 0.11), ("y", 1, 0.5)];
+        let want: Vec<(String, u32, f64)> =
+            want.iter().map(|&(i, e, v)| (i.into(), e, v)).collect();
+        assert_eq!(rows, want);
+        // An epoch of x written again later in a: the last one is kept, where it stood.
+        wa.progress(&epoch("x", 1, 0.9)).unwrap();
+        let twice = tmp.path().join("twice");
+        let (rows, files_twice) = merged_progress(&a, &b, &twice);
+        let want = [("x", 2, 0.11), ("x", 1, 0.9), ("y", 1, 0.5)];
+        let want: Vec<(String, u32, f64)> =
+            want.iter().map(|&(i, e, v)| (i.into(), e, v)).collect();
+        assert_eq!(rows, want);
+        // The file given up left nothing behind.
+        assert_eq!(files, files_twice);
     }
 }
