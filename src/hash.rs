@@ -144,6 +144,31 @@ impl DigestSet {
         fresh.extend(batch.iter().map(|&d| self.insert(d)));
     }
 
+    /// Whether the set holds `d`.
+    pub fn contains(&self, d: u128) -> bool {
+        let d = if d == EMPTY { 1 } else { d };
+        let mask = self.slots.len() - 1;
+        let mut i = self.home(d);
+        loop {
+            match self.slots[i] {
+                EMPTY => return false,
+                s if s == d => return true,
+                _ => i = (i + 1) & mask,
+            }
+        }
+    }
+
+    /// [`DigestSet::contains`] of each digest; `held` gets, for each, whether the set holds it.
+    pub fn contains_batch(&self, batch: &[u128], held: &mut Vec<bool>) {
+        // One load of each home slot, all issued before any is needed.
+        let touched = batch
+            .iter()
+            .fold(0u128, |acc, &d| acc ^ self.slots[self.home(d)]);
+        std::hint::black_box(touched);
+        held.clear();
+        held.extend(batch.iter().map(|&d| self.contains(d)));
+    }
+
     fn grow(&mut self) {
         let bigger = vec![EMPTY; self.slots.len() * 2];
         let old = std::mem::replace(&mut self.slots, bigger);

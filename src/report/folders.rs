@@ -170,8 +170,10 @@ pub fn union_of_columns(dirs: &[ResultsDir]) -> Vec<String> {
     columns
 }
 
-/// Merges the report files of every directory into `out`, in order, without rows repeated
-/// exactly (a directory given twice, or rows copied between directories): the rows of
+/// Merges the report files of every directory into `out`, in order, without the rows a
+/// directory before holds exactly (a directory given twice, or rows copied between
+/// directories; a progress row repeated within one directory is kept, as `report DIR` keeps
+/// it): the rows of
 /// `runs.csv` and `trials.csv` are held (those of `trials.csv` with their lines, copied as
 /// written), those of `progress.csv` copied one at a time (the digests of those seen are held). Each file is replaced whole; a damaged input, or a stop by
 /// `interrupt`, leaves `out` as it was. Returns the runs and trials merged.
@@ -193,7 +195,7 @@ pub fn merge_files(
         trials.extend(d.trials_and_lines()?);
     }
     let runs = dedup(runs);
-    // A trial's row is dropped when its line, as written, was met already (as a progress row is).
+    // A trial's row is dropped when its line, as written, was met already.
     let mut seen = HashSet::new();
     trials.retain(|(_, line)| seen.insert(digest_bytes(line)));
     fs::create_dir_all(out).map_err(|source| ReportError::Write {
@@ -201,26 +203,43 @@ pub fn merge_files(
         source,
     })?;
     let columns = union_of_columns(&folders);
-    // A row is dropped when its line, as written, was written already (about one row per
-    // 128 bytes: the set grows once or twice rather than twenty times).
-    let bytes: u64 = folders.iter().map(ResultsDir::progress_bytes).sum();
-    let mut seen = DigestSet::with_capacity((bytes / 128).min(1 << 24) as usize);
+    // A row is dropped when a folder before holds its line, as written: the digests of each
+    // folder's lines are held for the folders after it (about one row per 128 bytes, so that
+    // the set grows once or twice rather than twenty times). One folder needs none.
+    let last = folders.len() - 1;
+    let bytes: u64 = folders[..last].iter().map(ResultsDir::progress_bytes).sum();
+    let mut earlier = DigestSet::with_capacity((bytes / 128).min(1 << 24) as usize);
     write_lines_from::<ProgressRow>(&out.join(PROGRESS_CSV), &columns, interrupt, |out| {
         let mut batch = Batch::default();
-        for d in &folders {
-            if let Some(mut reader) = d.progress(interrupt)? {
-                let plan = reader.plan(&columns);
-                while let Some(mut cells) = reader.next_cells()? {
-                    let start = batch.lines.len();
-                    cells.line_into(&plan, &mut batch.lines)?;
-                    batch.push(start);
-                    if batch.digests.len() == BATCH {
-                        batch.write_new(&mut seen, out)?;
+        let mut this_folder = Vec::new();
+        for (k, d) in folders.iter().enumerate() {
+            let Some(mut reader) = d.progress(interrupt)? else {
+                continue;
+            };
+            let (look, keep) = (k > 0, k < last);
+            let plan = reader.plan(&columns);
+            while let Some(mut cells) = reader.next_cells()? {
+                let start = batch.lines.len();
+                cells.line_into(&plan, &mut batch.lines)?;
+                batch.push(start, look || keep);
+                if batch.starts.len() == BATCH {
+                    batch.write_new(look.then_some(&earlier), out)?;
+                    if keep {
+                        this_folder.extend_from_slice(&batch.digests);
                     }
+                    batch.clear();
                 }
             }
+            batch.write_new(look.then_some(&earlier), out)?;
+            if keep {
+                this_folder.extend_from_slice(&batch.digests);
+            }
+            batch.clear();
+            for d in this_folder.drain(..) {
+                earlier.insert(d);
+            }
         }
-        batch.write_new(&mut seen, out)
+        Ok(())
     })?;
     write_rows(&out.join(RUNS_CSV), &runs)?;
     write_lines_from::<TrialRow>(&out.join(TRIALS_CSV), &[], interrupt, |out| {
@@ -229,44 +248,57 @@ pub fn merge_files(
     Ok((runs, trials.into_iter().map(|(row, _)| row).collect()))
 }
 
-/// How many lines a merge compares with those written in one go.
+/// How many lines a merge compares with those of the folders before in one go.
 const BATCH: usize = 16;
 
-/// Lines of a merge waiting to be compared with those written.
+/// Lines of a merge waiting to be compared with those of the folders before.
 #[derive(Default)]
 struct Batch {
     lines: Vec<u8>,
     /// Where each line starts in `lines`.
     starts: Vec<usize>,
+    /// Each line's digest, when lines are compared or remembered.
     digests: Vec<u128>,
-    fresh: Vec<bool>,
+    held: Vec<bool>,
 }
 
 impl Batch {
-    /// Takes the line that starts at `start` in `lines`.
-    fn push(&mut self, start: usize) {
+    /// Takes the line that starts at `start` in `lines`, with its digest when `digest`.
+    fn push(&mut self, start: usize, digest: bool) {
         self.starts.push(start);
-        self.digests.push(digest_bytes(&self.lines[start..]));
+        if digest {
+            self.digests.push(digest_bytes(&self.lines[start..]));
+        }
     }
 
-    /// Writes the lines not written before (not in `seen`, nor earlier in the batch).
-    fn write_new(&mut self, seen: &mut DigestSet, out: &mut LineOut) -> Result<(), ReportError> {
-        seen.insert_batch(&self.digests, &mut self.fresh);
+    /// Writes the lines that `earlier` does not hold (all of them without it).
+    fn write_new(
+        &mut self,
+        earlier: Option<&DigestSet>,
+        out: &mut LineOut,
+    ) -> Result<(), ReportError> {
+        self.held.clear();
+        if let Some(set) = earlier {
+            set.contains_batch(&self.digests, &mut self.held);
+        }
         let ends = self
             .starts
             .iter()
             .skip(1)
             .copied()
             .chain([self.lines.len()]);
-        for ((&start, end), &fresh) in self.starts.iter().zip(ends).zip(&self.fresh) {
-            if fresh {
+        for (k, (&start, end)) in self.starts.iter().zip(ends).enumerate() {
+            if !self.held.get(k).copied().unwrap_or(false) {
                 out.write(&self.lines[start..end])?;
             }
         }
+        Ok(())
+    }
+
+    fn clear(&mut self) {
         self.lines.clear();
         self.starts.clear();
         self.digests.clear();
-        Ok(())
     }
 }
 
@@ -382,6 +414,34 @@ mod tests {
         let out = tempfile::tempdir().unwrap();
         merge_files(dirs, out.path(), &Interrupt::Never)?;
         read_dir(out.path())
+    }
+
+    #[test]
+    fn a_row_a_folder_before_holds_is_dropped_and_one_repeated_within_a_folder_kept() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dirs: Vec<PathBuf> = ["a", "b", "c"].iter().map(|d| tmp.path().join(d)).collect();
+        let row = |id: &str, epoch: u32| ProgressRow {
+            trial_id: id.into(),
+            epoch,
+            ..Default::default()
+        };
+        let trials = [trial_row("t0", "shared", None, None)];
+        write_merged(&dirs[0], &[], &trials, &[row("t0", 1), row("t0", 1)]).unwrap();
+        write_merged(
+            &dirs[1],
+            &[],
+            &trials,
+            &[row("t0", 1), row("t1", 1), row("t1", 1)],
+        )
+        .unwrap();
+        write_merged(&dirs[2], &[], &trials, &[row("t1", 1), row("t2", 1)]).unwrap();
+        let (_, trials, progress) = merged(&dirs).unwrap();
+        assert_eq!(trials.len(), 1);
+        let got: Vec<&str> = progress.iter().map(|p| p.trial_id.as_str()).collect();
+        assert_eq!(got, ["t0", "t0", "t1", "t1", "t2"]);
+        // One folder alone is copied whole.
+        let (_, _, alone) = merged(&dirs[1..2]).unwrap();
+        assert_eq!(alone.len(), 3);
     }
 
     #[test]
