@@ -72,14 +72,17 @@ echo "build,step,seconds,peak_mib,exit" >"$csv"
 measure() {
   local build="$1" step="$2"; shift 2
   local t="$work/time.txt" code=0
+  # What earlier steps wrote is on disk first, so that no step's fsync waits on their writeback.
+  sync
   /usr/bin/time -o "$t" -f "%e %M" "$@" >"$work/last.log" 2>&1 || code=$?
   read -r secs kib <"$t" || { secs=NaN; kib=0; }
   local mib=$((kib / 1024))
   echo "$build,$step,$secs,$mib,$code" >>"$csv"
   printf '%-10s %-13s %7s s %6s MiB exit %s\n' "$build" "$step" "$secs" "$mib" "$code"
 }
-for round in 1 2; do
-  measure - copy sh -c "rm -f '$work/copy.csv' '$work/copy-t.csv'; cp --reflink=never '$work/one/progress.csv' '$work/copy.csv' && cp --reflink=never '$work/one/trials.csv' '$work/copy-t.csv' && sync -f '$work/copy.csv'"
+for round in 1 2 3; do
+  rm -rf "$work/r" "$work/m" "$work/w" "$work/w2" "$work/copy.csv" "$work/copy-t.csv"
+  measure - copy sh -c "cp --reflink=never '$work/one/progress.csv' '$work/copy.csv' && cp --reflink=never '$work/one/trials.csv' '$work/copy-t.csv' && sync -f '$work/copy.csv'"
   for b in "${builds[@]}"; do
     name="${b%%=*}" exe="${b#*=}"
     rm -rf "$work/r" "$work/m" "$work/w"
@@ -90,7 +93,6 @@ for round in 1 2; do
     measure "$name" resume-widen "$exe" sweep "$work/wide.yaml" --out "$work/w" --resume
     head -1 "$work/w/progress.csv" | grep -q grad_norm || echo "  (the widened header is missing: see $work/last.log)"
   done
-  rm -rf "$work/w2"
   cp -r "$work/one" "$work/w2"
   measure current rewrite target/release/examples/widen_progress "$work/w2"
   head -1 "$work/w2/progress.csv" | grep -q grad_norm || echo "  (the rewrite left no wider header: see $work/last.log)"
@@ -115,7 +117,7 @@ for r in rows:
     prev = best[key]
     best[key] = (min(prev[0], s), max(prev[1], m))
 copy = best[("-", "copy")][0]
-out = ["| build | step | seconds (best of 2) | × plain copy | peak MiB (max of 2) | under 200 MiB |",
+out = ["| build | step | seconds (best of 3) | × plain copy | peak MiB (max of 3) | under 200 MiB |",
        "|---|---|---|---|---|---|"]
 for (build, step), (s, m) in best.items():
     if step == "copy":

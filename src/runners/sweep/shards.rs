@@ -39,8 +39,7 @@ pub fn merge(dirs: &[PathBuf]) -> Result<Merged> {
         .iter()
         .map(|d| report::ResultsDir::open(d))
         .collect::<std::result::Result<_, _>>()?;
-    let mut rows: Vec<(usize, (TrialRow, Vec<u8>))> = Vec::new();
-    for (i, d) in folders.iter().enumerate() {
+    for d in &folders {
         let runs = d.runs()?;
         if !runs.is_empty() {
             return Err(Error::Usage(format!(
@@ -52,7 +51,10 @@ pub fn merge(dirs: &[PathBuf]) -> Result<Merged> {
                 report::RUNS_CSV
             )));
         }
-        rows.extend(d.trials_and_lines()?.into_iter().map(|t| (i, t)));
+    }
+    let mut rows: Vec<(usize, TrialLine)> = Vec::new();
+    for (i, trials) in read_trials(&folders)?.into_iter().enumerate() {
+        rows.extend(trials.into_iter().map(|t| (i, t)));
     }
     // Per trial id, the last COMPLETE row, else the last PRUNED one, else the last row, in the
     // order given: a trial that completed anywhere is COMPLETE, whatever the folders' order.
@@ -84,6 +86,36 @@ pub fn merge(dirs: &[PathBuf]) -> Result<Merged> {
         lines,
         folders,
     })
+}
+
+/// A trial's row, with its line as its folder wrote it.
+type TrialLine = (TrialRow, Vec<u8>);
+
+/// The rows of each folder's `trials.csv` with their lines, in the folders' order: as many
+/// folders read at once as there are cores (parsing the rows is most of the work).
+fn read_trials(folders: &[report::ResultsDir]) -> Result<Vec<Vec<TrialLine>>> {
+    let width = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let mut read = Vec::with_capacity(folders.len());
+    for group in folders.chunks(width) {
+        let got: Vec<_> = std::thread::scope(|s| {
+            let each: Vec<_> = group
+                .iter()
+                .map(|d| s.spawn(move || d.trials_and_lines()))
+                .collect();
+            each.into_iter().map(|h| h.join()).collect()
+        });
+        for (d, trials) in group.iter().zip(got) {
+            let Ok(trials) = trials else {
+                return Err(Error::Report(crate::error::ReportError::Invalid(format!(
+                    "{}: the reading of {} stopped unexpectedly",
+                    d.dir().display(),
+                    report::TRIALS_CSV
+                ))));
+            };
+            read.push(trials?);
+        }
+    }
+    Ok(read)
 }
 
 impl Merged {
@@ -175,7 +207,12 @@ pub fn run(
             crate::run::set_aside(out_dir)?;
         }
     }
-    write(&m, out_dir, goal, interrupt, out)
+    let written = write(&m, out_dir, goal, interrupt, out);
+    // Tens of thousands of rows take tens of milliseconds to free: done beside the exit.
+    let _ = std::thread::Builder::new()
+        .name("gpumux-free".into())
+        .spawn(move || drop(m));
+    written
 }
 
 /// Writes a merge into `out` (each file replaced whole, fsynced once; the progress rows before
