@@ -67,18 +67,18 @@ parameters:
 EOF
 mkdir -p "$out"
 csv="$out/measurements.csv"
-echo "build,step,seconds,peak_mib,exit" >"$csv"
+echo "build,step,seconds,user_s,sys_s,peak_mib,exit" >"$csv"
 # measure BUILD STEP COMMAND...: one row of measurements.csv.
 measure() {
   local build="$1" step="$2"; shift 2
   local t="$work/time.txt" code=0
   # What earlier steps wrote is on disk first, so that no step's fsync waits on their writeback.
   sync
-  /usr/bin/time -o "$t" -f "%e %M" "$@" >"$work/last.log" 2>&1 || code=$?
-  read -r secs kib <"$t" || { secs=NaN; kib=0; }
+  /usr/bin/time -o "$t" -f "%e %U %S %M" "$@" >"$work/last.log" 2>&1 || code=$?
+  read -r secs user sys kib <"$t" || { secs=NaN; user=NaN; sys=NaN; kib=0; }
   local mib=$((kib / 1024))
-  echo "$build,$step,$secs,$mib,$code" >>"$csv"
-  printf '%-10s %-13s %7s s %6s MiB exit %s\n' "$build" "$step" "$secs" "$mib" "$code"
+  echo "$build,$step,$secs,$user,$sys,$mib,$code" >>"$csv"
+  printf '%-10s %-13s %7s s (cpu %s + %s) %6s MiB exit %s\n' "$build" "$step" "$secs" "$user" "$sys" "$mib" "$code"
 }
 for round in 1 2 3; do
   rm -rf "$work/r" "$work/m" "$work/w" "$work/w2" "$work/copy.csv" "$work/copy-t.csv"
