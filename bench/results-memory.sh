@@ -83,6 +83,10 @@ measure() {
 for round in 1 2 3; do
   rm -rf "$work/r" "$work/m" "$work/w" "$work/w2" "$work/copy.csv" "$work/copy-t.csv"
   measure - copy sh -c "cp --reflink=never '$work/one/progress.csv' '$work/copy.csv' && cp --reflink=never '$work/one/trials.csv' '$work/copy-t.csv' && sync -f '$work/copy.csv'"
+  # The rewrite alone right after the copy, on the same footing.
+  cp -r "$work/one" "$work/w2"
+  measure current rewrite target/release/examples/widen_progress "$work/w2"
+  head -1 "$work/w2/progress.csv" | grep -q grad_norm || echo "  (the rewrite left no wider header: see $work/last.log)"
   for b in "${builds[@]}"; do
     name="${b%%=*}" exe="${b#*=}"
     rm -rf "$work/r" "$work/m" "$work/w"
@@ -93,9 +97,6 @@ for round in 1 2 3; do
     measure "$name" resume-widen "$exe" sweep "$work/wide.yaml" --out "$work/w" --resume
     head -1 "$work/w/progress.csv" | grep -q grad_norm || echo "  (the widened header is missing: see $work/last.log)"
   done
-  cp -r "$work/one" "$work/w2"
-  measure current rewrite target/release/examples/widen_progress "$work/w2"
-  head -1 "$work/w2/progress.csv" | grep -q grad_norm || echo "  (the rewrite left no wider header: see $work/last.log)"
 done
 commit=$(git rev-parse --short HEAD)
 {
