@@ -1,7 +1,8 @@
-//! One progress row per (trial, epoch) of the trials kept, found in two passes over rows read one at a time: the last one written of each, where it was written.
+//! One progress row per (trial, epoch) of the trials kept, found in at most two passes over rows read one at a time: the last one written of each, where it was written.
 //!
-//! The first pass sees every row ([`OnePerEpoch::see`]); the second keeps a row when
-//! [`OnePerEpoch::keeps`] says so. What is held is one bit per (trial, epoch) (a 64-bit key
+//! The first pass sees every row ([`OnePerEpoch::see`]): while no (trial, epoch) comes twice,
+//! every row it calls [`Met::First`] is kept and no second pass is needed. Otherwise the
+//! second keeps a row when [`OnePerEpoch::keeps`] says so. What is held is one bit per (trial, epoch) (a 64-bit key
 //! for an epoch past [`NEAR_EPOCHS`]), and the number of the last row of each key met twice:
 //! never the rows.
 
