@@ -135,13 +135,18 @@ impl DigestSet {
     /// [`DigestSet::insert`] of each digest in order; `fresh` gets, for each, whether it
     /// was new.
     pub fn insert_batch(&mut self, batch: &[u128], fresh: &mut Vec<bool>) {
-        // One load of each home slot, all issued before any is needed.
+        self.touch(batch);
+        fresh.clear();
+        fresh.extend(batch.iter().map(|&d| self.insert(d)));
+    }
+
+    /// One load of the home slot of each digest, all issued before any is needed, so that
+    /// their cache misses overlap.
+    fn touch(&self, batch: &[u128]) {
         let touched = batch
             .iter()
             .fold(0u128, |acc, &d| acc ^ self.slots[self.home(d)]);
         std::hint::black_box(touched);
-        fresh.clear();
-        fresh.extend(batch.iter().map(|&d| self.insert(d)));
     }
 
     /// Whether the set holds `d`.
@@ -160,11 +165,7 @@ impl DigestSet {
 
     /// [`DigestSet::contains`] of each digest; `held` gets, for each, whether the set holds it.
     pub fn contains_batch(&self, batch: &[u128], held: &mut Vec<bool>) {
-        // One load of each home slot, all issued before any is needed.
-        let touched = batch
-            .iter()
-            .fold(0u128, |acc, &d| acc ^ self.slots[self.home(d)]);
-        std::hint::black_box(touched);
+        self.touch(batch);
         held.clear();
         held.extend(batch.iter().map(|&d| self.contains(d)));
     }

@@ -333,6 +333,10 @@ mod tests {
         (rows, std::fs::read_dir(out).unwrap().count())
     }
 
+    fn owned(rows: &[(&str, u32, f64)]) -> Vec<(String, u32, f64)> {
+        rows.iter().map(|&(i, e, v)| (i.into(), e, v)).collect()
+    }
+
     #[test]
     fn progress_rows_are_copied_in_one_pass_or_two_when_an_epoch_is_written_twice() {
         let tmp = tempfile::tempdir().unwrap();
@@ -350,18 +354,12 @@ mod tests {
         wb.trial(&row("y", "COMPLETE")).unwrap();
         let once = tmp.path().join("once");
         let (rows, files) = merged_progress(&a, &b, &once);
-        let want = [("x", 1, 0.1), ("x", 2, 0.11), ("y", 1, 0.5)];
-        let want: Vec<(String, u32, f64)> =
-            want.iter().map(|&(i, e, v)| (i.into(), e, v)).collect();
-        assert_eq!(rows, want);
+        assert_eq!(rows, owned(&[("x", 1, 0.1), ("x", 2, 0.11), ("y", 1, 0.5)]));
         // An epoch of x written again later in a: the last one is kept, where it stood.
         wa.progress(&epoch("x", 1, 0.9)).unwrap();
         let twice = tmp.path().join("twice");
         let (rows, files_twice) = merged_progress(&a, &b, &twice);
-        let want = [("x", 2, 0.11), ("x", 1, 0.9), ("y", 1, 0.5)];
-        let want: Vec<(String, u32, f64)> =
-            want.iter().map(|&(i, e, v)| (i.into(), e, v)).collect();
-        assert_eq!(rows, want);
+        assert_eq!(rows, owned(&[("x", 2, 0.11), ("x", 1, 0.9), ("y", 1, 0.5)]));
         // The file given up left nothing behind.
         assert_eq!(files, files_twice);
     }
