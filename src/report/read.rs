@@ -267,6 +267,18 @@ impl<T: ResultsRow> RowReader<T> {
         Ok(Some(cells))
     }
 
+    /// Where the row handed over last lies in the bytes read (without its line end), and
+    /// whether it is the last row of those bytes: the next row may come with other bytes.
+    pub(super) fn place(&self) -> (Range<usize>, bool) {
+        let slot = &self.chunk.slots[self.next.saturating_sub(1)];
+        (slot.raw.clone(), self.next >= self.chunk.slots.len())
+    }
+
+    /// Bytes read, as [`RowReader::place`] names them; valid until the next row is taken.
+    pub(super) fn bytes_read(&self) -> &[u8] {
+        &self.chunk.bytes
+    }
+
     /// Moves on to the next row, taking the finder's next chunk when one is used up; false at
     /// the end of the rows; the damage found in the row as an error.
     fn next_slot(&mut self) -> Result<bool, ReportError> {

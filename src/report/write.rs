@@ -467,10 +467,16 @@ impl LineOut<'_> {
 
     /// Writes one whole line given in two parts (`tail` ends with its newline).
     fn write_parts(&mut self, head: &[u8], tail: &[u8]) -> Result<(), ReportError> {
-        if self.lines % CHECK_EVERY == CHECK_EVERY - 1 {
+        self.write_lines(head, tail, 1)
+    }
+
+    /// Writes `rows` whole lines given in two parts (`head` then `tail`, which together end
+    /// with a newline); the signals are looked at every [`CHECK_EVERY`] lines.
+    fn write_lines(&mut self, head: &[u8], tail: &[u8], rows: u64) -> Result<(), ReportError> {
+        if (self.lines % CHECK_EVERY) + rows >= CHECK_EVERY {
             self.interrupt.check(self.path)?;
         }
-        self.lines += 1;
+        self.lines += rows;
         let written = self.w.write_all(head).and_then(|()| self.w.write_all(tail));
         written.map_err(|e| {
             let said = write_err(self.path)(io::Error::new(e.kind(), e.to_string()));
@@ -480,9 +486,10 @@ impl LineOut<'_> {
     }
 }
 
-/// Copies the rows of `reader` into `out`, those that `keep` keeps (every row is checked), each as its line under
-/// `plan` ([`Cells::line_into`]; a row written unchanged is copied straight from what was
-/// read); returns how many were written.
+/// Copies the rows of `reader` into `out`, those that `keep` keeps (every row is checked),
+/// each as its line under `plan` ([`Cells::line_into`]). Rows written unchanged that follow
+/// one another in the bytes read are copied from them in one write, without being copied line
+/// by line. Returns how many rows were written.
 pub fn copy_rows<T: ResultsRow>(
     reader: &mut RowReader<T>,
     plan: &LinePlan,
@@ -491,22 +498,73 @@ pub fn copy_rows<T: ResultsRow>(
 ) -> Result<u64, ReportError> {
     let mut line = Vec::with_capacity(512);
     let mut n = 0;
+    // Whole lines (line ends included) of the bytes read, not yet written, and how many.
+    let mut run = Run::default();
     while let Some(mut cells) = reader.next_cells()? {
-        if !keep(&mut cells)? {
+        let kept = keep(&mut cells)?;
+        let unchanged = kept && cells.as_written(plan).is_some();
+        if !kept {
             // A row left out is refused all the same when it is damaged.
             cells.verify()?;
-            continue;
+        } else if !unchanged {
+            line.clear();
+            cells.line_into(plan, &mut line)?;
+            run.write(reader.bytes_read(), out)?;
+            out.write(&line)?;
+            n += 1;
         }
-        n += 1;
-        if let Some(raw) = cells.as_written(plan) {
-            out.write_parts(raw, b"\n")?;
-            continue;
+        let (raw, last) = reader.place();
+        let bytes = reader.bytes_read();
+        if unchanged {
+            n += 1;
+            if run.lines.end != raw.start {
+                run.write(bytes, out)?;
+                run.lines = raw.start..raw.start;
+            }
+            run.rows += 1;
+            if bytes.get(raw.end) == Some(&b'\n') {
+                run.lines.end = raw.end + 1;
+            } else {
+                // Its line end is not among the bytes read (the last row of a chunk).
+                run.lines.end = raw.end;
+                run.write_then(bytes, b"\n", out)?;
+            }
         }
-        line.clear();
-        cells.line_into(plan, &mut line)?;
-        out.write(&line)?;
+        if last {
+            run.write(bytes, out)?;
+        }
     }
+    run.write(reader.bytes_read(), out)?;
     Ok(n)
+}
+
+/// Rows of the bytes read, one after another, to be written in one go.
+#[derive(Default)]
+struct Run {
+    lines: std::ops::Range<usize>,
+    rows: u64,
+}
+
+impl Run {
+    /// Writes the rows (if any) and starts again with none.
+    fn write(&mut self, bytes: &[u8], out: &mut LineOut) -> Result<(), ReportError> {
+        self.write_then(bytes, &[], out)
+    }
+
+    /// Writes the rows and `tail` (the last one's line end), and starts again with none.
+    fn write_then(
+        &mut self,
+        bytes: &[u8],
+        tail: &[u8],
+        out: &mut LineOut,
+    ) -> Result<(), ReportError> {
+        if self.rows > 0 {
+            out.write_lines(&bytes[self.lines.clone()], tail, self.rows)?;
+        }
+        self.rows = 0;
+        self.lines = 0..0;
+        Ok(())
+    }
 }
 
 /// Replaces the three results files of `dir` (created if needed) with these rows; each file
