@@ -70,6 +70,31 @@ pub fn model_name(job: &Job) -> String {
         .map_or_else(|| "external".to_string(), |m| m.kind.to_string())
 }
 
+/// One trial of `job`'s model on `data` outside any round (the `parallel` and `batch-scan`
+/// commands): the job's epochs and seed, no fault, no step cap, no warm-up, no pruning.
+pub fn lone_trial(
+    job: &Job,
+    data: &Dataset,
+    model: crate::job::ModelSpec,
+    hyper: crate::job::Hyper,
+    cancel: Cancel,
+) -> crate::train::TrialConfig {
+    crate::train::TrialConfig {
+        model,
+        hyper,
+        epochs: job.file.train.epochs,
+        seed: job.file.seed,
+        input: data.shape,
+        classes: data.classes,
+        fault: None,
+        engine: job.engine_options(),
+        max_steps: None,
+        warm_up: false,
+        cancel,
+        prune: None,
+    }
+}
+
 /// What the workers of a built-in model's rounds share: the dataset (on the device too, on a
 /// GPU), how a child process finds it again, the model and the engine options.
 pub fn builtin_context(
@@ -108,16 +133,20 @@ mod tests {
     use crate::run::{load_data, resolve_backend};
     use crate::sched::{run_round, Device, Devices, TrialState};
 
-    #[test]
-    fn a_trial_runs_on_its_slices_device_and_fails_alone_where_there_is_none() {
-        let job = Job::parse(
-            "model: {kind: mlp, hidden: [16]}\ndata: {source: synthetic, train_samples: 512, test_samples: 128}\ntrain: {epochs: 1, batch_size: 64}\n",
-            std::path::Path::new("j.yaml"),
-        )
-        .unwrap();
+    /// The job `yaml`, its data, and the CPU backend resolved for it.
+    fn on_cpu(yaml: &str) -> (Job, Arc<Dataset>, Resolved) {
+        let job = Job::parse(yaml, std::path::Path::new("j.yaml")).unwrap();
         let data = load_data(&job, None).unwrap();
         let found = crate::gpu::discover();
         let r = resolve_backend(BackendChoice::Cpu, &found, &job.file.engine).unwrap();
+        (job, data, r)
+    }
+
+    #[test]
+    fn a_trial_runs_on_its_slices_device_and_fails_alone_where_there_is_none() {
+        let (job, data, r) = on_cpu(
+            "model: {kind: mlp, hidden: [16]}\ndata: {source: synthetic, train_samples: 512, test_samples: 128}\ntrain: {epochs: 1, batch_size: 64}\n",
+        );
         let mut ctx = builtin_context(
             &job,
             &data,
@@ -168,14 +197,9 @@ mod tests {
     #[test]
     fn a_fused_round_runs_its_groups_and_a_panic_fails_its_whole_group() {
         use crate::sched::{group::queued, Event};
-        let job = Job::parse(
+        let (job, data, r) = on_cpu(
             "model: {kind: mlp, hidden: [8]}\ndata: {source: synthetic, train_samples: 256, test_samples: 64}\ntrain: {epochs: 2, batch_size: 64}\nfaults: [{trial: 1, kind: panic}]\n",
-            std::path::Path::new("j.yaml"),
-        )
-        .unwrap();
-        let data = load_data(&job, None).unwrap();
-        let found = crate::gpu::discover();
-        let r = resolve_backend(BackendChoice::Cpu, &found, &job.file.engine).unwrap();
+        );
         let ctx = builtin_context(
             &job,
             &data,

@@ -144,18 +144,8 @@ pub fn run(job: &Job, opts: &ScanOptions, out: &mut dyn Write) -> Result<PathBuf
         part: sched::partition_of(&parts, &slice),
         cfg: ParallelConfig {
             trial: crate::train::TrialConfig {
-                model,
-                hyper: h,
                 epochs: 1,
-                seed: job.file.seed,
-                input: data.shape,
-                classes: data.classes,
-                fault: None,
-                engine: job.engine_options(),
-                max_steps: None,
-                warm_up: false,
-                cancel: cancel.clone(),
-                prune: None,
+                ..crate::rounds::lone_trial(job, &data, model, h, cancel.clone())
             },
             shards: Vec::new(),
         },

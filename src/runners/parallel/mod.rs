@@ -270,18 +270,8 @@ pub fn run(job: &Job, opts: &ParallelOptions, out: &mut dyn Write) -> Result<Pat
     let cancel = run::cancel_on_signals(std::time::Duration::ZERO);
     let mut cfg = ParallelConfig {
         trial: crate::train::TrialConfig {
-            model: model.clone(),
-            hyper: h.clone(),
-            epochs: job.file.train.epochs,
             seed: spec.seed,
-            input: data.shape,
-            classes: data.classes,
-            fault: None,
-            engine: job.engine_options(),
-            max_steps: None,
-            warm_up: false,
-            cancel,
-            prune: None,
+            ..crate::rounds::lone_trial(job, &data, model.clone(), h.clone(), cancel)
         },
         shards: fixed.clone().unwrap_or_default(),
     };
