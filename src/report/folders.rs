@@ -223,18 +223,18 @@ pub fn merge_files(
                 cells.line_into(&plan, &mut batch.lines)?;
                 batch.push(start, look || keep);
                 if batch.starts.len() == BATCH {
-                    batch.write_new(look.then_some(&earlier), out)?;
-                    if keep {
-                        this_folder.extend_from_slice(&batch.digests);
-                    }
-                    batch.clear();
+                    batch.flush(
+                        look.then_some(&earlier),
+                        keep.then_some(&mut this_folder),
+                        out,
+                    )?;
                 }
             }
-            batch.write_new(look.then_some(&earlier), out)?;
-            if keep {
-                this_folder.extend_from_slice(&batch.digests);
-            }
-            batch.clear();
+            batch.flush(
+                look.then_some(&earlier),
+                keep.then_some(&mut this_folder),
+                out,
+            )?;
             for d in this_folder.drain(..) {
                 earlier.insert(d);
             }
@@ -271,10 +271,12 @@ impl Batch {
         }
     }
 
-    /// Writes the lines that `earlier` does not hold (all of them without it).
-    fn write_new(
+    /// Writes the lines that `earlier` does not hold (all of them without it), adds their
+    /// digests to `remembered` when given, and starts again with none.
+    fn flush(
         &mut self,
         earlier: Option<&DigestSet>,
+        remembered: Option<&mut Vec<u128>>,
         out: &mut LineOut,
     ) -> Result<(), ReportError> {
         self.held.clear();
@@ -292,13 +294,13 @@ impl Batch {
                 out.write(&self.lines[start..end])?;
             }
         }
-        Ok(())
-    }
-
-    fn clear(&mut self) {
+        if let Some(kept) = remembered {
+            kept.extend_from_slice(&self.digests);
+        }
         self.lines.clear();
         self.starts.clear();
         self.digests.clear();
+        Ok(())
     }
 }
 

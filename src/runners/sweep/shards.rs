@@ -53,7 +53,7 @@ pub fn merge(dirs: &[PathBuf]) -> Result<Merged> {
         }
     }
     let mut rows: Vec<(usize, TrialLine)> = Vec::new();
-    for (i, trials) in read_trials(&folders)?.into_iter().enumerate() {
+    for (i, trials) in trials_of(&folders)?.into_iter().enumerate() {
         rows.extend(trials.into_iter().map(|t| (i, t)));
     }
     // Per trial id, the last COMPLETE row, else the last PRUNED one, else the last row, in the
@@ -93,7 +93,7 @@ type TrialLine = (TrialRow, Vec<u8>);
 
 /// The rows of each folder's `trials.csv` with their lines, in the folders' order: as many
 /// folders read at once as there are cores (parsing the rows is most of the work).
-fn read_trials(folders: &[report::ResultsDir]) -> Result<Vec<Vec<TrialLine>>> {
+fn trials_of(folders: &[report::ResultsDir]) -> Result<Vec<Vec<TrialLine>>> {
     let width = std::thread::available_parallelism().map_or(1, |n| n.get());
     let mut read = Vec::with_capacity(folders.len());
     for group in folders.chunks(width) {
