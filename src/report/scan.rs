@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use crossbeam_channel::{bounded, Receiver, Sender};
-use memchr::{memchr, memchr2, memchr_iter};
+use memchr::{memchr, memchr2, memchr_iter, memrchr};
 
 use super::line::{check_value, damaged, read_err, Splitter, MAX_LINE};
 use crate::error::ReportError;
@@ -96,6 +96,34 @@ impl Blocks {
             self.read_more()?;
         }
         Ok(())
+    }
+
+    /// The next rows when they are plain (no quote, no carriage return), taken whole up to
+    /// `max` bytes: where their bytes lie (the last one's line end left out) and the line the
+    /// first starts on. `None` when the next row is not plain, or longer than `max`: then
+    /// [`Blocks::next_rows`] takes the rows one at a time. The bytes may move on the next call.
+    pub(super) fn next_plain(
+        &mut self,
+        max: usize,
+    ) -> Result<Option<(Range<usize>, u64)>, ReportError> {
+        if !self.eof && self.filled - self.at < max {
+            self.read_more()?;
+        }
+        if self.clean < self.filled {
+            // One search over what was read finds the next quote or carriage return.
+            let from = self.clean.max(self.at);
+            self.clean = memchr2(b'"', b'\r', &self.buf[from..self.filled])
+                .map_or(self.filled, |k| from + k);
+        }
+        let end = self.clean.min(self.at + max);
+        let Some(k) = memrchr(b'\n', &self.buf[self.at..end]) else {
+            return Ok(None);
+        };
+        let rows = self.at..self.at + k;
+        let first = self.lines + 1;
+        self.lines += memchr_iter(b'\n', &self.buf[rows.clone()]).count() as u64 + 1;
+        self.at = rows.end + 1;
+        Ok(Some((rows, first)))
     }
 
     /// Moves the bytes not yet taken to the front and reads more after them.
@@ -245,6 +273,11 @@ pub(super) struct Chunk {
     pub(super) scratch: Vec<u8>,
     /// The damage found in the row after `slots`, or a read that failed: the last chunk.
     pub(super) damage: Option<ReportError>,
+    /// Where each row lies in `bytes`, as found (before it is split); empty for plain rows
+    /// taken whole ([`Blocks::next_plain`]), which are one per line from `first_line` on.
+    found: Vec<Found>,
+    plain: bool,
+    first_line: u64,
 }
 
 impl Chunk {
@@ -254,42 +287,130 @@ impl Chunk {
         self.cells.clear();
         self.scratch.clear();
         self.damage = None;
+        self.found.clear();
+        self.plain = false;
+        self.first_line = 0;
     }
 }
 
-/// How many rows a chunk holds at most.
+/// How many rows a chunk holds at most, when its rows are found one at a time.
 const CHUNK_ROWS: usize = 2048;
 
-/// How many chunks the finder may be ahead of the rows handed over.
+/// How many bytes a chunk of plain rows taken whole holds at most.
+const CHUNK_BYTES: usize = 256 << 10;
+
+/// How many chunks the finder may be ahead of the rows handed over (besides those its
+/// helpers are splitting).
 const AHEAD: usize = 2;
 
-/// The rows of a file after its header, found, split and checked on a thread of their own
-/// (a second core does that while the caller uses the rows), handed over in chunks, in order.
-/// It is never more than [`AHEAD`] chunks ahead; dropped, it stops and is waited for.
+/// A file at least this long has its chunks split and checked by helper threads, as many as
+/// there are cores (at most [`MAX_HELPERS`]); a shorter one by the finder alone.
+const HELPED_FROM: u64 = 4 << 20;
+const MAX_HELPERS: usize = 4;
+
+/// The rows of a file after its header, found on a thread of their own and split and checked
+/// there or, for a large file, by helper threads (other cores do that while the caller uses
+/// the rows), handed over in chunks, in order. It is never more than [`AHEAD`] chunks ahead
+/// of the caller besides those being split; dropped, it stops and its threads are waited for.
 pub(super) struct Finder {
     path: PathBuf,
-    rows: Option<Receiver<Chunk>>,
+    /// Each chunk in order, as the one-time channel its split and checked rows come on.
+    rows: Option<Receiver<Receiver<Chunk>>>,
     /// Chunks used up, sent back to be filled again.
     back: Sender<Chunk>,
-    thread: Option<JoinHandle<()>>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+/// What one thread needs to split chunks: the file's layout and its own scratch.
+struct Splitting {
+    layout: Arc<Layout>,
+    splitter: Splitter,
+    /// The chunk's bytes with each comma made the unit separator (see [`compare_checks`]).
+    units: Vec<u8>,
+}
+
+impl Splitting {
+    fn new(layout: Arc<Layout>) -> Self {
+        Splitting {
+            layout,
+            splitter: Splitter::new(),
+            units: Vec::new(),
+        }
+    }
+
+    /// Splits the rows `chunk` holds (found by [`fill_chunk`]) into cells and compares their
+    /// checks.
+    fn split(&mut self, chunk: &mut Chunk) {
+        let layout = &*self.layout;
+        let mut found = std::mem::take(&mut chunk.found);
+        let plain = chunk.plain || found.iter().all(|f| !f.quoted);
+        if plain && is_clean_text(&chunk.bytes) {
+            // The common case: rows of plain text, split in one pass over the chunk.
+            let first_line = found.first().map_or(chunk.first_line, |f| f.line);
+            split_plain_chunk(layout, first_line, chunk);
+        } else {
+            if chunk.plain {
+                lines_of(&chunk.bytes, chunk.first_line, &mut found);
+            }
+            split_each(layout, &found, &mut self.splitter, chunk);
+        }
+        chunk.found = found;
+        let (cells, slots) = (&chunk.cells, &mut chunk.slots);
+        compare_checks(
+            layout,
+            (&chunk.bytes, &mut self.units),
+            cells,
+            slots,
+            &mut chunk.damage,
+        );
+    }
 }
 
 impl Finder {
     /// Starts finding the rows `blocks` holds after the header.
     pub(super) fn start(layout: Arc<Layout>, blocks: Blocks) -> Result<Self, ReportError> {
-        let (tx, rows) = bounded(AHEAD);
-        let (back, used) = bounded(AHEAD + 2);
         let path = layout.path.clone();
-        let thread = std::thread::Builder::new()
-            .name("gpumux-rows".into())
-            .spawn(move || find_rows(&layout, blocks, &tx, &used))
-            .map_err(read_err(&path))?;
-        Ok(Finder {
-            path,
+        let large = blocks.file.metadata().is_ok_and(|m| m.len() >= HELPED_FROM);
+        let helpers = match large {
+            true => std::thread::available_parallelism().map_or(1, |n| n.get().min(MAX_HELPERS)),
+            false => 0,
+        };
+        let (tx, rows) = bounded(AHEAD + helpers);
+        let (back, used) = bounded(AHEAD + 2 * helpers + 2);
+        let mut threads = Vec::with_capacity(helpers + 1);
+        let (work, todo) = bounded::<(Chunk, Sender<Chunk>)>(helpers.max(1));
+        let mut finder = Finder {
+            path: path.clone(),
             rows: Some(rows),
             back,
-            thread: Some(thread),
-        })
+            threads: Vec::new(),
+        };
+        for _ in 0..helpers {
+            let (todo, mut splitting) = (todo.clone(), Splitting::new(Arc::clone(&layout)));
+            let helper = std::thread::Builder::new()
+                .name("gpumux-split".into())
+                .spawn(move || {
+                    for (mut chunk, done) in todo {
+                        splitting.split(&mut chunk);
+                        let _ = done.send(chunk);
+                    }
+                });
+            // A helper that did not start leaves its share to the others (or the finder).
+            if let Ok(h) = helper {
+                threads.push(h);
+            }
+        }
+        drop(todo);
+        let work = (!threads.is_empty()).then_some(work);
+        let splitting = Splitting::new(layout);
+        let found = std::thread::Builder::new()
+            .name("gpumux-rows".into())
+            .spawn(move || find_rows(blocks, splitting, work, &tx, &used))
+            .map_err(read_err(&path));
+        // Dropped on an error, the finder stops and waits for the helpers.
+        finder.threads = threads;
+        finder.threads.push(found?);
+        Ok(finder)
     }
 
     /// The next chunk, `None` after the last; `used` (the chunk handed over before) goes back
@@ -299,19 +420,24 @@ impl Finder {
         let Some(rows) = &self.rows else {
             return Ok(None);
         };
-        if let Ok(chunk) = rows.recv() {
-            return Ok(Some(chunk));
-        }
-        // The finder ended: at the end of the rows, or by a panic, which must not pass for the
-        // end of the rows.
-        self.rows = None;
-        if let Some(thread) = self.thread.take() {
-            if thread.join().is_err() {
-                return Err(ReportError::Invalid(format!(
-                    "{}: the reading of its rows stopped unexpectedly",
-                    self.path.display()
-                )));
+        let next = rows.recv().ok();
+        if let Some(next) = &next {
+            if let Ok(chunk) = next.recv() {
+                return Ok(Some(chunk));
             }
+        }
+        // The finder ended: at the end of the rows, or by a panic (its own or a helper's), which
+        // must not pass for the end of the rows.
+        self.rows = None;
+        let mut stopped = next.is_some();
+        for thread in self.threads.drain(..) {
+            stopped |= thread.join().is_err();
+        }
+        if stopped {
+            return Err(ReportError::Invalid(format!(
+                "{}: the reading of its rows stopped unexpectedly",
+                self.path.display()
+            )));
         }
         Ok(None)
     }
@@ -319,51 +445,111 @@ impl Finder {
 
 impl Drop for Finder {
     fn drop(&mut self) {
-        // Its next chunk finds no one to take it, and it ends.
+        // Its next chunk finds no one to take it, and it ends; then the helpers run out of work.
         self.rows = None;
-        if let Some(thread) = self.thread.take() {
+        for thread in self.threads.drain(..) {
             let _ = thread.join();
         }
     }
 }
 
-/// The finder's work: chunks of rows found in `blocks`, split and checked, sent on `tx` until
-/// the rows are over, a row is damaged, or no one takes them.
-fn find_rows(layout: &Layout, mut blocks: Blocks, tx: &Sender<Chunk>, used: &Receiver<Chunk>) {
-    let mut splitter = Splitter::new();
-    let mut found = Vec::with_capacity(CHUNK_ROWS);
-    let mut units = Vec::new();
+/// The finder's work: chunks of rows found in `blocks`, split and checked (by the helpers
+/// `work` reaches, or here), sent on `tx` in order until the rows are over, a row is damaged,
+/// or no one takes them.
+fn find_rows(
+    mut blocks: Blocks,
+    mut splitting: Splitting,
+    work: Option<Sender<(Chunk, Sender<Chunk>)>>,
+    tx: &Sender<Receiver<Chunk>>,
+    used: &Receiver<Chunk>,
+) {
     loop {
         let mut chunk = used.try_recv().unwrap_or_default();
-        chunk.clear();
-        if let Err(e) = blocks.next_rows(&mut found, CHUNK_ROWS) {
-            chunk.damage = Some(e);
-            let _ = tx.send(chunk);
+        if !fill_chunk(&mut blocks, &mut chunk) {
             return;
         }
-        let (Some(first), Some(last)) = (found.first(), found.last()) else {
-            return;
-        };
-        let (lo, hi) = (first.range.start, last.range.end);
-        chunk.bytes.extend_from_slice(&blocks.bytes()[lo..hi]);
-        if found.iter().all(|f| !f.quoted) && is_clean_text(&chunk.bytes) {
-            // The common case: rows of plain text, split in one pass over the chunk.
-            split_plain_chunk(layout, &found, lo, &mut chunk);
-        } else {
-            split_each(layout, &found, lo, &mut splitter, &mut chunk);
-        }
-        let (cells, slots) = (&chunk.cells, &mut chunk.slots);
-        compare_checks(
-            layout,
-            (&chunk.bytes, &mut units),
-            cells,
-            slots,
-            &mut chunk.damage,
-        );
         let last = chunk.damage.is_some();
-        if tx.send(chunk).is_err() || last {
+        let (done, next) = bounded(1);
+        if tx.send(next).is_err() {
             return;
         }
+        match &work {
+            Some(work) if !last => {
+                if let Err(e) = work.send((chunk, done)) {
+                    // No helper left (each ended by a panic): split here.
+                    let (mut chunk, done) = e.into_inner();
+                    splitting.split(&mut chunk);
+                    let _ = done.send(chunk);
+                }
+            }
+            _ => {
+                if !last {
+                    splitting.split(&mut chunk);
+                }
+                let last = chunk.damage.is_some();
+                let _ = done.send(chunk);
+                if last {
+                    return;
+                }
+            }
+        }
+        if last {
+            return;
+        }
+    }
+}
+
+/// Fills `chunk` (cleared first) with the next rows of `blocks`: their bytes, and where each
+/// lies in them. False at the end of the rows; a chunk with its damage set is the last.
+fn fill_chunk(blocks: &mut Blocks, chunk: &mut Chunk) -> bool {
+    chunk.clear();
+    match blocks.next_plain(CHUNK_BYTES) {
+        Ok(Some((rows, first_line))) => {
+            chunk.bytes.extend_from_slice(&blocks.bytes()[rows]);
+            (chunk.plain, chunk.first_line) = (true, first_line);
+            return true;
+        }
+        Ok(None) => {}
+        Err(e) => {
+            chunk.damage = Some(e);
+            return true;
+        }
+    }
+    let mut found = std::mem::take(&mut chunk.found);
+    let filled = match blocks.next_rows(&mut found, CHUNK_ROWS) {
+        Err(e) => {
+            found.clear();
+            chunk.damage = Some(e);
+            true
+        }
+        Ok(()) => match (found.first(), found.last()) {
+            (Some(first), Some(last)) => {
+                let (lo, hi) = (first.range.start, last.range.end);
+                chunk.bytes.extend_from_slice(&blocks.bytes()[lo..hi]);
+                for f in &mut found {
+                    f.range = f.range.start - lo..f.range.end - lo;
+                }
+                true
+            }
+            _ => false,
+        },
+    };
+    chunk.found = found;
+    filled
+}
+
+/// The rows of plain `bytes` (one per line, the first on line `first_line`), as found.
+fn lines_of(bytes: &[u8], first_line: u64, found: &mut Vec<Found>) {
+    found.clear();
+    let mut start = 0;
+    let ends = memchr_iter(b'\n', bytes).chain(std::iter::once(bytes.len()));
+    for (k, end) in ends.enumerate() {
+        found.push(Found {
+            range: start..end,
+            line: first_line + k as u64,
+            quoted: false,
+        });
+        start = end + 1;
     }
 }
 
@@ -373,27 +559,15 @@ fn is_clean_text(bytes: &[u8]) -> bool {
     bytes.is_ascii() && memchr2(0, b'\r', bytes).is_none()
 }
 
-/// Splits the rows `found` (their bytes from `lo` on in the blocks, now in `chunk.bytes`) one
-/// at a time, quoted ones as CSV.
-fn split_each(
-    layout: &Layout,
-    found: &[Found],
-    lo: usize,
-    splitter: &mut Splitter,
-    chunk: &mut Chunk,
-) {
+/// Splits the rows `found` (their bytes in `chunk.bytes`) one at a time, quoted ones as CSV.
+fn split_each(layout: &Layout, found: &[Found], splitter: &mut Splitter, chunk: &mut Chunk) {
     for f in found {
         if f.range.is_empty() {
             // A blank line holds no row (as CSV readers take it).
             continue;
         }
-        let f = Found {
-            range: f.range.start - lo..f.range.end - lo,
-            line: f.line,
-            quoted: f.quoted,
-        };
         let cells = (&mut chunk.cells, &mut chunk.scratch);
-        match split_row(layout, &chunk.bytes, &f, splitter, cells) {
+        match split_row(layout, &chunk.bytes, f, splitter, cells) {
             Ok(slot) => chunk.slots.push(slot),
             Err(e) => {
                 chunk.damage = Some(e);
@@ -403,9 +577,10 @@ fn split_each(
     }
 }
 
-/// Splits rows of plain ASCII text (none quoted, no carriage return, no NUL): the commas and
-/// line ends of the whole chunk are found 64 bytes at a time, and each row's cells taken from them.
-fn split_plain_chunk(layout: &Layout, found: &[Found], lo: usize, chunk: &mut Chunk) {
+/// Splits rows of plain ASCII text (none quoted, no carriage return, no NUL), one per line
+/// from line `first_line` on: the commas and line ends of the whole chunk are found 64 bytes
+/// at a time, and each row's cells taken from them. A blank line holds no row.
+fn split_plain_chunk(layout: &Layout, first_line: u64, chunk: &mut Chunk) {
     let width = layout.header.len();
     let Chunk {
         bytes,
@@ -415,58 +590,55 @@ fn split_plain_chunk(layout: &Layout, found: &[Found], lo: usize, chunk: &mut Ch
         ..
     } = chunk;
     let mut seps = Separators::new(bytes);
-    for f in found {
-        let range = f.range.start - lo..f.range.end - lo;
-        if range.is_empty() {
-            // A blank line holds no row; its line end (if the chunk holds it) is passed.
-            if range.end < bytes.len() {
-                seps.next();
-            }
-            continue;
-        }
+    let (mut start, mut line) = (0, first_line);
+    loop {
         let first = cells.len();
-        let mut from = range.start;
-        loop {
+        let mut from = start;
+        let (end, more) = loop {
             match seps.next() {
                 Some((at, false)) => {
                     cells.push(from..at);
                     from = at + 1;
                 }
-                Some((at, true)) => {
-                    cells.push(from..at);
-                    break;
-                }
-                None => {
-                    cells.push(from..range.end);
-                    break;
-                }
+                Some((at, true)) => break (at, true),
+                None => break (bytes.len(), false),
             }
-        }
-        let n = cells.len() - first;
-        let check = match layout.check {
-            _ if n != width => Err(damaged(
-                &layout.path,
-                f.line,
-                format!("{n} cells where the header has {width}"),
-            )),
-            Some(i) if !cells[first + i].is_empty() => hex16(&bytes[cells[first + i].clone()])
-                .map(Some)
-                .ok_or_else(|| mismatch(&layout.path, f.line)),
-            _ => Ok(None),
         };
-        match check {
-            Ok(check) => slots.push(Slot {
-                line: f.line,
-                raw: range,
-                cells: first..cells.len(),
-                quoted: false,
-                check,
-            }),
-            Err(e) => {
-                *damage = Some(e);
-                return;
+        cells.push(from..end);
+        if end == start {
+            // A blank line.
+            cells.truncate(first);
+        } else {
+            let n = cells.len() - first;
+            let check = match layout.check {
+                _ if n != width => Err(damaged(
+                    &layout.path,
+                    line,
+                    format!("{n} cells where the header has {width}"),
+                )),
+                Some(i) if !cells[first + i].is_empty() => hex16(&bytes[cells[first + i].clone()])
+                    .map(Some)
+                    .ok_or_else(|| mismatch(&layout.path, line)),
+                _ => Ok(None),
+            };
+            match check {
+                Ok(check) => slots.push(Slot {
+                    line,
+                    raw: start..end,
+                    cells: first..cells.len(),
+                    quoted: false,
+                    check,
+                }),
+                Err(e) => {
+                    *damage = Some(e);
+                    return;
+                }
             }
         }
+        if !more {
+            return;
+        }
+        (start, line) = (end + 1, line + 1);
     }
 }
 
@@ -819,6 +991,66 @@ mod tests {
             .is_err());
     }
 
+    /// The rows of the file at `path` (each as its first line and bytes) as the finder takes
+    /// them: plain rows whole, up to `max` bytes at a time, when `plain`; else one at a time.
+    fn rows_taken(path: &Path, plain: bool, max: usize) -> Result<Vec<(u64, Vec<u8>)>, String> {
+        let mut blocks = Blocks::new(path, File::open(path).unwrap());
+        let (mut rows, mut found) = (Vec::new(), Vec::new());
+        loop {
+            if plain {
+                if let Some((range, first)) = blocks.next_plain(max).map_err(|e| e.to_string())? {
+                    let bytes = &blocks.bytes()[range];
+                    for (k, line) in bytes.split(|&b| b == b'\n').enumerate() {
+                        rows.push((first + k as u64, line.to_vec()));
+                    }
+                    continue;
+                }
+            }
+            blocks.next_rows(&mut found, 3).map_err(|e| e.to_string())?;
+            if found.is_empty() {
+                return Ok(rows);
+            }
+            rows.extend(
+                found
+                    .iter()
+                    .map(|f| (f.line, blocks.bytes()[f.range.clone()].to_vec())),
+            );
+        }
+    }
+
+    proptest::proptest! {
+        /// Plain rows taken whole are the rows found one at a time: the same bytes on the same
+        /// lines, around quoted cells over several lines, carriage returns, blank lines, rows
+        /// longer than a chunk and a cut last line; damage is the same damage.
+        #[test]
+        fn plain_rows_taken_whole_are_the_rows_found_one_at_a_time(
+            lines in proptest::collection::vec((0u8..10, "[a-z0-9,.]{0,40}"), 0..60),
+            cut in proptest::option::of(0usize..2000),
+            max in 1usize..200,
+        ) {
+            let mut text = Vec::new();
+            for (how, cell) in &lines {
+                match how {
+                    0 => {}
+                    1 => text.extend_from_slice(format!("\"{cell}\nmore\",x").as_bytes()),
+                    2 => text.extend_from_slice(format!("{cell}\r").as_bytes()),
+                    3 => text.extend_from_slice(cell.repeat(8).as_bytes()),
+                    _ => text.extend_from_slice(cell.as_bytes()),
+                }
+                text.push(b'\n');
+            }
+            if let Some(cut) = cut {
+                text.truncate(cut.min(text.len()));
+            }
+            let dir = tempfile::tempdir().unwrap();
+            let path = dir.path().join("rows.csv");
+            std::fs::write(&path, &text).unwrap();
+            let whole = rows_taken(&path, true, max);
+            let each = rows_taken(&path, false, max);
+            proptest::prop_assert_eq!(whole, each);
+        }
+    }
+
     /// The rows of `text` (lines split at `\n`, the last without one) as the blocks find them.
     fn found_in(text: &[u8]) -> Vec<Found> {
         let mut at = 0;
@@ -895,8 +1127,8 @@ mod tests {
             let (mut one, mut each) = (Chunk::default(), Chunk::default());
             one.bytes = text.clone();
             each.bytes = text;
-            split_plain_chunk(&layout, &found, 0, &mut one);
-            split_each(&layout, &found, 0, &mut Splitter::new(), &mut each);
+            split_plain_chunk(&layout, found[0].line, &mut one);
+            split_each(&layout, &found, &mut Splitter::new(), &mut each);
             proptest::prop_assert_eq!(outcome(&one), outcome(&each));
         }
     }

@@ -52,10 +52,7 @@ pub fn merge(dirs: &[PathBuf]) -> Result<Merged> {
             )));
         }
     }
-    let mut rows: Vec<(usize, TrialLine)> = Vec::new();
-    for (i, trials) in trials_of(&folders)?.into_iter().enumerate() {
-        rows.extend(trials.into_iter().map(|t| (i, t)));
-    }
+    let mut read = trials_of(&folders)?;
     // Per trial id, the last COMPLETE row, else the last PRUNED one, else the last row, in the
     // order given: a trial that completed anywhere is COMPLETE, whatever the folders' order.
     let rank = |r: &TrialRow| match r.state.as_str() {
@@ -63,23 +60,39 @@ pub fn merge(dirs: &[PathBuf]) -> Result<Merged> {
         report::PRUNED => 1,
         _ => 0,
     };
-    // The rows in order of their ids (and, per id, as given), then the one kept of each id.
-    let mut order: Vec<usize> = (0..rows.len()).collect();
-    order.sort_by(|&x, &y| rows[x].1 .0.trial_id.cmp(&rows[y].1 .0.trial_id));
-    let mut kept: Vec<usize> = Vec::new();
-    for &k in &order {
+    // Each row as (its folder, its place there), in order of their ids and, per id, as given;
+    // then the one kept of each id, moved out once.
+    let mut order: Vec<(usize, usize)> = read
+        .iter()
+        .enumerate()
+        .flat_map(|(f, rows)| (0..rows.len()).map(move |i| (f, i)))
+        .collect();
+    let row = |&(f, i): &(usize, usize)| &read[f][i].0;
+    order.sort_unstable_by(|x, y| row(x).trial_id.cmp(&row(y).trial_id).then(x.cmp(y)));
+    let mut kept: Vec<(usize, usize)> = Vec::new();
+    for k in order {
         match kept.last_mut() {
-            Some(last) if rows[*last].1 .0.trial_id == rows[k].1 .0.trial_id => {
-                if rank(&rows[k].1 .0) >= rank(&rows[*last].1 .0) {
+            Some(last) if row(last).trial_id == row(&k).trial_id => {
+                if rank(row(&k)) >= rank(row(last)) {
                     *last = k;
                 }
             }
             _ => kept.push(k),
         }
     }
-    let mut rows: Vec<Option<_>> = rows.into_iter().map(Some).collect();
-    let (from, rows): (Vec<usize>, Vec<_>) = kept.iter().filter_map(|&k| rows[k].take()).unzip();
-    let (trials, lines) = rows.into_iter().unzip();
+    let (mut trials, mut from, mut lines) = (Vec::new(), Vec::new(), Vec::new());
+    trials.reserve_exact(kept.len());
+    lines.reserve_exact(kept.len());
+    for (f, i) in kept {
+        let (trial, line) = std::mem::take(&mut read[f][i]);
+        trials.push(trial);
+        lines.push(line);
+        from.push(f);
+    }
+    // The rows not kept are freed beside the merge.
+    let _ = std::thread::Builder::new()
+        .name("gpumux-free".into())
+        .spawn(move || drop(read));
     Ok(Merged {
         trials,
         from,
