@@ -3,7 +3,7 @@
 # documented limits (50,000 trials x 60 epochs: 3,000,000 progress rows), next to a plain copy
 # of the same files.
 #
-#   bench/results-memory.sh [--trials N] [--epochs E] [--against REV] [--out DIR]
+#   bench/results-memory.sh [--trials N] [--epochs E] [--rounds R] [--against REV] [--out DIR]
 #
 # Measured, each with /usr/bin/time (wall seconds, peak resident memory), in this order:
 #   copy          cp of progress.csv and trials.csv, then sync: the plain copy
@@ -15,18 +15,23 @@
 #   rewrite       the widening rewrite alone: one progress row with a new key appended by the
 #                 writer (examples/widen_progress.rs; this build only)
 # With --against REV, the same commands run with the gpumux built at REV (a git worktree),
-# interleaved with this build's, on the same files.
+# interleaved with this build's, on the same files. Each round (5 by default) measures every
+# step once after its own copy; the summary gives each step's best time over the best copy, and
+# the median over the rounds of its time over that round's copy (the copy varies from round to
+# round with the machine).
 # Writes measurements.csv, summary.md and command.txt under --out (results/results-memory-cpu).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 trials=50000
 epochs=60
 against=""
+rounds=5
 out=results/results-memory-cpu
 while [ $# -gt 0 ]; do
   case "$1" in
     --trials) trials="$2"; shift 2 ;;
     --epochs) epochs="$2"; shift 2 ;;
+    --rounds) rounds="$2"; shift 2 ;;
     --against) against="$2"; shift 2 ;;
     --out) out="$2"; shift 2 ;;
     *) echo "unknown argument: $1" >&2; exit 2 ;;
@@ -80,7 +85,7 @@ measure() {
   echo "$build,$step,$secs,$user,$sys,$mib,$code" >>"$csv"
   printf '%-10s %-13s %7s s (cpu %s + %s) %6s MiB exit %s\n' "$build" "$step" "$secs" "$user" "$sys" "$mib" "$code"
 }
-for round in 1 2 3; do
+for round in $(seq "$rounds"); do
   rm -rf "$work/r" "$work/m" "$work/w" "$work/w2" "$work/copy.csv" "$work/copy-t.csv"
   measure - copy sh -c "cp --reflink=never '$work/one/progress.csv' '$work/copy.csv' && cp --reflink=never '$work/one/trials.csv' '$work/copy-t.csv' && sync -f '$work/copy.csv'"
   # The rewrite alone right after the copy, on the same footing.
@@ -100,31 +105,42 @@ for round in 1 2 3; do
 done
 commit=$(git rev-parse --short HEAD)
 {
-  echo "bench/results-memory.sh --trials $trials --epochs $epochs${against:+ --against $against}"
+  echo "bench/results-memory.sh --trials $trials --epochs $epochs --rounds $rounds${against:+ --against $against}"
   echo "commit $commit$(git diff --quiet HEAD -- src || echo ' (with uncommitted changes in src/)')"
   echo "$("${builds[0]#*=}" --version)"
   echo "machine: $(nproc) cores, $(free -g | awk '/Mem:/ {print $2}') GiB, $(uname -sr); no GPU used"
   echo "files: progress.csv $mb MiB ($((trials * epochs)) rows), $trials trials; merge: two shards of half each"
   date -u +%Y-%m-%dT%H:%MZ
 } >"$out/command.txt"
-python3 - "$csv" "$out/summary.md" "$mb" <<'EOF'
-import csv, sys
+python3 - "$csv" "$out/summary.md" "$mb" "$rounds" <<'EOF'
+import csv, statistics, sys
 from collections import defaultdict
 rows = list(csv.DictReader(open(sys.argv[1])))
 best = defaultdict(lambda: (float("inf"), 0))
+ratios = defaultdict(list)
+copy_now = None
 for r in rows:
     key = (r["build"], r["step"])
     s, m = float(r["seconds"]), int(r["peak_mib"])
     prev = best[key]
     best[key] = (min(prev[0], s), max(prev[1], m))
+    if r["step"] == "copy":
+        copy_now = s
+    elif copy_now:
+        ratios[key].append(s / copy_now)
 copy = best[("-", "copy")][0]
-out = ["| build | step | seconds (best of 3) | × plain copy | peak MiB (max of 3) | under 200 MiB |",
-       "|---|---|---|---|---|---|"]
+n = sys.argv[4]
+out = [f"| build | step | seconds (best of {n}) | best × best copy | median × its round's copy | peak MiB (max of {n}) | under 200 MiB |",
+       "|---|---|---|---|---|---|---|"]
 for (build, step), (s, m) in best.items():
     if step == "copy":
-        out.append(f"| - | plain copy ({sys.argv[3]} MiB + trials.csv, synced) | {s:.2f} | 1 | {m} | - |")
+        out.append(f"| - | plain copy ({sys.argv[3]} MiB + trials.csv, synced) | {s:.2f} | 1 | 1 | {m} | - |")
         continue
-    out.append(f"| {build} | {step} | {s:.2f} | {s / copy:.1f} | {m} | {'yes' if m < 200 else 'NO'} |")
+    # A copy too short to time (small files) gives no ratio.
+    each = ratios[(build, step)]
+    med = f"{statistics.median(each):.2f}" if each else "-"
+    times = f"{s / copy:.1f}" if copy > 0 else "-"
+    out.append(f"| {build} | {step} | {s:.2f} | {times} | {med} | {m} | {'yes' if m < 200 else 'NO'} |")
 open(sys.argv[2], "w").write("\n".join(out) + "\n")
 print("\n".join(out))
 EOF

@@ -11,11 +11,12 @@ use super::plot::{
     time_per_training_plottable,
 };
 use super::read::{
-    check_rows, existing_extra, read_rows_and_lines, read_runs, read_trials, RowReader,
+    check_rows, existing_extra, read_rows_and_lines, read_runs, read_trial_briefs, read_trials,
+    RowReader,
 };
 use super::summary::summary_text;
 use super::write::{write_all, write_lines_from, write_rows, LineOut};
-use super::{ProgressRow, RunRow, TrialRow};
+use super::{ProgressRow, RunRow, TrialBrief, TrialRow};
 use crate::error::ReportError;
 use crate::hash::{digest_bytes, DigestSet};
 use crate::outdir::replace_bytes;
@@ -100,6 +101,11 @@ impl ResultsDir {
     /// The rows of `trials.csv` (one per trial).
     pub fn trials(&self) -> Result<Vec<TrialRow>, ReportError> {
         read_trials(&self.dir)
+    }
+
+    /// The rows of `trials.csv` as a merge keeps them ([`read_trial_briefs`]).
+    pub fn trial_briefs(&self) -> Result<Vec<TrialBrief>, ReportError> {
+        read_trial_briefs(&self.dir.join(TRIALS_CSV))
     }
 
     /// The rows of `trials.csv`, each with its line ([`read_rows_and_lines`]).

@@ -53,18 +53,22 @@ impl ResultsRow for RunRow {
 
 impl ResultsRow for TrialRow {
     fn invalid(&self) -> Option<String> {
-        if self.trial_id.trim().is_empty() {
-            return Some("the trial_id is empty".into());
-        }
-        if !STATES.contains(&self.state.as_str()) {
-            return Some(format!(
-                "the state `{}` is none of {}",
-                self.state,
-                STATES.join(", ")
-            ));
-        }
-        None
+        trial_invalid(&self.trial_id, &self.state)
     }
+}
+
+/// Why a row of `trials.csv` with this id and state cannot be one, if it cannot.
+pub(super) fn trial_invalid(id: &str, state: &str) -> Option<String> {
+    if id.trim().is_empty() {
+        return Some("the trial_id is empty".into());
+    }
+    if !STATES.contains(&state) {
+        return Some(format!(
+            "the state `{state}` is none of {}",
+            STATES.join(", ")
+        ));
+    }
+    None
 }
 
 impl ResultsRow for ProgressRow {

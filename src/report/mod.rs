@@ -21,8 +21,8 @@ pub use self::line::{
 };
 pub use self::plot::{plot_samples_per_s, plot_time_per_training};
 pub use self::read::{
-    check_rows, read_progress, read_rows, read_rows_and_lines, read_runs, read_trials, Cells,
-    LinePlan, RowReader,
+    check_rows, read_progress, read_rows, read_rows_and_lines, read_runs, read_trial_briefs,
+    read_trials, Cells, LinePlan, RowReader,
 };
 pub use self::summary::{
     best_n, best_trial, format_best, format_best_n, format_parity, parity, summary_table,
@@ -136,15 +136,64 @@ impl TrialRow {
     pub fn done(&self) -> bool {
         self.state == COMPLETE || self.state == PRUNED
     }
+}
 
+/// A row of `trials.csv` as a merge keeps it, read without making a whole [`TrialRow`]: what
+/// it is chosen, counted and ranked by, and its line as its folder wrote it.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct TrialBrief {
+    pub trial_id: String,
+    pub state: String,
+    pub metric: Option<f64>,
+    pub test_acc: Option<f64>,
+    pub final_loss: Option<f64>,
+    /// Every parameter the trial was given, as a JSON object.
+    pub params: String,
+    /// The row's line (its line end included).
+    pub line: Vec<u8>,
+}
+
+/// A trial's row as it is ranked: the best trial is the one whose metric is best among those
+/// that rank (ties: the lower trial id).
+pub trait Ranked {
+    fn id(&self) -> &str;
+    fn metric(&self) -> Option<f64>;
     /// Whether the trial can be ranked: it is COMPLETE and every result it has (the metric,
     /// test accuracy and final loss) is a finite number. A NaN or infinite result is a failed
     /// value: such a trial is never the best one.
-    pub fn ranks(&self) -> bool {
-        self.state == COMPLETE
-            && [self.metric, self.test_acc, self.final_loss]
-                .iter()
-                .all(|v| v.is_none_or(f64::is_finite))
+    fn ranks(&self) -> bool;
+}
+
+/// [`Ranked::ranks`] of a row's state and results.
+fn ranks(state: &str, results: [Option<f64>; 3]) -> bool {
+    state == COMPLETE && results.iter().all(|v| v.is_none_or(f64::is_finite))
+}
+
+impl Ranked for TrialRow {
+    fn id(&self) -> &str {
+        &self.trial_id
+    }
+
+    fn metric(&self) -> Option<f64> {
+        self.metric
+    }
+
+    fn ranks(&self) -> bool {
+        ranks(&self.state, [self.metric, self.test_acc, self.final_loss])
+    }
+}
+
+impl Ranked for TrialBrief {
+    fn id(&self) -> &str {
+        &self.trial_id
+    }
+
+    fn metric(&self) -> Option<f64> {
+        self.metric
+    }
+
+    fn ranks(&self) -> bool {
+        ranks(&self.state, [self.metric, self.test_acc, self.final_loss])
     }
 }
 

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use super::extra;
 use super::line::*;
 use super::scan::{push_hex16, Blocks, Chunk, Finder, Layout};
-use super::{ProgressRow, RunRow, TrialRow};
+use super::{ProgressRow, RunRow, TrialBrief, TrialRow};
 use crate::error::ReportError;
 
 /// The extra columns of the header of the file at `path`, if it has one that reads; none
@@ -562,6 +562,64 @@ pub fn read_rows_and_lines<T: ResultsRow>(path: &Path) -> Result<Vec<(T, Vec<u8>
         rows.push((cells.row()?, line));
     }
     Ok(rows)
+}
+
+/// Reads `trials.csv` at `path` as [`TrialBrief`]s: a row whose check matched its cells gives
+/// the cells it needs (and is not made a whole [`TrialRow`]); any other row is parsed whole,
+/// as [`read_rows`] parses it. Damage is refused as [`read_rows`] refuses it, an unknown state
+/// or an empty id included.
+pub fn read_trial_briefs(path: &Path) -> Result<Vec<TrialBrief>, ReportError> {
+    let mut reader = RowReader::<TrialRow>::open(path)?;
+    let plan = reader.plan(&[]);
+    let names = [
+        "trial_id",
+        "state",
+        "metric",
+        "test_acc",
+        "final_loss",
+        "params",
+    ];
+    let columns: Option<Vec<usize>> = names.iter().map(|n| reader.column(n)).collect();
+    let mut briefs = Vec::new();
+    while let Some(mut cells) = reader.next_cells()? {
+        let mut line = Vec::new();
+        cells.line_into(&plan, &mut line)?;
+        let brief = match &columns {
+            Some(at) if cells.check.is_some() => {
+                let number = |i: usize| match cells.cell(at[i]) {
+                    b"" => Ok(None),
+                    _ => cells.value::<f64>(at[i]).map(Some),
+                };
+                let brief = TrialBrief {
+                    trial_id: cells.text(at[0])?.to_owned(),
+                    state: cells.text(at[1])?.to_owned(),
+                    metric: number(2)?,
+                    test_acc: number(3)?,
+                    final_loss: number(4)?,
+                    params: cells.text(at[5])?.to_owned(),
+                    line,
+                };
+                if let Some(why) = trial_invalid(&brief.trial_id, &brief.state) {
+                    return Err(damaged(path, cells.line(), why));
+                }
+                brief
+            }
+            _ => {
+                let row = cells.row()?;
+                TrialBrief {
+                    trial_id: row.trial_id,
+                    state: row.state,
+                    metric: row.metric,
+                    test_acc: row.test_acc,
+                    final_loss: row.final_loss,
+                    params: row.params,
+                    line,
+                }
+            }
+        };
+        briefs.push(brief);
+    }
+    Ok(briefs)
 }
 
 /// Reads a results file through to its end, every row checked, keeping none: whether it can be

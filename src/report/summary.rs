@@ -3,7 +3,7 @@
 use std::cmp::Ordering;
 use std::collections::BTreeMap;
 
-use super::{split_rank, RunRow, TrialRow};
+use super::{split_rank, Ranked, RunRow, TrialRow};
 
 /// What a series of rounds has in common: what was trained, where, and under which split mode.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]

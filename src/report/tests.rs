@@ -377,6 +377,21 @@ fn three_rows() -> Vec<TrialRow> {
 }
 
 #[test]
+fn briefs_refuse_an_unknown_state_or_an_empty_id_as_whole_rows_do() {
+    for (id, state) in [("t9", "DONE"), (" ", "COMPLETE")] {
+        let mut rows = three_rows();
+        rows[1].trial_id = id.into();
+        rows[1].state = state.into();
+        let (dir, _) = written(&rows);
+        let path = dir.path().join(TRIALS_CSV);
+        let whole = read_rows::<TrialRow>(&path).unwrap_err().to_string();
+        let brief = read_trial_briefs(&path).unwrap_err().to_string();
+        assert_eq!(brief, whole);
+        assert!(brief.contains("line 3"), "{brief}");
+    }
+}
+
+#[test]
 fn a_cut_last_line_is_dropped_and_never_counted() {
     let rows = three_rows();
     let (dir, bytes) = written(&rows);
@@ -536,6 +551,41 @@ mod props {
             let whole = bytes[..cut].iter().filter(|&&b| b == b'\n').count();
             let got = read_bytes(dir.path(), &bytes[..cut]).unwrap();
             prop_assert_eq!(got, full[..whole.saturating_sub(1)].to_vec());
+        }
+
+        /// A merge's brief of a row is what the whole row holds, for rows with a check (read
+        /// from their cells) and rows without one (parsed whole); the lines are the rows' lines.
+        #[test]
+        fn briefs_hold_what_the_whole_rows_hold(
+            rows in prop::collection::vec(any_row(), 1..6),
+            unchecked in any::<prop::sample::Index>(),
+        ) {
+            let (dir, bytes) = written(&rows);
+            let path = dir.path().join(TRIALS_CSV);
+            // One row's check emptied: a row added by hand, parsed whole.
+            let text = String::from_utf8(bytes).unwrap();
+            let mut lines: Vec<String> = text.split_inclusive('\n').map(str::to_owned).collect();
+            let k = 1 + unchecked.index(lines.len() - 1);
+            if !lines[k].contains('"') {
+                let cut = lines[k].trim_end().rfind(',').unwrap();
+                lines[k] = format!("{},\n", &lines[k][..cut]);
+            }
+            fs::write(&path, lines.concat()).unwrap();
+            let whole = read_rows_and_lines::<TrialRow>(&path).unwrap();
+            let briefs = read_trial_briefs(&path).unwrap();
+            prop_assert_eq!(briefs.len(), whole.len());
+            for (b, (r, line)) in briefs.iter().zip(&whole) {
+                let want = TrialBrief {
+                    trial_id: r.trial_id.clone(),
+                    state: r.state.clone(),
+                    metric: r.metric,
+                    test_acc: r.test_acc,
+                    final_loss: r.final_loss,
+                    params: r.params.clone(),
+                    line: line.clone(),
+                };
+                prop_assert_eq!(b, &want);
+            }
         }
 
         /// Any damaged bytes are refused or dropped: every row read back is a row written,

@@ -26,7 +26,7 @@ use crate::engine::cuda::CudaEngine;
 use crate::error::{Error, Result};
 use crate::job::{Concurrency, Goal, Job, SplitMode};
 use crate::plan::{self, Round, TrialSpec};
-use crate::report::{self, TrialRow};
+use crate::report::{self, Ranked, TrialRow};
 use crate::rounds::{builtin_context, counts_line, progress_row, say, trial_row};
 use crate::run::split_policy::check_here;
 use crate::run::{self, Resolved};
@@ -106,16 +106,16 @@ pub fn latest_rows(rows: &[TrialRow]) -> Vec<TrialRow> {
 }
 
 /// The best COMPLETE row by the metric column and the goal (ties: the lower trial id).
-pub fn best(rows: &[TrialRow], goal: Goal) -> Option<&TrialRow> {
+pub fn best<R: Ranked>(rows: &[R], goal: Goal) -> Option<&R> {
     rows.iter()
         .filter(|r| r.ranks())
-        .filter_map(|r| r.metric.map(|m| (m, r)))
+        .filter_map(|r| r.metric().map(|m| (m, r)))
         .min_by(|(a, ra), (b, rb)| {
             let ord = match goal {
                 Goal::Maximize => b.total_cmp(a),
                 Goal::Minimize => a.total_cmp(b),
             };
-            ord.then_with(|| ra.trial_id.cmp(&rb.trial_id))
+            ord.then_with(|| ra.id().cmp(rb.id()))
         })
         .map(|(_, r)| r)
 }

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use crate::error::{Error, Result};
 use crate::job::Goal;
-use crate::report::{self, Interrupt, ProgressRow, TrialRow};
+use crate::report::{self, Interrupt, ProgressRow, TrialBrief, TrialRow};
 
 use super::best;
 use super::one_per_epoch::{KeyColumns, Met, OnePerEpoch};
@@ -15,12 +15,11 @@ use crate::rounds::say;
 /// What a merge found.
 #[derive(Debug)]
 pub struct Merged {
-    /// One row per trial id: its latest state across the folders (a COMPLETE row wins).
-    pub trials: Vec<TrialRow>,
+    /// One row per trial id: its latest state across the folders (a COMPLETE row wins), with
+    /// its line as its folder wrote it (when its check matched).
+    pub trials: Vec<TrialBrief>,
     /// The folder each kept row came from (by index into `folders`), row for row.
     from: Vec<usize>,
-    /// Each kept row's line, as its folder wrote it (when its check matched), row for row.
-    lines: Vec<Vec<u8>>,
     folders: Vec<report::ResultsDir>,
 }
 
@@ -55,7 +54,7 @@ pub fn merge(dirs: &[PathBuf]) -> Result<Merged> {
     let mut read = trials_of(&folders)?;
     // Per trial id, the last COMPLETE row, else the last PRUNED one, else the last row, in the
     // order given: a trial that completed anywhere is COMPLETE, whatever the folders' order.
-    let rank = |r: &TrialRow| match r.state.as_str() {
+    let rank = |r: &TrialBrief| match r.state.as_str() {
         report::COMPLETE => 2,
         report::PRUNED => 1,
         _ => 0,
@@ -67,7 +66,7 @@ pub fn merge(dirs: &[PathBuf]) -> Result<Merged> {
         .enumerate()
         .flat_map(|(f, rows)| (0..rows.len()).map(move |i| (f, i)))
         .collect();
-    let row = |&(f, i): &(usize, usize)| &read[f][i].0;
+    let row = |&(f, i): &(usize, usize)| &read[f][i];
     order.sort_unstable_by(|x, y| row(x).trial_id.cmp(&row(y).trial_id).then(x.cmp(y)));
     let mut kept: Vec<(usize, usize)> = Vec::new();
     for k in order {
@@ -80,13 +79,9 @@ pub fn merge(dirs: &[PathBuf]) -> Result<Merged> {
             _ => kept.push(k),
         }
     }
-    let (mut trials, mut from, mut lines) = (Vec::new(), Vec::new(), Vec::new());
-    trials.reserve_exact(kept.len());
-    lines.reserve_exact(kept.len());
+    let (mut trials, mut from) = (Vec::with_capacity(kept.len()), Vec::new());
     for (f, i) in kept {
-        let (trial, line) = std::mem::take(&mut read[f][i]);
-        trials.push(trial);
-        lines.push(line);
+        trials.push(std::mem::take(&mut read[f][i]));
         from.push(f);
     }
     // The rows not kept are freed beside the merge.
@@ -96,24 +91,20 @@ pub fn merge(dirs: &[PathBuf]) -> Result<Merged> {
     Ok(Merged {
         trials,
         from,
-        lines,
         folders,
     })
 }
 
-/// A trial's row, with its line as its folder wrote it.
-type TrialLine = (TrialRow, Vec<u8>);
-
 /// The rows of each folder's `trials.csv` with their lines, in the folders' order: as many
 /// folders read at once as there are cores (parsing the rows is most of the work).
-fn trials_of(folders: &[report::ResultsDir]) -> Result<Vec<Vec<TrialLine>>> {
+fn trials_of(folders: &[report::ResultsDir]) -> Result<Vec<Vec<TrialBrief>>> {
     let width = std::thread::available_parallelism().map_or(1, |n| n.get());
     let mut read = Vec::with_capacity(folders.len());
     for group in folders.chunks(width) {
         let got: Vec<_> = std::thread::scope(|s| {
             let each: Vec<_> = group
                 .iter()
-                .map(|d| s.spawn(move || d.trials_and_lines()))
+                .map(|d| s.spawn(move || d.trial_briefs()))
                 .collect();
             each.into_iter().map(|h| h.join()).collect()
         });
@@ -246,7 +237,7 @@ pub fn write(
     // The kept rows as their folders wrote them.
     let trials = out_dir.join(report::TRIALS_CSV);
     report::write_lines_from::<TrialRow>(&trials, &[], interrupt, |out| {
-        m.lines.iter().try_for_each(|line| out.write(line))
+        m.trials.iter().try_for_each(|t| out.write(&t.line))
     })?;
     let count = |s: &str| m.trials.iter().filter(|r| r.state == s).count();
     say(
