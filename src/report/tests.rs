@@ -623,11 +623,23 @@ fn many_progress_rows(path: &Path, n: u32) -> Vec<u8> {
     fs::read(path).unwrap()
 }
 
+/// Files this long are split and checked by helper threads.
+const HELPED: usize = 4 << 20;
+
 #[test]
 fn damage_far_into_a_file_names_its_line_and_no_row_after_it_is_handed_over() {
+    damage_far_into(9_000, 1);
+    // A file split and checked by helper threads, the damage in a chunk of its own.
+    damage_far_into(60_000, 7);
+}
+
+/// [`damage_far_into_a_file_names_its_line_and_no_row_after_it_is_handed_over`] in a file of
+/// `n` rows, with the damage placed `scale` times further in.
+fn damage_far_into(n: u32, scale: usize) {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join(PROGRESS_CSV);
-    let bytes = many_progress_rows(&path, 9_000);
+    let bytes = many_progress_rows(&path, n);
+    assert_eq!(bytes.len() >= HELPED, scale > 1, "{} bytes", bytes.len());
     // The check of row 7,000 (line 7,001) no longer matches: one digit of it changed.
     let starts: Vec<usize> = std::iter::once(0)
         .chain(
@@ -639,7 +651,7 @@ fn damage_far_into_a_file_names_its_line_and_no_row_after_it_is_handed_over() {
         )
         .collect();
     let mut bad = bytes.clone();
-    let end = starts[7_001] - 2;
+    let end = starts[7_001 * scale] - 2;
     bad[end] = if bad[end] == b'0' { b'1' } else { b'0' };
     fs::write(&path, &bad).unwrap();
     let mut reader = RowReader::<ProgressRow>::open(&path).unwrap();
@@ -651,28 +663,28 @@ fn damage_far_into_a_file_names_its_line_and_no_row_after_it_is_handed_over() {
             Err(e) => break e,
         }
     };
-    assert_eq!(handed, 6_999);
+    assert_eq!(handed, 7_001 * scale - 2);
     assert!(
-        matches!(err, ReportError::Damaged { line: 7_001, .. }),
+        matches!(err, ReportError::Damaged { line, .. } if line == 7_001 * scale as u64),
         "{err}"
     );
     assert!(reader.next_cells().unwrap().is_none());
     // A NUL byte in a later row, a row with a cell too many, and a quoted row keep their lines.
     let mut nul = bytes.clone();
-    nul[starts[8_500] + 2] = 0;
+    nul[starts[8_500 * scale] + 2] = 0;
     fs::write(&path, &nul).unwrap();
     let err = read_progress(dir.path()).unwrap_err();
     assert!(
-        matches!(err, ReportError::Damaged { line: 8_501, .. }),
+        matches!(err, ReportError::Damaged { line, .. } if line == 8_500 * scale as u64 + 1),
         "{err}"
     );
-    let mut more = bytes[..starts[4_000]].to_vec();
+    let mut more = bytes[..starts[4_000 * scale]].to_vec();
     more.extend_from_slice(b"1,2,3\n");
-    more.extend_from_slice(&bytes[starts[4_000]..]);
+    more.extend_from_slice(&bytes[starts[4_000 * scale]..]);
     fs::write(&path, &more).unwrap();
     let err = read_progress(dir.path()).unwrap_err();
     assert!(
-        matches!(err, ReportError::Damaged { line: 4_001, .. }),
+        matches!(err, ReportError::Damaged { line, .. } if line == 4_000 * scale as u64 + 1),
         "{err}"
     );
 }
@@ -681,7 +693,8 @@ fn damage_far_into_a_file_names_its_line_and_no_row_after_it_is_handed_over() {
 fn a_reader_left_early_stops_its_finder() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join(PROGRESS_CSV);
-    many_progress_rows(&path, 50_000);
+    // Long enough for helper threads, which stop too.
+    assert!(many_progress_rows(&path, 60_000).len() >= HELPED);
     for take in [0, 1, 3_000] {
         let started = std::time::Instant::now();
         let reader = RowReader::<ProgressRow>::open(&path).unwrap();
@@ -694,5 +707,5 @@ fn a_reader_left_early_stops_its_finder() {
         .iter()
         .map(|r| r.epoch)
         .collect();
-    assert_eq!(epochs, (1..=50_000).collect::<Vec<_>>());
+    assert_eq!(epochs, (1..=60_000).collect::<Vec<_>>());
 }
