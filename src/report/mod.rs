@@ -169,33 +169,26 @@ fn ranks(state: &str, results: [Option<f64>; 3]) -> bool {
     state == COMPLETE && results.iter().all(|v| v.is_none_or(f64::is_finite))
 }
 
-impl Ranked for TrialRow {
-    fn id(&self) -> &str {
-        &self.trial_id
-    }
+/// [`Ranked`] for row types that hold a trial's id, state and results under the same names.
+macro_rules! ranked_by_fields {
+    ($($row:ty),*) => {$(
+        impl Ranked for $row {
+            fn id(&self) -> &str {
+                &self.trial_id
+            }
 
-    fn metric(&self) -> Option<f64> {
-        self.metric
-    }
+            fn metric(&self) -> Option<f64> {
+                self.metric
+            }
 
-    fn ranks(&self) -> bool {
-        ranks(&self.state, [self.metric, self.test_acc, self.final_loss])
-    }
+            fn ranks(&self) -> bool {
+                ranks(&self.state, [self.metric, self.test_acc, self.final_loss])
+            }
+        }
+    )*};
 }
 
-impl Ranked for TrialBrief {
-    fn id(&self) -> &str {
-        &self.trial_id
-    }
-
-    fn metric(&self) -> Option<f64> {
-        self.metric
-    }
-
-    fn ranks(&self) -> bool {
-        ranks(&self.state, [self.metric, self.test_acc, self.final_loss])
-    }
-}
+ranked_by_fields!(TrialRow, TrialBrief);
 
 /// One row of `progress.csv`: one trial after one epoch.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
