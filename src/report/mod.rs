@@ -3,6 +3,7 @@
 use serde::{Deserialize, Serialize};
 
 pub mod extra;
+mod finder;
 pub mod folders;
 pub mod line;
 pub mod plot;

@@ -7,8 +7,9 @@ use std::path::Path;
 use std::sync::Arc;
 
 use super::extra;
+use super::finder::Finder;
 use super::line::*;
-use super::scan::{push_hex16, Blocks, Chunk, Finder, Layout};
+use super::scan::{push_hex16, Blocks, Chunk, Layout};
 use super::{ProgressRow, RunRow, TrialBrief, TrialRow};
 use crate::error::ReportError;
 
