@@ -1,4 +1,4 @@
-//! `gpumux parallel`, `gpumux batch-scan` and unequal slice plans through the real binary (the data-parallel equality on a GPU is in tests/gpu.rs).
+//! `gpumux parallel`, `gpumux batch-scan` and unequal slice plans through the real binary (the data-parallel equality on a GPU is in tests/gpu/training.rs).
 
 mod support;
 use support::*;
