@@ -22,21 +22,21 @@ struct Cli {
 #[derive(Subcommand, Debug)]
 enum Command {
     /// List the devices and the backend; with --n, print the slice plan for N trials.
-    Devices(cli::devices::Args),
+    Devices(cli::devices_flags::Args),
     /// Run one training, from a job file or from flags, with loss and accuracy each epoch.
-    Train(cli::train::Args),
+    Train(cli::train_flags::Args),
     /// Run the experiment: for each N and split mode, N trials at once; write CSVs, plots and a summary.
-    Fib(cli::fib::Args),
+    Fib(cli::fib_flags::Args),
     /// Run every trial of the job's parameter space, `concurrency` at a time; resumable and shardable.
-    Sweep(cli::sweep::Args),
+    Sweep(cli::sweep_flags::Args),
     /// Combine the results of sweep shards (or several runs) into one folder.
-    Merge(cli::merge::Args),
+    Merge(cli::merge_flags::Args),
     /// Redraw the plots and summary from result folders; merge several with --out.
-    Report(cli::report::Args),
+    Report(cli::report_flags::Args),
     /// Train one model mirrored on several slices: each global batch split by ratios, gradients reduced into one update.
-    Parallel(cli::parallel::Args),
+    Parallel(cli::parallel_flags::Args),
     /// Samples/s against batch size for one model on one slice, up to the largest batch that fits its cap.
-    BatchScan(cli::batch_scan::Args),
+    BatchScan(cli::batch_scan_flags::Args),
     /// Internal: the child side of `process` mode (reads a request on stdin).
     #[command(hide = true)]
     Worker,
@@ -68,14 +68,14 @@ fn main() {
             | Command::Report(_)
     );
     cli::main(cli.verbose, long_running, |out| match cli.command {
-        Command::Devices(a) => cli::devices::run(a, out),
-        Command::Train(a) => cli::train::run(a, out),
-        Command::Fib(a) => cli::fib::run(a, out),
-        Command::Sweep(a) => cli::sweep::run(a, out),
-        Command::Merge(a) => cli::merge::run(a, out),
-        Command::Report(a) => cli::report::run(a, out),
-        Command::Parallel(a) => cli::parallel::run(a, out),
-        Command::BatchScan(a) => cli::batch_scan::run(a, out),
-        Command::Worker => cli::worker::run(),
+        Command::Devices(a) => cli::devices_flags::run(a, out),
+        Command::Train(a) => cli::train_flags::run(a, out),
+        Command::Fib(a) => cli::fib_flags::run(a, out),
+        Command::Sweep(a) => cli::sweep_flags::run(a, out),
+        Command::Merge(a) => cli::merge_flags::run(a, out),
+        Command::Report(a) => cli::report_flags::run(a, out),
+        Command::Parallel(a) => cli::parallel_flags::run(a, out),
+        Command::BatchScan(a) => cli::batch_scan_flags::run(a, out),
+        Command::Worker => cli::worker_flags::run(),
     })
 }

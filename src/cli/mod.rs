@@ -1,15 +1,15 @@
 //! The command line below clap: one file per subcommand, and what every command shares (logging, standard output, the exit code).
 
-pub mod args;
-pub mod batch_scan;
-pub mod devices;
-pub mod fib;
-pub mod merge;
-pub mod parallel;
-pub mod report;
-pub mod sweep;
-pub mod train;
-pub mod worker;
+pub mod batch_scan_flags;
+pub mod devices_flags;
+pub mod fib_flags;
+pub mod flags;
+pub mod merge_flags;
+pub mod parallel_flags;
+pub mod report_flags;
+pub mod sweep_flags;
+pub mod train_flags;
+pub mod worker_flags;
 
 use std::io::{IsTerminal, Write};
 

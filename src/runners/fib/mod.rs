@@ -1,6 +1,6 @@
 //! The `fib` runner: for each N and split mode, a round of N trials at once; the CSVs written row by row, then the plots and the summary.
 
-mod rows;
+mod run_rows;
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -178,7 +178,7 @@ impl Timed<'_> {
                 round.index, round.n, round.split
             )));
         }
-        let row = rows::run_row(job, round, &outcome, self.data, self.r, &telemetry);
+        let row = run_rows::run_row(job, round, &outcome, self.data, self.r, &telemetry);
         writer.run(&row)?;
         let this_round: Vec<_> = trials
             .iter()

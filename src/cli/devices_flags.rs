@@ -14,7 +14,7 @@ use gpumux::rounds::say;
 use gpumux::run::{self, Unavailable};
 use gpumux::runners::parallel::{slice_table, sm_notes};
 
-use super::args::SplitArg;
+use super::flags::SplitArg;
 
 #[derive(clap::Args, Debug)]
 pub struct Args {

@@ -7,7 +7,7 @@ use gpumux::error::Error;
 use gpumux::run;
 use gpumux::runners::fib::FibOptions;
 
-use super::args::{load_with, EngineFlags, RunFlags, SplitArg};
+use super::flags::{load_with, EngineFlags, RunFlags, SplitArg};
 
 #[derive(clap::Args, Debug)]
 pub struct Args {

@@ -8,7 +8,7 @@ use gpumux::job::BatchRatios;
 use gpumux::run;
 use gpumux::runners::parallel::ParallelOptions;
 
-use super::args::{load_with, RunFlags, SplitArg};
+use super::flags::{load_with, RunFlags, SplitArg};
 
 #[derive(clap::Args, Debug)]
 pub struct Args {

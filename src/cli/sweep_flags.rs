@@ -9,7 +9,7 @@ use gpumux::job::{AutoWord, Concurrency};
 use gpumux::run;
 use gpumux::runners::sweep::{Shard, SweepOptions};
 
-use super::args::{grace_seconds, load_with, EngineFlags, RunFlags, SplitArg};
+use super::flags::{grace_seconds, load_with, EngineFlags, RunFlags, SplitArg};
 
 #[derive(clap::Args, Debug)]
 pub struct Args {

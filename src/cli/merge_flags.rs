@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use gpumux::error::Error;
 
-use super::args::GoalArg;
+use super::flags::GoalArg;
 
 #[derive(clap::Args, Debug)]
 pub struct Args {

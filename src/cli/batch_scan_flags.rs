@@ -8,7 +8,7 @@ use gpumux::job::MemorySpec;
 use gpumux::run;
 use gpumux::runners::batch_scan::ScanOptions;
 
-use super::args::{load_with, scan_seconds, RunFlags, SplitArg};
+use super::flags::{load_with, scan_seconds, RunFlags, SplitArg};
 
 #[derive(clap::Args, Debug)]
 pub struct Args {

@@ -7,7 +7,7 @@ use gpumux::data::{DataSpec, Source};
 use gpumux::error::Error;
 use gpumux::job::{BackendChoice, Job, JobFile, ModelKind, ModelSpec, SplitMode};
 
-use super::args::{rebuild, EngineFlags, ModelArg, OptArg, SourceArg, StemArg};
+use super::flags::{rebuild, EngineFlags, ModelArg, OptArg, SourceArg, StemArg};
 
 #[derive(clap::Args, Debug)]
 #[command(allow_negative_numbers = true)]
