@@ -425,6 +425,15 @@ impl<T: ResultsRow> Cells<'_, T> {
         Ok(())
     }
 
+    /// Whether every cell holds what its column takes (`kinds`, column for column).
+    fn hold(&self, kinds: &[CellKind]) -> bool {
+        kinds.len() == self.cells.len()
+            && kinds
+                .iter()
+                .enumerate()
+                .all(|(i, kind)| kind.holds(self.cell(i)))
+    }
+
     /// The line the row starts on.
     pub fn line(&self) -> u64 {
         self.line
@@ -565,13 +574,32 @@ pub fn read_rows_and_lines<T: ResultsRow>(path: &Path) -> Result<Vec<(T, Vec<u8>
     Ok(rows)
 }
 
-/// Reads `trials.csv` at `path` as [`TrialBrief`]s: a row whose check matched its cells gives
-/// the cells it needs (and is not made a whole [`TrialRow`]); any other row is parsed whole,
-/// as [`read_rows`] parses it. Damage is refused as [`read_rows`] refuses it, an unknown state
-/// or an empty id included.
+/// Reads `trials.csv` at `path` as [`TrialBrief`]s, refusing what [`read_rows`] refuses: a row
+/// whose check matched its cells, and whose every cell holds what its column takes
+/// ([`CellKind`]), gives the cells a brief needs without being made a whole [`TrialRow`]; any
+/// other row is parsed whole (and refused as [`read_rows`] refuses it).
 pub fn read_trial_briefs(path: &Path) -> Result<Vec<TrialBrief>, ReportError> {
+    static KINDS: std::sync::OnceLock<Vec<(Vec<u8>, CellKind)>> = std::sync::OnceLock::new();
+    let kinds = match KINDS.get() {
+        Some(k) => k,
+        None => {
+            let found = cell_kinds::<TrialRow>()?;
+            KINDS.get_or_init(|| found)
+        }
+    };
     let mut reader = RowReader::<TrialRow>::open(path)?;
     let plan = reader.plan(&[]);
+    // Each column's kind, by its name; `None` when a column is not known to take a plain kind
+    // (every row is then parsed whole).
+    let file_kinds: Option<Vec<CellKind>> = reader
+        .layout
+        .header
+        .iter()
+        .map(|name| match name {
+            n if n == CHECK.as_bytes() => Some(CellKind::Text),
+            n => kinds.iter().find(|(k, _)| k == n).map(|(_, kind)| *kind),
+        })
+        .collect();
     let names = [
         "trial_id",
         "state",
@@ -581,12 +609,13 @@ pub fn read_trial_briefs(path: &Path) -> Result<Vec<TrialBrief>, ReportError> {
         "params",
     ];
     let columns: Option<Vec<usize>> = names.iter().map(|n| reader.column(n)).collect();
+    let light = file_kinds.zip(columns);
     let mut briefs = Vec::new();
     while let Some(mut cells) = reader.next_cells()? {
         let mut line = Vec::new();
         cells.line_into(&plan, &mut line)?;
-        let brief = match &columns {
-            Some(at) if cells.check.is_some() => {
+        let brief = match &light {
+            Some((kinds, at)) if cells.check.is_some() && cells.hold(kinds) => {
                 let number = |i: usize| match cells.cell(at[i]) {
                     b"" => Ok(None),
                     _ => cells.value::<f64>(at[i]).map(Some),
@@ -621,6 +650,85 @@ pub fn read_trial_briefs(path: &Path) -> Result<Vec<TrialBrief>, ReportError> {
         briefs.push(brief);
     }
     Ok(briefs)
+}
+
+/// What a cell of a column takes, as serde parses the row: any text, or a number (a float, a
+/// `u32`, a `u64`), which may be empty when the column is optional. `Other` stands for any
+/// column this does not tell (its rows are parsed whole).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum CellKind {
+    Text,
+    Number {
+        float: bool,
+        wide: bool,
+        optional: bool,
+    },
+    Other,
+}
+
+impl CellKind {
+    /// Whether `cell` is what the column takes: then the whole row's parse cannot fail on it.
+    pub(super) fn holds(self, cell: &[u8]) -> bool {
+        let Ok(text) = std::str::from_utf8(cell) else {
+            return false;
+        };
+        match self {
+            CellKind::Text => true,
+            CellKind::Number { optional: true, .. } if text.is_empty() => true,
+            CellKind::Number { float: true, .. } => text.parse::<f64>().is_ok(),
+            CellKind::Number { wide: true, .. } => text.parse::<u64>().is_ok(),
+            CellKind::Number { .. } => text.parse::<u32>().is_ok(),
+            CellKind::Other => false,
+        }
+    }
+}
+
+/// Each column of rows `T`, by name, with what its cells take: found by asking serde to parse
+/// `T`'s default row with one cell changed at a time (so that it follows `T`'s fields, never a
+/// second list of them).
+pub(super) fn cell_kinds<T: ResultsRow>() -> Result<Vec<(Vec<u8>, CellKind)>, ReportError> {
+    let header = columns_of::<T>()?;
+    let mut writer = ::csv::Writer::from_writer(Vec::new());
+    let invalid = |e: &dyn std::fmt::Display| ReportError::Invalid(format!("row kinds: {e}"));
+    writer.serialize(T::default()).map_err(|e| invalid(&e))?;
+    let bytes = writer.into_inner().map_err(|e| invalid(&e))?;
+    let mut reader = ::csv::ReaderBuilder::new()
+        .has_headers(true)
+        .from_reader(bytes.as_slice());
+    let mut base = ::csv::ByteRecord::new();
+    reader
+        .read_byte_record(&mut base)
+        .map_err(|e| invalid(&e))?;
+    let takes = |i: usize, value: &str| {
+        let mut record = ::csv::ByteRecord::new();
+        for (k, cell) in base.iter().enumerate() {
+            record.push_field(if k == i { value.as_bytes() } else { cell });
+        }
+        record.deserialize::<T>(Some(&header)).is_ok()
+    };
+    Ok((0..header.len())
+        .map(|i| {
+            let kind = if takes(i, "x") {
+                CellKind::Text
+            } else if !takes(i, "7") || takes(i, "-1") && !takes(i, "1.5") {
+                // Not a number, or a signed integer: not told here.
+                CellKind::Other
+            } else {
+                let float = takes(i, "1.5");
+                let wide = !float && takes(i, "4294967296");
+                if !float && !(takes(i, "65536")) {
+                    CellKind::Other
+                } else {
+                    CellKind::Number {
+                        float,
+                        wide,
+                        optional: takes(i, ""),
+                    }
+                }
+            };
+            (header[i].to_vec(), kind)
+        })
+        .collect())
 }
 
 /// Reads a results file through to its end, every row checked, keeping none: whether it can be

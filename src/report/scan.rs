@@ -170,6 +170,10 @@ impl Blocks {
                 if rest.len() > MAX_LINE || q - start > MAX_LINE {
                     return Err(self.over_long(self.lines + lines + 1));
                 }
+                // The row is not whole yet: it is sought again from its start once more is
+                // read, and what is known plain must not reach past that start (the search
+                // above began after the row's first line, where its opening quote is).
+                self.clean = self.clean.min(start);
                 return Ok(None);
             };
             if i > MAX_LINE || q + i - start > MAX_LINE {
@@ -772,6 +776,30 @@ mod tests {
                     .iter()
                     .map(|f| (f.line, blocks.bytes()[f.range.clone()].to_vec())),
             );
+        }
+    }
+
+    #[test]
+    fn quoted_rows_over_several_lines_read_whole_across_blocks() {
+        // Rows of three lines each (a quoted cell holds two line breaks, the last line long),
+        // more than a block's worth, so that more is read while a row's last line is half read.
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("rows.csv");
+        let row = format!("a,\"x\ny\n{}\",b", "g".repeat(300));
+        let n = 3 * BLOCK / row.len();
+        let mut text = String::new();
+        for k in 0..n {
+            text.push_str(&row);
+            text.push_str(&format!("{k}\n"));
+        }
+        std::fs::write(&path, text).unwrap();
+        for plain in [true, false] {
+            let rows = rows_taken(&path, plain, 256 << 10).unwrap();
+            assert_eq!(rows.len(), n);
+            for (k, (line, bytes)) in rows.iter().enumerate() {
+                assert_eq!(*line, 3 * k as u64 + 1);
+                assert_eq!(bytes, format!("{row}{k}").as_bytes());
+            }
         }
     }
 

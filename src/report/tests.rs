@@ -377,6 +377,69 @@ fn three_rows() -> Vec<TrialRow> {
 }
 
 #[test]
+fn each_trial_column_is_told_its_kind_by_serde() {
+    let kinds = cell_kinds::<TrialRow>().unwrap();
+    assert_eq!(kinds.len(), columns_of::<TrialRow>().unwrap().len());
+    let kind = |name: &str| kinds.iter().find(|(n, _)| n == name.as_bytes()).unwrap().1;
+    let number = |float, wide, optional| CellKind::Number {
+        float,
+        wide,
+        optional,
+    };
+    assert_eq!(kind("trial_id"), CellKind::Text);
+    assert_eq!(kind("params"), CellKind::Text);
+    assert_eq!(kind("round"), number(false, false, false));
+    assert_eq!(kind("seed"), number(false, true, false));
+    assert_eq!(kind("params_lr"), number(true, false, false));
+    assert_eq!(kind("test_acc"), number(true, false, true));
+    assert_eq!(kind("launches_per_step"), number(false, true, true));
+    // Every column has a kind told: no trial row needs a whole parse to be checked.
+    assert!(kinds.iter().all(|(_, k)| *k != CellKind::Other));
+    // What a column takes, and what it does not.
+    assert!(kind("round").holds(b"4294967295") && !kind("round").holds(b"4294967296"));
+    assert!(kind("seed").holds(b"4294967296") && !kind("seed").holds(b"-1"));
+    assert!(kind("test_acc").holds(b"") && !kind("params_lr").holds(b""));
+    assert!(kind("params_lr").holds(b"1e-3") && !kind("params_lr").holds(b"1,5"));
+}
+
+#[test]
+fn briefs_refuse_any_cell_whole_rows_refuse_even_under_a_check_that_matches() {
+    let (dir, bytes) = written(&three_rows());
+    let path = dir.path().join(TRIALS_CSV);
+    let text = String::from_utf8(bytes).unwrap();
+    let header: Vec<&str> = text.lines().next().unwrap().split(',').collect();
+    let at = |name: &str| header.iter().position(|c| *c == name).unwrap();
+    for (column, value) in [
+        ("round", "x"),
+        ("epochs", "-1"),
+        ("seed", "1.5"),
+        ("n", "4294967296"),
+        ("metric", "abc"),
+        ("wall_s", ""),
+        ("launches_per_step", "2.5"),
+    ] {
+        // Line 2 (no quoted cell) with one cell changed and its check made to match.
+        let mut cells: Vec<String> = text
+            .lines()
+            .nth(1)
+            .unwrap()
+            .split(',')
+            .map(str::to_owned)
+            .collect();
+        cells[at(column)] = value.into();
+        let body = &cells[..cells.len() - 1];
+        let check = check_of(body.iter().map(|c| c.as_bytes()));
+        let line = format!("{},{check}\n", body.join(","));
+        let mut lines: Vec<&str> = text.split_inclusive('\n').collect();
+        lines[1] = &line;
+        fs::write(&path, lines.concat()).unwrap();
+        let whole = read_rows::<TrialRow>(&path).unwrap_err().to_string();
+        let brief = read_trial_briefs(&path).unwrap_err().to_string();
+        assert_eq!(brief, whole, "{column} = {value:?}");
+    }
+}
+
+#[test]
 fn briefs_refuse_an_unknown_state_or_an_empty_id_as_whole_rows_do() {
     for (id, state) in [("t9", "DONE"), (" ", "COMPLETE")] {
         let mut rows = three_rows();
