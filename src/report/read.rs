@@ -669,17 +669,38 @@ pub(super) enum CellKind {
 impl CellKind {
     /// Whether `cell` is what the column takes: then the whole row's parse cannot fail on it.
     pub(super) fn holds(self, cell: &[u8]) -> bool {
-        let Ok(text) = std::str::from_utf8(cell) else {
-            return false;
+        let CellKind::Number {
+            float,
+            wide,
+            optional,
+        } = self
+        else {
+            return self == CellKind::Text && std::str::from_utf8(cell).is_ok();
         };
-        match self {
-            CellKind::Text => true,
-            CellKind::Number { optional: true, .. } if text.is_empty() => true,
-            CellKind::Number { float: true, .. } => text.parse::<f64>().is_ok(),
-            CellKind::Number { wide: true, .. } => text.parse::<u64>().is_ok(),
-            CellKind::Number { .. } => text.parse::<u32>().is_ok(),
-            CellKind::Other => false,
+        if cell.is_empty() {
+            return optional;
         }
+        // Most cells are plain decimals, told without parsing: digits (fewer than overflow the
+        // type), or for a float a `-` and one `.` among them. Any other is parsed as serde
+        // parses it.
+        let digits = |b: &[u8]| !b.is_empty() && b.iter().all(u8::is_ascii_digit);
+        let plain = match (float, wide) {
+            (true, _) => {
+                let unsigned = cell.strip_prefix(b"-").unwrap_or(cell);
+                match unsigned.iter().position(|&b| b == b'.') {
+                    Some(dot) => digits(&unsigned[..dot]) && digits(&unsigned[dot + 1..]),
+                    None => digits(unsigned),
+                }
+            }
+            (false, true) => cell.len() < 20 && digits(cell),
+            (false, false) => cell.len() < 10 && digits(cell),
+        };
+        plain
+            || std::str::from_utf8(cell).is_ok_and(|text| match (float, wide) {
+                (true, _) => text.parse::<f64>().is_ok(),
+                (false, true) => text.parse::<u64>().is_ok(),
+                (false, false) => text.parse::<u32>().is_ok(),
+            })
     }
 }
 

@@ -400,6 +400,14 @@ fn each_trial_column_is_told_its_kind_by_serde() {
     assert!(kind("seed").holds(b"4294967296") && !kind("seed").holds(b"-1"));
     assert!(kind("test_acc").holds(b"") && !kind("params_lr").holds(b""));
     assert!(kind("params_lr").holds(b"1e-3") && !kind("params_lr").holds(b"1,5"));
+    let u64_max = b"18446744073709551615";
+    assert!(kind("seed").holds(u64_max) && !kind("seed").holds(b"18446744073709551616"));
+    for (cell, holds) in [("-0.5", true), ("1.", true), (".5", true), ("+2", true)] {
+        assert_eq!(kind("params_lr").holds(cell.as_bytes()), holds, "{cell}");
+    }
+    for cell in [".", "-", "1.2.3", "--1", "1-"] {
+        assert!(!kind("params_lr").holds(cell.as_bytes()), "{cell}");
+    }
 }
 
 #[test]
@@ -649,6 +657,24 @@ mod props {
                 };
                 prop_assert_eq!(b, &want);
             }
+        }
+
+        /// A cell a kind holds is one serde parses as that kind, and no other.
+        #[test]
+        fn a_kind_holds_what_its_type_parses(
+            cell in "[-+0-9.eEx]{0,22}",
+            float in any::<bool>(),
+            wide in any::<bool>(),
+            optional in any::<bool>(),
+        ) {
+            let kind = CellKind::Number { float, wide: wide && !float, optional };
+            let parses = match (float, wide) {
+                _ if cell.is_empty() => optional,
+                (true, _) => cell.parse::<f64>().is_ok(),
+                (false, true) => cell.parse::<u64>().is_ok(),
+                (false, false) => cell.parse::<u32>().is_ok(),
+            };
+            prop_assert_eq!(kind.holds(cell.as_bytes()), parses);
         }
 
         /// Any damaged bytes are refused or dropped: every row read back is a row written,
