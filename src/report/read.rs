@@ -576,7 +576,7 @@ pub fn read_rows_and_lines<T: ResultsRow>(path: &Path) -> Result<Vec<(T, Vec<u8>
 
 /// Reads `trials.csv` at `path` as [`TrialBrief`]s, refusing what [`read_rows`] refuses: a row
 /// whose check matched its cells, and whose every cell holds what its column takes
-/// ([`CellKind`]), gives the cells a brief needs without being made a whole [`TrialRow`]; any
+/// (as serde tells it), gives the cells a brief needs without being made a whole [`TrialRow`]; any
 /// other row is parsed whole (and refused as [`read_rows`] refuses it).
 pub fn read_trial_briefs(path: &Path) -> Result<Vec<TrialBrief>, ReportError> {
     static KINDS: std::sync::OnceLock<Vec<(Vec<u8>, CellKind)>> = std::sync::OnceLock::new();
