@@ -62,13 +62,12 @@ impl Splitting {
     fn split(&mut self, chunk: &mut Chunk) {
         let layout = &*self.layout;
         let mut found = std::mem::take(&mut chunk.found);
-        let plain = chunk.plain || found.iter().all(|f| !f.quoted);
-        if plain && is_clean_text(&chunk.bytes) {
+        if found.iter().all(|f| !f.quoted) && is_clean_text(&chunk.bytes) {
             // The common case: rows of plain text, split in one pass over the chunk.
-            let first_line = found.first().map_or(chunk.first_line, |f| f.line);
-            split_plain_chunk(layout, first_line, chunk);
+            split_plain_chunk(layout, chunk.first_line, chunk);
         } else {
-            if chunk.plain {
+            if found.is_empty() {
+                // Plain rows taken whole, not plain text after all: split one by one.
                 lines_of(&chunk.bytes, chunk.first_line, &mut found);
             }
             split_each(layout, &found, &mut self.splitter, chunk);
@@ -89,7 +88,7 @@ impl Finder {
     /// Starts finding the rows `blocks` holds after the header.
     pub(super) fn start(layout: Arc<Layout>, blocks: Blocks) -> Result<Self, ReportError> {
         let path = layout.path.clone();
-        let large = blocks.file.metadata().is_ok_and(|m| m.len() >= HELPED_FROM);
+        let large = blocks.file_len().is_some_and(|len| len >= HELPED_FROM);
         let helpers = match large {
             true => std::thread::available_parallelism().map_or(1, |n| n.get().min(MAX_HELPERS)),
             false => 0,
@@ -187,31 +186,25 @@ fn find_rows(
         if !fill_chunk(&mut blocks, &mut chunk) {
             return;
         }
-        let last = chunk.damage.is_some();
+        let damaged = chunk.damage.is_some();
         let (done, next) = bounded(1);
         if tx.send(next).is_err() {
             return;
         }
-        match &work {
-            Some(work) if !last => {
-                if let Err(e) = work.send((chunk, done)) {
-                    // No helper left (each ended by a panic): split here.
-                    let (mut chunk, done) = e.into_inner();
-                    splitting.split(&mut chunk);
-                    let _ = done.send(chunk);
-                }
-            }
-            _ => {
-                if !last {
-                    splitting.split(&mut chunk);
-                }
-                let last = chunk.damage.is_some();
-                let _ = done.send(chunk);
-                if last {
-                    return;
-                }
+        let mut job = (chunk, done);
+        if let Some(work) = work.as_ref().filter(|_| !damaged) {
+            match work.send(job) {
+                Ok(()) => continue,
+                // No helper left (each ended by a panic): split here.
+                Err(e) => job = e.into_inner(),
             }
         }
+        let (mut chunk, done) = job;
+        if !damaged {
+            splitting.split(&mut chunk);
+        }
+        let last = chunk.damage.is_some();
+        let _ = done.send(chunk);
         if last {
             return;
         }
@@ -225,7 +218,7 @@ fn fill_chunk(blocks: &mut Blocks, chunk: &mut Chunk) -> bool {
     match blocks.next_plain(CHUNK_BYTES) {
         Ok(Some((rows, first_line))) => {
             chunk.bytes.extend_from_slice(&blocks.bytes()[rows]);
-            (chunk.plain, chunk.first_line) = (true, first_line);
+            chunk.first_line = first_line;
             return true;
         }
         Ok(None) => {}
@@ -245,6 +238,7 @@ fn fill_chunk(blocks: &mut Blocks, chunk: &mut Chunk) -> bool {
             (Some(first), Some(last)) => {
                 let (lo, hi) = (first.range.start, last.range.end);
                 chunk.bytes.extend_from_slice(&blocks.bytes()[lo..hi]);
+                chunk.first_line = first.line;
                 for f in &mut found {
                     f.range = f.range.start - lo..f.range.end - lo;
                 }

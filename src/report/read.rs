@@ -708,14 +708,12 @@ impl CellKind {
 /// `T`'s default row with one cell changed at a time (so that it follows `T`'s fields, never a
 /// second list of them).
 pub(super) fn cell_kinds<T: ResultsRow>() -> Result<Vec<(Vec<u8>, CellKind)>, ReportError> {
-    let header = columns_of::<T>()?;
     let mut writer = ::csv::Writer::from_writer(Vec::new());
     let invalid = |e: &dyn std::fmt::Display| ReportError::Invalid(format!("row kinds: {e}"));
     writer.serialize(T::default()).map_err(|e| invalid(&e))?;
     let bytes = writer.into_inner().map_err(|e| invalid(&e))?;
-    let mut reader = ::csv::ReaderBuilder::new()
-        .has_headers(true)
-        .from_reader(bytes.as_slice());
+    let mut reader = ::csv::Reader::from_reader(bytes.as_slice());
+    let header = reader.byte_headers().map_err(|e| invalid(&e))?.clone();
     let mut base = ::csv::ByteRecord::new();
     reader
         .read_byte_record(&mut base)
@@ -729,23 +727,20 @@ pub(super) fn cell_kinds<T: ResultsRow>() -> Result<Vec<(Vec<u8>, CellKind)>, Re
     };
     Ok((0..header.len())
         .map(|i| {
+            let float = takes(i, "1.5");
+            // A number this tells: a float, or an integer that takes no sign and no less than
+            // a `u32` (a signed or narrower one is not told here).
+            let number = takes(i, "7") && takes(i, "65536") && (float || !takes(i, "-1"));
             let kind = if takes(i, "x") {
                 CellKind::Text
-            } else if !takes(i, "7") || takes(i, "-1") && !takes(i, "1.5") {
-                // Not a number, or a signed integer: not told here.
-                CellKind::Other
-            } else {
-                let float = takes(i, "1.5");
-                let wide = !float && takes(i, "4294967296");
-                if !float && !(takes(i, "65536")) {
-                    CellKind::Other
-                } else {
-                    CellKind::Number {
-                        float,
-                        wide,
-                        optional: takes(i, ""),
-                    }
+            } else if number {
+                CellKind::Number {
+                    float,
+                    wide: !float && takes(i, "4294967296"),
+                    optional: takes(i, ""),
                 }
+            } else {
+                CellKind::Other
             };
             (header[i].to_vec(), kind)
         })

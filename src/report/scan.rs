@@ -38,7 +38,7 @@ pub(super) struct Found {
 /// in it are done with.
 pub(super) struct Blocks {
     path: PathBuf,
-    pub(super) file: File,
+    file: File,
     buf: Vec<u8>,
     /// The bytes read and not yet taken are `buf[at..filled]`.
     at: usize,
@@ -107,10 +107,7 @@ impl Blocks {
             self.read_more()?;
         }
         if self.clean < self.filled {
-            // One search over what was read finds the next quote or carriage return.
-            let from = self.clean.max(self.at);
-            self.clean = memchr2(b'"', b'\r', &self.buf[from..self.filled])
-                .map_or(self.filled, |k| from + k);
+            self.clean = next_quote_or_cr(&self.buf[..self.filled], self.clean.max(self.at));
         }
         let end = self.clean.min(self.at + max);
         let Some(k) = memrchr(b'\n', &self.buf[self.at..end]) else {
@@ -121,6 +118,11 @@ impl Blocks {
         self.lines += memchr_iter(b'\n', &self.buf[rows.clone()]).count() as u64 + 1;
         self.at = rows.end + 1;
         Ok(Some((rows, first)))
+    }
+
+    /// The length of the file on disk, when it can be told.
+    pub(super) fn file_len(&self) -> Option<u64> {
+        self.file.metadata().ok().map(|m| m.len())
     }
 
     /// Moves the bytes not yet taken to the front and reads more after them.
@@ -182,11 +184,7 @@ impl Blocks {
             let line = &rest[..i];
             let body = line.strip_suffix(b"\r").unwrap_or(line);
             if q + i > self.clean {
-                // One search over what was read finds the next quote or carriage return, so
-                // that the rows before it are known to be plain without a search each.
-                let from = self.clean.max(q);
-                self.clean = memchr2(b'"', b'\r', &self.buf[from..self.filled])
-                    .map_or(self.filled, |k| from + k);
+                self.clean = next_quote_or_cr(&self.buf[..self.filled], self.clean.max(q));
             }
             if q + i > self.clean && memchr2(b'"', b'\r', body).is_some() {
                 quoted = true;
@@ -240,6 +238,13 @@ impl Blocks {
     }
 }
 
+/// Where the next quote or carriage return of `read` lies from `from` on (its end when none): one
+/// search over what was read, so that the rows before it are known to be plain without a
+/// search each.
+fn next_quote_or_cr(read: &[u8], from: usize) -> usize {
+    memchr2(b'"', b'\r', &read[from..]).map_or(read.len(), |k| from + k)
+}
+
 /// What every row of one file is read against: its header, where its check is, its extra
 /// columns (each one's index and name).
 pub(super) struct Layout {
@@ -275,9 +280,9 @@ pub(super) struct Chunk {
     /// The damage found in the row after `slots`, or a read that failed: the last chunk.
     pub(super) damage: Option<ReportError>,
     /// Where each row lies in `bytes`, as found (before it is split); empty for plain rows
-    /// taken whole ([`Blocks::next_plain`]), which are one per line from `first_line` on.
+    /// taken whole ([`Blocks::next_plain`]), which are one per line.
     pub(super) found: Vec<Found>,
-    pub(super) plain: bool,
+    /// The line the first row starts on.
     pub(super) first_line: u64,
 }
 
@@ -289,7 +294,6 @@ impl Chunk {
         self.scratch.clear();
         self.damage = None;
         self.found.clear();
-        self.plain = false;
         self.first_line = 0;
     }
 }
