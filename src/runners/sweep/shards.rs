@@ -85,9 +85,7 @@ pub fn merge(dirs: &[PathBuf]) -> Result<Merged> {
         from.push(f);
     }
     // The rows not kept are freed beside the merge.
-    let _ = std::thread::Builder::new()
-        .name("gpumux-free".into())
-        .spawn(move || drop(read));
+    free_beside(read);
     Ok(Merged {
         trials,
         from,
@@ -212,11 +210,16 @@ pub fn run(
         }
     }
     let written = write(&m, out_dir, goal, interrupt, out);
-    // Tens of thousands of rows take tens of milliseconds to free: done beside the exit.
+    free_beside(m);
+    written
+}
+
+/// Frees `rows` on a thread of its own: tens of thousands of rows take tens of milliseconds to
+/// free, which need not hold up the merge or its exit.
+fn free_beside<T: Send + 'static>(rows: T) {
     let _ = std::thread::Builder::new()
         .name("gpumux-free".into())
-        .spawn(move || drop(m));
-    written
+        .spawn(move || drop(rows));
 }
 
 /// Writes a merge into `out` (each file replaced whole, fsynced once; the progress rows before
