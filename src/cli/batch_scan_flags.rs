@@ -5,7 +5,6 @@ use std::path::PathBuf;
 
 use gpumux::error::Error;
 use gpumux::job::MemorySpec;
-use gpumux::run;
 use gpumux::runners::batch_scan::ScanOptions;
 
 use super::flags::{load_with, scan_seconds, RunFlags, SplitArg};
@@ -57,7 +56,6 @@ pub fn run(a: Args, out: &mut dyn Write) -> Result<(), Error> {
         start: a.start,
         max_batch: a.max_batch,
         seconds: a.seconds,
-        command: run::command_line(),
     };
     gpumux::runners::batch_scan::run(&job, &opts, out).map(|_| ())
 }

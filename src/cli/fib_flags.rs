@@ -49,7 +49,6 @@ pub fn run(a: Args, out: &mut dyn Write) -> Result<(), Error> {
         out: a.out,
         data_dir: a.run.data_dir,
         worker_exe: run::worker_exe()?,
-        command: run::command_line(),
         progress: std::io::stderr().is_terminal(),
     };
     gpumux::runners::fib::run(&job, &opts, out).map(|_| ())

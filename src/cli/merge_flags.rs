@@ -22,7 +22,7 @@ pub struct Args {
 
 pub fn run(a: Args, out: &mut dyn Write) -> Result<(), Error> {
     // A signal stops the reading or the copying at once, leaving --out as it was (exit 3).
-    let cancel = gpumux::run::cancel_on_signals(std::time::Duration::ZERO);
-    let interrupt = gpumux::report::Interrupt::OnDrain(cancel);
-    gpumux::runners::sweep::shards::run(&a.dirs, &a.out, a.goal.into(), &interrupt, out)
+    let opened = gpumux::run::Setup::results_only("merge").open_results_only();
+    let (session, ()) = opened.held_folder(&a.out, true, |_, _| Ok(()))?;
+    gpumux::runners::sweep::shards::run(&a.dirs, &session, a.goal.into(), out)
 }

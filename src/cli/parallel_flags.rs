@@ -5,7 +5,6 @@ use std::path::PathBuf;
 
 use gpumux::error::Error;
 use gpumux::job::BatchRatios;
-use gpumux::run;
 use gpumux::runners::parallel::ParallelOptions;
 
 use super::flags::{load_with, RunFlags, SplitArg};
@@ -67,7 +66,6 @@ pub fn run(a: Args, out: &mut dyn Write) -> Result<(), Error> {
         data_dir: a.run.data_dir,
         split: a.split.map(Into::into),
         dry_run: a.dry_run,
-        command: run::command_line(),
     };
     gpumux::runners::parallel::run(&job, &opts, out).map(|_| ())
 }

@@ -2,7 +2,6 @@
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
 use gpumux::error::{Error, ReportError};
 use gpumux::report;
@@ -43,10 +42,11 @@ fn redraw(dirs: &[PathBuf], out_dir: Option<&Path>, out: &mut dyn Write) -> Resu
             source,
         })?;
     }
-    // The folder written is held from before the reading, as every writing command does.
-    let _lock = gpumux::outdir::lock(&target)?;
-    // A signal stops the reading or the copying at once, leaving every file as it was (exit 3).
-    let interrupt = report::Interrupt::OnDrain(gpumux::run::cancel_on_signals(Duration::ZERO));
+    // The folder written is held from before the reading, as every writing command does. A
+    // signal stops the reading or the copying at once, leaving every file as it was (exit 3).
+    let opened = gpumux::run::Setup::results_only("report").open_results_only();
+    let (session, ()) = opened.held_folder(&target, true, |_, _| Ok(()))?;
+    let interrupt = report::Interrupt::OnDrain(session.cancel().clone());
     let (runs, trials) = match out_dir {
         Some(_) => report::merge_files(dirs, &target, &interrupt)?,
         None => {

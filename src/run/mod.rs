@@ -1,11 +1,12 @@
-//! Run setup: what every command does once before its runner works, in one place: the backend and its devices, the dataset, the output folder with its lock and `command.txt`, the signals and the telemetry.
+//! Run setup: what every command does once before its runner works: the backend and its devices, the dataset, the output folder with its lock and `command.txt`, the signals and the telemetry.
 //!
-//! The commands call it in their own order (a dry run opens no device; a folder whose results
-//! cannot be read is refused before anything is written in it), but each step is written here
-//! only.
+//! Each step is written here only, and every command takes them through one [`Session`]
+//! (`session.rs`), which keeps their order.
 
 pub mod backend_choice;
+pub mod session;
 pub mod split_policy;
+pub mod workload;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -20,7 +21,9 @@ use crate::sched::signals::{self, Cancel};
 use crate::telemetry::Sampler;
 
 pub use backend_choice::{resolve_backend, Resolved};
+pub use session::{Modes, Opened, Session, Setup, Signals};
 pub use split_policy::{mps_daemon_running, unavailable, Unavailable, Work};
+pub use workload::{builtin_context, swept_names};
 
 /// The file of an output folder that records the command line that wrote it.
 pub const COMMAND_TXT: &str = "command.txt";

@@ -12,8 +12,8 @@ use crate::job::{Job, SplitMode};
 use crate::models;
 use crate::plan::{self, MIB};
 use crate::rounds::{say, CsvFile};
-use crate::run::split_policy::{check_here, check_use, Work};
-use crate::run::{self, OutFolder};
+use crate::run::split_policy::Work;
+use crate::run::{self, Modes, Signals};
 use crate::sched;
 use crate::train::largest_fitting;
 use crate::train::mirrored::{plan_on, ratio_probe as probe, ParallelConfig};
@@ -37,7 +37,6 @@ pub struct ScanOptions {
     pub max_batch: Option<usize>,
     /// Seconds of timed training per batch size.
     pub seconds: f64,
-    pub command: String,
 }
 
 impl ScanOptions {
@@ -66,7 +65,6 @@ impl Default for ScanOptions {
             start: 1,
             max_batch: None,
             seconds: probe::TARGET_S,
-            command: String::new(),
         }
     }
 }
@@ -110,10 +108,15 @@ pub fn run(job: &Job, opts: &ScanOptions, out: &mut dyn Write) -> Result<PathBuf
     // A signal stops the scan (exit 3): at once, inside a measurement, or before the next
     // batch size; the rows measured until then are in the CSV.
     let split = opts.split.unwrap_or(job.file.split);
-    check_use(split, Work::Threads("batch-scan"))?;
-    let cancel = run::cancel_on_signals(std::time::Duration::ZERO);
-    let r = run::backend(job)?;
-    check_here(split, Work::Threads("batch-scan"), &r)?;
+    let opened = run::Setup {
+        command: "batch-scan",
+        modes: Modes::One(split, Work::Threads("batch-scan")),
+        signals: Signals::Stop,
+        opens_device: true,
+        data_dir: opts.data_dir.as_deref(),
+    }
+    .open(job)?;
+    let (r, cancel) = (opened.resolved()?, opened.cancel().clone());
     let slices = plan::slices(job, 1, split, &r.budgets)?;
     let slice = slices.get(opts.slice as usize).cloned().ok_or_else(|| {
         Error::Usage(format!(
@@ -122,7 +125,7 @@ pub fn run(job: &Job, opts: &ScanOptions, out: &mut dyn Write) -> Result<PathBuf
             slices.len()
         ))
     })?;
-    let data = run::load_data(job, opts.data_dir.as_deref())?;
+    let data = Arc::clone(opened.data()?);
     let h = job.hyper(0)?;
     let devices = r.device_for(&data)?;
     // The scanned slice's partition alone: the other slices of the plan stay idle.
@@ -157,8 +160,7 @@ pub fn run(job: &Job, opts: &ScanOptions, out: &mut dyn Write) -> Result<PathBuf
     };
     scan.sizer = Some(scan.open()?);
     let dir = run::out_dir(opts.out.as_deref(), &format!("{}-batch-scan", job.name));
-    let folder = OutFolder::lock_fresh(&dir, "batch-scan")?;
-    folder.record_command(&opts.command, &r.device)?;
+    let _session = opened.fresh_folder(&dir)?;
     let path = dir.join(SCAN_CSV);
     // Each row is written and fsynced as it is measured, in increasing batch order.
     let mut csv = CsvFile::create(path.clone())?;

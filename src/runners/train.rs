@@ -5,25 +5,31 @@ use std::path::Path;
 use std::sync::Arc;
 
 use crate::error::{Error, Result};
-use crate::gpu;
 use crate::job::Job;
 use crate::plan::{self, MIB};
 use crate::rounds::{check_batch, say};
-use crate::run;
+use crate::run::{self, Modes, Signals};
 use crate::sched;
 use crate::train::{run_trial, TrialConfig};
 
 /// `gpumux train`: one trial of a job, with loss and accuracy each epoch.
 pub fn run(job: &Job, trial: u32, data_dir: Option<&Path>, out: &mut dyn Write) -> Result<()> {
     job.model()?;
-    let r = run::resolve_backend(job.file.backend, &gpu::discover(), &job.engine_options())?;
-    crate::note!("{}", r.note);
-    let data = run::load_data(job, data_dir)?;
-    check_batch(job, &data, &[trial])?;
-    let device = r.device_for(&data)?;
-    let spec = plan::trial(job, trial)?;
     // A signal stops the training at its next step (exit 3); the epochs printed stay printed.
-    let cancel = run::cancel_on_signals(std::time::Duration::ZERO);
+    let session = run::Setup {
+        command: "train",
+        modes: Modes::Unsplit,
+        signals: Signals::Stop,
+        opens_device: true,
+        data_dir,
+    }
+    .open(job)?
+    .without_folder();
+    let (r, data) = (session.resolved()?, session.data()?);
+    check_batch(job, data, &[trial])?;
+    let device = r.device_for(data)?;
+    let spec = plan::trial(job, trial)?;
+    let cancel = session.cancel().clone();
     let cfg = TrialConfig {
         model: job.model()?.clone(),
         hyper: spec.hyper.clone(),
@@ -50,7 +56,7 @@ pub fn run(job: &Job, trial: u32, data_dir: Option<&Path>, out: &mut dyn Write) 
         sm_count: None,
         partition: None,
     };
-    let mut be = sched::open_backend(device.device(0)?, Arc::clone(&data), &slice, None)?;
+    let mut be = sched::open_backend(device.device(0)?, Arc::clone(data), &slice, None)?;
     let net = crate::models::build(
         &cfg.model,
         cfg.input,

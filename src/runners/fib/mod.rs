@@ -11,11 +11,8 @@ use crate::error::{Error, Result};
 use crate::job::Job;
 use crate::plan::{self, Round};
 use crate::report::{self, RunRow, TrialRow};
-use crate::rounds::{
-    builtin_context, check_batch, counts_line, print_paths, progress_row, say, trial_row,
-};
-use crate::run::split_policy::{self, check_listed};
-use crate::run::{self, OutFolder};
+use crate::rounds::{check_batch, counts_line, print_paths, progress_row, say, trial_row};
+use crate::run::{self, Modes, Session, Signals};
 use crate::sched::{self, Event, TrialState};
 use crate::telemetry::Sampler;
 
@@ -26,8 +23,6 @@ pub struct FibOptions {
     pub data_dir: Option<PathBuf>,
     /// The gpumux executable, for `process` mode.
     pub worker_exe: PathBuf,
-    /// The command line, recorded next to the results.
-    pub command: String,
     /// Show a progress bar (stderr is a terminal).
     pub progress: bool,
 }
@@ -35,24 +30,27 @@ pub struct FibOptions {
 /// `gpumux fib`: every round of the job; writes the CSVs row by row, the plots and the summary.
 pub fn run(job: &Job, opts: &FibOptions, out: &mut dyn Write) -> Result<PathBuf> {
     job.model()?;
-    check_listed(job)?;
-    let r = run::backend(job)?;
-    let splits = split_policy::runnable(&job.file.splits, &r)?;
-    let data = run::load_data(job, opts.data_dir.as_deref())?;
-    let max_n = job.file.n.iter().copied().max().unwrap_or(1);
-    check_batch(job, &data, &(0..max_n).collect::<Vec<_>>())?;
-    let rounds = plan::rounds(job, &r.budgets, &splits)?;
-    let dir = run::out_dir(opts.out.as_deref(), &job.name);
-    let folder = OutFolder::lock_fresh(&dir, "fib")?;
-    let mut writer = report::ReportWriter::create(&dir)?;
-    folder.record_command(&opts.command, &r.device)?;
     // A signal stops the experiment: running trials end as INTERRUPTED, the round is not
     // recorded (its makespan would be wrong), and gpumux exits with code 3.
-    let cancel = run::cancel_on_signals(std::time::Duration::ZERO);
-    let data_dir = opts.data_dir.as_deref();
-    let ctx = builtin_context(job, &data, &r, data_dir, &opts.worker_exe, &cancel)?;
+    let opened = run::Setup {
+        command: "fib",
+        modes: Modes::Listed,
+        signals: Signals::Stop,
+        opens_device: true,
+        data_dir: opts.data_dir.as_deref(),
+    }
+    .open(job)?;
+    let (r, data) = (opened.resolved()?, opened.data()?);
+    let max_n = job.file.n.iter().copied().max().unwrap_or(1);
+    check_batch(job, data, &(0..max_n).collect::<Vec<_>>())?;
+    let rounds = plan::rounds(job, &r.budgets, opened.modes())?;
+    let dir = run::out_dir(opts.out.as_deref(), &job.name);
+    let session = opened.fresh_folder(&dir)?;
+    let (r, data) = (session.resolved()?, session.data()?);
+    let mut writer = session.results_writer(None)?;
+    let ctx = session.round_context(job, &opts.worker_exe)?;
     let total: u64 = rounds.iter().map(|r| r.n as u64).sum();
-    let names: Vec<&str> = splits.iter().map(|s| s.name()).collect();
+    let names: Vec<&str> = session.modes().iter().map(|s| s.name()).collect();
     crate::note!(
         "{}: {} rounds ({total} trials) of {} on {}, N = {:?}, splits {}; writing {}",
         job.name,
@@ -71,8 +69,9 @@ pub fn run(job: &Job, opts: &FibOptions, out: &mut dyn Write) -> Result<PathBuf>
         let at = Timed {
             job,
             ctx: &ctx,
-            data: &data,
-            r: &r,
+            data,
+            r,
+            session: &session,
             bar: &bar,
         };
         let row = at
@@ -106,6 +105,7 @@ struct Timed<'a> {
     ctx: &'a sched::RoundContext,
     data: &'a crate::data::Dataset,
     r: &'a run::Resolved,
+    session: &'a Session,
     bar: &'a ProgressBar,
 }
 
@@ -128,7 +128,7 @@ impl Timed<'_> {
         // Trials with a progress row that could not be written: never recorded COMPLETE.
         let mut lost = crate::rounds::LostRows::default();
         // NVML samples the device at 20 Hz while the round runs (GPU only).
-        let sampler = run::telemetry(self.r, 20.0);
+        let sampler = self.session.telemetry(20.0);
         let outcome = sched::run_round(round, self.ctx, &mut |ev| {
             let res = match ev {
                 Event::Started { .. } => {

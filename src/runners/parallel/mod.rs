@@ -13,8 +13,8 @@ use crate::error::{Error, Result};
 use crate::job::{BatchRatios, Job, SplitMode};
 use crate::plan::{self, SliceSpec};
 use crate::rounds::{model_name, say, CsvFile};
-use crate::run::split_policy::{check_here, check_use, Work};
-use crate::run::{self, OutFolder, Resolved};
+use crate::run::split_policy::Work;
+use crate::run::{self, Modes, Resolved, Signals};
 use crate::sched::{self, Devices};
 use crate::train::mirrored::{
     ratio_probe as probe, train, ParallelConfig, ParallelEpoch, ParallelOutcome,
@@ -37,8 +37,6 @@ pub struct ParallelOptions {
     pub split: Option<SplitMode>,
     /// Print the slice plan and the shards, and train nothing.
     pub dry_run: bool,
-    /// The command line, recorded next to the results.
-    pub command: String,
 }
 
 /// A `progress.csv` row: the columns of the other commands' `progress.csv`, then the slice
@@ -237,16 +235,22 @@ pub fn run(job: &Job, opts: &ParallelOptions, out: &mut dyn Write) -> Result<Pat
     let model = job.model()?.clone();
     let k = job.replicas()?;
     let split = opts.split.unwrap_or(job.file.split);
-    check_use(split, Work::Threads("parallel"))?;
-    let r = run::backend(job)?;
-    check_here(split, Work::Threads("parallel"), &r)?;
+    let opened = run::Setup {
+        command: "parallel",
+        modes: Modes::One(split, Work::Threads("parallel")),
+        signals: Signals::Stop,
+        opens_device: true,
+        data_dir: opts.data_dir.as_deref(),
+    }
+    .open(job)?;
+    let r = opened.resolved()?;
     let slices = plan::slices(job, k, split, &r.budgets)?;
     let ratios = ratios_of(job);
-    say_plan(out, job, split, &r, &slices)?;
+    say_plan(out, job, split, r, &slices)?;
     let h = job.hyper(0)?;
     let global = h.batch_size as usize;
-    let data = run::load_data(job, opts.data_dir.as_deref())?;
-    let fixed = fixed_shards(job, &ratios, global, k, &data)?;
+    let data = opened.data()?;
+    let fixed = fixed_shards(job, &ratios, global, k, data)?;
     let ratio_words = words_of(&ratios);
     let spec = plan::trials(job, 1)?
         .pop()
@@ -263,20 +267,20 @@ pub fn run(job: &Job, opts: &ParallelOptions, out: &mut dyn Write) -> Result<Pat
         return Ok(PathBuf::new());
     }
     let dir = run::out_dir(opts.out.as_deref(), &format!("{}-parallel", job.name));
-    let folder = OutFolder::lock_fresh(&dir, "parallel")?;
-    folder.record_command(&opts.command, &r.device)?;
-    let devices = r.device_for(&data)?;
+    let session = opened.fresh_folder(&dir)?;
+    let (r, data) = (session.resolved()?, session.data()?);
+    let devices = r.device_for(data)?;
     let parts = sched::partitions(split, &slices, &devices).map_err(Error::NoDevice)?;
-    let cancel = run::cancel_on_signals(std::time::Duration::ZERO);
+    let cancel = session.cancel().clone();
     let mut cfg = ParallelConfig {
         trial: crate::train::TrialConfig {
             seed: spec.seed,
-            ..crate::rounds::lone_trial(job, &data, model.clone(), h.clone(), cancel)
+            ..crate::rounds::lone_trial(job, data, model.clone(), h.clone(), cancel)
         },
         shards: fixed.clone().unwrap_or_default(),
     };
     if fixed.is_none() {
-        cfg.shards = choose_ratios(&cfg, &devices, &data, &slices, &parts, &dir, out)?;
+        cfg.shards = choose_ratios(&cfg, &devices, data, &slices, &parts, &dir, out)?;
     }
     say(
         out,
@@ -291,9 +295,9 @@ pub fn run(job: &Job, opts: &ParallelOptions, out: &mut dyn Write) -> Result<Pat
             spec.seed
         ),
     )?;
-    let backends = open_all(&devices, &data, &slices, &parts)?;
+    let backends = open_all(&devices, data, &slices, &parts)?;
     let outcome = train_recording(backends, &cfg, split, &dir, out)?;
-    let row = summary_row(job, &data, &r, split, &cfg, &ratio_words, &outcome);
+    let row = summary_row(job, data, r, split, &cfg, &ratio_words, &outcome);
     let mut summary = CsvFile::create(dir.join(PARALLEL_CSV))?;
     summary.row(&row)?;
     say_done(out, &row, &outcome)?;

@@ -22,16 +22,13 @@ use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 
 use crate::cancel::Cancel;
-use crate::engine::cuda::CudaEngine;
 use crate::error::{Error, Result};
 use crate::job::{Concurrency, Goal, Job, SplitMode};
 use crate::plan::{self, Round, TrialSpec};
 use crate::report::{self, Ranked, TrialRow};
-use crate::rounds::{builtin_context, counts_line, progress_row, say, trial_row};
-use crate::run::split_policy::check_here;
-use crate::run::{self, Resolved};
-use crate::sched::external::ExternalEnv;
-use crate::sched::{self, Device, Devices, Event, ExternalTrials, RoundContext, Workload};
+use crate::rounds::{counts_line, progress_row, say, trial_row};
+use crate::run::{self, Modes, Session, Signals};
+use crate::sched::{self, Event, RoundContext};
 use crate::space::ParamValue;
 pub use dry_run::{DRY_RUN_LISTED, SLURM_SHARDS};
 pub use identity::{trial_key, Shard};
@@ -144,14 +141,11 @@ fn received_params(job: &Job, row: &TrialRow) -> BTreeMap<String, ParamValue> {
     let params: BTreeMap<String, ParamValue> =
         serde_json::from_str(&row.params).unwrap_or_default();
     match &job.file.command {
-        Some(template) => crate::sched::external::received(template, params, &swept_names(job)),
+        Some(template) => {
+            crate::sched::external::received(template, params, &run::swept_names(job))
+        }
         None => params,
     }
-}
-
-/// The names of the sweep's own parameters (its space's), in name order.
-fn swept_names(job: &Job) -> Vec<String> {
-    job.space.dists.keys().cloned().collect()
 }
 
 /// Parameters as the console shows them: `lr=0.01 opt=adam`.
@@ -193,16 +187,21 @@ fn write_best(dir: &Path, job: &Job, row: &TrialRow) -> Result<PathBuf> {
 /// `gpumux sweep`: runs the trials of this shard that are not COMPLETE yet.
 pub fn run(job: &Job, opts: &SweepOptions, out: &mut dyn Write) -> Result<PathBuf> {
     let sweep = Sweep::plan(job, opts)?;
-    // A signal stops the reading of what is there at once (nothing has started yet), and the
-    // rewrites of results files once the trials' grace is over.
-    let cancel = run::cancel_on_signals(opts.grace);
     // Early termination resumes where it was: the rungs of the trials done.
     let pruner = hyperband::Pruner::of(job).map(Arc::new);
-    let Taken {
-        lock,
-        previous,
-        resumed,
-    } = Taken::take(&sweep.dir, opts, &cancel, pruner.as_deref())?;
+    // A signal stops the reading of what is there at once (nothing has started yet), and the
+    // rewrites of results files once the trials' grace is over. A dry run opens no device.
+    let opened = run::Setup {
+        command: "sweep",
+        modes: Modes::One(sweep.split, sweep.work),
+        signals: Signals::Drain(opts.grace),
+        opens_device: !opts.dry_run,
+        data_dir: opts.data_dir.as_deref(),
+    }
+    .open(job)?;
+    let read = |dir: &Path, cancel: &Cancel| Taken::take(dir, opts, cancel, pruner.as_deref());
+    let (session, Taken { previous, resumed }) =
+        opened.held_folder(&sweep.dir, !opts.dry_run, read)?;
     let mut proposer = sweep
         .is_bayes
         .then(|| bayes::Proposer::new(job, opts.shard, &previous));
@@ -214,14 +213,7 @@ pub fn run(job: &Job, opts: &SweepOptions, out: &mut dyn Write) -> Result<PathBu
         sweep.say_dry_run(&todo, pruner.as_deref(), proposer.as_ref(), out)?;
         return Ok(sweep.dir);
     }
-    let resolved = run::backend(job)?;
-    check_here(sweep.split, sweep.work, &resolved)?;
-    // The command line and device next to the results, as every command writes them (a resume
-    // records its own).
-    if let Some(folder) = &lock {
-        folder.record_command(&run::command_line(), &resolved.device)?;
-    }
-    let mut writer = Taken::writer(resumed, &sweep.dir, &cancel)?;
+    let mut writer = session.results_writer(resumed)?;
     let to_run = proposer.as_ref().map_or(todo.len(), |p| p.left as usize);
     let reached = sweep.target_reached(&held_latest, proposer.as_ref());
     let (ran, stopped) = match reached.filter(|_| to_run > 0) {
@@ -233,8 +225,7 @@ pub fn run(job: &Job, opts: &SweepOptions, out: &mut dyn Write) -> Result<PathBu
         None => {
             let trials = Trials {
                 sweep: &sweep,
-                resolved: &resolved,
-                cancel: &cancel,
+                session: &session,
             };
             let ends = (proposer.as_mut(), &mut writer);
             trials.run(&todo, to_run, pruner, ends, out)?
@@ -244,15 +235,15 @@ pub fn run(job: &Job, opts: &SweepOptions, out: &mut dyn Write) -> Result<PathBu
     rows.extend(ran);
     let (ids, planned) = sweep.ids_planned(proposer.as_ref());
     let stopped = stopped.as_ref();
-    finish(job, &sweep.dir, &ids, planned, &rows, &cancel, stopped, out)?;
+    let cancel = session.cancel();
+    finish(job, &sweep.dir, &ids, planned, &rows, cancel, stopped, out)?;
     Ok(sweep.dir)
 }
 
 /// What running a sweep's trials needs, once its folder is read and its device open.
 struct Trials<'a> {
     sweep: &'a Sweep<'a>,
-    resolved: &'a Resolved,
-    cancel: &'a Cancel,
+    session: &'a Session,
 }
 
 impl Trials<'_> {
@@ -271,13 +262,14 @@ impl Trials<'_> {
         if to_run == 0 {
             return Ok((Vec::new(), None));
         }
-        let mut ctx = context(job, opts, self.resolved, self.cancel, &self.sweep.dir)?;
+        let mut ctx = self.session.round_context(job, &opts.worker_exe)?;
+        let resolved = self.session.resolved()?;
         let n = match self.sweep.concurrency {
             Concurrency::Fixed(n) => n,
             // Under fused the probe times fused rounds: the N it picks is the number of
             // trials that train at once, in groups over the fused slices.
             Concurrency::Auto(_) => {
-                match concurrency_probe::choose(job, todo, &ctx, self.resolved, split, out) {
+                match concurrency_probe::choose(job, todo, &ctx, resolved, split, out) {
                     Ok(n) => n,
                     // A signal during the probe: no trial ran; the end says so (exit 3).
                     Err(Error::Interrupted(why)) => {
@@ -293,7 +285,7 @@ impl Trials<'_> {
             index: 0,
             n,
             split,
-            slices: plan::slices(job, n, split, &self.resolved.budgets)?,
+            slices: plan::slices(job, n, split, &resolved.budgets)?,
             trials: todo.to_vec(),
         };
         ctx.metric = Some(job.file.metric.name.clone());
@@ -326,77 +318,6 @@ impl Trials<'_> {
                 }
             }
         }
-    }
-}
-
-/// The context every worker of the sweep shares.
-fn context(
-    job: &Job,
-    opts: &SweepOptions,
-    r: &Resolved,
-    cancel: &Cancel,
-    dir: &Path,
-) -> Result<RoundContext> {
-    match (&job.file.model, &job.file.command) {
-        (Some(_), _) => {
-            let data = run::load_data(job, opts.data_dir.as_deref())?;
-            builtin_context(
-                job,
-                &data,
-                r,
-                opts.data_dir.as_deref(),
-                &opts.worker_exe,
-                cancel,
-            )
-        }
-        (None, Some(template)) => Ok(external_context(job, template, opts, r, cancel, dir)),
-        (None, None) => Err(job
-            .invalid("model", "is missing: give model (with data), or command")
-            .into()),
-    }
-}
-
-/// An external command's trials: no dataset or model of ours; the command gets the device by
-/// UUID (CUDA_VISIBLE_DEVICES), its cap, and an NVML watchdog on a GPU.
-fn external_context(
-    job: &Job,
-    template: &str,
-    opts: &SweepOptions,
-    r: &Resolved,
-    cancel: &Cancel,
-    out: &Path,
-) -> RoundContext {
-    let env_of = |engine: Option<&Arc<CudaEngine>>| {
-        let info = engine.map(|e| e.info());
-        ExternalEnv {
-            cuda_visible_devices: info.map(|i| i.uuid.clone()),
-            device_mem_bytes: info.map(|i| i.total_mem_bytes),
-            watch_uuid: info.map(|i| i.uuid.clone()),
-            cwd: None,
-            on_gpu: info.is_some(),
-            ..ExternalEnv::default()
-        }
-    };
-    let more = r.more.iter().map(|(d, e)| (*d, env_of(Some(e)))).collect();
-    let envs = plan::PerDevice::with(env_of(r.engine.as_ref()), more);
-    RoundContext {
-        work: Workload::External(ExternalTrials {
-            template: template.to_string(),
-            program: job.file.program.clone(),
-            swept: swept_names(job),
-            trials_dir: out.join("trials"),
-            envs,
-            // Set once the round's concurrency is known (see `run`).
-            stream: false,
-        }),
-        // An external command finds its own device through CUDA_VISIBLE_DEVICES.
-        devices: Devices::one(Device::Cpu),
-        worker_exe: opts.worker_exe.clone(),
-        cancel: cancel.clone(),
-        max_steps: None,
-        warm_up: false,
-        metric: None,
-        prune: None,
     }
 }
 

@@ -8,12 +8,9 @@ use super::SweepOptions;
 use crate::cancel::Cancel;
 use crate::error::{Error, Result};
 use crate::report::{self, ProgressRow, TrialRow};
-use crate::run::OutFolder;
 
 /// What a sweep found in its output folder as it took it.
 pub(super) struct Taken {
-    /// The folder's lock (none in a dry run, which writes nothing).
-    pub(super) lock: Option<OutFolder>,
     /// The trials' rows a resume goes on from (none without `--resume`).
     pub(super) previous: Vec<TrialRow>,
     /// The results files open for appending, after a resume dropped the rows of trials run again.
@@ -21,8 +18,8 @@ pub(super) struct Taken {
 }
 
 impl Taken {
-    /// Takes the sweep's folder `dir`: its lock (a writing run holds it from before it reads
-    /// what is there to its end), then every results file read through (`progress.csv` row by
+    /// Reads the sweep's folder `dir` (a writing run holds its lock from before this to its
+    /// end: see [`crate::run::Opened::held_folder`]): every results file read through (`progress.csv` row by
     /// row): one that cannot be read is refused (exit 2) and left as it is, with or without
     /// `--resume`, and a cut last line is dropped. Results there without `--resume` are refused;
     /// with it, the rung values of the trials done are restored into `pruner`, and
@@ -33,11 +30,6 @@ impl Taken {
         cancel: &Cancel,
         pruner: Option<&hyperband::Pruner>,
     ) -> Result<Taken> {
-        let lock = if opts.dry_run {
-            None
-        } else {
-            Some(OutFolder::lock(dir)?)
-        };
         let reading = report::Interrupt::OnDrain(cancel.clone());
         let held = Held::read(dir)?;
         check_trials_dir(dir)?;
@@ -67,25 +59,7 @@ impl Taken {
             None
         };
         drop(scan);
-        Ok(Taken {
-            lock,
-            previous,
-            resumed,
-        })
-    }
-
-    /// The writer of the sweep's results files: the resumed one, or new files.
-    pub(super) fn writer(
-        resumed: Option<report::ReportWriter>,
-        dir: &Path,
-        cancel: &Cancel,
-    ) -> Result<report::ReportWriter> {
-        if let Some(w) = resumed {
-            return Ok(w);
-        }
-        let mut w = report::ReportWriter::create(dir)?;
-        w.interrupted_by(&report::Interrupt::OnAbort(cancel.clone()));
-        Ok(w)
+        Ok(Taken { previous, resumed })
     }
 }
 

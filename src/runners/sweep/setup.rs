@@ -12,7 +12,7 @@ use crate::plan::{self, TrialSpec};
 use crate::report::{self, TrialRow};
 use crate::rounds::say;
 use crate::run;
-use crate::run::split_policy::{check_use, Work};
+use crate::run::split_policy::Work;
 use crate::space::Method;
 
 /// One sweep of a job, as planned before its folder is read.
@@ -32,8 +32,8 @@ pub(super) struct Sweep<'a> {
 }
 
 impl<'a> Sweep<'a> {
-    /// The sweep's trials and folder; refused (exit 2) before anything is opened or read: a
-    /// split mode the trials cannot use, `concurrency: auto` where no probe can choose it.
+    /// The sweep's trials and folder; refused (exit 2) before anything is opened or read:
+    /// `concurrency: auto` where no probe can choose it (the split mode: the session's policy).
     pub(super) fn plan(job: &'a Job, opts: &'a SweepOptions) -> Result<Sweep<'a>> {
         crate::sched::external::check_job(job)?;
         let is_bayes = job.space.method == Method::Bayes;
@@ -53,7 +53,6 @@ impl<'a> Sweep<'a> {
             Some(_) => Work::Commands,
             None => Work::BuiltinTrials,
         };
-        check_use(split, work)?;
         let concurrency = opts.concurrency.unwrap_or(job.file.concurrency);
         check_concurrency(job, concurrency, is_bayes)?;
         Ok(Sweep {

@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use crate::error::{Error, Result};
 use crate::job::Goal;
 use crate::report::{self, Interrupt, ProgressRow, TrialBrief, TrialRow};
+use crate::run::Session;
 
 use super::best;
 use super::one_per_epoch::{KeyColumns, Met, OnePerEpoch};
@@ -180,18 +181,13 @@ impl Merged {
     }
 }
 
-/// `gpumux merge DIR... --out OUT`: holds OUT's lock, merges, and replaces OUT's files whole.
-/// Results already in OUT with a COMPLETE trial the merge does not hold (OUT is no input, and
-/// not an earlier merge of the same folders) are first moved whole into `OUT/earlier-<seconds>/`.
-/// A signal (`interrupt`) stops the reading or the copying, leaving OUT as it was.
-pub fn run(
-    dirs: &[PathBuf],
-    out_dir: &Path,
-    goal: Goal,
-    interrupt: &Interrupt,
-    out: &mut dyn Write,
-) -> Result<()> {
-    let _lock = crate::outdir::lock(out_dir)?;
+/// `gpumux merge DIR... --out OUT`: in a session that holds OUT's lock, merges, and replaces
+/// OUT's files whole. Results already in OUT with a COMPLETE trial the merge does not hold (OUT
+/// is no input, and not an earlier merge of the same folders) are first moved whole into
+/// `OUT/earlier-<seconds>/`. A signal stops the reading or the copying, leaving OUT as it was.
+pub fn run(dirs: &[PathBuf], session: &Session, goal: Goal, out: &mut dyn Write) -> Result<()> {
+    let out_dir = session.dir()?;
+    let interrupt = &Interrupt::OnDrain(session.cancel().clone());
     let m = merge(dirs)?;
     if out_dir.join(report::TRIALS_CSV).exists() {
         // Results there that do not read are refused and left as they are.
