@@ -346,3 +346,96 @@ impl Session {
         self.data_dir.as_deref()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::job::SplitMode;
+
+    fn job(extra: &str) -> Job {
+        let yaml = format!(
+            "backend: cpu\nmodel: {{kind: mlp, hidden: [8]}}\ndata: {{source: synthetic, train_samples: 128, test_samples: 32}}\ntrain: {{epochs: 1, batch_size: 32}}\n{extra}"
+        );
+        Job::parse(&yaml, Path::new("j.yaml")).unwrap()
+    }
+
+    fn setup(modes: Modes, opens_device: bool) -> Setup<'static> {
+        Setup {
+            command: "sweep",
+            modes,
+            signals: Signals::Stop,
+            opens_device,
+            data_dir: None,
+        }
+    }
+
+    const SHARED: Modes = Modes::One(SplitMode::Shared, Work::BuiltinTrials);
+
+    #[test]
+    fn a_held_folder_whose_reading_refuses_it_keeps_its_command_txt() {
+        let dir = tempfile::tempdir().unwrap();
+        let txt = dir.path().join(super::super::COMMAND_TXT);
+        std::fs::write(&txt, "gpumux sweep old.yaml\n").unwrap();
+        let opened = setup(SHARED, true).open(&job("")).unwrap();
+        let refused = opened.held_folder(dir.path(), true, |_, _| {
+            Err::<(), _>(Error::Usage("holds results".into()))
+        });
+        assert!(matches!(refused, Err(Error::Usage(_))));
+        assert_eq!(
+            std::fs::read_to_string(&txt).unwrap(),
+            "gpumux sweep old.yaml\n"
+        );
+        // Read and taken: command.txt is this run's, with its device.
+        let opened = setup(SHARED, true).open(&job("")).unwrap();
+        let (session, held) = opened
+            .held_folder(dir.path(), true, |d, _| Ok(d.to_path_buf()))
+            .unwrap();
+        assert_eq!(held, dir.path());
+        assert_eq!(session.dir().unwrap(), dir.path());
+        let written = std::fs::read_to_string(&txt).unwrap();
+        assert!(written.contains("device: cpu"), "{written}");
+        assert!(!written.contains("old.yaml"), "{written}");
+    }
+
+    #[test]
+    fn a_setup_that_opens_no_device_takes_no_lock_and_writes_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("out");
+        let opened = setup(SHARED, false).open(&job("")).unwrap();
+        assert!(opened.resolved().is_err() && opened.data().is_err());
+        assert_eq!(opened.modes(), [SplitMode::Shared]);
+        let (session, existed) = opened
+            .held_folder(&out, false, |d, _| Ok(d.exists()))
+            .unwrap();
+        assert!(!existed && !out.exists());
+        assert!(session.dir().is_err());
+    }
+
+    #[test]
+    fn a_signal_before_the_folder_stops_the_setup_with_the_folder_untouched() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("out");
+        let opened = setup(SHARED, true).open(&job("")).unwrap();
+        opened.cancel().drain();
+        let stopped = opened.fresh_folder(&out);
+        assert!(matches!(stopped, Err(Error::Interrupted(_))));
+        assert!(!out.join(super::super::COMMAND_TXT).exists());
+    }
+
+    #[test]
+    fn the_policy_refuses_before_any_device_and_a_list_keeps_what_runs_here() {
+        // `fused` is no mode for threads of one training: refused with no device opened.
+        let threads = Modes::One(SplitMode::Fused, Work::Threads("parallel"));
+        let e = setup(threads, false).open(&job("")).err().unwrap();
+        assert!(matches!(e, Error::Usage(_)), "{e}");
+        // A list with a GPU-only mode under `backend: cpu` contradicts itself.
+        let listed = job("splits: [shared, green]\n");
+        let e = setup(Modes::Listed, true).open(&listed).err().unwrap();
+        assert!(e.to_string().contains("green"), "{e}");
+        let opened = setup(Modes::Listed, true)
+            .open(&job("splits: [shared, logical]\n"))
+            .unwrap();
+        assert_eq!(opened.modes(), [SplitMode::Shared, SplitMode::Logical]);
+        assert!(opened.data().is_ok());
+    }
+}
