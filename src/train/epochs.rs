@@ -1,4 +1,4 @@
-//! The one training loop: epochs of steps over the seed schedule's orders, each epoch's figures and evaluation, and the trial's result, whatever takes the steps (one backend, or the replicas of a mirrored training).
+//! The one training loop: epochs of steps over the seed schedule's orders, each epoch's figures and evaluation, pruning, and each trial's result, whatever takes the steps (one backend, the replicas of a mirrored training, or a fused group of trials).
 
 use std::time::Instant;
 
@@ -18,32 +18,96 @@ pub struct StepAt {
     pub steps: usize,
 }
 
-/// What takes a training's steps: one backend, or the replicas of a mirrored training.
+/// What takes a training's steps: one backend, the replicas of a mirrored training, or a fused
+/// group training several trials (its members) as one.
 pub trait Steps {
-    /// Starts an epoch: the training samples are visited in `order`, and the epoch's sums of
-    /// loss and correct predictions start at zero.
-    fn begin_epoch(&mut self, order: Vec<u32>) -> Result<(), Stop>;
-    /// Takes one training step (a diverged one fails with `Failure::NonFiniteLoss` (see [`super::stop`])).
-    fn step(&mut self, at: StepAt) -> Result<(), Stop>;
-    /// Ends epoch `epoch`: the epoch's sums over its training rows (loss, then correct
-    /// predictions), and, with `evaluate`, the mean loss and accuracy over the test split (NaN
-    /// without). A training whose loss diverged fails with `Failure::NonFiniteLoss` (see [`super::stop`]).
-    fn end_epoch(&mut self, epoch: u32, evaluate: bool) -> Result<EpochSums, Stop>;
+    /// The trials trained together: 1, or a fused group's width.
+    fn width(&self) -> usize {
+        1
+    }
+    /// Starts an epoch: member `i`'s training samples are visited in `orders[i]` (one order
+    /// per member, an ended member's too), and the epoch's sums start at zero.
+    fn begin_epoch(&mut self, orders: Vec<Vec<u32>>) -> Result<(), Stop>;
+    /// Takes one training step of every member. An error ends every member still training; a
+    /// member that diverged alone is ended in `ends` (`Failure::NonFiniteLoss`, see
+    /// [`super::stop`]) and the others go on.
+    fn step(&mut self, at: StepAt, ends: &mut Ends) -> Result<(), Stop>;
+    /// Ends epoch `epoch`: each member's sums over its training rows (loss, then correct
+    /// predictions), and, with `evaluate`, its mean loss and accuracy over the test split (NaN
+    /// without). A member whose loss diverged is ended in `ends`.
+    fn end_epoch(
+        &mut self,
+        epoch: u32,
+        evaluate: bool,
+        ends: &mut Ends,
+    ) -> Result<Vec<EpochSums>, Stop>;
+    /// Stops member `i` (pruned) while the others go on; a training of one ends with it.
+    fn end_member(&mut self, _i: usize) -> Result<(), Stop> {
+        Ok(())
+    }
     /// Waits for the work issued, after the last epoch.
     fn finish(&mut self) -> Result<(), Stop>;
-    /// Bytes of the arenas allocated for the training.
+    /// Bytes of the arenas allocated for one member.
     fn arena_bytes(&self) -> u64;
-    /// Parameters of the model.
+    /// Parameters of one member's model.
     fn param_count(&self) -> u64;
+}
+
+/// One trial of a training: its seed (which gives its orders) and its pruning.
+#[derive(Clone, Copy)]
+pub struct Member<'a> {
+    pub seed: u64,
+    pub prune: Option<&'a Prune>,
+}
+
+/// How each member of a training ended, once it has: `None` while it trains.
+#[derive(Debug, Default)]
+pub struct Ends(Vec<Option<End>>);
+
+#[derive(Debug)]
+enum End {
+    /// Failed or interrupted.
+    Stopped(Stop),
+    /// Stopped by its pruning after this epoch, with the result of the epochs it trained.
+    Pruned(EpochStats),
+}
+
+impl Ends {
+    fn new(width: usize) -> Ends {
+        Ends((0..width).map(|_| None).collect())
+    }
+
+    /// Whether member `i` still trains.
+    pub fn live(&self, i: usize) -> bool {
+        self.0.get(i).is_some_and(Option::is_none)
+    }
+
+    pub fn any_live(&self) -> bool {
+        self.0.iter().any(Option::is_none)
+    }
+
+    /// Ends member `i` with `stop`, unless it has ended already.
+    pub fn stop(&mut self, i: usize, stop: Stop) {
+        if let Some(end @ None) = self.0.get_mut(i) {
+            *end = Some(End::Stopped(stop));
+        }
+    }
+
+    /// Ends every member still training with (a copy of) `stop`.
+    fn stop_all(&mut self, stop: &Stop) {
+        for end in self.0.iter_mut().filter(|e| e.is_none()) {
+            *end = Some(End::Stopped(stop.clone()));
+        }
+    }
 }
 
 /// An epoch's training sums (loss, then correct predictions) and its test `(loss, accuracy)`.
 pub type EpochSums = ([f64; STATS_LEN], (f64, f64));
 
-/// What a training runs: its seed, epochs, and steps of `batch` rows.
+/// What a training runs: its epochs, and steps of `batch` rows (each member's orders come from
+/// its own seed: [`Member`]).
 #[derive(Clone, Copy, Debug)]
 pub struct Schedule {
-    pub seed: u64,
     pub epochs: u32,
     /// Training samples.
     pub n_train: usize,
@@ -105,64 +169,128 @@ pub fn epoch_stats(
     }
 }
 
-/// Trains: for each epoch, its order from the seed schedule, its steps (checking `cancel`
-/// before each), its training figures and, unless the steps are capped, an evaluation; then
-/// `on_epoch`, which sees the steps as well; then `prune`, which may stop the training there,
-/// with the result of the epochs so far. `started` is when the trial started.
+/// Trains: for each epoch, each member's order from the seed schedule, the steps (checking
+/// `cancel` before each), the training figures and, unless the steps are capped, an
+/// evaluation; then, for each member still training, `on_epoch` (which sees the steps as
+/// well), then its pruning, which may stop it there with the result of its epochs so far. A
+/// member that diverges ends alone; an error of the steps ends every member still training.
+/// `started` is when the training started. Returns each member's end, in order.
 pub fn train<S: Steps + ?Sized>(
     s: &mut S,
     plan: &Schedule,
+    members: &[Member],
     cancel: &Cancel,
-    prune: Option<&Prune>,
     started: Instant,
-    on_epoch: &mut dyn FnMut(&mut S, &Epoch),
-) -> Result<TrialResult, Stop> {
+    on_epoch: &mut dyn FnMut(&mut S, usize, &Epoch),
+) -> Vec<Result<TrialResult, Stop>> {
+    let mut ends = Ends::new(members.len());
+    let mut last = vec![None; members.len()];
+    match epochs(
+        s, plan, members, cancel, started, on_epoch, &mut ends, &mut last,
+    ) {
+        Ok(()) => {}
+        Err(e) => ends.stop_all(&e),
+    }
+    let wall_s = started.elapsed().as_secs_f64();
+    let (arena, params) = (s.arena_bytes(), s.param_count());
+    ends.0
+        .into_iter()
+        .zip(last)
+        .map(|(end, last)| match (end, last) {
+            (Some(End::Stopped(e)), _) => Err(e),
+            (Some(End::Pruned(at)), _) => {
+                let mut cut = *plan;
+                cut.epochs = at.epoch;
+                Ok(result(at, &cut, wall_s, arena, params))
+            }
+            (None, Some(last)) => Ok(result(last, plan, wall_s, arena, params)),
+            (None, None) => Err(Stop::worker("no epoch ran")),
+        })
+        .collect()
+}
+
+/// The epochs of [`train`]: `Ok` once every epoch ran or no member trains any more; an error
+/// of the steps is returned for every member still training.
+#[allow(clippy::too_many_arguments)]
+fn epochs<S: Steps + ?Sized>(
+    s: &mut S,
+    plan: &Schedule,
+    members: &[Member],
+    cancel: &Cancel,
+    started: Instant,
+    on_epoch: &mut dyn FnMut(&mut S, usize, &Epoch),
+    ends: &mut Ends,
+    last: &mut [Option<EpochStats>],
+) -> Result<(), Stop> {
+    if s.width() != members.len() {
+        return Err(Stop::worker(format!(
+            "a training of {} trials was given {} seeds",
+            s.width(),
+            members.len()
+        )));
+    }
     let steps = plan.steps();
-    let mut last = None;
     for epoch in 1..=plan.epochs {
         let epoch_start = Instant::now();
-        s.begin_epoch(seeds::epoch_order(plan.seed, epoch, plan.n_train))?;
+        let orders = members
+            .iter()
+            .map(|m| seeds::epoch_order(m.seed, epoch, plan.n_train))
+            .collect();
+        s.begin_epoch(orders)?;
         let steps_start = Instant::now();
         for step in 0..steps {
             if cancel.aborted() {
                 return Err(Stop::Interrupted);
             }
-            s.step(StepAt { epoch, step, steps })?;
+            s.step(StepAt { epoch, step, steps }, ends)?;
+            if !ends.any_live() {
+                return Ok(());
+            }
         }
         let train_s = steps_start.elapsed().as_secs_f64().max(1e-9);
         // Short runs (max_steps) time training alone and skip evaluation, warm-ups aside.
-        let (sums, test) = s.end_epoch(epoch, plan.evaluates())?;
-        let e = Epoch {
-            stats: epoch_stats(epoch, plan, sums, test, started),
-            train_s,
-            epoch_s: epoch_start.elapsed().as_secs_f64(),
-            steps,
-        };
-        on_epoch(s, &e);
-        if prune.is_some_and(|p| p.stops(&e.stats)) {
+        let sums = s.end_epoch(epoch, plan.evaluates(), ends)?;
+        for (i, (member, (sums, test))) in members.iter().zip(sums).enumerate() {
+            if !ends.live(i) {
+                continue;
+            }
+            let e = Epoch {
+                stats: epoch_stats(epoch, plan, sums, test, started),
+                train_s,
+                epoch_s: epoch_start.elapsed().as_secs_f64(),
+                steps,
+            };
+            on_epoch(s, i, &e);
             // Stopped early: the result of the epochs trained ([`Prune::stopped`] says so).
-            s.finish()?;
-            let mut cut = *plan;
-            cut.epochs = epoch;
-            return Ok(result(
-                e.stats,
-                &cut,
-                started.elapsed().as_secs_f64(),
-                s.arena_bytes(),
-                s.param_count(),
-            ));
+            if member.prune.is_some_and(|p| p.stops(&e.stats)) {
+                ends.0[i] = Some(End::Pruned(e.stats.clone()));
+                s.end_member(i)?;
+            }
+            last[i] = Some(e.stats);
         }
-        last = Some(e.stats);
+        if !ends.any_live() {
+            break;
+        }
     }
-    s.finish()?;
-    let last = last.ok_or_else(|| Stop::worker("no epoch ran"))?;
-    Ok(result(
-        last,
-        plan,
-        started.elapsed().as_secs_f64(),
-        s.arena_bytes(),
-        s.param_count(),
-    ))
+    s.finish()
+}
+
+/// The end of a training of one member ([`train`]'s only end).
+pub fn only_end(ends: Vec<Result<TrialResult, Stop>>) -> Result<TrialResult, Stop> {
+    ends.into_iter()
+        .next()
+        .unwrap_or_else(|| Err(Stop::worker("a training of one ended with no result")))
+}
+
+/// The order of a training of one member, from [`Steps::begin_epoch`]'s orders.
+pub fn only_order(orders: &[Vec<u32>]) -> Result<&[u32], Stop> {
+    match orders {
+        [one] => Ok(one),
+        _ => Err(Stop::worker(format!(
+            "a training of one was given {} orders",
+            orders.len()
+        ))),
+    }
 }
 
 /// A training's result from its last epoch's figures: `wall_s` seconds in all, `arena_bytes`
@@ -197,5 +325,197 @@ pub fn result(
         param_count,
         launches_per_step: None,
         host_syncs: None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::train::stop::Failure;
+
+    /// Steps of a group of `width` members that take nothing: member `diverges` diverges at
+    /// step 1 of epoch 2, and the steps fail as a whole at epoch `fails_at`.
+    struct Fake {
+        width: usize,
+        diverges: Option<usize>,
+        fails_at: Option<u32>,
+        ended: Vec<usize>,
+        finished: bool,
+        orders: Vec<Vec<Vec<u32>>>,
+    }
+
+    impl Steps for Fake {
+        fn width(&self) -> usize {
+            self.width
+        }
+        fn begin_epoch(&mut self, orders: Vec<Vec<u32>>) -> Result<(), Stop> {
+            self.orders.push(orders);
+            Ok(())
+        }
+        fn step(&mut self, at: StepAt, ends: &mut Ends) -> Result<(), Stop> {
+            if Some(at.epoch) == self.fails_at {
+                return Err(Stop::worker("the device is gone"));
+            }
+            if let (Some(i), 2, 1) = (self.diverges, at.epoch, at.step) {
+                let nan = Failure::NonFiniteLoss {
+                    value: f64::NAN,
+                    epoch: 2,
+                    step: 1,
+                };
+                ends.stop(i, Stop::Failed(nan));
+            }
+            Ok(())
+        }
+        fn end_epoch(&mut self, epoch: u32, _: bool, _: &mut Ends) -> Result<Vec<EpochSums>, Stop> {
+            // Member i's loss sum is i + epoch; every row correct.
+            let rows = 4.0 * 8.0;
+            Ok((0..self.width)
+                .map(|i| ([(i as u32 + epoch) as f64 * rows, rows], (0.5, 0.9)))
+                .collect())
+        }
+        fn end_member(&mut self, i: usize) -> Result<(), Stop> {
+            self.ended.push(i);
+            Ok(())
+        }
+        fn finish(&mut self) -> Result<(), Stop> {
+            self.finished = true;
+            Ok(())
+        }
+        fn arena_bytes(&self) -> u64 {
+            100
+        }
+        fn param_count(&self) -> u64 {
+            7
+        }
+    }
+
+    fn fake(width: usize, diverges: Option<usize>, fails_at: Option<u32>) -> Fake {
+        Fake {
+            width,
+            diverges,
+            fails_at,
+            ended: Vec::new(),
+            finished: false,
+            orders: Vec::new(),
+        }
+    }
+
+    const PLAN: Schedule = Schedule {
+        epochs: 3,
+        n_train: 32,
+        batch: 8,
+        max_steps: None,
+        warm_up: false,
+    };
+
+    #[test]
+    fn a_group_member_diverges_or_is_pruned_alone_and_the_others_train_on() {
+        let prune = Prune::new(std::sync::Arc::new(|s: &EpochStats| s.epoch == 1));
+        let members = [
+            Member {
+                seed: 1,
+                prune: None,
+            },
+            Member {
+                seed: 2,
+                prune: Some(&prune),
+            },
+            Member {
+                seed: 3,
+                prune: None,
+            },
+        ];
+        let mut s = fake(3, Some(0), None);
+        let mut seen = Vec::new();
+        let ends = train(
+            &mut s,
+            &PLAN,
+            &members,
+            &Cancel::new(),
+            Instant::now(),
+            &mut |_, i, e| seen.push((i, e.stats.epoch)),
+        );
+        // Each member's orders come from its own seed.
+        assert_eq!(s.orders[0][1], seeds::epoch_order(2, 1, 32));
+        assert_ne!(s.orders[0][0], s.orders[0][1]);
+        assert!(matches!(
+            &ends[0],
+            Err(Stop::Failed(Failure::NonFiniteLoss { epoch: 2, .. }))
+        ));
+        let pruned = ends[1].as_ref().unwrap();
+        assert_eq!((pruned.epochs, pruned.final_loss), (1, 2.0));
+        let done = ends[2].as_ref().unwrap();
+        assert_eq!((done.epochs, done.final_loss, done.test_acc), (3, 5.0, 0.9));
+        assert_eq!((done.peak_mem_bytes, done.param_count), (100, 7));
+        assert_eq!(s.ended, [1], "only the pruned member is ended by the loop");
+        assert!(s.finished);
+        // Epoch 1 of all three, then member 2 alone (member 0 diverged in epoch 2).
+        assert_eq!(seen, [(0, 1), (1, 1), (2, 1), (2, 2), (2, 3)]);
+    }
+
+    #[test]
+    fn an_error_of_the_steps_ends_the_members_still_training_and_a_width_mismatch_fails() {
+        let prune = Prune::new(std::sync::Arc::new(|s: &EpochStats| s.epoch == 1));
+        let members = [
+            Member {
+                seed: 1,
+                prune: Some(&prune),
+            },
+            Member {
+                seed: 2,
+                prune: None,
+            },
+        ];
+        let mut s = fake(2, None, Some(2));
+        let ends = train(
+            &mut s,
+            &PLAN,
+            &members,
+            &Cancel::new(),
+            Instant::now(),
+            &mut |_, _, _| {},
+        );
+        assert_eq!(ends[0].as_ref().map(|r| r.epochs).ok(), Some(1));
+        assert!(matches!(&ends[1], Err(e) if e.to_string().contains("the device is gone")));
+        assert!(
+            !s.finished,
+            "an error of the steps does not wait for the work issued"
+        );
+        let mut s = fake(3, None, None);
+        let ends = train(
+            &mut s,
+            &PLAN,
+            &members,
+            &Cancel::new(),
+            Instant::now(),
+            &mut |_, _, _| {},
+        );
+        assert_eq!(ends.len(), 2);
+        assert!(ends.iter().all(Result::is_err));
+    }
+
+    #[test]
+    fn an_aborted_cancel_interrupts_every_member() {
+        let members = [
+            Member {
+                seed: 1,
+                prune: None,
+            },
+            Member {
+                seed: 2,
+                prune: None,
+            },
+        ];
+        let cancel = Cancel::new();
+        cancel.abort();
+        let ends = train(
+            &mut fake(2, None, None),
+            &PLAN,
+            &members,
+            &cancel,
+            Instant::now(),
+            &mut |_, _, _| {},
+        );
+        assert!(ends.iter().all(|e| matches!(e, Err(Stop::Interrupted))));
     }
 }

@@ -2,7 +2,7 @@
 
 use std::time::Instant;
 
-use super::epochs::{self, Schedule};
+use super::epochs::{self, Ends, EpochSums, Member, Schedule, StepAt, Steps};
 use super::single::{
     capture_step, inject, warm_up_test_len, EvalGraphs, Signatures, StepGraph, Tally,
 };
@@ -98,54 +98,52 @@ pub fn run_group(
         }
         Err(e) => return cfgs.iter().map(|_| Err(e.clone().into())).collect(),
     }
+    let plan = schedule(first, n_train);
+    let graphs = first.engine.graphs && be.supports_graphs();
     let mut group = Group {
+        be: Counted::new(be),
         fused,
         cfgs,
-        ends: cfgs.iter().map(|_| None).collect(),
-        last: cfgs.iter().map(|_| None).collect(),
+        steps: plan.steps(),
+        steps_per_epoch: plan.steps_per_epoch(),
+        dropout_seeds: cfgs.iter().map(|c| seeds::dropout(c.seed)).collect(),
+        check_every: first.engine.check_every.max(1),
+        graphs,
+        graph: StepGraph::new(graphs),
+        signatures: Signatures::of(&key, cfgs.len()),
+        eval_graphs: EvalGraphs::new(graphs),
+        peeked: vec![0f32; cfgs.len() * STATS_LEN],
+        sums: vec![0f32; 2 * cfgs.len() * STATS_LEN],
         tally: Tally::default(),
+        params: single.param_count() as u64,
     };
-    let mut counted = Counted::new(be);
-    if let Err(e) = group.train(&mut counted, started, on_epoch) {
-        group.end_all(&e);
+    if let Err(e) = group.start() {
+        return cfgs.iter().map(|_| Err(e.clone())).collect();
     }
-    let wall_s = started.elapsed().as_secs_f64();
-    let arena = (be.allocated_bytes() / cfgs.len()) as u64;
-    let params = single.param_count() as u64;
-    let Group {
-        ends, last, tally, ..
-    } = group;
-    let counted = |mut r: TrialResult| {
-        tally.fill(&mut r);
-        r
-    };
-    ends.into_iter()
-        .zip(last)
-        .zip(cfgs)
-        .map(|((end, last), cfg)| match (end, last) {
-            // Pruned: the result of the epochs it trained.
-            (Some(Ok(_)), Some(last)) => {
-                let mut cut = schedule(cfg, n_train);
-                cut.epochs = last.epoch;
-                Ok(counted(epochs::result(last, &cut, wall_s, arena, params)))
-            }
-            (Some(end), _) => end,
-            (None, Some(last)) => Ok(counted(epochs::result(
-                last,
-                &schedule(cfg, n_train),
-                wall_s,
-                arena,
-                params,
-            ))),
-            (None, None) => Err(Stop::worker("no epoch ran")),
+    let members: Vec<Member> = cfgs
+        .iter()
+        .map(|c| Member {
+            seed: c.seed,
+            prune: c.prune.as_ref(),
         })
-        .collect()
+        .collect();
+    let mut ends = epochs::train(
+        &mut group,
+        &plan,
+        &members,
+        &first.cancel,
+        started,
+        &mut |_, i, e| on_epoch(i, &e.stats),
+    );
+    for r in ends.iter_mut().flatten() {
+        group.tally.fill(r);
+    }
+    ends
 }
 
 /// A trial's epochs and steps.
 fn schedule(cfg: &TrialConfig, n_train: usize) -> Schedule {
     Schedule {
-        seed: cfg.seed,
         epochs: cfg.epochs,
         n_train,
         batch: cfg.hyper.batch_size as usize,
@@ -154,184 +152,181 @@ fn schedule(cfg: &TrialConfig, n_train: usize) -> Schedule {
     }
 }
 
-/// A group in training: its network, and each trial's end once it has one.
+/// A group in training: its network on its backend, taking the steps of [`epochs::train`] for
+/// every trial at once.
 struct Group<'a> {
+    be: Counted<'a>,
     fused: FusedNetwork,
     cfgs: &'a [TrialConfig],
-    /// `Some` once the trial has ended (failed or interrupted, or `Ok` when pruned); a trial
-    /// still `None` at the end has completed.
-    ends: Vec<Option<Result<TrialResult, Stop>>>,
-    /// Each trial's last epoch's figures.
-    last: Vec<Option<EpochStats>>,
+    /// Steps each epoch takes, and of a whole epoch.
+    steps: usize,
+    steps_per_epoch: usize,
+    dropout_seeds: Vec<u64>,
+    /// Steps between looks at the losses, to catch a diverged trial.
+    check_every: usize,
+    graphs: bool,
+    graph: StepGraph,
+    signatures: Signatures,
+    eval_graphs: EvalGraphs,
+    /// Every trial's sums as a look sees them, and as an epoch ends (training, then test).
+    peeked: Vec<f32>,
+    sums: Vec<f32>,
     /// What the group asked of its backend (every trial's row carries the group's counts).
     tally: Tally,
+    /// One trial's parameters.
+    params: u64,
 }
 
 impl Group<'_> {
-    fn live(&self, i: usize) -> bool {
-        self.ends[i].is_none()
-    }
-
-    fn any_live(&self) -> bool {
-        self.ends.iter().any(Option::is_none)
-    }
-
-    /// Ends every trial still training with (a copy of) `e`.
-    fn end_all(&mut self, e: &Stop) {
-        for end in self.ends.iter_mut().filter(|e| e.is_none()) {
-            *end = Some(Err(e.clone()));
-        }
-    }
-
-    /// Every epoch of every trial; returns early once no trial is live. An error not of one
-    /// trial (the device's, a cancel) is returned for [`Group::end_all`].
-    fn train(
-        &mut self,
-        be: &mut Counted,
-        started: Instant,
-        on_epoch: &mut dyn FnMut(usize, &EpochStats),
-    ) -> Result<(), Stop> {
-        let first = &self.cfgs[0];
-        let n = self.cfgs.len();
-        let n_train = self.fused.n_train;
-        let n_test = be.split_len(Split::Test);
+    /// Every trial's initial weights and its hyperparameters, written before the first epoch.
+    fn start(&mut self) -> Result<(), Stop> {
         for (m, cfg) in self.fused.members.iter_mut().zip(self.cfgs) {
-            m.init(be, seeds::init(cfg.seed))?;
+            m.init(&mut self.be, seeds::init(cfg.seed))?;
         }
         let hypers: Vec<_> = self.cfgs.iter().map(|c| c.hyper.clone()).collect();
-        let dropout_seeds: Vec<u64> = self.cfgs.iter().map(|c| seeds::dropout(c.seed)).collect();
-        self.fused.write_hyper(be, &hypers, &dropout_seeds)?;
-        debug_assert_eq!(self.fused.hyper.len, n * HYPER_LEN);
-        let plan = schedule(first, n_train);
-        let (steps, steps_per_epoch) = (plan.steps(), plan.steps_per_epoch());
-        let graphs = first.engine.graphs && be.supports_graphs();
-        let mut graph = StepGraph::new(graphs);
-        let signatures = Signatures::of(&group_key(first), n);
-        let mut eval_graphs = EvalGraphs::new(graphs);
-        let check_every = first.engine.check_every.max(1);
-        let evaluate = plan.evaluates() && n_test > 0;
-        let mut peeked = vec![0f32; n * STATS_LEN];
-        let mut sums = vec![0f32; 2 * n * STATS_LEN];
-        for epoch in 1..=plan.epochs {
-            self.tally.epoch_begins(be);
-            // Every trial's order in one upload (a dead trial's too: its regions are its own).
-            let orders: Vec<Vec<u32>> = self
-                .cfgs
-                .iter()
-                .map(|cfg| seeds::epoch_order(cfg.seed, epoch, n_train))
-                .collect();
-            self.fused.write_orders(be, &orders)?;
-            be.fill(self.fused.stats(), 0.0)?;
-            for step in 0..steps {
-                if first.cancel.aborted() {
-                    return Err(Stop::Interrupted);
-                }
-                if epoch == 1 {
-                    for (m, cfg) in self.fused.members.iter().zip(self.cfgs) {
-                        inject(be, m, cfg.fault.as_ref(), step)?;
-                    }
-                }
-                let warm_up = epoch == 1 && step == 0;
-                let before = be.counts().launches;
-                if graph.wants_capture(warm_up) {
-                    let fused = &self.fused;
-                    let captured = capture_step(be, |be| {
-                        fused.train_step(be, steps_per_epoch, &dropout_seeds)
-                    });
-                    graph.outcome(captured)?;
-                }
-                if graph.captured {
-                    be.replay()?;
-                } else {
-                    let loads = signatures.step_loads(be, warm_up);
-                    let _hold = graph.eager_holds(loads).then(|| be.hold_captures());
-                    self.fused.train_step(be, steps_per_epoch, &dropout_seeds)?;
-                    self.tally.step_issued(be, before);
-                    if warm_up {
-                        be.mark_loaded(signatures.step);
-                    }
-                }
-                be.pace(super::STEPS_AHEAD)?;
-                // A diverged trial stops soon, alone; the others go on. The look never waits:
-                // it sees the sums of a step a little earlier.
-                if (step + 1) % check_every == 0 && be.peek(self.fused.stats(), &mut peeked)? {
-                    self.kill_diverged(be, &peeked, epoch, step)?;
-                    if !self.any_live() {
-                        return Ok(());
-                    }
-                }
-            }
-            // Every trial's test figures in one pass over the test split (a dead trial's too,
-            // unread: its regions are its own), then one read of every trial's sums.
-            let tests = if evaluate {
-                let loads = signatures.evaluation_loads(be, graphs, epoch);
-                be.fill(self.fused.test_stats(), 0.0)?;
-                let stop = || first.cancel.aborted();
-                let fused = &self.fused;
-                let issue = |be: &mut dyn Backend, start: usize, rows: usize| {
-                    fused.eval_batch(be, start, rows)
-                };
-                let batch = fused.first_batch();
-                let n_test = warm_up_test_len(first, n_test, batch);
-                eval_graphs.run(be, n_test, batch, loads, &stop, &issue)?;
-                be.mark_loaded(signatures.evaluation);
-                be.read_metrics(self.fused.epoch_stats(), &mut sums)?;
-                let mean = |v: f32| v as f64 / n_test as f64;
-                sums[n * STATS_LEN..]
-                    .chunks(STATS_LEN)
-                    .map(|s| (mean(s[0]), mean(s[1])))
-                    .collect()
-            } else {
-                be.read_metrics(self.fused.stats(), &mut sums[..n * STATS_LEN])?;
-                vec![(f64::NAN, f64::NAN); n]
-            };
-            let train = sums[..n * STATS_LEN].to_vec();
-            self.kill_diverged(be, &train, epoch, steps.saturating_sub(1))?;
-            for (i, &test) in tests.iter().enumerate() {
-                if !self.live(i) {
-                    continue;
-                }
-                let s = &train[i * STATS_LEN..(i + 1) * STATS_LEN];
-                let e =
-                    epochs::epoch_stats(epoch, &plan, [s[0] as f64, s[1] as f64], test, started);
-                on_epoch(i, &e);
-                // A pruned trial ends here, alone; its result is made from `last` at the end.
-                let pruned = self.cfgs[i].prune.as_ref().is_some_and(|p| p.stops(&e));
-                self.last[i] = Some(e);
-                if pruned {
-                    self.ends[i] = Some(Ok(TrialResult::default()));
-                    self.fused.kill(be, i)?;
-                }
-            }
-            if !self.any_live() {
-                break;
-            }
-        }
-        self.tally.epochs_end(be);
-        be.synchronize()?;
+        self.fused
+            .write_hyper(&mut self.be, &hypers, &self.dropout_seeds)?;
+        debug_assert_eq!(self.fused.hyper.len, self.cfgs.len() * HYPER_LEN);
         Ok(())
     }
 
     /// Ends every live trial whose training loss in `sums` (every trial's `[Σ loss, #correct]`)
     /// is not finite, and marks it dead for the optimizer.
     fn kill_diverged(
-        &mut self,
-        be: &mut dyn Backend,
+        be: &mut Counted,
+        fused: &mut FusedNetwork,
         sums: &[f32],
-        epoch: u32,
-        step: usize,
+        (epoch, step): (u32, usize),
+        ends: &mut Ends,
     ) -> Result<(), Stop> {
-        for i in 0..self.cfgs.len() {
-            let loss = sums[i * STATS_LEN];
-            if self.live(i) && !loss.is_finite() {
-                self.ends[i] = Some(Err(Stop::Failed(Failure::NonFiniteLoss {
-                    value: f64::from(loss),
-                    epoch: epoch as usize,
-                    step,
-                })));
-                self.fused.kill(be, i)?;
+        for (i, s) in sums.chunks(STATS_LEN).enumerate() {
+            let loss = s[0];
+            if ends.live(i) && !loss.is_finite() {
+                ends.stop(
+                    i,
+                    Stop::Failed(Failure::NonFiniteLoss {
+                        value: f64::from(loss),
+                        epoch: epoch as usize,
+                        step,
+                    }),
+                );
+                fused.kill(be, i)?;
             }
         }
         Ok(())
+    }
+}
+
+impl Steps for Group<'_> {
+    fn width(&self) -> usize {
+        self.cfgs.len()
+    }
+
+    fn begin_epoch(&mut self, orders: Vec<Vec<u32>>) -> Result<(), Stop> {
+        self.tally.epoch_begins(&self.be);
+        // Every trial's order in one upload (a dead trial's too: its regions are its own).
+        self.fused.write_orders(&mut self.be, &orders)?;
+        self.be.fill(self.fused.stats(), 0.0)?;
+        Ok(())
+    }
+
+    fn step(&mut self, at: StepAt, ends: &mut Ends) -> Result<(), Stop> {
+        let be = &mut self.be;
+        if at.epoch == 1 {
+            for (m, cfg) in self.fused.members.iter().zip(self.cfgs) {
+                inject(be, m, cfg.fault.as_ref(), at.step)?;
+            }
+        }
+        let warm_up = at.epoch == 1 && at.step == 0;
+        let before = be.counts().launches;
+        let (fused, steps, seeds) = (&self.fused, self.steps_per_epoch, &self.dropout_seeds);
+        if self.graph.wants_capture(warm_up) {
+            let captured = capture_step(be, |be| fused.train_step(be, steps, seeds));
+            self.graph.outcome(captured)?;
+        }
+        if self.graph.captured {
+            be.replay()?;
+        } else {
+            let loads = self.signatures.step_loads(be, warm_up);
+            let _hold = self.graph.eager_holds(loads).then(|| be.hold_captures());
+            fused.train_step(be, steps, seeds)?;
+            self.tally.step_issued(be, before);
+            if warm_up {
+                be.mark_loaded(self.signatures.step);
+            }
+        }
+        be.pace(super::STEPS_AHEAD)?;
+        // A diverged trial stops soon, alone; the others go on. The look never waits: it sees
+        // the sums of a step a little earlier.
+        if (at.step + 1).is_multiple_of(self.check_every)
+            && be.peek(self.fused.stats(), &mut self.peeked)?
+        {
+            let at = (at.epoch, at.step);
+            Self::kill_diverged(be, &mut self.fused, &self.peeked, at, ends)?;
+        }
+        Ok(())
+    }
+
+    fn end_epoch(
+        &mut self,
+        epoch: u32,
+        evaluate: bool,
+        ends: &mut Ends,
+    ) -> Result<Vec<EpochSums>, Stop> {
+        let n = self.cfgs.len();
+        let first = &self.cfgs[0];
+        let n_test = self.be.split_len(Split::Test);
+        let be = &mut self.be;
+        // Every trial's test figures in one pass over the test split (a dead trial's too,
+        // unread: its regions are its own), then one read of every trial's sums.
+        let tests = if evaluate && n_test > 0 {
+            let loads = self.signatures.evaluation_loads(be, self.graphs, epoch);
+            be.fill(self.fused.test_stats(), 0.0)?;
+            let stop = || first.cancel.aborted();
+            let fused = &self.fused;
+            let issue =
+                |be: &mut dyn Backend, start: usize, rows: usize| fused.eval_batch(be, start, rows);
+            let batch = fused.first_batch();
+            let n_test = warm_up_test_len(first, n_test, batch);
+            self.eval_graphs
+                .run(be, n_test, batch, loads, &stop, &issue)?;
+            be.mark_loaded(self.signatures.evaluation);
+            be.read_metrics(self.fused.epoch_stats(), &mut self.sums)?;
+            let mean = |v: f32| v as f64 / n_test as f64;
+            self.sums[n * STATS_LEN..]
+                .chunks(STATS_LEN)
+                .map(|s| (mean(s[0]), mean(s[1])))
+                .collect()
+        } else {
+            be.read_metrics(self.fused.stats(), &mut self.sums[..n * STATS_LEN])?;
+            vec![(f64::NAN, f64::NAN); n]
+        };
+        let train = &self.sums[..n * STATS_LEN];
+        let at = (epoch, self.steps.saturating_sub(1));
+        Self::kill_diverged(be, &mut self.fused, train, at, ends)?;
+        Ok(train
+            .chunks(STATS_LEN)
+            .zip(tests)
+            .map(|(s, test)| ([s[0] as f64, s[1] as f64], test))
+            .collect())
+    }
+
+    fn end_member(&mut self, i: usize) -> Result<(), Stop> {
+        self.fused.kill(&mut self.be, i)?;
+        Ok(())
+    }
+
+    fn finish(&mut self) -> Result<(), Stop> {
+        self.tally.epochs_end(&self.be);
+        self.be.synchronize()?;
+        Ok(())
+    }
+
+    fn arena_bytes(&self) -> u64 {
+        (self.be.allocated_bytes() / self.cfgs.len().max(1)) as u64
+    }
+
+    fn param_count(&self) -> u64 {
+        self.params
     }
 }

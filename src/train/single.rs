@@ -3,7 +3,7 @@
 use std::convert::Infallible;
 use std::time::Instant;
 
-use super::epochs::{self, Schedule, StepAt, Steps};
+use super::epochs::{self, only_end, only_order, Ends, EpochSums, Member, Schedule, StepAt, Steps};
 use super::fault::{FaultKind, FaultSpec};
 use super::fit::largest_fitting;
 use super::{seeds, EpochStats, TrialConfig, TrialResult};
@@ -74,7 +74,6 @@ pub fn run_trial(
     let key = super::group_key(cfg);
     let signatures = Signatures::of(&key, 1);
     let plan = Schedule {
-        seed: cfg.seed,
         epochs: cfg.epochs,
         n_train,
         batch,
@@ -95,14 +94,19 @@ pub fn run_trial(
         signatures,
         eval_graphs: EvalGraphs::new(graphs),
     };
-    let mut result = epochs::train(
+    let member = Member {
+        seed: cfg.seed,
+        prune: cfg.prune.as_ref(),
+    };
+    let ends = epochs::train(
         &mut single,
         &plan,
+        &[member],
         &cfg.cancel,
-        cfg.prune.as_ref(),
         started,
-        &mut |_, e| on_epoch(&e.stats),
-    )?;
+        &mut |_, _, e| on_epoch(&e.stats),
+    );
+    let mut result = only_end(ends)?;
     single.tally.fill(&mut result);
     Ok(result)
 }
@@ -197,14 +201,14 @@ impl Signatures {
 }
 
 impl Steps for Single<'_> {
-    fn begin_epoch(&mut self, order: Vec<u32>) -> Result<(), Stop> {
+    fn begin_epoch(&mut self, orders: Vec<Vec<u32>>) -> Result<(), Stop> {
         self.tally.epoch_begins(&self.be);
-        self.be.set_train_order(&order)?;
+        self.be.set_train_order(only_order(&orders)?)?;
         self.be.fill(self.net.stats, 0.0)?;
         Ok(())
     }
 
-    fn step(&mut self, at: StepAt) -> Result<(), Stop> {
+    fn step(&mut self, at: StepAt, _: &mut Ends) -> Result<(), Stop> {
         let (be, net, h) = (&mut self.be, &self.net, &self.cfg.hyper);
         if at.epoch == 1 {
             inject(be, net, self.cfg.fault.as_ref(), at.step)?;
@@ -248,7 +252,12 @@ impl Steps for Single<'_> {
         Ok(())
     }
 
-    fn end_epoch(&mut self, epoch: u32, evaluate: bool) -> Result<epochs::EpochSums, Stop> {
+    fn end_epoch(
+        &mut self,
+        epoch: u32,
+        evaluate: bool,
+        _: &mut Ends,
+    ) -> Result<Vec<EpochSums>, Stop> {
         let net = &self.net;
         let mut sums = [0f32; 2 * STATS_LEN];
         let test = if evaluate && self.n_test > 0 {
@@ -275,7 +284,7 @@ impl Steps for Single<'_> {
                 step: self.steps_per_epoch.saturating_sub(1),
             }));
         }
-        Ok(([sums[0] as f64, sums[1] as f64], test))
+        Ok(vec![([sums[0] as f64, sums[1] as f64], test)])
     }
 
     fn finish(&mut self) -> Result<(), Stop> {

@@ -40,7 +40,9 @@ use crate::engine::{Backend, Split, STATS_LEN};
 use crate::error::EngineError;
 use crate::models::{self, Network};
 use crate::models::{Hyper, ModelSpec};
-use crate::train::epochs::{self, Schedule, StepAt, Steps};
+use crate::train::epochs::{
+    self, only_end, only_order, Ends, EpochSums, Member, Schedule, StepAt, Steps,
+};
 use crate::train::stop::{Failure, Stop};
 use crate::train::{seeds, EpochStats, TrialConfig, TrialResult};
 
@@ -344,7 +346,6 @@ fn drive(
     let t = &cfg.trial;
     let global = sizes.global;
     let plan = Schedule {
-        seed: t.seed,
         epochs: t.epochs,
         n_train: sizes.n_train,
         batch: global,
@@ -369,13 +370,17 @@ fn drive(
         cancel: t.cancel.clone(),
     };
     let mut epochs = Vec::new();
-    let result = epochs::train(
+    let member = Member {
+        seed: t.seed,
+        prune: None,
+    };
+    let ends = epochs::train(
         &mut mirrored,
         &plan,
+        &[member],
         &t.cancel,
-        None,
         started,
-        &mut |m: &mut Mirrored, e| {
+        &mut |m: &mut Mirrored, _, e| {
             let seen = (e.steps * global).max(1) as f64;
             let pe = ParallelEpoch {
                 stats: e.stats.clone(),
@@ -399,7 +404,8 @@ fn drive(
             on_epoch(&pe);
             epochs.push(pe);
         },
-    )?;
+    );
+    let result = only_end(ends)?;
     let params = mirrored.params;
     let replica_spread = params
         .iter()
@@ -435,9 +441,9 @@ struct Mirrored<'a> {
 }
 
 impl Steps for Mirrored<'_> {
-    fn begin_epoch(&mut self, order: Vec<u32>) -> Result<(), Stop> {
+    fn begin_epoch(&mut self, orders: Vec<Vec<u32>>) -> Result<(), Stop> {
         // The epoch's order, as a single-slice training of the same seed visits it.
-        let order = std::sync::Arc::new(order);
+        let order = std::sync::Arc::new(only_order(&orders)?.to_vec());
         self.crew.all(|_| {
             let order = std::sync::Arc::clone(&order);
             Box::new(move |r: &mut Replica| {
@@ -450,7 +456,7 @@ impl Steps for Mirrored<'_> {
         Ok(())
     }
 
-    fn step(&mut self, at: StepAt) -> Result<(), Stop> {
+    fn step(&mut self, at: StepAt, _: &mut Ends) -> Result<(), Stop> {
         let start = (self.done % self.steps_per_epoch) * self.global;
         self.done += 1;
         let dropout_seed = self.dropout_seed;
@@ -499,14 +505,19 @@ impl Steps for Mirrored<'_> {
         Ok(())
     }
 
-    fn end_epoch(&mut self, epoch: u32, evaluate: bool) -> Result<super::epochs::EpochSums, Stop> {
+    fn end_epoch(
+        &mut self,
+        epoch: u32,
+        evaluate: bool,
+        _: &mut Ends,
+    ) -> Result<Vec<EpochSums>, Stop> {
         let sums = self.train_sums()?;
         let test = if evaluate {
             self.evaluate(epoch)?
         } else {
             (f64::NAN, f64::NAN)
         };
-        Ok((sums, test))
+        Ok(vec![(sums, test)])
     }
 
     fn finish(&mut self) -> Result<(), Stop> {
