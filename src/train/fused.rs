@@ -3,9 +3,7 @@
 use std::time::Instant;
 
 use super::epochs::{self, Ends, EpochSums, Member, Schedule, StepAt, Steps};
-use super::single::{
-    capture_step, inject, warm_up_test_len, EvalGraphs, Signatures, StepGraph, Tally,
-};
+use super::single::{inject, warm_up_test_len, EvalGraphs, Signatures, StepGraph, Tally};
 use super::{group_key, run_trial, seeds, EpochStats, TrialConfig, TrialResult};
 use crate::engine::fused_hyper::HYPER_LEN;
 use crate::engine::{Backend, Counted, Split, STATS_LEN};
@@ -238,23 +236,10 @@ impl Steps for Group<'_> {
             }
         }
         let warm_up = at.epoch == 1 && at.step == 0;
-        let before = be.counts().launches;
         let (fused, steps, seeds) = (&self.fused, self.steps_per_epoch, &self.dropout_seeds);
-        if self.graph.wants_capture(warm_up) {
-            let captured = capture_step(be, |be| fused.train_step(be, steps, seeds));
-            self.graph.outcome(captured)?;
-        }
-        if self.graph.captured {
-            be.replay()?;
-        } else {
-            let loads = self.signatures.step_loads(be, warm_up);
-            let _hold = self.graph.eager_holds(loads).then(|| be.hold_captures());
-            fused.train_step(be, steps, seeds)?;
-            self.tally.step_issued(be, before);
-            if warm_up {
-                be.mark_loaded(self.signatures.step);
-            }
-        }
+        let issued = (&self.signatures, &mut self.tally, warm_up);
+        self.graph
+            .issue(be, issued, |be| fused.train_step(be, steps, seeds))?;
         be.pace(super::STEPS_AHEAD)?;
         // A diverged trial stops soon, alone; the others go on. The look never waits: it sees
         // the sums of a step a little earlier.

@@ -219,23 +219,10 @@ impl Steps for Single<'_> {
         // trial's capture can invalidate it. The counter makes the captured step the same
         // computation as an eager one.
         let warm_up = at.epoch == 1 && at.step == 0;
-        let before = be.counts().launches;
-        if self.graph.wants_capture(warm_up) {
-            let (steps, seed) = (self.steps_per_epoch, self.dropout_seed);
-            let captured = capture_step(be, |be| net.train_step(be, steps, seed, h));
-            self.graph.outcome(captured)?;
-        }
-        if self.graph.captured {
-            be.replay()?;
-        } else {
-            let loads = self.signatures.step_loads(be, warm_up);
-            let _hold = self.graph.eager_holds(loads).then(|| be.hold_captures());
-            net.train_step(be, self.steps_per_epoch, self.dropout_seed, h)?;
-            self.tally.step_issued(be, before);
-            if warm_up {
-                be.mark_loaded(self.signatures.step);
-            }
-        }
+        let (steps, seed) = (self.steps_per_epoch, self.dropout_seed);
+        let issued = (&self.signatures, &mut self.tally, warm_up);
+        self.graph
+            .issue(be, issued, |be| net.train_step(be, steps, seed, h))?;
         be.pace(super::STEPS_AHEAD)?;
         // A diverged trial stops soon rather than training on NaNs: a look at the loss every
         // few steps that never waits (the sums of a step a little earlier).
@@ -322,6 +309,35 @@ impl StepGraph {
     }
 
     /// Whether this step is to be captured.
+    /// Issues one training step (`step`): captured when it is the one to capture, replayed
+    /// once captured, else eager, with the process's captures held off while it loads kernels
+    /// (`warm_up`: the first step, unless its [`Signatures`] ran here already); the launches of
+    /// an eager step are counted in `tally`.
+    pub(super) fn issue(
+        &mut self,
+        be: &mut Counted,
+        (signatures, tally, warm_up): (&Signatures, &mut Tally, bool),
+        step: impl Fn(&mut dyn Backend) -> Result<(), EngineError>,
+    ) -> Result<(), Stop> {
+        let before = be.counts().launches;
+        if self.wants_capture(warm_up) {
+            let captured = capture_step(be, &step);
+            self.outcome(captured)?;
+        }
+        if self.captured {
+            be.replay()?;
+        } else {
+            let loads = signatures.step_loads(be, warm_up);
+            let _hold = self.eager_holds(loads).then(|| be.hold_captures());
+            step(be)?;
+            tally.step_issued(be, before);
+            if warm_up {
+                be.mark_loaded(signatures.step);
+            }
+        }
+        Ok(())
+    }
+
     pub(super) fn wants_capture(&self, warm_up: bool) -> bool {
         self.enabled && !warm_up && !self.captured
     }
