@@ -12,11 +12,10 @@ use cudarc::nvrtc::sys as nvrtc_sys;
 use crate::error::EngineError;
 use crate::gpu::libs::{self, CudaLib};
 
-/// One `.cu` file and the kernels it defines.
+/// One `.cu` file; the kernels it defines are read from its source ([`KernelModule::functions`]).
 pub struct KernelModule {
     pub name: &'static str,
     pub source: &'static str,
-    pub functions: &'static [&'static str],
 }
 
 /// The device helpers every module shares (`kernels/common.cuh`).
@@ -26,6 +25,31 @@ pub const COMMON: &str = include_str!("../../../kernels/common.cuh");
 const INCLUDE_COMMON: &str = "#include \"common.cuh\"";
 
 impl KernelModule {
+    /// The kernels the module defines: every `extern "C" __global__` function of its source,
+    /// by name, in order (a new kernel is found by its name, listed nowhere else).
+    pub fn functions(&self) -> Vec<&'static str> {
+        let mut out = Vec::new();
+        let mut rest = self.source;
+        while let Some(at) = rest.find("__global__") {
+            let mut head = rest[at + "__global__".len()..].trim_start();
+            head = head.strip_prefix("void").unwrap_or(head).trim_start();
+            if let Some(after) = head.strip_prefix("__launch_bounds__") {
+                head = after
+                    .find(')')
+                    .map_or(after, |c| &after[c + 1..])
+                    .trim_start();
+            }
+            let end = head
+                .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                .unwrap_or(head.len());
+            if end > 0 {
+                out.push(&head[..end]);
+            }
+            rest = &head[end..];
+        }
+        out
+    }
+
     /// The text NVRTC compiles: the source with its `#include "common.cuh"` line replaced by
     /// [`COMMON`] (NVRTC is given no header files), and `#line` marks so that the compiler's
     /// messages name the file and line written.
@@ -55,94 +79,34 @@ pub const MODULES: &[KernelModule] = &[
     KernelModule {
         name: "elementwise",
         source: include_str!("../../../kernels/elementwise.cu"),
-        functions: &[
-            "fill",
-            "relu_fwd",
-            "relu_bwd",
-            "add",
-            "add_assign",
-            "bias_add",
-            "bias_grad",
-            "bias_add_fused",
-            "bias_grad_fused",
-            "bias_act_fused",
-            "relu_bias_grad_fused",
-            "dropout_fwd",
-            "dropout_fused",
-            "dropout_bwd",
-            "advance",
-        ],
     },
     KernelModule {
         name: "conv",
         source: include_str!("../../../kernels/conv.cu"),
-        functions: &[
-            "im2col",
-            "col2im",
-            "nchw_to_cnhw",
-            "cnhw_to_nchw_bias",
-            "cnhw_to_nchw_bias_fused",
-            "split_k_sum",
-            "channel_bias",
-            "channel_sum",
-            "channel_sum_fused",
-        ],
     },
     KernelModule {
         name: "norm",
         source: include_str!("../../../kernels/norm.cu"),
-        functions: &[
-            "batchnorm_fwd_train",
-            "batchnorm_fwd_partial",
-            "batchnorm_normalize",
-            "batchnorm_fwd_infer",
-            "batchnorm_bwd",
-            "batchnorm_bwd_partial",
-            "batchnorm_bwd_dx",
-            "avgpool_fwd",
-            "avgpool_bwd",
-        ],
     },
     KernelModule {
         name: "pool",
         source: include_str!("../../../kernels/pool.cu"),
-        functions: &["maxpool_fwd", "maxpool_bwd"],
     },
     KernelModule {
         name: "loss",
         source: include_str!("../../../kernels/loss.cu"),
-        functions: &[
-            "softmax_xent",
-            "softmax_xent_fused",
-            "eval_xent",
-            "softmax_xent_bias",
-            "eval_xent_fused",
-        ],
     },
     KernelModule {
         name: "optim",
         source: include_str!("../../../kernels/optim.cu"),
-        functions: &[
-            "sgd_step",
-            "adam_step",
-            "sgd_step_batched",
-            "adam_step_batched",
-        ],
     },
     KernelModule {
         name: "data",
         source: include_str!("../../../kernels/data.cu"),
-        functions: &[
-            "gather",
-            "gather_fused",
-            "gather_train",
-            "gather_train_fused",
-        ],
     },
     KernelModule {
         name: "probe",
         source: include_str!("../../../kernels/probe.cu"),
-        functions: &["sm_probe"],
     },
 ];
 
@@ -193,7 +157,7 @@ pub enum Image {
 pub struct CompiledModule {
     pub name: &'static str,
     pub image: Image,
-    pub functions: &'static [&'static str],
+    pub functions: Vec<&'static str>,
     source: &'static KernelModule,
     arch: (u32, u32),
     /// PTX for the same architecture, compiled only if the CUBIN does not load.
@@ -312,7 +276,7 @@ fn compiled(m: &'static KernelModule, target: Target, bytes: Vec<u8>) -> Compile
     CompiledModule {
         name: m.name,
         image,
-        functions: m.functions,
+        functions: m.functions(),
         source: m,
         arch: target.arch,
         fallback: OnceLock::new(),
@@ -408,13 +372,13 @@ fn holds_kernels(image: &[u8], m: &KernelModule, target: Target) -> bool {
     match target.output {
         Output::Ptx => {
             let text = String::from_utf8_lossy(image);
-            m.functions
+            m.functions()
                 .iter()
                 .all(|f| text.contains(&format!(".entry {f}(")))
         }
         Output::Cubin => {
             image.starts_with(b"\x7fELF")
-                && m.functions.iter().all(|f| {
+                && m.functions().iter().all(|f| {
                     let name = format!("\0{f}\0");
                     image.windows(name.len()).any(|w| w == name.as_bytes())
                 })
@@ -579,6 +543,26 @@ fn entries(ptx: &str) -> Vec<&str> {
 mod tests {
     use super::*;
 
+    #[test]
+    fn a_modules_kernels_are_read_from_its_source() {
+        let m = KernelModule {
+            name: "t",
+            source: "extern \"C\" __global__ void a(float* x) {}\n__device__ void helper() {}\nextern \"C\" __global__ void __launch_bounds__(256) b_2(u32 n) {}\n",
+        };
+        assert_eq!(m.functions(), ["a", "b_2"]);
+        let loss = MODULES.iter().find(|m| m.name == "loss").unwrap();
+        assert_eq!(
+            loss.functions(),
+            [
+                "softmax_xent",
+                "softmax_xent_fused",
+                "eval_xent",
+                "softmax_xent_bias",
+                "eval_xent_fused"
+            ]
+        );
+    }
+
     /// `(file stem, kernel)` for every row of the table in kernels/README.md.
     fn readme_kernels() -> Vec<(String, String)> {
         let readme = include_str!("../../../kernels/README.md");
@@ -607,9 +591,9 @@ mod tests {
         assert_eq!(listed.len(), 49, "{listed:?}");
         for (file, name) in &listed {
             let m = MODULES.iter().find(|m| m.name == file).unwrap();
-            assert!(m.functions.contains(&name.as_str()), "{file}: {name}");
+            assert!(m.functions().contains(&name.as_str()), "{file}: {name}");
         }
-        let total: usize = MODULES.iter().map(|m| m.functions.len()).sum();
+        let total: usize = MODULES.iter().map(|m| m.functions().len()).sum();
         assert_eq!(
             total,
             listed.len(),
@@ -712,7 +696,7 @@ mod tests {
                             "{flag}"
                         );
                         let found = entries(ptx);
-                        for f in m.functions {
+                        for f in &m.functions {
                             assert!(found.contains(f), "{}: no .entry {f} in {found:?}", m.name);
                         }
                         assert_eq!(found.len(), m.functions.len(), "{}: {found:?}", m.name);
@@ -785,7 +769,7 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let m = &MODULES[0];
         let ptx: Vec<u8> = m
-            .functions
+            .functions()
             .iter()
             .map(|f| format!(".visible .entry {f}(\n"))
             .collect::<String>()
@@ -817,7 +801,7 @@ mod tests {
         assert_eq!(compiles.get(), 4, "no cache folder, no cache");
         // A CUBIN for the same architecture is another entry, checked as an ELF image.
         let mut elf = b"\x7fELF".to_vec();
-        for f in m.functions {
+        for f in m.functions() {
             elf.extend_from_slice(format!("\0{f}\0").as_bytes());
         }
         let sm90 = Target {

@@ -70,7 +70,7 @@ impl Kernels {
             },
         };
         self.modules.push(module);
-        for &f in m.functions {
+        for &f in &m.functions {
             let name = CString::new(f)
                 .map_err(|_| EngineError::Device(format!("kernel name {f:?} holds a NUL byte")))?;
             let mut func = std::ptr::null_mut();

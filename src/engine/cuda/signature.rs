@@ -123,8 +123,8 @@ mod tests {
         for m in MODULES {
             let parsed = parse(m.source).unwrap_or_else(|e| panic!("{}.cu: {e}", m.name));
             let names: Vec<&str> = parsed.iter().map(|(n, _)| n.as_str()).collect();
-            assert_eq!(names, m.functions, "{}.cu", m.name);
-            for f in m.functions {
+            assert_eq!(names, m.functions(), "{}.cu", m.name);
+            for f in m.functions() {
                 assert!(of(f).is_some(), "{f}");
             }
         }
