@@ -1,4 +1,4 @@
-//! The rows a round writes for each trial: its `trials.csv` and `progress.csv` rows, the rows a failed write kept from being whole, and the small CSV files of `parallel` and `batch-scan`.
+//! The rows a round writes for each trial: its `trials.csv` and `progress.csv` rows, the rows a failed write kept from being whole, and the fsynced CSV writer that `parallel` and `batch-scan` write their own rows with.
 
 use std::path::{Path, PathBuf};
 

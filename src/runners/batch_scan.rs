@@ -17,7 +17,7 @@ use crate::run::{self, Modes, Signals};
 use crate::sched;
 use crate::train::largest_fitting;
 use crate::train::mirrored::{plan_on, ratio_probe as probe, ParallelConfig};
-use crate::train::stop::{Failure, Stop as TrialStop};
+use crate::train::stop::{Failure, Stop};
 
 /// The file with one row per batch size tried.
 pub const SCAN_CSV: &str = "batch_scan.csv";
@@ -85,7 +85,7 @@ pub struct ScanRow {
 
 /// Why the doubling stopped.
 #[derive(Clone, Debug, PartialEq)]
-pub enum Stop {
+pub enum ScanEnd {
     /// `batch` does not fit: it needs `need_mib`, the slice's cap is `cap_mib`.
     Cap {
         batch: usize,
@@ -232,7 +232,7 @@ impl Scan<'_> {
         let t = &self.cfg.trial;
         match plan_on(be.as_mut(), &t.model, t.input, t.classes, b, &t.hyper) {
             Ok(_) => Ok(Ok(())),
-            Err(TrialStop::Failed(Failure::CapExceeded { need_mib, cap_mib })) => {
+            Err(Stop::Failed(Failure::CapExceeded { need_mib, cap_mib })) => {
                 Ok(Err((need_mib, cap_mib)))
             }
             Err(e) => Err(Error::Internal(format!("batch {b}: {e}"))),
@@ -255,7 +255,7 @@ impl Scan<'_> {
         let mut be = self.open()?;
         let speed = match probe::measure(be.as_mut(), &self.cfg, b, self.seconds) {
             Ok(s) => s,
-            Err(TrialStop::Interrupted) => return Err(self.interrupted(csv)),
+            Err(Stop::Interrupted) => return Err(self.interrupted(csv)),
             Err(e) => return Err(e.into_error(&format!("batch {b}"))),
         };
         let row = ScanRow {
@@ -287,21 +287,21 @@ impl Scan<'_> {
         opts: &ScanOptions,
         csv: &mut CsvFile,
         out: &mut dyn Write,
-    ) -> Result<(Stop, Option<usize>)> {
+    ) -> Result<(ScanEnd, Option<usize>)> {
         let n_train = self.data.train.len();
         let mut b = opts.start;
         let mut last_ok: Option<usize> = None;
         let stop = loop {
             if let Some(m) = opts.max_batch {
                 if b > m {
-                    break Stop::MaxBatch(m);
+                    break ScanEnd::MaxBatch(m);
                 }
             }
             if b > n_train {
-                break Stop::Data { samples: n_train };
+                break ScanEnd::Data { samples: n_train };
             }
             if let Err((need_mib, cap_mib)) = self.fits(b)? {
-                break Stop::Cap {
+                break ScanEnd::Cap {
                     batch: b,
                     need_mib,
                     cap_mib,
@@ -320,7 +320,7 @@ impl Scan<'_> {
                 self.time(l, csv, out)?;
             }
         }
-        if let Stop::Cap {
+        if let ScanEnd::Cap {
             batch, need_mib, ..
         } = &stop
         {
@@ -338,20 +338,20 @@ impl Scan<'_> {
     }
 
     /// The largest batch that fits, searched between the last that fit and the one that did not.
-    fn largest(&self, stop: &Stop, last_ok: Option<usize>) -> Result<Option<usize>> {
+    fn largest(&self, stop: &ScanEnd, last_ok: Option<usize>) -> Result<Option<usize>> {
         let mut fits = |m: usize| Ok(self.fits(m)?.is_ok());
         Ok(match (stop, last_ok) {
-            (Stop::Cap { batch, .. }, Some(ok)) => {
+            (ScanEnd::Cap { batch, .. }, Some(ok)) => {
                 Some(largest_fitting::<Error>(ok, *batch, &mut fits)?)
             }
-            (Stop::Data { samples }, Some(ok)) if ok < *samples => {
+            (ScanEnd::Data { samples }, Some(ok)) if ok < *samples => {
                 if self.fits(*samples)?.is_ok() {
                     Some(*samples)
                 } else {
                     Some(largest_fitting::<Error>(ok, *samples, &mut fits)?)
                 }
             }
-            (Stop::Cap { batch, .. }, None) if *batch > 1 => {
+            (ScanEnd::Cap { batch, .. }, None) if *batch > 1 => {
                 Some(largest_fitting::<Error>(0, *batch, &mut fits)?).filter(|&l| l > 0)
             }
             (_, ok) => ok,
@@ -367,24 +367,24 @@ impl Scan<'_> {
     }
 
     /// Why the scan stopped, and the largest batch that fits, in words.
-    fn verdict(&self, stop: &Stop, largest: Option<usize>) -> String {
+    fn verdict(&self, stop: &ScanEnd, largest: Option<usize>) -> String {
         let largest_words = match largest {
             Some(l) => format!("largest batch that fits: {l}"),
             None => "no batch fits".to_string(),
         };
         match stop {
-            Stop::Cap {
+            ScanEnd::Cap {
                 batch,
                 need_mib,
                 cap_mib,
             } => format!(
                 "batch {batch} does not fit: needs {need_mib:.1} MiB, slice cap {cap_mib:.1} MiB; {largest_words}"
             ),
-            Stop::Data { samples } => format!(
+            ScanEnd::Data { samples } => format!(
                 "stopped at the {samples} training samples of {} (the cap was not reached); {largest_words}",
                 self.data.name
             ),
-            Stop::MaxBatch(m) => format!("stopped at --max-batch {m}; {largest_words}"),
+            ScanEnd::MaxBatch(m) => format!("stopped at --max-batch {m}; {largest_words}"),
         }
     }
 }

@@ -190,26 +190,26 @@ impl CompiledModule {
 
 /// Why a compilation failed, kept so that every later call gets the same answer.
 #[derive(Clone, Debug)]
-enum Failure {
+enum CompileFailure {
     /// NVRTC is not installed (or did not load).
     Unavailable(String),
     /// NVRTC ran and rejected a module, or failed.
     Compile(String),
 }
 
-impl Failure {
+impl CompileFailure {
     fn to_error(&self) -> EngineError {
         match self {
-            Failure::Unavailable(reason) => EngineError::Unavailable {
+            CompileFailure::Unavailable(reason) => EngineError::Unavailable {
                 backend: "cuda".into(),
                 reason: reason.clone(),
             },
-            Failure::Compile(message) => EngineError::Device(message.clone()),
+            CompileFailure::Compile(message) => EngineError::Device(message.clone()),
         }
     }
 }
 
-type Compiled = Result<Vec<CompiledModule>, Failure>;
+type Compiled = Result<Vec<CompiledModule>, CompileFailure>;
 
 /// Compiles every module with NVRTC once per process and architecture (failures are cached too).
 ///
@@ -231,7 +231,7 @@ pub fn compile_all(arch: Option<(u32, u32)>) -> Result<&'static [CompiledModule]
 /// is used): for checks that every kernel builds for a given architecture and output.
 pub fn compile_for(target: Target) -> Result<Vec<CompiledModule>, EngineError> {
     let nvrtc = libs::preload(CudaLib::Nvrtc)
-        .map_err(|e| Failure::Unavailable(e.to_string()).to_error())?;
+        .map_err(|e| CompileFailure::Unavailable(e.to_string()).to_error())?;
     let (dir, compiler) = (cache_dir(), compiler_id(&nvrtc));
     MODULES
         .iter()
@@ -284,7 +284,8 @@ fn compiled(m: &'static KernelModule, target: Target, bytes: Vec<u8>) -> Compile
 }
 
 fn compile_modules(arch: Option<(u32, u32)>) -> Compiled {
-    let nvrtc = libs::preload(CudaLib::Nvrtc).map_err(|e| Failure::Unavailable(e.to_string()))?;
+    let nvrtc =
+        libs::preload(CudaLib::Nvrtc).map_err(|e| CompileFailure::Unavailable(e.to_string()))?;
     let (output, arch) = match arch {
         Some(a) => (Output::Cubin, a),
         None => (Output::Ptx, (8, 0)),
@@ -302,15 +303,15 @@ fn compile_modules(arch: Option<(u32, u32)>) -> Compiled {
             };
             match compile(target) {
                 Ok(bytes) => Ok(compiled(m, target, bytes)),
-                Err(Failure::Compile(cubin)) if output == Output::Cubin => {
+                Err(CompileFailure::Compile(cubin)) if output == Output::Cubin => {
                     let ptx = Target {
                         output: Output::Ptx,
                         ..target
                     };
                     match compile(ptx) {
                         Ok(bytes) => Ok(compiled(m, ptx, bytes)),
-                        Err(Failure::Compile(e)) => {
-                            Err(Failure::Compile(format!("{cubin}\nand as PTX: {e}")))
+                        Err(CompileFailure::Compile(e)) => {
+                            Err(CompileFailure::Compile(format!("{cubin}\nand as PTX: {e}")))
                         }
                         Err(other) => Err(other),
                     }
@@ -394,8 +395,8 @@ fn cached(
     m: &KernelModule,
     target: Target,
     compiler: &str,
-    compile: impl FnOnce() -> Result<Vec<u8>, Failure>,
-) -> Result<Vec<u8>, Failure> {
+    compile: impl FnOnce() -> Result<Vec<u8>, CompileFailure>,
+) -> Result<Vec<u8>, CompileFailure> {
     let Some(dir) = dir else { return compile() };
     let arch = target.arch_flag();
     let key =
@@ -427,12 +428,14 @@ fn cached(
 
 /// Compiles one source for `target` with NVRTC (which must be loaded already): PTX text, or a
 /// CUBIN image.
-fn compile_source(name: &str, source: &str, target: Target) -> Result<Vec<u8>, Failure> {
+fn compile_source(name: &str, source: &str, target: Target) -> Result<Vec<u8>, CompileFailure> {
     let arch = target.arch_flag();
-    let compiled = catch_unwind(AssertUnwindSafe(|| run_nvrtc(name, source, target)))
-        .map_err(|_| Failure::Compile(format!("NVRTC panicked compiling kernels/{name}.cu")))?;
+    let compiled =
+        catch_unwind(AssertUnwindSafe(|| run_nvrtc(name, source, target))).map_err(|_| {
+            CompileFailure::Compile(format!("NVRTC panicked compiling kernels/{name}.cu"))
+        })?;
     compiled.map_err(|e| {
-        Failure::Compile(match e {
+        CompileFailure::Compile(match e {
             NvrtcFailure::Rejected(log) => format!(
                 "NVRTC could not compile kernels/{name}.cu for {arch}:\n{}",
                 log.trim_end()
@@ -745,7 +748,7 @@ mod tests {
         };
         let bad = "extern \"C\" __global__ void k(float* x) { x[0] = undefined_name; }";
         for target in [ptx80, CI_TARGETS[3]] {
-            let Err(Failure::Compile(msg)) = compile_source("bad", bad, target) else {
+            let Err(CompileFailure::Compile(msg)) = compile_source("bad", bad, target) else {
                 panic!("a bad source compiled");
             };
             assert!(

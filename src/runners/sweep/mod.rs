@@ -335,23 +335,8 @@ fn execute(
 ) -> Result<(Vec<TrialRow>, Option<Stopped>)> {
     // A fed round (bayes) runs the trials its run_cap has left.
     let total = feed.as_ref().map_or(round.trials.len(), |(n, _)| *n) as u64;
-    let bar = if progress {
-        ProgressBar::new(total)
-    } else {
-        ProgressBar::hidden()
-    };
-    bar.set_style(
-        ProgressStyle::with_template(
-            "{elapsed_precise} [{bar:30}] {pos}/{len} trials, ETA {eta}  {msg}",
-        )
-        .unwrap_or_else(|_| ProgressStyle::default_bar())
-        .progress_chars("=> "),
-    );
+    let console = Console::new(progress, total);
     let started = Instant::now();
-    let (mut running, mut failed, mut finished) = (0u32, 0u32, 0u64);
-    let mut rows = Vec::new();
-    let mut same = SameFailures::default();
-    let mut stopped = None;
     let recorder = std::cell::RefCell::new(Recorder {
         writer,
         unsynced: false,
@@ -359,100 +344,40 @@ fn execute(
         failed: None,
         lost: Default::default(),
     });
+    let mut ends = Ends {
+        job,
+        round,
+        ctx,
+        console: &console,
+        total,
+        running: 0,
+        failed: 0,
+        finished: 0,
+        rows: Vec::new(),
+        same: SameFailures::default(),
+        stopped: None,
+    };
     let mut sink = |ev: &Event| {
         let mut rec = recorder.borrow_mut();
         let res = match ev {
             Event::Started { .. } => {
-                running += 1;
+                ends.running += 1;
                 Ok(())
             }
             Event::Epoch { trial, stats, .. } => {
-                same.ran(&trial.id);
+                ends.same.ran(&trial.id);
                 rec.progress(&progress_row(round, &trial.id, stats))
             }
-            Event::Finished(o) => {
-                running = running.saturating_sub(1);
-                finished += 1;
-                let row = rec.checked(trial_row(job, round.index, round.split, round.n, o));
-                if !row.done() {
-                    failed += 1;
-                }
-                if let Some(line) = counts_line(std::slice::from_ref(&row)) {
-                    tracing::debug!("trial {}: {line}", row.trial_id);
-                }
-                let seen = if ctx.external().is_some() && !ctx.cancel.draining() {
-                    same.see(o)
-                } else {
-                    Seen::Nothing
-                };
-                // A failure the same as an earlier one is said once.
-                let error = match &seen {
-                    Seen::Same { first } => format!(": the same failure as {first}"),
-                    Seen::Stop(s) => format!(": the same failure as {}", s.trials[0]),
-                    _ if row.error.is_empty() => String::new(),
-                    _ => format!(": {}", row.error),
-                };
-                let metric = row
-                    .metric
-                    .map(|m| format!("{} {m:.4}", job.file.metric.name))
-                    .unwrap_or_default();
-                let line = format!(
-                    "trial {finished}/{total} {} {} {metric} in {:.1} s ({running} running, {failed} failed){error}",
-                    row.trial_id,
-                    row.state,
-                    row.wall_s,
-                );
-                if progress {
-                    bar.println(line);
-                } else {
-                    tracing::info!("{line}");
-                }
-                bar.inc(1);
-                if let (Some(target), Some(m), true) = (
-                    job.file.metric.target,
-                    row.metric,
-                    row.state == report::COMPLETE,
-                ) {
-                    if reaches(job.file.metric.goal, m, target) && !ctx.cancel.draining() {
-                        let line = format!(
-                            "trial {} reached metric.target ({} {m:.4}, target {target}): starting no more trials; the {running} running finish",
-                            row.trial_id, job.file.metric.name
-                        );
-                        if progress {
-                            bar.println(line);
-                        } else {
-                            tracing::info!("{line}");
-                        }
-                        ctx.cancel.drain();
-                    }
-                }
-                if let Seen::Stop(s) = seen {
-                    let line = format!(
-                        "stopping the sweep: its first {} trials to end failed the same way; \
-                         starting no more, ending the {running} running",
-                        s.trials.len()
-                    );
-                    if progress {
-                        bar.println(line);
-                    } else {
-                        tracing::warn!("{line}");
-                    }
-                    ctx.cancel.abort();
-                    stopped = Some(s);
-                }
-                let res = rec.trial(&row);
-                rows.push(row);
-                res
-            }
+            Event::Finished(o) => ends.finished(o, &mut rec),
             Event::Output { trial_id, line } => {
                 // Through the bar, so that it is not drawn over; on stderr, beside the log.
-                bar.suspend(|| {
+                console.bar.suspend(|| {
                     let _ = writeln!(std::io::stderr(), "[{trial_id}] {line}");
                 });
                 return;
             }
         };
-        bar.set_message(format!("{running} running, {failed} failed"));
+        console.bar.set_message(ends.counts());
         rec.note(res, &ctx.cancel);
     };
     let mut idle = || {
@@ -464,7 +389,7 @@ fn execute(
         Some((_, feed)) => sched::run_round_fed(round, ctx, &mut sink, &mut idle, feed),
         None => sched::run_round_with(round, ctx, &mut sink, &mut idle),
     };
-    bar.finish_and_clear();
+    console.bar.finish_and_clear();
     let mut rec = recorder.into_inner();
     let res = rec.sync();
     rec.note(res, &ctx.cancel);
@@ -473,11 +398,142 @@ fn execute(
     }
     tracing::info!(
         "ran {} trials in {:.1} s with {} at a time",
-        rows.len(),
+        ends.rows.len(),
         started.elapsed().as_secs_f64(),
         round.n
     );
-    Ok((rows, stopped))
+    Ok((ends.rows, ends.stopped))
+}
+
+/// Where a sweep's lines go as it runs: above its progress bar, or as log lines without one.
+struct Console {
+    bar: ProgressBar,
+    progress: bool,
+}
+
+impl Console {
+    fn new(progress: bool, total: u64) -> Console {
+        let bar = if progress {
+            ProgressBar::new(total)
+        } else {
+            ProgressBar::hidden()
+        };
+        bar.set_style(
+            ProgressStyle::with_template(
+                "{elapsed_precise} [{bar:30}] {pos}/{len} trials, ETA {eta}  {msg}",
+            )
+            .unwrap_or_else(|_| ProgressStyle::default_bar())
+            .progress_chars("=> "),
+        );
+        Console { bar, progress }
+    }
+
+    /// A line above the bar, or logged at info (`warn`: at warning) without one.
+    fn say(&self, line: String, warn: bool) {
+        match (self.progress, warn) {
+            (true, _) => self.bar.println(line),
+            (false, false) => tracing::info!("{line}"),
+            (false, true) => tracing::warn!("{line}"),
+        }
+    }
+}
+
+/// The trials of a sweep's round as they end: their rows, the counts its lines show, and
+/// what stops the sweep early (metric.target reached; the same failure again and again).
+struct Ends<'a> {
+    job: &'a Job,
+    round: &'a Round,
+    ctx: &'a RoundContext,
+    console: &'a Console,
+    total: u64,
+    running: u32,
+    failed: u32,
+    finished: u64,
+    rows: Vec<TrialRow>,
+    same: SameFailures,
+    stopped: Option<Stopped>,
+}
+
+impl Ends<'_> {
+    fn counts(&self) -> String {
+        format!("{} running, {} failed", self.running, self.failed)
+    }
+
+    /// A trial ended: its row written, its line said, and the sweep drained when the trial
+    /// reached metric.target, or stopped when the trials failed the same way.
+    fn finished(
+        &mut self,
+        o: &sched::TrialOutcome,
+        rec: &mut Recorder,
+    ) -> std::result::Result<(), crate::error::ReportError> {
+        let (job, round, cancel) = (self.job, self.round, &self.ctx.cancel);
+        self.running = self.running.saturating_sub(1);
+        self.finished += 1;
+        let row = rec.checked(trial_row(job, round.index, round.split, round.n, o));
+        if !row.done() {
+            self.failed += 1;
+        }
+        if let Some(line) = counts_line(std::slice::from_ref(&row)) {
+            tracing::debug!("trial {}: {line}", row.trial_id);
+        }
+        let seen = if self.ctx.external().is_some() && !cancel.draining() {
+            self.same.see(o)
+        } else {
+            Seen::Nothing
+        };
+        // A failure the same as an earlier one is said once.
+        let error = match &seen {
+            Seen::Same { first } => format!(": the same failure as {first}"),
+            Seen::Stop(s) => format!(": the same failure as {}", s.trials[0]),
+            _ if row.error.is_empty() => String::new(),
+            _ => format!(": {}", row.error),
+        };
+        let metric = row
+            .metric
+            .map(|m| format!("{} {m:.4}", job.file.metric.name))
+            .unwrap_or_default();
+        self.console.say(
+            format!(
+                "trial {}/{} {} {} {metric} in {:.1} s ({}){error}",
+                self.finished,
+                self.total,
+                row.trial_id,
+                row.state,
+                row.wall_s,
+                self.counts(),
+            ),
+            false,
+        );
+        self.console.bar.inc(1);
+        if let (Some(target), Some(m), true) = (
+            job.file.metric.target,
+            row.metric,
+            row.state == report::COMPLETE,
+        ) {
+            if reaches(job.file.metric.goal, m, target) && !cancel.draining() {
+                let line = format!(
+                    "trial {} reached metric.target ({} {m:.4}, target {target}): starting no more trials; the {} running finish",
+                    row.trial_id, job.file.metric.name, self.running
+                );
+                self.console.say(line, false);
+                cancel.drain();
+            }
+        }
+        if let Seen::Stop(s) = seen {
+            let line = format!(
+                "stopping the sweep: its first {} trials to end failed the same way; \
+                 starting no more, ending the {} running",
+                s.trials.len(),
+                self.running
+            );
+            self.console.say(line, true);
+            cancel.abort();
+            self.stopped = Some(s);
+        }
+        let res = rec.trial(&row);
+        self.rows.push(row);
+        res
+    }
 }
 
 /// Whether `value` reaches `target` under `goal` (at or past it).
