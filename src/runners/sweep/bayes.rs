@@ -26,7 +26,7 @@ use crate::job::{Goal, Job};
 use crate::plan::{self, trial_seed, TrialSpec};
 use crate::report::TrialRow;
 use crate::sched::{TrialEnd, TrialOutcome};
-use crate::space::tpe::{Observation, Tpe};
+use crate::space::tpe::{History, Observation, Tpe};
 use crate::space::ParamValue;
 
 use super::{latest_rows, trial_key, Shard};
@@ -40,7 +40,8 @@ pub struct Proposer<'a> {
     job: &'a Job,
     pub tpe: Tpe,
     shard: Option<Shard>,
-    done: Vec<Observation>,
+    /// The observations so far, by rank.
+    done: History,
     /// The points of the trials proposed and not ended, by index.
     pending: BTreeMap<u32, BTreeMap<String, ParamValue>>,
     /// This shard's slots still to run, in order (slot `k` is trial [`Proposer::index`]`(k)`).
@@ -80,7 +81,7 @@ impl<'a> Proposer<'a> {
             job,
             tpe: Tpe::for_run_cap(planned),
             shard,
-            done: Vec::new(),
+            done: History::default(),
             pending: BTreeMap::new(),
             queue: VecDeque::new(),
             again: BTreeMap::new(),

@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# The cost of one `method: bayes` proposal after n trials (examples/proposal_cost.rs: the TPE's
+# fit and draw with 8 trials in flight, on a nine-parameter space), for n = 100 ... 35,000.
+# With --against REV, the same example is built at REV too (in a temporary worktree; its history
+# type adapted to that build's) and the two are run interleaved, round after round, on this
+# machine, so that a drift in its load falls on both alike.
+# Output in OUT: proposal_cost.csv (every round's rows, by build), summary.md (the median over
+# the rounds of each build's median proposal time per n), command.txt (commits, machine, load).
+#
+# Usage: bench/proposal-cost.sh [--against REV] [--rounds R] [OUT]
+#   (default OUT results/proposal-cost-cpu, R 3)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+against=""
+rounds=3
+out=results/proposal-cost-cpu
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --against) against="$2"; shift 2 ;;
+        --rounds) rounds="$2"; shift 2 ;;
+        -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
+        -*) echo "proposal-cost: unknown option $1" >&2; exit 2 ;;
+        *) out="$1"; shift ;;
+    esac
+done
+mkdir -p "$out"
+bins="$(mktemp -d)"
+cleanup() {
+    if [ -n "${wt:-}" ]; then git worktree remove --force "$wt" >/dev/null 2>&1 || true; fi
+    rm -rf "$bins"
+}
+trap cleanup EXIT
+
+cargo build --release --quiet --bin gpumux --example proposal_cost
+cp target/release/examples/proposal_cost "$bins/this"
+builds="this"
+if [ -n "$against" ]; then
+    wt="$(mktemp -d)/against"
+    git worktree add --quiet --detach "$wt" "$against"
+    cp examples/proposal_cost.rs "$wt/examples/proposal_cost.rs"
+    # The one line that differs: an older build's history is a plain list of observations.
+    if ! grep -q "pub struct History" "$wt/src/space/tpe.rs"; then
+        sed -i 's|^type Hist = gpumux::space::tpe::History;|type Hist = Vec<gpumux::space::tpe::Observation>;|' \
+            "$wt/examples/proposal_cost.rs"
+    fi
+    # The same target folder: the dependencies are built once; this build's example was copied.
+    (cd "$wt" && cargo build --release --quiet --example proposal_cost --target-dir "$OLDPWD/target")
+    cp target/release/examples/proposal_cost "$bins/against"
+    builds="this against"
+fi
+
+{
+    echo "# bench/proposal-cost.sh${against:+ --against $against} --rounds $rounds $out"
+    echo "# this build: $(git rev-parse --short HEAD)$(git diff --quiet HEAD -- src examples || echo ' (with uncommitted changes)'), $(target/release/gpumux --version 2>/dev/null || echo 'gpumux ?')"
+    [ -z "$against" ] || echo "# against: $(git rev-parse --short "$against")"
+    echo "# machine: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(nproc) cores, $(date -u +%Y-%m-%dT%H:%MZ)"
+    echo "# load at the start: $(cut -d' ' -f1-3 /proc/loadavg)"
+} >"$out/command.txt"
+
+csv="$out/proposal_cost.csv"
+echo "build,round,n,proposals,median_ms,p90_ms,max_ms,insert_us" >"$csv"
+for r in $(seq 1 "$rounds"); do
+    for b in $builds; do
+        echo "proposal-cost: round $r/$rounds, $b" >&2
+        "$bins/$b" | tail -n +2 | sed "s/^/$b,$r,/" >>"$csv"
+    done
+done
+
+python3 - "$csv" "$out/summary.md" "$rounds" <<'PY'
+import csv, statistics, sys
+rows = list(csv.DictReader(open(sys.argv[1])))
+builds = sorted({r["build"] for r in rows}, key=lambda b: b != "this")
+ns = sorted({int(r["n"]) for r in rows})
+med = lambda b, n, k: statistics.median(float(r[k]) for r in rows if r["build"] == b and int(r["n"]) == n)
+with open(sys.argv[2], "w") as f:
+    f.write(f"# One bayes proposal after n trials (median over {sys.argv[3]} rounds of each round's median of 50)\n\n")
+    f.write("| n | " + " | ".join(f"{b}: ms (max)" for b in builds) + (" | against / this |" if len(builds) == 2 else " |") + "\n")
+    f.write("|---|" + "---|" * (len(builds) + (len(builds) == 2)) + "\n")
+    for n in ns:
+        cells = [f"{med(b, n, 'median_ms'):.3f} ({med(b, n, 'max_ms'):.3f})" for b in builds]
+        if len(builds) == 2:
+            cells.append(f"{med('against', n, 'median_ms') / med('this', n, 'median_ms'):.1f}×")
+        f.write(f"| {n} | " + " | ".join(cells) + " |\n")
+print(open(sys.argv[2]).read())
+PY
