@@ -43,9 +43,10 @@ if [ -n "$against" ]; then
         sed -i 's|^type Hist = gpumux::space::tpe::History;|type Hist = Vec<gpumux::space::tpe::Observation>;|' \
             "$wt/examples/proposal_cost.rs"
     fi
-    # The same target folder: the dependencies are built once; this build's example was copied.
-    (cd "$wt" && cargo build --release --quiet --example proposal_cost --target-dir "$OLDPWD/target")
-    cp target/release/examples/proposal_cost "$bins/against"
+    # A target folder of its own: cargo does not tell two checkouts of one package apart, and
+    # would mix their artifacts in one.
+    (cd "$wt" && cargo build --release --quiet --example proposal_cost --target-dir "$OLDPWD/target/against")
+    cp target/against/release/examples/proposal_cost "$bins/against"
     builds="this against"
 fi
 
