@@ -293,3 +293,42 @@ fn concurrency_auto_is_refused_before_a_device_is_opened() {
         assert!(stderr(&o).contains(why), "{}", stderr(&o));
     }
 }
+
+#[test]
+fn a_value_whose_trials_always_fail_stops_being_proposed() {
+    // `mode: broken` fails every time (the command exits 1 before it trains).
+    let dir = sandbox();
+    let script = root().join("examples/fake_train.py");
+    let job = dir.job(
+        "failing.yaml",
+        format!(
+            "name: failing\ncommand: \"sh -c 'test {{mode}} != broken && exec python3 {} --lr {{lr}} --epochs 1 --sleep 0'\"\nmetric: {{name: test_acc, goal: maximize}}\nseed: 3\nmethod: bayes\nrun_cap: 30\nconcurrency: 1\nparameters:\n  lr: {{min: 0.0001, max: 0.1, distribution: log_uniform_values}}\n  mode: {{values: [fast, slow, broken]}}\n",
+            script.display()
+        ),
+    );
+    let out = dir.join("out");
+    let o = dir.run_into("sweep", &job, &out, &[]);
+    // Some trials failed: exit 1.
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let rows = read_csv(&out.join("trials.csv"));
+    assert_eq!(rows.len(), 30);
+    let mut failures = 0;
+    let (mut after, mut broken_after) = (0, 0);
+    for r in &rows {
+        let params: serde_json::Value = serde_json::from_str(&r["params"]).expect("params");
+        let broken = params["mode"] == "broken";
+        if failures >= 3 {
+            after += 1;
+            broken_after += usize::from(broken);
+        }
+        if broken {
+            assert_eq!(r["state"], "FAIL", "{r:?}");
+            failures += 1;
+        }
+    }
+    assert!(failures >= 3, "the random startup trials gave {failures} failures");
+    assert!(
+        3 * broken_after <= after,
+        "broken proposed {broken_after} times of {after} after its third failure"
+    );
+}

@@ -679,6 +679,71 @@ mod tests {
         assert!(mean < 0.05, "mean distance {mean}");
     }
 
+    /// Runs `n` trials one at a time on a space of `opt` in {a, b, c} and `x` in [0, 1], where
+    /// every trial with `c` fails (NaN) unless `skip_failures`, which leaves failures out of
+    /// the history; returns how often `c` was proposed after its third failure, and after it.
+    fn failing_value_proposals(seed: u64, skip_failures: bool) -> (usize, usize) {
+        let s = space(&[
+            (
+                "opt",
+                Dist::Categorical {
+                    values: ["a", "b", "c"]
+                        .iter()
+                        .map(|w| ParamValue::Word(w.to_string()))
+                        .collect(),
+                    probabilities: None,
+                },
+            ),
+            ("x", Dist::Uniform { min: 0.0, max: 1.0 }),
+        ]);
+        let tpe = Tpe::for_run_cap(60);
+        let mut done = History::default();
+        let (mut failures, mut after, mut c_after) = (0, 0, 0);
+        for i in 0..60 {
+            let p = tpe.propose(&s, seed, i, &done, &[]);
+            let c = p["opt"] == ParamValue::Word("c".into());
+            if failures >= 3 {
+                after += 1;
+                c_after += usize::from(c);
+            }
+            let loss = match &p["opt"] {
+                ParamValue::Word(w) if w == "a" => (x_of(&p) - 0.5).powi(2),
+                ParamValue::Word(w) if w == "b" => (x_of(&p) - 0.5).powi(2) + 0.05,
+                _ => f64::NAN,
+            };
+            if c {
+                failures += 1;
+                if skip_failures {
+                    continue;
+                }
+            }
+            done.push(Observation { point: p, loss });
+        }
+        (c_after, after)
+    }
+
+    #[test]
+    fn a_value_that_always_fails_is_proposed_at_most_a_third_of_the_time_after_three_failures() {
+        for seed in 1..=10 {
+            let (c, after) = failing_value_proposals(seed, false);
+            assert!(
+                3 * c <= after,
+                "seed {seed}: c proposed {c} times of {after}"
+            );
+        }
+        // Left out of the history, its failures would not stop it: the test can fail.
+        let proposed: usize = (1..=10)
+            .map(|seed| failing_value_proposals(seed, true).0)
+            .sum();
+        let of: usize = (1..=10)
+            .map(|seed| failing_value_proposals(seed, true).1)
+            .sum();
+        assert!(
+            3 * proposed > of,
+            "without failures counted: {proposed} of {of}"
+        );
+    }
+
     #[test]
     fn erf_is_close() {
         assert!((erf(0.5) - 0.520_499_877_8).abs() < 1e-6);

@@ -3,7 +3,9 @@
 //! A bayes sweep of `run_cap` trials proposes its trials as slices come free: each from the
 //! trials that ended with the metric (COMPLETE, and PRUNED rows that carry a metric value) and
 //! the trials still running, counted at the worst value seen so far (a constant liar), so that
-//! the proposals made while others run differ. A FAIL trial is no observation. Trial `i`'s seed is
+//! the proposals made while others run differ. A FAIL trial (or one that ended without a finite
+//! value) is an observation worse than any result: the region that produced it is proposed
+//! less, and a value that always fails stops being proposed. Trial `i`'s seed is
 //! the one `method: random` gives trial `i`; its first trials take random's points.
 //!
 //! On `--resume`, the rows of `trials.csv` that this job made are its history: a row is the
@@ -31,9 +33,13 @@ use crate::space::ParamValue;
 
 use super::{latest_rows, trial_key, Shard};
 
-/// The state of rows that count as observations: COMPLETE, and PRUNED (a pruned trial, at the
+/// The state of rows observed at their value: COMPLETE, and PRUNED (a pruned trial, at the
 /// value it reached).
 const OBSERVED: [&str; 2] = ["COMPLETE", "PRUNED"];
+
+/// The state of rows that are observations: those [`OBSERVED`] at their value, and FAIL (worse
+/// than any result, so that the region that failed is proposed less).
+const ENDED: [&str; 3] = ["COMPLETE", "PRUNED", "FAIL"];
 
 /// Proposes a bayes sweep's trials, one at a time.
 pub struct Proposer<'a> {
@@ -147,22 +153,28 @@ impl<'a> Proposer<'a> {
     pub fn next(&mut self, ended: Option<&TrialOutcome>) -> Option<TrialSpec> {
         if let Some(o) = ended {
             if let Some(point) = self.pending.remove(&o.trial.index) {
-                // A PRUNED trial is observed at the value it reached where it stopped.
+                // A PRUNED trial is observed at the value it reached where it stopped; a trial
+                // that failed, or ended without a finite value, as worse than any result; an
+                // interrupted one not at all (it runs again).
                 let result = match &o.end {
                     TrialEnd::Complete(r) | TrialEnd::Pruned(r) => Some(r),
-                    _ => None,
+                    TrialEnd::Failed(_) => None,
+                    TrialEnd::Interrupted => return self.propose_next(),
                 };
                 let value = result
                     .and_then(|r| crate::train::metric_in(&r.metrics, &self.job.file.metric.name))
                     .filter(|v| v.is_finite());
-                if let Some(v) = value {
-                    self.done.push(Observation {
-                        point,
-                        loss: loss(self.job.file.metric.goal, v),
-                    });
-                }
+                self.done.push(Observation {
+                    point,
+                    loss: value.map_or(f64::NAN, |v| loss(self.job.file.metric.goal, v)),
+                });
             }
         }
+        self.propose_next()
+    }
+
+    /// The next trial of the queue, if any is left.
+    fn propose_next(&mut self) -> Option<TrialSpec> {
         if self.error.is_some() {
             return None;
         }
@@ -260,13 +272,16 @@ fn observation(
     row: &TrialRow,
     point: BTreeMap<String, ParamValue>,
 ) -> Option<Observation> {
-    if !OBSERVED.contains(&row.state.as_str()) {
+    if !ENDED.contains(&row.state.as_str()) {
         return None;
     }
-    let value = row.metric.filter(|v| v.is_finite())?;
+    // A failure, or a result without a finite value, counts as worse than any result.
+    let value = row
+        .metric
+        .filter(|v| v.is_finite() && OBSERVED.contains(&row.state.as_str()));
     Some(Observation {
         point,
-        loss: loss(job.file.metric.goal, value),
+        loss: value.map_or(f64::NAN, |v| loss(job.file.metric.goal, v)),
     })
 }
 
