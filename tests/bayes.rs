@@ -326,7 +326,10 @@ fn a_value_whose_trials_always_fail_stops_being_proposed() {
             failures += 1;
         }
     }
-    assert!(failures >= 3, "the random startup trials gave {failures} failures");
+    assert!(
+        failures >= 3,
+        "the random startup trials gave {failures} failures"
+    );
     assert!(
         3 * broken_after <= after,
         "broken proposed {broken_after} times of {after} after its third failure"

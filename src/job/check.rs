@@ -241,6 +241,12 @@ impl Job {
         if e.s == Some(0) {
             return Err(self.invalid("early_terminate.s", "must be at least 1"));
         }
+        if e.brackets == Some(0) {
+            return Err(self.invalid(
+                "early_terminate.brackets",
+                "must be at least 1 (1: every trial judged at every rung)",
+            ));
+        }
         let max_iter = e.max_iter(self.file.train.epochs);
         let min_iter = e.min_iter.unwrap_or(1);
         if max_iter < min_iter {

@@ -6,6 +6,12 @@
 //! with `n` values, its rank (0 the best, ties to the lower trial id) must be below
 //! `⌊n/eta⌋`. While fewer than `eta` trials have reached a rung there is too little to judge
 //! by, and every trial goes on. No trial waits for a rung to fill.
+//!
+//! With several brackets (Hyperband's), each trial is given one by a hash of its id: bracket
+//! `b` judges its trials at the rungs from the `b`-th on only, against the values of its own
+//! trials, so that the later brackets let a late bloomer train longer before it is judged (the
+//! last has no rung). A bracket with `s` rungs takes a share of the trials `∝ eta^s/(s+1)`, as
+//! Hyperband's brackets do.
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Mutex;
@@ -21,8 +27,11 @@ pub struct Pruner {
     eta: f64,
     goal: Goal,
     metric: String,
-    /// Per rung epoch, each trial's value there, by trial id.
-    seen: Mutex<BTreeMap<u32, BTreeMap<String, f64>>>,
+    /// Each bracket's share of the trials, by bracket (summing to 1): one bracket, or
+    /// Hyperband's.
+    shares: Vec<f64>,
+    /// Per bracket and rung epoch, each trial's value there, by trial id.
+    seen: Mutex<BTreeMap<(usize, u32), BTreeMap<String, f64>>>,
 }
 
 impl Pruner {
@@ -36,20 +45,45 @@ impl Pruner {
             None => job.file.train.epochs,
             Some(_) => e.max_iter(job.file.train.epochs),
         };
-        Some(Pruner::new(
+        Some(Pruner::with_brackets(
             e.rungs(last),
             e.eta,
             job.file.metric.goal,
             &job.file.metric.name,
+            e.brackets.unwrap_or(1) as usize,
         ))
     }
 
+    /// A pruner of one bracket: every trial is judged at every rung.
     pub fn new(rungs: Vec<u32>, eta: f64, goal: Goal, metric: &str) -> Pruner {
+        Pruner::with_brackets(rungs, eta, goal, metric, 1)
+    }
+
+    /// A pruner of `brackets` brackets (at most one more than the rungs): bracket `b` judges
+    /// at the rungs from the `b`-th on, and takes a share `∝ eta^s/(s+1)` of the trials, `s`
+    /// its number of rungs.
+    pub fn with_brackets(
+        rungs: Vec<u32>,
+        eta: f64,
+        goal: Goal,
+        metric: &str,
+        brackets: usize,
+    ) -> Pruner {
+        let eta = eta.max(2.0);
+        let n = brackets.clamp(1, rungs.len() + 1);
+        let weights: Vec<f64> = (0..n)
+            .map(|b| {
+                let s = (rungs.len() - b) as i32;
+                eta.powi(s) / f64::from(s + 1)
+            })
+            .collect();
+        let sum: f64 = weights.iter().sum();
         Pruner {
             rungs,
-            eta: eta.max(2.0),
+            eta,
             goal,
             metric: metric.to_string(),
+            shares: weights.iter().map(|w| w / sum).collect(),
             seen: Mutex::default(),
         }
     }
@@ -58,17 +92,51 @@ impl Pruner {
         &self.rungs
     }
 
-    /// Whether a trial goes on after this epoch; at a rung its value is recorded first. A value
-    /// that is missing or not finite cannot be ranked: the trial goes on, and nothing is recorded.
+    /// Each bracket's share of the trials.
+    pub fn shares(&self) -> &[f64] {
+        &self.shares
+    }
+
+    /// The bracket of trial `trial_id`: drawn by its id's hash, by the brackets' shares (the
+    /// same on every run and resume).
+    pub fn bracket_of(&self, trial_id: &str) -> usize {
+        if self.shares.len() == 1 {
+            return 0;
+        }
+        // FNV-1a mixes an id's last bytes into its high bits poorly: mixed again before use.
+        let h = crate::rng::derive(
+            crate::hash::fnv1a(trial_id.as_bytes()),
+            0x0062_7261_636b_6574,
+        );
+        let u = (h >> 11) as f64 / (1u64 << 53) as f64;
+        let mut acc = 0.0;
+        for (b, share) in self.shares.iter().enumerate() {
+            acc += share;
+            if u < acc {
+                return b;
+            }
+        }
+        self.shares.len() - 1
+    }
+
+    /// The rungs trial `trial_id` is judged at (its bracket's).
+    pub fn rungs_of(&self, trial_id: &str) -> &[u32] {
+        &self.rungs[self.bracket_of(trial_id).min(self.rungs.len())..]
+    }
+
+    /// Whether a trial goes on after this epoch; at one of its rungs its value is recorded
+    /// first. A value that is missing or not finite cannot be ranked: the trial goes on, and
+    /// nothing is recorded.
     pub fn goes_on(&self, trial_id: &str, stats: &EpochStats) -> bool {
-        if !self.rungs.contains(&stats.epoch) {
+        if !self.rungs_of(trial_id).contains(&stats.epoch) {
             return true;
         }
         let Some(value) = stats.metric(&self.metric) else {
             return true;
         };
+        let bracket = self.bracket_of(trial_id);
         let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
-        let rung = seen.entry(stats.epoch).or_default();
+        let rung = seen.entry((bracket, stats.epoch)).or_default();
         rung.insert(trial_id.to_string(), value);
         promoted(rung, trial_id, self.eta, self.goal)
     }
@@ -92,17 +160,18 @@ impl Pruner {
         let Some(v) = stats_of(p).metric(&self.metric) else {
             return false;
         };
+        let bracket = self.bracket_of(&p.trial_id);
         let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
-        seen.entry(p.epoch)
+        seen.entry((bracket, p.epoch))
             .or_default()
             .insert(p.trial_id.clone(), v);
         true
     }
 
     /// Whether the row of trial `id` at `epoch` may give a rung value ([`Pruner::restore_row`]):
-    /// the epoch is a rung and the trial is done.
+    /// the epoch is one of the trial's rungs and the trial is done.
     pub fn wants(&self, done: &HashSet<&str>, id: &str, epoch: u32) -> bool {
-        self.rungs.contains(&epoch) && done.contains(id)
+        self.rungs.contains(&epoch) && done.contains(id) && self.rungs_of(id).contains(&epoch)
     }
 
     /// The schedule in words, for `--dry-run`.
@@ -111,8 +180,29 @@ impl Pruner {
             return "early_terminate hyperband: no rung below the last epoch, so no trial is stopped early".into();
         }
         let list: Vec<String> = self.rungs.iter().map(u32::to_string).collect();
+        let brackets = match self.shares.len() {
+            1 => String::new(),
+            n => {
+                let shares: Vec<String> = self
+                    .shares
+                    .iter()
+                    .enumerate()
+                    .map(|(b, s)| {
+                        let from = self
+                            .rungs
+                            .get(b)
+                            .map_or("none".into(), |r| format!("from {r}"));
+                        format!("{:.0}% rungs {from}", 100.0 * s)
+                    })
+                    .collect();
+                format!(
+                    "; {n} brackets, each judging its own trials: {}",
+                    shares.join(", ")
+                )
+            }
+        };
         format!(
-            "early_terminate hyperband: rungs at epochs {} (eta {}); past a rung a trial goes on only in the top 1/{} of those that reached it ({} {:?})",
+            "early_terminate hyperband: rungs at epochs {} (eta {}); past a rung a trial goes on only in the top 1/{} of those that reached it ({} {:?}){brackets}",
             list.join(", "),
             self.eta,
             self.eta,
@@ -217,6 +307,7 @@ mod tests {
             eta,
             s,
             strict: None,
+            brackets: None,
         }
     }
 
@@ -302,6 +393,54 @@ mod tests {
         assert_eq!(p.restore(&trials, &progress), 2);
         // Third at the rung, between a and b: only the best of three goes on.
         assert!(!p.goes_on("c", &stats(1, 0.5)));
+    }
+
+    #[test]
+    fn brackets_share_the_trials_as_hyperband_and_judge_their_own_from_their_rung() {
+        let p = Pruner::with_brackets(vec![1, 3, 9], 3.0, Goal::Maximize, "test_acc", 4);
+        // eta^s/(s+1) for s = 3, 2, 1, 0 rungs: 27/4, 9/3, 3/2, 1.
+        let want = [6.75, 3.0, 1.5, 1.0].map(|w| w / 12.25);
+        for (got, want) in p.shares().iter().zip(want) {
+            assert!((got - want).abs() < 1e-12, "{got} {want}");
+        }
+        // Ids are spread over the brackets by their shares (within 3% of 4,000).
+        let mut counts = [0usize; 4];
+        for i in 0..4_000 {
+            counts[p.bracket_of(&format!("t{i}"))] += 1;
+        }
+        for (c, w) in counts.iter().zip(want) {
+            assert!((*c as f64 / 4_000.0 - w).abs() < 0.03, "{counts:?}");
+        }
+        // Bracket b is judged from rung b on; the last never.
+        let in_bracket = |b: usize| {
+            (0..)
+                .map(|i| format!("t{i}"))
+                .find(|id| p.bracket_of(id) == b)
+        };
+        let last = in_bracket(3).unwrap();
+        assert!(p.rungs_of(&last).is_empty());
+        for k in 0..10 {
+            assert!(p.goes_on(&last, &stats(1, 0.01 * f64::from(k))));
+        }
+        let second = in_bracket(2).unwrap();
+        assert_eq!(p.rungs_of(&second), [9]);
+        // Trials of the first bracket fill rung 1; one of bracket 2 is not judged there.
+        let firsts: Vec<String> = (0..)
+            .map(|i| format!("t{i}"))
+            .filter(|id| p.bracket_of(id) == 0)
+            .take(6)
+            .collect();
+        for (k, id) in firsts.iter().enumerate() {
+            p.goes_on(id, &stats(1, 0.9 - 0.01 * k as f64));
+        }
+        assert!(
+            p.goes_on(&second, &stats(1, 0.0)),
+            "bracket 2 has no rung at 1"
+        );
+        // One bracket: every trial at every rung, as Pruner::new.
+        let one = Pruner::with_brackets(vec![1, 3], 3.0, Goal::Maximize, "test_acc", 1);
+        assert_eq!(one.shares(), [1.0]);
+        assert_eq!(one.rungs_of("any"), [1, 3]);
     }
 
     #[test]
