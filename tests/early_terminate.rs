@@ -204,6 +204,11 @@ fn early_terminate_is_checked_with_its_line() {
             "early_terminate.max_iter",
             "must be at least min_iter",
         ),
+        (
+            "{type: hyperband, brackets: 0}",
+            "early_terminate.brackets",
+            "at least 1",
+        ),
     ] {
         let job = dir.job("bad.yaml", hb16("logical", 2).set("early_terminate", spec));
         let o = dir.run_into("sweep", &job, &dir.join("out"), &["--dry-run"]);
@@ -389,4 +394,35 @@ fn merge_keeps_a_complete_row_over_a_pruned_one_in_either_order() {
             "{name}: {epochs:?}"
         );
     }
+}
+
+#[test]
+fn hyperband_brackets_judge_their_own_trials_and_the_last_judges_none() {
+    let dir = sandbox();
+    let spec = "{type: hyperband, min_iter: 1, eta: 2, brackets: 3}";
+    let job = dir.job(
+        "hb.yaml",
+        hb16("logical", 2).run_cap(24).set("early_terminate", spec),
+    );
+    let out = dir.join("out");
+    let o = dir.run_into("sweep", &job, &out, &["--dry-run"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let said = stdout(&o);
+    assert!(
+        said.contains("3 brackets, each judging its own trials")
+            && said.contains("rungs from 1")
+            && said.contains("rungs from 2")
+            && said.contains("rungs none"),
+        "{said}"
+    );
+    let o = dir.run_into("sweep", &job, &out, &[]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let rows = trials_csv(&out);
+    assert_eq!(rows.len(), 24, "{rows:?}");
+    // Pruned at the rungs only, and some trials pruned, some not.
+    let pruned: Vec<&Row> = rows.iter().filter(|r| r["state"] == "PRUNED").collect();
+    assert!(!pruned.is_empty() && pruned.len() < 24, "{rows:?}");
+    assert!(pruned
+        .iter()
+        .all(|r| ["1", "2"].contains(&r["epochs"].as_str())));
 }
