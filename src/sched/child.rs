@@ -152,6 +152,10 @@ impl Supervised {
     /// `cancel` is aborted, after ending it.
     pub fn supervise(&mut self, cancel: &Cancel, feed: &mut dyn FnMut(String)) -> io::Result<End> {
         let mut open = true;
+        // Once stdout has closed, the child is most often exiting: its status is looked for
+        // again after 1 ms, then after twice as long each time, up to `poll` (a whole poll
+        // here cost each short trial up to 100 ms).
+        let mut wait = Duration::from_millis(1);
         loop {
             if cancel.aborted() {
                 reap::end_trial(&mut self.child, self.timing.grace);
@@ -161,7 +165,8 @@ impl Supervised {
                 return Ok(End::Exited(status));
             }
             if !open {
-                std::thread::sleep(self.timing.poll);
+                std::thread::sleep(wait);
+                wait = (wait * 2).min(self.timing.poll);
                 continue;
             }
             match self.lines.recv_timeout(self.timing.poll) {
