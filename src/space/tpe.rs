@@ -11,6 +11,8 @@
 //! A proposal costs the same however many trials came before: the observations are kept sorted
 //! as they come ([`History`]), and `g` is fitted on at most [`MAX_BAD`] of the rest, spread
 //! evenly over their ranks (every one while there are no more), with every trial in flight.
+//! A failure (a NaN loss) ranks after every result: it is never good, and while nothing but
+//! failures has ended the proposals are random points.
 //!
 //! A range is worked in its own scale (the log of the value for the log-uniform ones; an
 //! integer or quantised range is drawn continuous, then rounded): the estimator is a mixture of
@@ -65,6 +67,8 @@ pub struct History {
     all: Vec<Observation>,
     /// Indices into `all`, by rank.
     ranked: Vec<u32>,
+    /// How many have a loss that is a number (the others, failures, rank last).
+    finite: usize,
 }
 
 impl History {
@@ -75,6 +79,7 @@ impl History {
             .ranked
             .partition_point(|&i| rank_key(self.all[i as usize].loss) <= key);
         self.ranked.insert(at, self.all.len() as u32);
+        self.finite += usize::from(!o.loss.is_nan());
         self.all.push(o);
     }
 
@@ -84,6 +89,11 @@ impl History {
 
     pub fn is_empty(&self) -> bool {
         self.all.is_empty()
+    }
+
+    /// How many observations have a loss that is a number (not a failure).
+    pub fn finite(&self) -> usize {
+        self.finite
     }
 
     /// The observation of rank `r` (0: the lowest loss).
@@ -111,12 +121,13 @@ fn rank_key(loss: f64) -> f64 {
     }
 }
 
-/// The ranks `l` and `g` are fitted on, out of `done` finished observations and `pending` in
-/// flight (ranked after them): the best [`good_count`] ranks; and the rest's finished ones
-/// (at most [`MAX_BAD`], spread evenly over their ranks) with every one in flight.
-pub fn fit_ranks(done: usize, pending: usize) -> (Vec<usize>, Vec<usize>) {
+/// The ranks `l` and `g` are fitted on, out of `done` finished observations (the first
+/// `finite` of them with a loss that is a number, the failures after them) and `pending` in
+/// flight (ranked after them): the best [`good_count`] ranks, never a failure; and the rest's
+/// finished ones (at most [`MAX_BAD`], spread evenly over their ranks) with every one in flight.
+pub fn fit_ranks(done: usize, finite: usize, pending: usize) -> (Vec<usize>, Vec<usize>) {
     let n = done + pending;
-    let n_good = good_count(n);
+    let n_good = good_count(n).min(finite);
     let good: Vec<usize> = (0..n_good).collect();
     let rest_done = done.saturating_sub(n_good);
     let mut bad: Vec<usize> = if rest_done <= MAX_BAD {
@@ -152,7 +163,8 @@ impl Tpe {
         done: &History,
         pending: &[BTreeMap<String, ParamValue>],
     ) -> BTreeMap<String, ParamValue> {
-        if done.len() + pending.len() < self.startup || done.is_empty() {
+        // Until a trial has ended with a value there is nothing to model: random points.
+        if done.len() + pending.len() < self.startup || done.finite() == 0 {
             return space.random_point(seed, index);
         }
         let point = |r: usize| -> &BTreeMap<String, ParamValue> {
@@ -161,7 +173,7 @@ impl Tpe {
                 Some(p) => &pending[p],
             }
         };
-        let (good, bad) = fit_ranks(done.len(), pending.len());
+        let (good, bad) = fit_ranks(done.len(), done.finite(), pending.len());
         let good: Vec<_> = good.into_iter().map(point).collect();
         let bad: Vec<_> = bad.into_iter().map(point).collect();
         let mut out = BTreeMap::new();
@@ -639,12 +651,12 @@ mod tests {
     #[test]
     fn the_estimators_are_fitted_on_a_bounded_set_however_many_trials_came_before() {
         // Few: every observation, as ever.
-        let (good, bad) = fit_ranks(100, 3);
+        let (good, bad) = fit_ranks(100, 100, 3);
         assert_eq!(good, (0..good_count(103)).collect::<Vec<_>>());
         assert_eq!(bad, (good.len()..103).collect::<Vec<_>>());
         // Many: the good ones, MAX_BAD of the rest spread over their ranks, every one in flight.
         for done in [MAX_BAD + 30, 5_000, 50_000, 1_000_000] {
-            let (good, bad) = fit_ranks(done, 8);
+            let (good, bad) = fit_ranks(done, done, 8);
             assert_eq!(good.len(), good_count(done + 8).min(MAX_GOOD));
             assert_eq!(bad.len(), MAX_BAD + 8, "{done}");
             assert_eq!(bad[0], good.len());
@@ -658,6 +670,27 @@ mod tests {
             );
             assert_eq!(bad[MAX_BAD..], (done..done + 8).collect::<Vec<_>>()[..]);
         }
+    }
+
+    #[test]
+    fn failures_are_never_good_and_only_failures_give_random_points() {
+        // 1 result and 9 failures: good is the one, never a failure (γ would take 2).
+        let (good, bad) = fit_ranks(10, 1, 1);
+        assert_eq!(good, [0]);
+        assert_eq!(bad, (1..11).collect::<Vec<_>>());
+        let (good, _) = fit_ranks(30, 2, 0);
+        assert_eq!(good, [0, 1]);
+        // Only failures: the random point of the index, as before anything ended.
+        let s = space(&[("x", Dist::Uniform { min: 0.0, max: 1.0 })]);
+        let failed: History = (0..12)
+            .map(|i| Observation {
+                point: s.random_point(3, i),
+                loss: f64::NAN,
+            })
+            .collect();
+        assert_eq!(failed.finite(), 0);
+        let tpe = Tpe::for_run_cap(40);
+        assert_eq!(tpe.propose(&s, 3, 12, &failed, &[]), s.random_point(3, 12));
     }
 
     #[test]

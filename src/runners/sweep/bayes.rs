@@ -37,9 +37,9 @@ use super::{latest_rows, trial_key, Shard};
 /// value it reached).
 const OBSERVED: [&str; 2] = ["COMPLETE", "PRUNED"];
 
-/// The state of rows that are observations: those [`OBSERVED`] at their value, and FAIL (worse
-/// than any result, so that the region that failed is proposed less).
-const ENDED: [&str; 3] = ["COMPLETE", "PRUNED", "FAIL"];
+/// The state of rows that are observations: those [`OBSERVED`] at their value, and FAIL (and
+/// older files' FAILED: worse than any result, so that the region that failed is proposed less).
+const ENDED: [&str; 4] = ["COMPLETE", "PRUNED", "FAIL", "FAILED"];
 
 /// Proposes a bayes sweep's trials, one at a time.
 pub struct Proposer<'a> {
