@@ -49,7 +49,7 @@ pub fn lock(dir: &Path) -> Result<OutLock, ReportError> {
     })?;
     let path = dir.join(LOCK_FILE);
     let mut file = open_lock_file(&path)?;
-    match fs4::FileExt::try_lock(&file) {
+    match try_lock_after_a_gone_holder(&mut file) {
         Ok(()) => {
             // Who holds it, for the message of a second process; the lock is what counts.
             let pid = format!("{}\n", std::process::id());
@@ -60,11 +60,12 @@ pub fn lock(dir: &Path) -> Result<OutLock, ReportError> {
             remove_leftovers(dir);
         }
         Err(fs4::TryLockError::WouldBlock) => {
-            let mut text = String::new();
-            let _ = (&file).take(64).read_to_string(&mut text);
-            let holder = match text.trim().parse::<u32>() {
-                Ok(pid) => format!(" (pid {pid})"),
-                Err(_) => String::new(),
+            let holder = match holder_pid(&mut file) {
+                Some(pid) if !alive(pid) => format!(
+                    " (pid {pid}, which has ended: a process it was starting still holds the lock)"
+                ),
+                Some(pid) => format!(" (pid {pid})"),
+                None => String::new(),
             };
             return Err(ReportError::Locked {
                 dir: dir.to_path_buf(),
@@ -84,6 +85,46 @@ pub fn lock(dir: &Path) -> Result<OutLock, ReportError> {
         dir: dir.to_path_buf(),
         _file: file,
     })
+}
+
+/// How long a lock whose recorded holder has ended is waited for: a gpumux killed while it was
+/// starting a trial leaves the lock with that child until the child's exec closes it, which
+/// under load can take a moment (a resumed run started at once would otherwise be refused).
+const GONE_HOLDER_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// [`fs4::FileExt::try_lock`], tried again every 10 ms for up to [`GONE_HOLDER_WAIT`] while the
+/// gpumux whose pid the lock file names no longer runs; a live holder is refused at once.
+fn try_lock_after_a_gone_holder(file: &mut File) -> Result<(), fs4::TryLockError> {
+    let until = std::time::Instant::now() + GONE_HOLDER_WAIT;
+    loop {
+        match fs4::FileExt::try_lock(&*file) {
+            Err(fs4::TryLockError::WouldBlock)
+                if std::time::Instant::now() < until
+                    && holder_pid(file).is_some_and(|pid| !alive(pid)) =>
+            {
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            other => return other,
+        }
+    }
+}
+
+/// The process id written in the lock file by the gpumux that took it, if any.
+fn holder_pid(file: &mut File) -> Option<u32> {
+    let mut text = String::new();
+    file.seek(SeekFrom::Start(0)).ok()?;
+    let _ = (&*file).take(64).read_to_string(&mut text);
+    text.trim().parse().ok()
+}
+
+/// Whether process `pid` exists (a process of another user counts as existing).
+fn alive(pid: u32) -> bool {
+    let Ok(pid) = libc::pid_t::try_from(pid) else {
+        return false;
+    };
+    // SAFETY: kill(2) with signal 0 sends nothing; it only checks that the process exists.
+    let r = unsafe { libc::kill(pid, 0) };
+    r == 0 || std::io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH)
 }
 
 /// Makes a write past the file-size limit (`ulimit -f`, which batch systems set) an `EFBIG`
@@ -380,6 +421,50 @@ mod tests {
         std::os::unix::fs::symlink(away.join("x"), made.join("planted")).unwrap();
         assert!(write_no_follow(&made.join("planted"), b"{}").is_err());
         assert!(!away.join("x").exists());
+    }
+
+    /// A process that holds `dir`'s lock for `hold_s` seconds with `pid` written as its holder,
+    /// once it says it holds it.
+    fn held_by_another_process(dir: &Path, pid: u32, hold_s: f64) -> std::process::Child {
+        use std::io::BufRead;
+        let script = format!(
+            "import fcntl, sys, time\nf = open(sys.argv[1], 'a+')\nfcntl.flock(f, fcntl.LOCK_EX)\nf.seek(0)\nf.truncate()\nf.write('{pid}\\n')\nf.flush()\nprint('held', flush=True)\ntime.sleep({hold_s})\n"
+        );
+        let mut child = std::process::Command::new("python3")
+            .args(["-c", &script])
+            .arg(dir.join(LOCK_FILE))
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        std::io::BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        assert_eq!(line.trim(), "held");
+        child
+    }
+
+    #[test]
+    fn a_lock_left_with_a_child_of_a_gone_gpumux_is_waited_for_and_a_live_holder_refused() {
+        let tmp = tempfile::tempdir().unwrap();
+        // The recorded holder has ended: the lock is waited for until its child lets go.
+        let mut gone = std::process::Command::new("true").spawn().unwrap();
+        let gone_pid = gone.id();
+        gone.wait().unwrap();
+        let mut child = held_by_another_process(tmp.path(), gone_pid, 0.3);
+        let started = std::time::Instant::now();
+        let guard = lock(tmp.path()).unwrap_or_else(|e| panic!("{e}"));
+        assert!(started.elapsed() >= std::time::Duration::from_millis(100));
+        drop(guard);
+        child.wait().unwrap();
+        // A holder that runs is refused at once, named.
+        let mut child = held_by_another_process(tmp.path(), std::process::id(), 5.0);
+        let started = std::time::Instant::now();
+        let e = lock(tmp.path()).err().expect("refused").to_string();
+        assert!(started.elapsed() < GONE_HOLDER_WAIT, "{e}");
+        assert!(e.contains(&format!("pid {}", std::process::id())), "{e}");
+        child.kill().unwrap();
+        child.wait().unwrap();
     }
 
     #[test]
