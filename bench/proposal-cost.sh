@@ -11,6 +11,7 @@
 #   (default OUT results/proposal-cost-cpu, R 3)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source bench/against.sh
 against=""
 rounds=3
 out=results/proposal-cost-cpu
@@ -26,7 +27,7 @@ done
 mkdir -p "$out"
 bins="$(mktemp -d)"
 cleanup() {
-    if [ -n "${wt:-}" ]; then git worktree remove --force "$wt" >/dev/null 2>&1 || true; fi
+    against_cleanup
     rm -rf "$bins"
 }
 trap cleanup EXIT
@@ -35,17 +36,14 @@ cargo build --release --quiet --bin gpumux --example proposal_cost
 cp target/release/examples/proposal_cost "$bins/this"
 builds="this"
 if [ -n "$against" ]; then
-    wt="$(mktemp -d)/against"
-    git worktree add --quiet --detach "$wt" "$against"
-    cp examples/proposal_cost.rs "$wt/examples/proposal_cost.rs"
+    against_worktree "$against"
+    cp examples/proposal_cost.rs "$against_tree/examples/proposal_cost.rs"
     # The one line that differs: an older build's history is a plain list of observations.
-    if ! grep -q "pub struct History" "$wt/src/space/tpe.rs"; then
+    if ! grep -q "pub struct History" "$against_tree/src/space/tpe.rs"; then
         sed -i 's|^type Hist = gpumux::space::tpe::History;|type Hist = Vec<gpumux::space::tpe::Observation>;|' \
-            "$wt/examples/proposal_cost.rs"
+            "$against_tree/examples/proposal_cost.rs"
     fi
-    # A target folder of its own: cargo does not tell two checkouts of one package apart, and
-    # would mix their artifacts in one.
-    (cd "$wt" && cargo build --release --quiet --example proposal_cost --target-dir "$OLDPWD/target/against")
+    against_build --example proposal_cost
     cp target/against/release/examples/proposal_cost "$bins/against"
     builds="this against"
 fi

@@ -22,6 +22,7 @@
 # Writes measurements.csv, summary.md and command.txt under --out (results/results-memory-cpu).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source bench/against.sh
 trials=50000
 epochs=60
 against=""
@@ -41,13 +42,12 @@ command -v /usr/bin/time >/dev/null || { echo "needs /usr/bin/time (apt-get inst
 cargo build --release --quiet --bin gpumux --example results_at_scale --example widen_progress
 builds=("current=$PWD/target/release/gpumux")
 if [ -n "$against" ]; then
-  tree=$(mktemp -d)/base
-  git worktree add --quiet --detach "$tree" "$against"
-  (cd "$tree" && cargo build --release --quiet --bin gpumux)
-  builds+=("$against=$tree/target/release/gpumux")
+  against_worktree "$against"
+  against_build --bin gpumux
+  builds+=("$against=$PWD/target/against/release/gpumux")
 fi
 work=$(mktemp -d)
-trap 'rm -rf "$work"; [ -n "$against" ] && git worktree remove --force "$tree" || true' EXIT
+trap 'rm -rf "$work"; against_cleanup' EXIT
 gen=target/release/examples/results_at_scale
 half=$((trials / 2))
 "$gen" "$work/one" "$trials" "$epochs" >/dev/null

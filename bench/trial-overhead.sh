@@ -11,6 +11,7 @@
 #   (default OUT results/trial-overhead-cpu, R 5)   TRIALS=200 CONCURRENCY=1
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source bench/against.sh
 against=""
 rounds=5
 out=results/trial-overhead-cpu
@@ -29,7 +30,7 @@ mkdir -p "$out"
 out="$(realpath "$out")"
 work="$(mktemp -d "$out/.work.XXXXXX")"   # on the results' disk: fsyncs cost what they cost there
 cleanup() {
-    if [ -n "${wt:-}" ]; then git worktree remove --force "$wt" >/dev/null 2>&1 || true; fi
+    against_cleanup
     rm -rf "$work"
 }
 trap cleanup EXIT
@@ -38,10 +39,8 @@ cargo build --release --quiet --bin gpumux
 cp target/release/gpumux "$work/this"
 builds="this"
 if [ -n "$against" ]; then
-    wt="$(mktemp -d)/against"
-    git worktree add --quiet --detach "$wt" "$against"
-    # A target folder of its own: cargo does not tell two checkouts of one package apart.
-    (cd "$wt" && cargo build --release --quiet --bin gpumux --target-dir "$OLDPWD/target/against")
+    against_worktree "$against"
+    against_build --bin gpumux
     cp target/against/release/gpumux "$work/against"
     builds="this against"
 fi
