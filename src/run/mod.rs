@@ -14,7 +14,6 @@ use std::time::{Duration, Instant};
 
 use crate::data::Dataset;
 use crate::error::{Error, ReportError, Result};
-use crate::gpu;
 use crate::job::Job;
 use crate::outdir::{self, OutLock};
 use crate::sched::signals::{self, Cancel};
@@ -27,14 +26,6 @@ pub use workload::{builtin_context, swept_names};
 
 /// The file of an output folder that records the command line that wrote it.
 pub const COMMAND_TXT: &str = "command.txt";
-
-/// The backend of a job's run, said on stderr, with every device its slices name opened.
-pub fn backend(job: &Job) -> Result<Resolved> {
-    let mut r = resolve_backend(job.file.backend, &gpu::discover(), &job.engine_options())?;
-    crate::note!("{}", r.note);
-    r.open_devices(job)?;
-    Ok(r)
-}
 
 /// Loads a job's dataset, saying what was loaded.
 pub fn load_data(job: &Job, data_dir: Option<&Path>) -> Result<Arc<Dataset>> {

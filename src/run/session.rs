@@ -8,7 +8,7 @@
 //! checked against the backend and the data, nor write `command.txt` before what its folder
 //! held has been read. A signal between two steps stops the setup there (exit 3).
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -97,19 +97,13 @@ impl<'a> Setup<'a> {
             };
             return Ok(opened);
         }
-        let r = match opened.setup.modes {
-            // One trial on device 0: the slices' devices are not opened.
-            Modes::Unsplit => {
-                let r = super::resolve_backend(
-                    job.file.backend,
-                    &gpu::discover(),
-                    &job.engine_options(),
-                )?;
-                crate::note!("{}", r.note);
-                r
-            }
-            _ => super::backend(job)?,
-        };
+        let options = job.engine_options();
+        let mut r = super::resolve_backend(job.file.backend, &gpu::discover(), &options)?;
+        crate::note!("{}", r.note);
+        // One trial on device 0 (`train`) opens no device its slices name.
+        if !matches!(opened.setup.modes, Modes::Unsplit) {
+            r.open_devices(job)?;
+        }
         opened.modes = match opened.setup.modes {
             Modes::One(split, work) => {
                 check_here(split, work, &r)?;
@@ -186,7 +180,7 @@ impl<'a> Opened<'a> {
     /// The output folder of a command that starts its results afresh (`fib`, `parallel`,
     /// `batch-scan`): locked, this command's earlier results set aside (others refused, see
     /// [`OutFolder::lock_fresh`]), and `command.txt` written.
-    pub fn fresh_folder(self, dir: &Path) -> Result<Session> {
+    pub fn fresh_folder(self, dir: &Path) -> Result<Session<'a>> {
         let folder = OutFolder::lock_fresh(dir, self.setup.command)?;
         self.with_folder(folder, true)
     }
@@ -200,7 +194,7 @@ impl<'a> Opened<'a> {
         dir: &Path,
         lock: bool,
         read: impl FnOnce(&Path, &Cancel) -> Result<T>,
-    ) -> Result<(Session, T)> {
+    ) -> Result<(Session<'a>, T)> {
         let folder = if lock {
             Some(OutFolder::lock(dir)?)
         } else {
@@ -216,27 +210,23 @@ impl<'a> Opened<'a> {
     }
 
     /// A session that writes no folder (`train`, a dry run).
-    pub fn without_folder(self) -> Session {
+    pub fn without_folder(self) -> Session<'a> {
         Session {
-            cancel: self.cancel,
-            resolved: self.resolved,
-            modes: self.modes,
-            data: self.data,
+            opened: self,
             folder: None,
-            signals: self.setup.signals,
-            data_dir: self.setup.data_dir.map(Path::to_path_buf),
         }
     }
 
-    fn with_folder(self, folder: OutFolder, record: bool) -> Result<Session> {
+    fn with_folder(self, folder: OutFolder, record: bool) -> Result<Session<'a>> {
         self.between_steps("taking the output folder")?;
         if record {
             let device = self.resolved.as_ref().map_or("none", |r| r.device.as_str());
             folder.record_command(&super::command_line(), device)?;
         }
-        let mut session = self.without_folder();
-        session.folder = Some(folder);
-        Ok(session)
+        Ok(Session {
+            opened: self,
+            folder: Some(folder),
+        })
     }
 
     /// A signal between two steps stops the setup there (exit 3), before the next opens.
@@ -251,42 +241,22 @@ impl<'a> Opened<'a> {
     }
 }
 
-/// The session a runner works in: everything [`Opened`] holds, and its locked output folder
-/// (held until the session is dropped).
-pub struct Session {
-    cancel: Cancel,
-    resolved: Option<Resolved>,
-    modes: Vec<SplitMode>,
-    data: Option<Arc<Dataset>>,
+/// The session a runner works in: everything [`Opened`] holds (its accessors are the
+/// session's), and its locked output folder (held until the session is dropped).
+pub struct Session<'a> {
+    opened: Opened<'a>,
     folder: Option<OutFolder>,
-    signals: Signals,
-    data_dir: Option<PathBuf>,
 }
 
-impl Session {
-    pub fn cancel(&self) -> &Cancel {
-        &self.cancel
-    }
+impl<'a> std::ops::Deref for Session<'a> {
+    type Target = Opened<'a>;
 
-    /// See [`Opened::resolved`].
-    pub fn resolved(&self) -> Result<&Resolved> {
-        self.resolved
-            .as_ref()
-            .ok_or_else(|| Error::Internal("no backend was opened".into()))
+    fn deref(&self) -> &Opened<'a> {
+        &self.opened
     }
+}
 
-    /// See [`Opened::modes`].
-    pub fn modes(&self) -> &[SplitMode] {
-        &self.modes
-    }
-
-    /// See [`Opened::data`].
-    pub fn data(&self) -> Result<&Arc<Dataset>> {
-        self.data
-            .as_ref()
-            .ok_or_else(|| Error::Internal("no data was loaded".into()))
-    }
-
+impl Session<'_> {
     /// The locked output folder (an internal error where the session holds none).
     pub fn dir(&self) -> Result<&Path> {
         self.folder
@@ -303,7 +273,7 @@ impl Session {
             Some(w) => w,
             None => ReportWriter::create(self.dir()?)?,
         };
-        if let Signals::Drain(_) = self.signals {
+        if let Signals::Drain(_) = self.setup.signals {
             w.interrupted_by(&Interrupt::OnAbort(self.cancel.clone()));
         }
         Ok(w)
@@ -319,7 +289,7 @@ impl Session {
                 job,
                 self.data()?,
                 r,
-                self.data_dir(),
+                self.setup.data_dir,
                 worker_exe,
                 &self.cancel,
             ),
@@ -340,10 +310,6 @@ impl Session {
     /// NVML sampling of device 0 at `hz` while a round runs (GPU only; see [`super::telemetry`]).
     pub fn telemetry(&self, hz: f64) -> Option<Sampler> {
         self.resolved.as_ref().and_then(|r| super::telemetry(r, hz))
-    }
-
-    fn data_dir(&self) -> Option<&Path> {
-        self.data_dir.as_deref()
     }
 }
 

@@ -105,7 +105,7 @@ struct Timed<'a> {
     ctx: &'a sched::RoundContext,
     data: &'a crate::data::Dataset,
     r: &'a run::Resolved,
-    session: &'a Session,
+    session: &'a Session<'a>,
     bar: &'a ProgressBar,
 }
 

@@ -243,7 +243,7 @@ pub fn run(job: &Job, opts: &SweepOptions, out: &mut dyn Write) -> Result<PathBu
 /// What running a sweep's trials needs, once its folder is read and its device open.
 struct Trials<'a> {
     sweep: &'a Sweep<'a>,
-    session: &'a Session,
+    session: &'a Session<'a>,
 }
 
 impl Trials<'_> {
