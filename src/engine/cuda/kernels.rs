@@ -26,28 +26,12 @@ const INCLUDE_COMMON: &str = "#include \"common.cuh\"";
 
 impl KernelModule {
     /// The kernels the module defines: every `extern "C" __global__` function of its source,
-    /// by name, in order (a new kernel is found by its name, listed nowhere else).
+    /// by name, in order ([`parse`]; a new kernel is found by its name, listed nowhere else).
+    /// A source [`parse`] refuses defines none here (its test fails, `signature.rs`).
     pub fn functions(&self) -> Vec<&'static str> {
-        let mut out = Vec::new();
-        let mut rest = self.source;
-        while let Some(at) = rest.find("__global__") {
-            let mut head = rest[at + "__global__".len()..].trim_start();
-            head = head.strip_prefix("void").unwrap_or(head).trim_start();
-            if let Some(after) = head.strip_prefix("__launch_bounds__") {
-                head = after
-                    .find(')')
-                    .map_or(after, |c| &after[c + 1..])
-                    .trim_start();
-            }
-            let end = head
-                .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
-                .unwrap_or(head.len());
-            if end > 0 {
-                out.push(&head[..end]);
-            }
-            rest = &head[end..];
-        }
-        out
+        parse(self.source)
+            .map(|kernels| kernels.into_iter().map(|(name, _)| name).collect())
+            .unwrap_or_default()
     }
 
     /// The text NVRTC compiles: the source with its `#include "common.cuh"` line replaced by
@@ -145,6 +129,85 @@ impl Target {
             Output::Cubin => "cubin",
         }
     }
+}
+
+/// A kernel parameter as a launch passes it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ParamKind {
+    /// A device pointer (any `T*`).
+    Ptr,
+    /// `unsigned int` or `int`.
+    U32,
+    F32,
+    /// `u64` or `unsigned long long`.
+    U64,
+}
+
+impl ParamKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            ParamKind::Ptr => "ptr",
+            ParamKind::U32 => "u32",
+            ParamKind::F32 => "f32",
+            ParamKind::U64 => "u64",
+        }
+    }
+}
+
+/// The kind of one parameter declaration (`const float* x`, `unsigned int n`, `u64 seed`).
+fn kind_of(decl: &str) -> Result<ParamKind, String> {
+    if decl.contains('*') {
+        return Ok(ParamKind::Ptr);
+    }
+    let words: Vec<&str> = decl.split_whitespace().collect();
+    let Some((_, ty)) = words.split_last() else {
+        return Err("an empty parameter".into());
+    };
+    let ty: Vec<&str> = ty.iter().copied().filter(|w| *w != "const").collect();
+    match ty.as_slice() {
+        ["unsigned", "int"] | ["unsigned"] | ["int"] | ["u32"] => Ok(ParamKind::U32),
+        ["float"] => Ok(ParamKind::F32),
+        ["u64"] | ["unsigned", "long", "long"] => Ok(ParamKind::U64),
+        _ => Err(format!("`{}` has a type launches do not pass", decl.trim())),
+    }
+}
+
+/// Every `extern "C" __global__` kernel of `source` with its parameters, in order.
+pub fn parse(source: &str) -> Result<Vec<(&str, Vec<ParamKind>)>, String> {
+    let mut out = Vec::new();
+    let mut rest = source;
+    while let Some(at) = rest.find("__global__") {
+        rest = &rest[at + "__global__".len()..];
+        let head = rest.trim_start();
+        let head = head
+            .strip_prefix("void")
+            .ok_or_else(|| "a __global__ function that does not return void".to_string())?;
+        let mut head = head.trim_start();
+        if let Some(after) = head.strip_prefix("__launch_bounds__") {
+            let close = after
+                .find(')')
+                .ok_or("an unclosed __launch_bounds__".to_string())?;
+            head = after[close + 1..].trim_start();
+        }
+        let open = head
+            .find('(')
+            .ok_or("a kernel without parameters".to_string())?;
+        let name = head[..open].trim();
+        let close = head[open..]
+            .find(')')
+            .ok_or_else(|| format!("kernel {name}: unclosed parameter list"))?;
+        let list = &head[open + 1..open + close];
+        let kinds = if list.trim().is_empty() || list.trim() == "void" {
+            Vec::new()
+        } else {
+            list.split(',')
+                .map(|d| kind_of(d).map_err(|e| format!("kernel {name}: {e}")))
+                .collect::<Result<Vec<_>, _>>()?
+        };
+        out.push((name, kinds));
+        rest = &head[open + close..];
+    }
+    Ok(out)
 }
 
 /// A compiled module's image.
