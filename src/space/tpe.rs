@@ -67,8 +67,6 @@ pub struct History {
     all: Vec<Observation>,
     /// Indices into `all`, by rank.
     ranked: Vec<u32>,
-    /// How many have a loss that is a number (the others, failures, rank last).
-    finite: usize,
 }
 
 impl History {
@@ -79,7 +77,6 @@ impl History {
             .ranked
             .partition_point(|&i| rank_key(self.all[i as usize].loss) <= key);
         self.ranked.insert(at, self.all.len() as u32);
-        self.finite += usize::from(!o.loss.is_nan());
         self.all.push(o);
     }
 
@@ -91,9 +88,11 @@ impl History {
         self.all.is_empty()
     }
 
-    /// How many observations have a loss that is a number (not a failure).
+    /// How many observations have a loss that is a number (not a failure): the failures rank
+    /// last.
     pub fn finite(&self) -> usize {
-        self.finite
+        self.ranked
+            .partition_point(|&i| !self.all[i as usize].loss.is_nan())
     }
 
     /// The observation of rank `r` (0: the lowest loss).

@@ -344,7 +344,7 @@ fn execute(
         failed: None,
         lost: Default::default(),
     });
-    let mut ends = Ends {
+    let mut ends = RoundEnds {
         job,
         round,
         ctx,
@@ -440,7 +440,7 @@ impl Console {
 
 /// The trials of a sweep's round as they end: their rows, the counts its lines show, and
 /// what stops the sweep early (metric.target reached; the same failure again and again).
-struct Ends<'a> {
+struct RoundEnds<'a> {
     job: &'a Job,
     round: &'a Round,
     ctx: &'a RoundContext,
@@ -454,7 +454,7 @@ struct Ends<'a> {
     stopped: Option<Stopped>,
 }
 
-impl Ends<'_> {
+impl RoundEnds<'_> {
     fn counts(&self) -> String {
         format!("{} running, {} failed", self.running, self.failed)
     }
