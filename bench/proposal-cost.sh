@@ -38,9 +38,15 @@ builds="this"
 if [ -n "$against" ]; then
     against_worktree "$against"
     cp examples/proposal_cost.rs "$against_tree/examples/proposal_cost.rs"
-    # The one line that differs: an older build's history is a plain list of observations.
-    if ! grep -q "pub struct History" "$against_tree/src/space/tpe.rs"; then
+    # What differs in older builds: their history was a plain list of observations, and an
+    # observation was built from its two fields.
+    tpe_src="$(cat "$against_tree"/src/space/tpe.rs "$against_tree"/src/space/tpe/mod.rs 2>/dev/null)"
+    if ! grep -q "pub struct History" <<<"$tpe_src"; then
         sed -i 's|^type Hist = gpumux::space::tpe::History;|type Hist = Vec<gpumux::space::tpe::Observation>;|' \
+            "$against_tree/examples/proposal_cost.rs"
+    fi
+    if ! grep -q "pub fn new(point" <<<"$tpe_src"; then
+        sed -i 's|Observation::new(point, loss)|Observation { point, loss }|' \
             "$against_tree/examples/proposal_cost.rs"
     fi
     against_build --example proposal_cost

@@ -107,9 +107,16 @@ PY
 done
 if [ -n "${seeds_b-$seeds}" ] && "$py" -c 'import optuna' 2>/dev/null; then
     echo "smart-sweeps: Optuna TPE ($("$py" -c 'import optuna; print(optuna.__version__)'))" >&2
-    echo "$py bench/optuna_branin.py --seeds $seeds --trials $branin_trials" >>"$out/command.txt"
+    echo "$py bench/optuna_search.py --objective branin --seeds $seeds --trials $branin_trials" >>"$out/command.txt"
+    # Its rows (method,objective,seed,trial,state,value,params) as branin.csv's, with the best so far.
     # shellcheck disable=SC2086
-    "$py" bench/optuna_branin.py --seeds $seeds --trials "$branin_trials" | tail -n +2 | sed 's/^/optuna,/' >>"$out/branin.csv"
+    "$py" bench/optuna_search.py --objective branin --seeds $seeds --trials "$branin_trials" | python3 -c '
+import csv, sys
+best = {}
+for r in csv.reader(sys.stdin):
+    v = float(r[5]) if r[5] else float("inf")
+    best[r[2]] = min(best.get(r[2], float("inf")), v)
+    print(f"optuna,{r[2]},{r[3]},{v},{best[r[2]]}")' >>"$out/branin.csv"
 else
     echo "smart-sweeps: $py has no optuna: the Optuna comparison is skipped" >&2
 fi

@@ -111,7 +111,7 @@ fn main() -> ExitCode {
         for i in 0..n {
             let point = space.random_point(seed, i);
             let loss = value(&point);
-            done.push(Observation { point, loss });
+            done.push(Observation::new(point, loss));
         }
         let pending: Vec<_> = (0..IN_FLIGHT)
             .map(|k| space.random_point(seed ^ 0x5eed, n + k))
@@ -124,7 +124,7 @@ fn main() -> ExitCode {
             times.push(t.elapsed().as_secs_f64() * 1e3);
             let loss = value(&point);
             let t = Instant::now();
-            done.push(Observation { point, loss });
+            done.push(Observation::new(point, loss));
             insert_s += t.elapsed().as_secs_f64();
         }
         times.sort_by(f64::total_cmp);

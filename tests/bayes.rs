@@ -44,7 +44,7 @@ fn a_bayes_sweep_runs_its_run_cap_and_moves_toward_the_optimum() {
     assert_eq!(dry.status.code(), Some(0), "{}", stderr(&dry));
     let said = stdout(&dry);
     assert!(
-        said.contains("4 random startup trials, then TPE (24 candidates"),
+        said.contains("4 random startup trials, then multivariate TPE (24 candidates"),
         "{said}"
     );
     assert_eq!(
@@ -284,7 +284,17 @@ fn concurrency_auto_is_refused_before_a_device_is_opened() {
             .concurrency("auto")
             .param("lr", "{min: 0.0001, max: 0.1}"),
     );
+    let random_with_bayes = dir.job(
+        "random-bayes.yaml",
+        JobYaml::new()
+            .name("random-bayes")
+            .command("true {lr}")
+            .run_cap(4)
+            .param("lr", "{min: 0.0001, max: 0.1}")
+            .set("bayes", "{multivariate: false}"),
+    );
     for (job, why) in [
+        (random_with_bayes, "only applies with `method: bayes`"),
         (bayes, "auto is not available with method: bayes"),
         (external, "auto probes built-in models only"),
     ] {

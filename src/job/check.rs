@@ -396,6 +396,9 @@ impl Job {
                 ),
             ));
         }
+        if self.file.bayes.is_some() && self.space.method != Method::Bayes {
+            return Err(self.invalid("bayes", "only applies with `method: bayes`"));
+        }
         if self.space.method == Method::Bayes {
             if self.file.run_cap.is_none() {
                 return Err(self.invalid(

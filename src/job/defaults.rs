@@ -33,6 +33,7 @@ impl Default for JobFile {
             ratios: None,
             parallel: None,
             early_terminate: None,
+            bayes: None,
         }
     }
 }

@@ -22,9 +22,9 @@ pub use check::check_name;
 pub use hyper::PARAMETERS;
 pub use load::locate;
 pub use schema::{
-    AutoWord, BatchRatios, CapPolicy, Concurrency, EarlyTerminate, Goal, JobFile, MemorySpec,
-    MetricSpec, ParallelSpec, SliceDef, TrainSpec, BUILTIN_METRICS, WANDB_DEFAULT_COMMAND,
-    WANDB_MACROS,
+    AutoWord, BatchRatios, BayesSpec, CapPolicy, Concurrency, EarlyTerminate, Goal, JobFile,
+    MemorySpec, MetricSpec, ParallelSpec, SliceDef, TrainSpec, BUILTIN_METRICS,
+    WANDB_DEFAULT_COMMAND, WANDB_MACROS,
 };
 pub use split::{BackendChoice, SplitMode};
 

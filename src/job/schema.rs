@@ -143,6 +143,19 @@ pub struct JobFile {
     /// A sweep's early termination (W&B names): trials whose metric lags at a rung stop there.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub early_terminate: Option<EarlyTerminate>,
+    /// `method: bayes`'s settings (gpumux's key; W&B has none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bayes: Option<BayesSpec>,
+}
+
+/// `bayes:`: how `method: bayes` models the results.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BayesSpec {
+    /// One joint estimator over the parameters that come together (the default, `true`), or
+    /// one per parameter (`false`, the independent TPE).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub multivariate: Option<bool>,
 }
 
 /// W&B's command macros, written `${name}`: `${args}` and `${args_no_hyphens}` stand alone as

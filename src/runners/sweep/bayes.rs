@@ -6,7 +6,9 @@
 //! the proposals made while others run differ. A FAIL trial (or one that ended without a finite
 //! value) is an observation worse than any result: the region that produced it is proposed
 //! less, and a value that always fails stops being proposed. Trial `i`'s seed is
-//! the one `method: random` gives trial `i`; its first trials take random's points.
+//! the one `method: random` gives trial `i`; its first trials take random's points. A PRUNED
+//! trial ranks after every trial that trained through, and after those pruned at a later rung
+//! (see [`crate::space::tpe`]).
 //!
 //! On `--resume`, the rows of `trials.csv` that this job made are its history: a row is the
 //! job's when its seed is that of one of the sweep's indices, its parameters are what the job
@@ -85,7 +87,15 @@ impl<'a> Proposer<'a> {
         };
         let mut p = Proposer {
             job,
-            tpe: Tpe::for_run_cap(planned),
+            tpe: Tpe {
+                multivariate: job
+                    .file
+                    .bayes
+                    .as_ref()
+                    .and_then(|b| b.multivariate)
+                    .unwrap_or(true),
+                ..Tpe::for_run_cap(planned)
+            },
             shard,
             done: History::default(),
             pending: BTreeMap::new(),
@@ -156,17 +166,19 @@ impl<'a> Proposer<'a> {
                 // A PRUNED trial is observed at the value it reached where it stopped; a trial
                 // that failed, or ended without a finite value, as worse than any result; an
                 // interrupted one not at all (it runs again).
-                let result = match &o.end {
-                    TrialEnd::Complete(r) | TrialEnd::Pruned(r) => Some(r),
-                    TrialEnd::Failed(_) => None,
+                let (result, pruned_at) = match &o.end {
+                    TrialEnd::Complete(r) => (Some(r), None),
+                    TrialEnd::Pruned(r) => (Some(r), Some(r.epochs)),
+                    TrialEnd::Failed(_) => (None, None),
                     TrialEnd::Interrupted => return self.propose_next(),
                 };
                 let value = result
                     .and_then(|r| crate::train::metric_in(&r.metrics, &self.job.file.metric.name))
                     .filter(|v| v.is_finite());
+                let loss = value.map_or(f64::NAN, |v| loss(self.job.file.metric.goal, v));
                 self.done.push(Observation {
-                    point,
-                    loss: value.map_or(f64::NAN, |v| loss(self.job.file.metric.goal, v)),
+                    pruned_at: pruned_at.filter(|_| value.is_some()),
+                    ..Observation::new(point, loss)
                 });
             }
         }
@@ -280,16 +292,24 @@ fn observation(
         .metric
         .filter(|v| v.is_finite() && OBSERVED.contains(&row.state.as_str()));
     Some(Observation {
-        point,
-        loss: value.map_or(f64::NAN, |v| loss(job.file.metric.goal, v)),
+        pruned_at: (row.state == "PRUNED" && value.is_some()).then_some(row.epochs),
+        ..Observation::new(
+            point,
+            value.map_or(f64::NAN, |v| loss(job.file.metric.goal, v)),
+        )
     })
 }
 
 /// The line `--dry-run` says of a bayes sweep.
 pub fn plan_line(p: &Proposer) -> String {
     format!(
-        "bayes: trials are proposed one by one: {} random startup trials, then TPE ({} candidates, γ = {:.0}%, at most {} good); {} observations in the results so far",
+        "bayes: trials are proposed one by one: {} random startup trials, then {} TPE ({} candidates, γ = {:.0}%, at most {} good); {} observations in the results so far",
         p.tpe.startup,
+        if p.tpe.multivariate {
+            "multivariate"
+        } else {
+            "independent"
+        },
         p.tpe.candidates,
         crate::space::tpe::GAMMA * 100.0,
         crate::space::tpe::MAX_GOOD,
@@ -321,5 +341,35 @@ mod tests {
         assert_eq!(first.index, 0);
         // Its startup trials are those of method: random.
         assert_eq!(first.params, job.params(0).unwrap());
+    }
+
+    #[test]
+    fn a_pruned_row_is_observed_at_its_epoch_and_the_job_picks_the_estimator() {
+        let job = crate::plan::mlp_job(
+            "method: bayes\nrun_cap: 10\nparameters:\n  lr: {min: 0.001, max: 0.1}\n",
+        );
+        let row = |state: &str, metric: f64| TrialRow {
+            state: state.into(),
+            metric: Some(metric),
+            epochs: 3,
+            ..TrialRow::default()
+        };
+        let o = observation(&job, &row("PRUNED", 0.9), BTreeMap::new()).expect("observed");
+        assert_eq!((o.loss, o.pruned_at), (-0.9, Some(3)));
+        let o = observation(&job, &row("COMPLETE", 0.5), BTreeMap::new()).expect("observed");
+        assert_eq!((o.loss, o.pruned_at), (-0.5, None));
+        let o = observation(&job, &row("FAIL", 0.5), BTreeMap::new()).expect("observed");
+        assert!(o.loss.is_nan() && o.pruned_at.is_none());
+        assert!(Proposer::new(&job, None, &[]).tpe.multivariate);
+        let independent = crate::plan::mlp_job(
+            "method: bayes\nrun_cap: 10\nbayes: {multivariate: false}\nparameters:\n  lr: {min: 0.001, max: 0.1}\n",
+        );
+        let p = Proposer::new(&independent, None, &[]);
+        assert!(!p.tpe.multivariate);
+        assert!(
+            plan_line(&p).contains("independent TPE"),
+            "{}",
+            plan_line(&p)
+        );
     }
 }

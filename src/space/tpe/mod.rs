@@ -4,38 +4,70 @@
 //! their indices). After them,
 //! the observations (finished trials, and the trials in flight at the worst value seen: a
 //! constant liar) are split by their value into the best `γ(n) = min(⌈0.1·n⌉, 25)` ("good") and
-//! the rest ("bad"). Each parameter, on its own, gets two Parzen estimators, `l` over the good
-//! and `g` over the bad; [`Tpe::candidates`] values are drawn from `l` and the one with the
-//! largest `log l − log g` is taken.
+//! the rest ("bad"). Two Parzen estimators ([`mixture`]) are fitted, `l` over the good and `g`
+//! over the bad; [`Tpe::candidates`] points are drawn from `l` and the one with the largest
+//! `log l − log g` is taken.
+//!
+//! Multivariate (the default): the parameters that every observation holds together are one
+//! group, and a group's estimators are joint densities over its parameters, so that the
+//! proposal sees which values went well together. The parameters are grouped by which
+//! observations hold them, so a conditional parameter (one that only some points hold) is
+//! modelled with the others it comes with, on the observations that have it. Independent
+//! (`bayes: {multivariate: false}`): each parameter on its own.
+//!
+//! The order of the observations: results that are numbers before failures (a failure, a NaN
+//! loss, is never good, and while nothing but failures has ended the proposals are random
+//! points), and among the results, the trials that trained to their end before those pruned
+//! (a later rung before an earlier one), each by loss. So a trial pruned at its first rung,
+//! judged on a value few epochs made, is never counted better than one that trained through.
 //!
 //! A proposal costs the same however many trials came before: the observations are kept sorted
 //! as they come ([`History`]), and `g` is fitted on at most [`MAX_BAD`] of the rest, spread
 //! evenly over their ranks (every one while there are no more), with every trial in flight.
-//! A failure (a NaN loss) ranks after every result: it is never good, and while nothing but
-//! failures has ended the proposals are random points.
 //!
-//! A range is worked in its own scale (the log of the value for the log-uniform ones; an
-//! integer or quantised range is drawn continuous, then rounded): the estimator is a mixture of
-//! Gaussians truncated to the range, one at each observation and one wide prior component at
-//! the middle (sigma = the range), each observation's bandwidth the larger distance to its
-//! neighbouring observations (the range's ends and the prior are no neighbours), clipped to
-//! `[range / min(100, n + 2), range]` for `n` observations. A categorical parameter's estimator
-//! is its counts plus one prior draw spread over the values (by `probabilities` when given).
 //! `normal` and `log_normal` parameters, which have no range, are drawn as in `method: random`.
 //!
 //! The proposal of trial `i` depends on the job's seed, `i`, and the observations in the order
 //! given, and on nothing else.
 
+use std::cmp::Ordering;
 use std::collections::BTreeMap;
 
-use super::{Dist, ParamValue, Space};
+use super::{ParamValue, Space};
 use crate::rng::{derive, HostRng};
+
+pub mod mixture;
+
+use mixture::{Axis, Mixture};
 
 /// A point of the space and the value it reached, as a loss (lower is better).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Observation {
     pub point: BTreeMap<String, ParamValue>,
     pub loss: f64,
+    /// The epoch a pruned trial stopped at (its loss is that epoch's); `None` for a trial that
+    /// trained to its end, or failed.
+    pub pruned_at: Option<u32>,
+}
+
+impl Observation {
+    /// A trial that ended with `loss` (NaN: it failed).
+    pub fn new(point: BTreeMap<String, ParamValue>, loss: f64) -> Observation {
+        Observation {
+            point,
+            loss,
+            pruned_at: None,
+        }
+    }
+
+    /// The order of observations: a number before a failure; a trial trained through before
+    /// one pruned, a later rung before an earlier; then the loss.
+    fn rank_cmp(&self, other: &Observation) -> Ordering {
+        let key = |o: &Observation| (o.loss.is_nan(), o.pruned_at.map(|e| u32::MAX - e));
+        key(self)
+            .cmp(&key(other))
+            .then_with(|| self.loss.total_cmp(&other.loss))
+    }
 }
 
 /// The sampler's settings.
@@ -43,15 +75,17 @@ pub struct Observation {
 pub struct Tpe {
     /// Trials that take the random points before the estimator takes over.
     pub startup: usize,
-    /// Values drawn from `l` per parameter, of which the best ratio is taken.
+    /// Points drawn from `l`, of which the best ratio is taken.
     pub candidates: usize,
+    /// One joint estimator per group of parameters (`true`), or one per parameter.
+    pub multivariate: bool,
 }
 
 /// The fraction of the observations counted good.
 pub const GAMMA: f64 = 0.1;
 /// The most observations counted good.
 pub const MAX_GOOD: usize = 25;
-/// Values drawn from `l` per parameter.
+/// Points drawn from `l` per proposal.
 pub const CANDIDATES: usize = 24;
 /// Random trials before the estimator, at most.
 pub const STARTUP: usize = 10;
@@ -59,9 +93,9 @@ pub const STARTUP: usize = 10;
 /// the ranks of the rest, so that a proposal's cost stops growing with the trials.
 pub const MAX_BAD: usize = 200;
 
-/// The observations so far, kept sorted by loss as they come (equal losses in the order they
-/// came, a NaN loss after every number), so that a proposal reads its good ones and a sample of
-/// the rest without sorting them again.
+/// The observations so far, kept in their order ([`Observation::rank_cmp`]; equal ones in the
+/// order they came) as they come, so that a proposal reads its good ones and a sample of the
+/// rest without sorting them again.
 #[derive(Clone, Debug, Default)]
 pub struct History {
     all: Vec<Observation>,
@@ -72,10 +106,9 @@ pub struct History {
 impl History {
     /// Adds an observation at its rank (a binary search and a move of the ranks after it).
     pub fn push(&mut self, o: Observation) {
-        let key = rank_key(o.loss);
         let at = self
             .ranked
-            .partition_point(|&i| rank_key(self.all[i as usize].loss) <= key);
+            .partition_point(|&i| self.all[i as usize].rank_cmp(&o) != Ordering::Greater);
         self.ranked.insert(at, self.all.len() as u32);
         self.all.push(o);
     }
@@ -95,7 +128,7 @@ impl History {
             .partition_point(|&i| !self.all[i as usize].loss.is_nan())
     }
 
-    /// The observation of rank `r` (0: the lowest loss).
+    /// The observation of rank `r` (0: the best).
     pub fn ranked(&self, r: usize) -> &Observation {
         &self.all[self.ranked[r] as usize]
     }
@@ -108,15 +141,6 @@ impl FromIterator<Observation> for History {
             h.push(o);
         }
         h
-    }
-}
-
-/// An observation's place in the order: its loss, a NaN after every number.
-fn rank_key(loss: f64) -> f64 {
-    if loss.is_nan() {
-        f64::INFINITY
-    } else {
-        loss
     }
 }
 
@@ -140,13 +164,24 @@ pub fn fit_ranks(done: usize, finite: usize, pending: usize) -> (Vec<usize>, Vec
     (good, bad)
 }
 
+/// A point of the space, as the proposals read them.
+type Point = BTreeMap<String, ParamValue>;
+
+/// A parameter the estimators model: its place in name order, its name and its axis.
+struct Modelled<'a> {
+    k: usize,
+    name: &'a str,
+    axis: Axis,
+}
+
 impl Tpe {
     /// The settings for a sweep of `run_cap` trials: `min(10, max(2, run_cap / 4))` random
-    /// trials first, then 24 candidates a proposal.
+    /// trials first, then 24 candidates a proposal, multivariate.
     pub fn for_run_cap(run_cap: u32) -> Tpe {
         Tpe {
             startup: STARTUP.min((run_cap as usize / 4).max(2)),
             candidates: CANDIDATES,
+            multivariate: true,
         }
     }
 
@@ -160,41 +195,105 @@ impl Tpe {
         seed: u64,
         index: usize,
         done: &History,
-        pending: &[BTreeMap<String, ParamValue>],
-    ) -> BTreeMap<String, ParamValue> {
+        pending: &[Point],
+    ) -> Point {
         // Until a trial has ended with a value there is nothing to model: random points.
         if done.len() + pending.len() < self.startup || done.finite() == 0 {
             return space.random_point(seed, index);
         }
-        let point = |r: usize| -> &BTreeMap<String, ParamValue> {
+        let point = |r: usize| -> &Point {
             match r.checked_sub(done.len()) {
                 None => &done.ranked(r).point,
                 Some(p) => &pending[p],
             }
         };
         let (good, bad) = fit_ranks(done.len(), done.finite(), pending.len());
-        let good: Vec<_> = good.into_iter().map(point).collect();
-        let bad: Vec<_> = bad.into_iter().map(point).collect();
-        let mut out = BTreeMap::new();
-        for (k, (name, dist)) in space.dists.iter().enumerate() {
-            let mut rng = HostRng::new(derive(
+        let good: Vec<&Point> = good.into_iter().map(point).collect();
+        let bad: Vec<&Point> = bad.into_iter().map(point).collect();
+        let stream = |k: usize| {
+            HostRng::new(derive(
                 derive(derive(seed, 0x0074_7065), index as u64),
                 k as u64,
-            ));
-            let values = |set: &[&BTreeMap<String, ParamValue>]| -> Vec<ParamValue> {
-                set.iter().filter_map(|p| p.get(name).cloned()).collect()
-            };
-            let v = propose_one(
-                dist,
-                &values(&good),
-                &values(&bad),
-                self.candidates,
-                &mut rng,
-            );
-            out.insert(name.clone(), v);
+            ))
+        };
+        let mut out = BTreeMap::new();
+        let mut modelled = Vec::new();
+        for (k, (name, dist)) in space.dists.iter().enumerate() {
+            match Axis::of(dist) {
+                Some(axis) => modelled.push(Modelled { k, name, axis }),
+                // No range to model: drawn as `method: random` draws it.
+                None => {
+                    out.insert(name.clone(), dist.sample(&mut stream(k)));
+                }
+            }
+        }
+        let groups = if self.multivariate {
+            groups(&modelled, &good, &bad)
+        } else {
+            (0..modelled.len()).map(|j| vec![j]).collect()
+        };
+        for group in groups {
+            let params: Vec<&Modelled> = group.iter().map(|&j| &modelled[j]).collect();
+            let mut rng = stream(params[0].k);
+            let x = self.best_candidate(&params, &good, &bad, &mut rng);
+            for (m, xd) in params.iter().zip(x) {
+                out.insert(m.name.to_string(), m.axis.value_at(xd));
+            }
         }
         out
     }
+
+    /// The candidate of `l` over `params` with the largest `log l − log g`.
+    fn best_candidate(
+        &self,
+        params: &[&Modelled],
+        good: &[&Point],
+        bad: &[&Point],
+        rng: &mut HostRng,
+    ) -> Vec<f64> {
+        let axes: Vec<&Axis> = params.iter().map(|m| &m.axis).collect();
+        // The observations that hold every parameter of the group, as coordinates.
+        let coords = |set: &[&Point]| -> Vec<Vec<f64>> {
+            set.iter()
+                .filter_map(|p| {
+                    params
+                        .iter()
+                        .map(|m| p.get(m.name).and_then(|v| m.axis.coord(v)))
+                        .collect()
+                })
+                .collect()
+        };
+        let l = Mixture::fit(&axes, &coords(good));
+        let g = Mixture::fit(&axes, &coords(bad));
+        let mut best: Option<(f64, Vec<f64>)> = None;
+        for _ in 0..self.candidates.max(1) {
+            let x = l.sample(rng);
+            let score = l.log_pdf(&x) - g.log_pdf(&x);
+            if best.as_ref().is_none_or(|(s, _)| score > *s) {
+                best = Some((score, x));
+            }
+        }
+        best.map(|(_, x)| x).unwrap_or_default()
+    }
+}
+
+/// The modelled parameters grouped by which of the observations hold them (in name order,
+/// each group in the order of its first parameter): those held by the same observations are
+/// modelled together.
+fn groups(modelled: &[Modelled], good: &[&Point], bad: &[&Point]) -> Vec<Vec<usize>> {
+    let mut out: Vec<(Vec<bool>, Vec<usize>)> = Vec::new();
+    for (j, m) in modelled.iter().enumerate() {
+        let held: Vec<bool> = good
+            .iter()
+            .chain(bad)
+            .map(|p| p.contains_key(m.name))
+            .collect();
+        match out.iter_mut().find(|(h, _)| *h == held) {
+            Some((_, members)) => members.push(j),
+            None => out.push((held, vec![j])),
+        }
+    }
+    out.into_iter().map(|(_, members)| members).collect()
 }
 
 /// How many of `n` observations count as good: `min(⌈0.1·n⌉, 25)`, at least 1.
@@ -204,260 +303,9 @@ pub fn good_count(n: usize) -> usize {
         .min(n)
 }
 
-/// One parameter's proposal from the values of the good and the bad observations.
-fn propose_one(
-    dist: &Dist,
-    good: &[ParamValue],
-    bad: &[ParamValue],
-    candidates: usize,
-    rng: &mut HostRng,
-) -> ParamValue {
-    if let Dist::Categorical {
-        values,
-        probabilities,
-    } = dist
-    {
-        let l = categorical_weights(values, probabilities.as_deref(), good);
-        let g = categorical_weights(values, probabilities.as_deref(), bad);
-        let best = (0..candidates.max(1))
-            .map(|_| pick(&l, rng))
-            .max_by(|&a, &b| {
-                let score = |i: usize| l[i].ln() - g[i].ln();
-                score(a).total_cmp(&score(b)).then(b.cmp(&a))
-            })
-            .unwrap_or(0);
-        return values[best].clone();
-    }
-    let Some(scale) = Scale::of(dist) else {
-        return dist.sample(rng);
-    };
-    let xs = |vs: &[ParamValue]| -> Vec<f64> { vs.iter().filter_map(|v| scale.inner(v)).collect() };
-    let l = Parzen::new(&xs(good), scale.lo, scale.hi);
-    let g = Parzen::new(&xs(bad), scale.lo, scale.hi);
-    let mut best: Option<(f64, f64)> = None;
-    for _ in 0..candidates.max(1) {
-        let x = l.sample(rng);
-        let score = l.log_pdf(x) - g.log_pdf(x);
-        if best.is_none_or(|(s, _)| score > s) {
-            best = Some((score, x));
-        }
-    }
-    scale.value_at(best.map_or(0.5 * (scale.lo + scale.hi), |(_, x)| x))
-}
-
-/// Smoothed counts: one prior draw spread over the values, plus one per observation.
-fn categorical_weights(
-    values: &[ParamValue],
-    prior: Option<&[f64]>,
-    seen: &[ParamValue],
-) -> Vec<f64> {
-    let n = values.len() as f64;
-    let mut w: Vec<f64> = (0..values.len())
-        .map(|i| prior.map_or(1.0 / n, |p| p[i]).max(1e-3 / n))
-        .collect();
-    for v in seen {
-        if let Some(i) = values.iter().position(|x| x == v) {
-            w[i] += 1.0;
-        }
-    }
-    let sum: f64 = w.iter().sum();
-    w.iter_mut().for_each(|x| *x /= sum);
-    w
-}
-
-/// An index drawn by weight.
-fn pick(weights: &[f64], rng: &mut HostRng) -> usize {
-    let u = rng.next_f64();
-    let mut acc = 0.0;
-    weights
-        .iter()
-        .position(|w| {
-            acc += w;
-            u < acc
-        })
-        .unwrap_or(weights.len().saturating_sub(1))
-}
-
-/// A range in the scale the estimator works in, and the way back to a value.
-#[derive(Clone, Copy, Debug)]
-struct Scale {
-    lo: f64,
-    hi: f64,
-    log: bool,
-    /// Round to a multiple of this (after `exp` for a log scale); 1 for integers.
-    q: Option<f64>,
-    /// The value's own bounds, which a rounded value must stay within.
-    min: f64,
-    max: f64,
-}
-
-impl Scale {
-    fn of(dist: &Dist) -> Option<Scale> {
-        let lin = |min: f64, max: f64, q: Option<f64>| Scale {
-            lo: min,
-            hi: max,
-            log: false,
-            q,
-            min,
-            max,
-        };
-        let log = |min: f64, max: f64, q: Option<f64>| Scale {
-            lo: min.ln(),
-            hi: max.ln(),
-            log: true,
-            q,
-            min,
-            max,
-        };
-        match *dist {
-            Dist::Uniform { min, max } => Some(lin(min, max, None)),
-            Dist::QUniform { min, max, q } => Some(lin(min, max, Some(q))),
-            Dist::IntUniform { min, max } => Some(Scale {
-                lo: min as f64 - 0.5,
-                hi: max as f64 + 0.5,
-                ..lin(min as f64, max as f64, Some(1.0))
-            }),
-            Dist::LogUniform { min, max } => Some(log(min.exp(), max.exp(), None)),
-            Dist::LogUniformValues { min, max } => Some(log(min, max, None)),
-            Dist::QLogUniformValues { min, max, q } => Some(log(min, max, Some(q))),
-            _ => None,
-        }
-        .filter(|s| s.lo.is_finite() && s.hi.is_finite() && s.hi > s.lo)
-    }
-
-    /// A value in the estimator's scale (`None` for one it cannot hold).
-    fn inner(&self, v: &ParamValue) -> Option<f64> {
-        let ParamValue::Num(x) = v else { return None };
-        let x = if self.log { x.ln() } else { *x };
-        x.is_finite().then(|| x.clamp(self.lo, self.hi))
-    }
-
-    fn value_at(&self, x: f64) -> ParamValue {
-        let mut v = if self.log { x.exp() } else { x };
-        if let Some(q) = self.q {
-            v = (v / q).round() * q;
-            // A rounded value past an end goes back inside by one step when it can.
-            if v > self.max {
-                v -= q;
-            }
-            if v < self.min {
-                v += q;
-            }
-        }
-        if self.q.is_none() {
-            v = v.clamp(self.min, self.max);
-        }
-        ParamValue::Num(v)
-    }
-}
-
-/// A mixture of Gaussians truncated to `[lo, hi]`, equally weighted: one at each point and a
-/// prior one at the middle.
-#[derive(Clone, Debug)]
-struct Parzen {
-    mus: Vec<f64>,
-    sigmas: Vec<f64>,
-    /// Each component's `ln σ` and the log of its mass inside the range, computed once.
-    ln_sigmas: Vec<f64>,
-    ln_masses: Vec<f64>,
-    lo: f64,
-    hi: f64,
-}
-
-impl Parzen {
-    fn new(points: &[f64], lo: f64, hi: f64) -> Parzen {
-        let width = hi - lo;
-        let mut order: Vec<usize> = (0..points.len()).collect();
-        order.sort_by(|&a, &b| points[a].total_cmp(&points[b]).then(a.cmp(&b)));
-        // One kernel per point, and the prior's.
-        let min_sigma = width / (100.0f64).min(2.0 + points.len() as f64);
-        let mut sigmas = vec![width; points.len()];
-        for (rank, &i) in order.iter().enumerate() {
-            // The range's ends are no neighbours: an observation at the edge of the
-            // observations takes its one neighbour's distance.
-            let left = (rank > 0).then(|| points[i] - points[order[rank - 1]]);
-            let right = order.get(rank + 1).map(|&j| points[j] - points[i]);
-            let spread = match (left, right) {
-                (Some(a), Some(b)) => a.max(b),
-                (Some(a), None) | (None, Some(a)) => a,
-                (None, None) => width,
-            };
-            sigmas[i] = spread.clamp(min_sigma, width);
-        }
-        let mut mus = points.to_vec();
-        mus.push(0.5 * (lo + hi));
-        sigmas.push(width);
-        let ln_sigmas = sigmas.iter().map(|s| s.ln()).collect();
-        let ln_masses = mus
-            .iter()
-            .zip(&sigmas)
-            .map(|(&mu, &s)| (phi((hi - mu) / s) - phi((lo - mu) / s)).max(1e-12).ln())
-            .collect();
-        Parzen {
-            mus,
-            sigmas,
-            ln_sigmas,
-            ln_masses,
-            lo,
-            hi,
-        }
-    }
-
-    /// A draw: a component chosen uniformly, then its Gaussian until it falls in range.
-    fn sample(&self, rng: &mut HostRng) -> f64 {
-        let i = rng.below(self.mus.len());
-        let (mu, s) = (self.mus[i], self.sigmas[i]);
-        for _ in 0..64 {
-            let x = mu + s * rng.normal();
-            if (self.lo..=self.hi).contains(&x) {
-                return x;
-            }
-        }
-        self.lo + (self.hi - self.lo) * rng.next_f64()
-    }
-
-    fn log_pdf(&self, x: f64) -> f64 {
-        let n = self.mus.len() as f64;
-        let ln_2pi_half = 0.5 * (2.0 * std::f64::consts::PI).ln();
-        let term = |i: usize| {
-            let z = (x - self.mus[i]) / self.sigmas[i];
-            -0.5 * z * z - self.ln_sigmas[i] - ln_2pi_half - self.ln_masses[i]
-        };
-        // Two passes over the terms (the largest, then the sum) instead of a list of them.
-        let top = (0..self.mus.len())
-            .map(term)
-            .fold(f64::NEG_INFINITY, f64::max);
-        top + (0..self.mus.len())
-            .map(|i| (term(i) - top).exp())
-            .sum::<f64>()
-            .ln()
-            - n.ln()
-    }
-}
-
-/// The standard normal's CDF.
-fn phi(z: f64) -> f64 {
-    0.5 * (1.0 + erf(z / std::f64::consts::SQRT_2))
-}
-
-/// The error function (Abramowitz and Stegun 7.1.26, absolute error below 1.5e-7).
-fn erf(x: f64) -> f64 {
-    let t = 1.0 / (1.0 + 0.327_591_1 * x.abs());
-    let poly = t
-        * (0.254_829_592
-            + t * (-0.284_496_736
-                + t * (1.421_413_741 + t * (-1.453_152_027 + t * 1.061_405_429))));
-    let y = 1.0 - poly * (-x * x).exp();
-    if x < 0.0 {
-        -y
-    } else {
-        y
-    }
-}
-
 #[cfg(test)]
 mod tests {
-    use super::super::Method;
+    use super::super::{Dist, Method};
     use super::*;
 
     fn space(dists: &[(&str, Dist)]) -> Space {
@@ -484,10 +332,7 @@ mod tests {
         for i in 0..n {
             let p = tpe.propose(space, seed, i, &done, &[]);
             let x = x_of(&p);
-            done.push(Observation {
-                point: p,
-                loss: f(x),
-            });
+            done.push(Observation::new(p, f(x)));
             xs.push(x);
         }
         xs
@@ -580,10 +425,8 @@ mod tests {
             if i >= 30 && good {
                 late_c += 1;
             }
-            done.push(Observation {
-                point: p,
-                loss: if good { 0.0 } else { 1.0 } + (k - 4.0).abs() * 0.01,
-            });
+            let loss = if good { 0.0 } else { 1.0 } + (k - 4.0).abs() * 0.01;
+            done.push(Observation::new(p, loss));
         }
         assert!(
             late_c >= 7,
@@ -602,7 +445,7 @@ mod tests {
             .map(|i| {
                 let p = s.random_point(3, i);
                 let loss = (x_of(&p) - 0.2).abs();
-                Observation { point: p, loss }
+                Observation::new(p, loss)
             })
             .collect();
         let a = tpe.propose(&s, 3, 12, &done, &[]);
@@ -619,7 +462,7 @@ mod tests {
             .map(|i| {
                 let p = s.random_point(3, i);
                 let loss = (x_of(&p) - 0.6).abs();
-                Observation { point: p, loss }
+                Observation::new(p, loss)
             })
             .collect();
         let first = tpe.propose(&s, 3, 10, &done, &[]);
@@ -640,11 +483,126 @@ mod tests {
             (4.0, 1.0),
         ]
         .into_iter()
-        .map(|(x, loss)| Observation { point: at(x), loss })
+        .map(|(x, loss)| Observation::new(at(x), loss))
         .collect();
         let order: Vec<f64> = (0..h.len()).map(|r| x_of(&h.ranked(r).point)).collect();
         // Equal losses keep their order; a NaN comes after every number.
         assert_eq!(order, [1.0, 4.0, 2.0, 0.0, 3.0]);
+    }
+
+    #[test]
+    fn trials_trained_through_rank_before_pruned_ones_and_later_rungs_before_earlier() {
+        let at = |x: f64| BTreeMap::from([("x".to_string(), ParamValue::Num(x))]);
+        let pruned = |x: f64, loss: f64, epoch: u32| Observation {
+            pruned_at: Some(epoch),
+            ..Observation::new(at(x), loss)
+        };
+        let h: History = [
+            pruned(0.0, -0.99, 1),
+            Observation::new(at(1.0), -0.5),
+            pruned(2.0, -0.9, 3),
+            Observation::new(at(3.0), f64::NAN),
+            pruned(4.0, -0.2, 3),
+            Observation::new(at(5.0), -0.7),
+        ]
+        .into_iter()
+        .collect();
+        let order: Vec<f64> = (0..h.len()).map(|r| x_of(&h.ranked(r).point)).collect();
+        // Through first (by loss), then pruned at 3 (by loss), then at 1, the failure last,
+        // though the pruned ones' losses are lower.
+        assert_eq!(order, [5.0, 1.0, 2.0, 4.0, 0.0, 3.0]);
+        assert_eq!(h.finite(), 5);
+    }
+
+    /// The share of 60 proposals in the quadrants of the diagonal of `[0, 1]²` from a history whose good
+    /// observations sit at two modes on it, (0.2, 0.2) and (0.8, 0.8), and the rest anywhere:
+    /// each parameter alone has two good regions, and only the pairs tell which go together.
+    fn diagonal_share(multivariate: bool) -> f64 {
+        let s = space(&[
+            ("x", Dist::Uniform { min: 0.0, max: 1.0 }),
+            ("y", Dist::Uniform { min: 0.0, max: 1.0 }),
+        ]);
+        let at = |x: f64, y: f64| {
+            BTreeMap::from([
+                ("x".to_string(), ParamValue::Num(x)),
+                ("y".to_string(), ParamValue::Num(y)),
+            ])
+        };
+        let mut done: History = (0..108)
+            .map(|i| Observation::new(s.random_point(2, i), 1.0 + i as f64 / 1000.0))
+            .collect();
+        for j in 0..12 {
+            let c = if j % 2 == 0 { 0.2 } else { 0.8 };
+            let d = 0.01 * (j / 2) as f64;
+            done.push(Observation::new(at(c + d, c - d), 0.0));
+        }
+        let tpe = Tpe {
+            multivariate,
+            ..Tpe::for_run_cap(200)
+        };
+        let near = (0..60)
+            .filter(|&i| {
+                let p = tpe.propose(&s, 4, 120 + i, &done, &[]);
+                let num = |k: &str| match p[k] {
+                    ParamValue::Num(v) => v,
+                    _ => panic!("a number"),
+                };
+                (num("x") < 0.5) == (num("y") < 0.5)
+            })
+            .count();
+        near as f64 / 60.0
+    }
+
+    #[test]
+    fn the_joint_estimator_sees_what_parameters_do_together() {
+        let (joint, alone) = (diagonal_share(true), diagonal_share(false));
+        assert!(
+            joint >= 0.95,
+            "multivariate: {joint} of the proposals on the diagonal"
+        );
+        // Each alone draws x and y from modes chosen apart: some pairs cross.
+        assert!(
+            alone <= 0.85,
+            "independent: {alone} of the proposals on the diagonal"
+        );
+    }
+
+    #[test]
+    fn parameters_that_come_in_different_observations_are_modelled_apart() {
+        let s = space(&[
+            ("x", Dist::Uniform { min: 0.0, max: 1.0 }),
+            ("y", Dist::Uniform { min: 0.0, max: 1.0 }),
+            ("z", Dist::Uniform { min: 0.0, max: 1.0 }),
+        ]);
+        // z is held by the odd observations only (a conditional parameter).
+        let done: History = (0..30)
+            .map(|i| {
+                let mut p = s.random_point(1, i);
+                if i % 2 == 0 {
+                    p.remove("z");
+                }
+                let loss = (x_of(&p) - 0.3).abs();
+                Observation::new(p, loss)
+            })
+            .collect();
+        let refs: Vec<&Point> = (0..done.len()).map(|r| &done.ranked(r).point).collect();
+        let modelled: Vec<Modelled> = s
+            .dists
+            .iter()
+            .enumerate()
+            .map(|(k, (name, d))| Modelled {
+                k,
+                name,
+                axis: Axis::of(d).expect("a range"),
+            })
+            .collect();
+        assert_eq!(
+            groups(&modelled, &refs[..3], &refs[3..]),
+            vec![vec![0, 1], vec![2]]
+        );
+        // Every parameter of the space is proposed, and x near its optimum.
+        let p = Tpe::for_run_cap(40).propose(&s, 1, 30, &done, &[]);
+        assert_eq!(p.keys().collect::<Vec<_>>(), ["x", "y", "z"]);
     }
 
     #[test]
@@ -682,10 +640,7 @@ mod tests {
         // Only failures: the random point of the index, as before anything ended.
         let s = space(&[("x", Dist::Uniform { min: 0.0, max: 1.0 })]);
         let failed: History = (0..12)
-            .map(|i| Observation {
-                point: s.random_point(3, i),
-                loss: f64::NAN,
-            })
+            .map(|i| Observation::new(s.random_point(3, i), f64::NAN))
             .collect();
         assert_eq!(failed.finite(), 0);
         let tpe = Tpe::for_run_cap(40);
@@ -700,7 +655,7 @@ mod tests {
             .map(|i| {
                 let p = s.random_point(9, i);
                 let loss = (x_of(&p) - 0.3).powi(2);
-                Observation { point: p, loss }
+                Observation::new(p, loss)
             })
             .collect();
         let mean: f64 = (0..20)
@@ -749,7 +704,7 @@ mod tests {
                     continue;
                 }
             }
-            done.push(Observation { point: p, loss });
+            done.push(Observation::new(p, loss));
         }
         (c_after, after)
     }
@@ -774,12 +729,5 @@ mod tests {
             3 * proposed > of,
             "without failures counted: {proposed} of {of}"
         );
-    }
-
-    #[test]
-    fn erf_is_close() {
-        assert!((erf(0.5) - 0.520_499_877_8).abs() < 1e-6);
-        assert!((phi(0.0) - 0.5).abs() < 1e-9);
-        assert!((phi(-1.96) - 0.025).abs() < 1e-3);
     }
 }
