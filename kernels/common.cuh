@@ -18,7 +18,8 @@ typedef unsigned long long u64;
 #define HYPER_DROPOUT 7u
 #define HYPER_SEED_LO 8u
 #define HYPER_SEED_HI 9u
-#define HYPER_LEN 10u
+#define HYPER_STEP0 10u
+#define HYPER_LEN 11u
 
 // The most threads a block may have, and the size of the reductions' shared arrays.
 #define MAX_THREADS 1024

@@ -185,7 +185,8 @@ extern "C" __global__ void dropout_fwd(const float* x, float* y, unsigned int n,
 }
 
 // dropout over a fused group: trial t = i / len with the rate and seed of its row of the hyper
-// table (CpuBackend::dropout_fused: ops::dropout_fwd per trial, bit for bit).
+// table, at its own step (the counter less its row's step0) (CpuBackend::dropout_fused:
+// ops::dropout_fwd per trial, bit for bit).
 extern "C" __global__ void dropout_fused(const float* src, float* dst, unsigned int len,
                                          unsigned int trials, const float* hyper,
                                          const unsigned int* counter, unsigned int layer,
@@ -194,13 +195,15 @@ extern "C" __global__ void dropout_fused(const float* src, float* dst, unsigned 
     if (len == 0) {
         return;
     }
-    const u64 stream = dropout_stream(counter, layer);
+    const unsigned int count = *counter;
     FOR_EACH(u64, i, (u64)len * trials)
     {
         const u64 t = i / len;
         const float* h = hyper + t * HYPER_LEN;
         const u64 seed = (u64)__float_as_uint(h[HYPER_SEED_LO]) |
                          ((u64)__float_as_uint(h[HYPER_SEED_HI]) << 32);
+        const unsigned int steps = count - __float_as_uint(h[HYPER_STEP0]);
+        const u64 stream = ((u64)steps << 16) | (u64)layer;
         dst[i] = dropout_one(src[i], h[HYPER_DROPOUT], seed, stream, first + (i - t * len));
     }
 }

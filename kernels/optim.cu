@@ -105,21 +105,23 @@ extern "C" __global__ void sgd_step_batched(float* w, const float* g, float* v, 
     advance_when_done(advance);
 }
 
-// adam_step over n = trials·params elements at step t = *counter + 1, each trial with the lr,
-// betas, eps and wd of its row of hyper; a trial with live == 0 is left untouched.
+// adam_step over n = trials·params elements, each trial at its own step t = *counter - step0 + 1
+// (step0: the counter when it started) with the lr, betas, eps and wd of its row of hyper; a
+// trial with live == 0 is left untouched.
 extern "C" __global__ void adam_step_batched(float* w, const float* g, float* m, float* v,
                                              unsigned int n, unsigned int params,
                                              const float* hyper, const unsigned int* counter,
                                              unsigned int* advance)
 {
-    unsigned int t = *counter + 1u;
-    t = t > 0x7fffffffu ? 0x7fffffffu : t;
+    const unsigned int count = *counter;
     FOR_EACH(u64, i, n)
     {
         const float* h = hyper + (i / params) * HYPER_LEN;
         if (h[HYPER_LIVE] == 0.0f) {
             continue;
         }
+        unsigned int t = count - __float_as_uint(h[HYPER_STEP0]) + 1u;
+        t = t > 0x7fffffffu ? 0x7fffffffu : t;
         const float lr = h[HYPER_LR], b1 = h[HYPER_BETA1], b2 = h[HYPER_BETA2];
         const float eps = h[HYPER_EPS], wd = h[HYPER_WD];
         const float bc1 = 1.0f - powi(b1, t), bc2 = 1.0f - powi(b2, t);

@@ -21,8 +21,13 @@ pub const HYPER_DROPOUT: usize = 7;
 /// ([`seed_bits`]).
 pub const HYPER_SEED_LO: usize = 8;
 pub const HYPER_SEED_HI: usize = 9;
+/// The group's step counter when the trial started (a `u32` stored as the bits of an `f32`):
+/// the trial's own steps are the counter's value less this, so a trial that takes a slot freed
+/// in a running group counts its steps (Adam's bias correction, its dropout masks) from 0, as
+/// alone.
+pub const HYPER_STEP0: usize = 10;
 /// f32 elements in one trial's row; trial `i`'s row starts at `i·HYPER_LEN`.
-pub const HYPER_LEN: usize = 10;
+pub const HYPER_LEN: usize = 11;
 
 /// A dropout seed as the two table entries that hold it: its low and its high 32 bits.
 pub fn seed_bits(seed: u64) -> [f32; 2] {
@@ -30,6 +35,11 @@ pub fn seed_bits(seed: u64) -> [f32; 2] {
         f32::from_bits(seed as u32),
         f32::from_bits((seed >> 32) as u32),
     ]
+}
+
+/// The trial's own step count of a row of the hyper table, at the group's counter `count`.
+pub fn row_steps(row: &[f32], count: u32) -> u32 {
+    count.wrapping_sub(row[HYPER_STEP0].to_bits())
 }
 
 /// The dropout seed of a row of the hyper table.
@@ -56,6 +66,7 @@ mod tests {
             ("HYPER_DROPOUT", HYPER_DROPOUT),
             ("HYPER_SEED_LO", HYPER_SEED_LO),
             ("HYPER_SEED_HI", HYPER_SEED_HI),
+            ("HYPER_STEP0", HYPER_STEP0),
             ("HYPER_LEN", HYPER_LEN),
         ] {
             let line = format!("#define {name} {value}u\n");

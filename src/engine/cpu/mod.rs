@@ -623,11 +623,13 @@ impl Backend for CpuBackend {
         let op = "dropout_fused";
         let [src, dst, hyper, counter] =
             contract::dropout_fused(src, dst, len, trials, hyper, counter)?;
-        let stream = dropout_stream(self.count(counter)?, layer);
+        let count = self.count(counter)?;
         let ([x, h], [y]) = self.views(op, [src, hyper], [dst])?;
         for (t, row) in h.chunks_exact(HYPER_LEN).take(trials).enumerate() {
             let part = t * len..(t + 1) * len;
             let (p, seed) = (row[HYPER_DROPOUT], fused::row_seed(row));
+            // Each trial at its own step (the counter less where it started).
+            let stream = dropout_stream(fused::row_steps(row, count), layer);
             ops::dropout_fwd(&x[part.clone()], &mut y[part], p, seed, stream, first);
         }
         Ok(())
@@ -746,11 +748,11 @@ impl Backend for CpuBackend {
         counter: Region,
     ) -> Result<(), EngineError> {
         let op = "adam_step_batched";
-        let t = self.count(counter)?.wrapping_add(1);
+        let count = self.count(counter)?;
         let (_, [g, m, v], hyper) =
             contract::optim_batched(op, w, [("g", g), ("m", m), ("v", v)], hyper, trials)?;
         let ([g, hyper], [w, m, v]) = self.views(op, [g, hyper], [w, m, v])?;
-        ops::adam_step_batched(w, g, m, v, hyper, trials, t);
+        ops::adam_step_batched(w, g, m, v, hyper, trials, count);
         Ok(())
     }
 

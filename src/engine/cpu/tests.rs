@@ -521,10 +521,12 @@ fn an_update_is_the_optimizer_step_then_the_advance() {
     }
 }
 
+/// Each trial's mask is its own: its rate, its seed, and its own step (the group's counter
+/// less the step it started at).
 #[test]
 fn fused_dropout_is_each_trials_own_mask() {
     use crate::engine::fused_hyper::{
-        seed_bits, HYPER_DROPOUT, HYPER_LEN, HYPER_SEED_HI, HYPER_SEED_LO,
+        seed_bits, HYPER_DROPOUT, HYPER_LEN, HYPER_SEED_HI, HYPER_SEED_LO, HYPER_STEP0,
     };
     let (len, trials) = (50, 3);
     let src = Region::new(0, len * trials);
@@ -533,12 +535,14 @@ fn fused_dropout_is_each_trials_own_mask() {
     let counter = Region::new(360, COUNTER_LEN);
     let rates = [0.0f32, 0.25, 0.5];
     let seeds = [7u64, u64::MAX - 3, 1 << 40];
+    let step0 = [0u32, 4, 9];
     let mut table = vec![0f32; hyper.len];
     for (t, row) in table.chunks_mut(HYPER_LEN).enumerate() {
         let [lo, hi] = seed_bits(seeds[t]);
         row[HYPER_DROPOUT] = rates[t];
         row[HYPER_SEED_LO] = lo;
         row[HYPER_SEED_HI] = hi;
+        row[HYPER_STEP0] = f32::from_bits(step0[t]);
     }
     let (mut one, mut parts) = pair(400, 17);
     for b in [&mut one, &mut parts] {
@@ -549,10 +553,15 @@ fn fused_dropout_is_each_trials_own_mask() {
     one.dropout_fused(src, dst, len, trials, hyper, counter, 3, 5)
         .unwrap();
     for t in 0..trials {
+        // Alone, the trial's counter holds its own step.
+        let own = Region::new(364 + 2 * t, COUNTER_LEN);
+        parts
+            .write(own, &[f32::from_bits(9 - step0[t]), f32::from_bits(0)])
+            .unwrap();
         let mask = DropoutMask {
             p: rates[t],
             seed: seeds[t],
-            counter,
+            counter: own,
             layer: 3,
             first: 5,
         };
@@ -560,10 +569,13 @@ fn fused_dropout_is_each_trials_own_mask() {
         parts.dropout_fwd(s, d, len, mask).unwrap();
     }
     let (a, b) = (arena(&mut one), arena(&mut parts));
-    assert_eq!(
-        a.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
-        b.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
-    );
+    let outputs = |v: &[f32]| {
+        v[160..160 + len * trials]
+            .iter()
+            .map(|x| x.to_bits())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(outputs(&a), outputs(&b));
     // The trial with a rate of 0.5 dropped some of its elements, the one with 0 none.
     let dropped = |t: usize| {
         a[160 + t * len..160 + (t + 1) * len]

@@ -209,9 +209,10 @@ pub fn sgd_step_batched(w: &mut [f32], g: &[f32], v: &mut [f32], hyper: &[f32], 
     }
 }
 
-/// [`adam_step`] at step `t` over `trials` trials of `w.len() / trials` parameters each, as
+/// [`adam_step`] over `trials` trials of `w.len() / trials` parameters each, as
 /// [`sgd_step_batched`] is over [`sgd_step`]: each trial reads lr, β1, β2, eps and weight decay
-/// from its row of `hyper`, and a dead trial is left untouched.
+/// from its row of `hyper` and takes its own step `t` (the group's counter `count` less the
+/// row's step0, plus one), and a dead trial is left untouched.
 #[allow(clippy::too_many_arguments)]
 pub fn adam_step_batched(
     w: &mut [f32],
@@ -220,9 +221,11 @@ pub fn adam_step_batched(
     v: &mut [f32],
     hyper: &[f32],
     trials: usize,
-    t: u32,
+    count: u32,
 ) {
-    use crate::engine::fused_hyper::{HYPER_BETA1, HYPER_BETA2, HYPER_EPS, HYPER_LR, HYPER_WD};
+    use crate::engine::fused_hyper::{
+        row_steps, HYPER_BETA1, HYPER_BETA2, HYPER_EPS, HYPER_LR, HYPER_WD,
+    };
     if trials == 0 {
         return;
     }
@@ -242,7 +245,8 @@ pub fn adam_step_batched(
             h[HYPER_BETA2],
             h[HYPER_EPS],
             h[HYPER_WD],
-            t,
+            // The trial's own step: the group's counter less where it started, plus one.
+            row_steps(h, count).wrapping_add(1),
         );
     }
 }
@@ -273,6 +277,8 @@ mod batched_tests {
             row[HYPER_BETA2] = if i % 2 == 0 { 0.999 } else { 0.99 };
             row[HYPER_EPS] = if i % 4 == 0 { 1e-8 } else { 1e-6 };
             row[HYPER_LIVE] = if i == 3 { 0.0 } else { 1.0 };
+            // Trials that started at different steps of the group (a slot taken later).
+            row[HYPER_STEP0] = f32::from_bits(7 * (i as u32 % 3));
         }
         h
     }
@@ -304,6 +310,7 @@ mod batched_tests {
         }
     }
 
+    /// Each trial at its own step: the group's counter `count` less the step it started at.
     #[test]
     fn batched_adam_is_bit_identical_to_one_step_per_trial() {
         for n in [1, 2, 5, 13] {
@@ -314,15 +321,16 @@ mod batched_tests {
             let m0 = random(&mut rng, n * P, -0.1, 0.1);
             let v0 = random(&mut rng, n * P, 0.0, 0.1);
             let (mut w, mut m, mut v) = (w0.clone(), m0.clone(), v0.clone());
-            for t in 1..=3 {
-                adam_step_batched(&mut w, &g, &mut m, &mut v, &hyper, n, t);
+            for count in 14..17 {
+                adam_step_batched(&mut w, &g, &mut m, &mut v, &hyper, n, count);
             }
             for (i, h) in hyper.chunks(HYPER_LEN).enumerate() {
                 let at = i * P..(i + 1) * P;
                 let mut wi = w0[at.clone()].to_vec();
                 let (mut mi, mut vi) = (m0[at.clone()].to_vec(), v0[at.clone()].to_vec());
                 if h[HYPER_LIVE] != 0.0 {
-                    for t in 1..=3 {
+                    let step0 = h[HYPER_STEP0].to_bits();
+                    for t in 15 - step0..18 - step0 {
                         let gi = &g[at.clone()];
                         let (lr, b1, b2) = (h[HYPER_LR], h[HYPER_BETA1], h[HYPER_BETA2]);
                         let (eps, wd) = (h[HYPER_EPS], h[HYPER_WD]);
