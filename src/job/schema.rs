@@ -258,9 +258,9 @@ pub struct EarlyTerminate {
     /// How many rungs at most (W&B's brackets); all that fit below `max_iter` by default.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub s: Option<u32>,
-    /// Hyperband's brackets (gpumux's key): 1 (the default, as W&B: every trial judged at
-    /// every rung) up to one more than the rungs; bracket `b` judges its own trials from the
-    /// `b`-th rung on, the last at none.
+    /// Hyperband's brackets (gpumux's key): 1 up to one more than the rungs; bracket `b`
+    /// judges its own trials from the `b`-th rung on, the last at none. By default 1 (as W&B:
+    /// every trial judged at every rung), and every bracket under `method: bayes`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub brackets: Option<u32>,
 }

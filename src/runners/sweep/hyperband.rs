@@ -45,12 +45,20 @@ impl Pruner {
             None => job.file.train.epochs,
             Some(_) => e.max_iter(job.file.train.epochs),
         };
+        let rungs = e.rungs(last);
+        // One bracket by default, as W&B; under `method: bayes` every bracket, so that the
+        // slow starters the first rungs stop still reach the sampler's results.
+        let brackets = match (e.brackets, job.space.method) {
+            (Some(b), _) => b as usize,
+            (None, crate::space::Method::Bayes) => rungs.len() + 1,
+            (None, _) => 1,
+        };
         Some(Pruner::with_brackets(
-            e.rungs(last),
+            rungs,
             e.eta,
             job.file.metric.goal,
             &job.file.metric.name,
-            e.brackets.unwrap_or(1) as usize,
+            brackets,
         ))
     }
 
@@ -393,6 +401,26 @@ mod tests {
         assert_eq!(p.restore(&trials, &progress), 2);
         // Third at the rung, between a and b: only the best of three goes on.
         assert!(!p.goes_on("c", &stats(1, 0.5)));
+    }
+
+    #[test]
+    fn bayes_sweeps_take_every_bracket_by_default_and_the_others_one() {
+        let job = |method: &str, brackets: &str| {
+            crate::plan::mlp_job(&format!(
+                "method: {method}\nrun_cap: 8\ntrain: {{epochs: 27}}\nearly_terminate: {{type: hyperband, min_iter: 1{brackets}}}\nparameters:\n  lr: {{min: 0.001, max: 0.1}}\n"
+            ))
+        };
+        let count = |method: &str, brackets: &str| {
+            Pruner::of(&job(method, brackets))
+                .expect("a pruner")
+                .shares()
+                .len()
+        };
+        // Rungs 1, 3, 9: four brackets in all.
+        assert_eq!(count("bayes", ""), 4);
+        assert_eq!(count("random", ""), 1);
+        assert_eq!(count("bayes", ", brackets: 1"), 1);
+        assert_eq!(count("random", ", brackets: 3"), 3);
     }
 
     #[test]
