@@ -16,11 +16,18 @@ prints one result line, {"value": f}, to be minimised. OBJECTIVES below holds ea
   rate's decades and its own best layers; adam's is broad and shallow (easy to find, 0.08 above
   the minimum), sgd's narrow and deep (the minimum, 0, at lr 0.1 and 6 layers), rmsprop's
   between. A search that settles on adam early has settled on the wrong value.
+- mnist: a real training, gpumux's built-in MLP (784-128-10) on MNIST-10k for MNIST_EPOCHS
+  (default 3) epochs on the CPU backend, over a log learning rate, the optimizer, the batch size
+  and the momentum; the value is the test error (1 - test accuracy). gpumux's sweeps train it
+  in-process; here (for a peer's study) each call runs `$GPUMUX train` with the point's flags.
 """
 
 import argparse
 import json
 import math
+import os
+import re
+import subprocess
 import sys
 
 from branin import branin
@@ -61,16 +68,36 @@ MIXED_SPACE = {
     "layers": {"min": 1, "max": 8},
 }
 
+MNIST_SPACE = {
+    "lr": {"min": 1e-4, "max": 0.3, "distribution": "log_uniform_values"},
+    "optimizer": {"values": ["sgd", "adam"]},
+    "batch_size": {"values": [32, 64, 128, 256]},
+    "momentum": {"min": 0.5, "max": 0.99},
+}
+
 OBJECTIVES = {
     "branin": {"space": {"x1": {"min": -5.0, "max": 10.0}, "x2": {"min": 0.0, "max": 15.0}}, "minimum": 0.397887},
     "hartmann6": {"space": _floats([f"x{i}" for i in range(1, 7)], 0, 1), "minimum": -3.32237},
     "mixed": {"space": MIXED_SPACE, "minimum": 0.0},
     "mixed-fail": {"space": MIXED_SPACE, "minimum": 0.0},
+    "mnist": {"space": MNIST_SPACE, "minimum": 0.0, "builtin": True},
 }
 
 
-def evaluate(name, p):
-    """The objective `name` at the point `p` (a dict of parameter values); None when it fails."""
+def mnist(p, seed):
+    """The test error of gpumux's built-in MLP on MNIST-10k trained at the point `p`."""
+    cmd = [os.environ.get("GPUMUX", "target/release/gpumux"), "train", "--backend", "cpu", "--model", "mlp",
+           "--hidden", "128", "--data", "mnist-10k", "--epochs", os.environ.get("MNIST_EPOCHS", "3"),
+           "--seed", str(seed)] + [a for k, v in sorted(p.items()) for a in (f"--{k.replace('_', '-')}", str(v))]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+    return 1.0 - float(re.search(r"done: test acc ([0-9.]+)", out).group(1))
+
+
+def evaluate(name, p, seed=0):
+    """The objective `name` at the point `p` (a dict of parameter values); None when it fails.
+    `seed` is the training's seed, for the objectives that train."""
+    if name == "mnist":
+        return mnist(p, seed)
     if name == "branin":
         return branin(p["x1"], p["x2"])
     if name == "hartmann6":

@@ -43,7 +43,7 @@ def main():
 
         def objective(trial):
             point = {k: suggest(trial, k, spec) for k, spec in space.items()}
-            v = evaluate(a.objective, point)
+            v = evaluate(a.objective, point, seed=seed * 100_000 + trial.number)
             return math.nan if v is None else v  # Optuna records a NaN as a failed trial
 
         study.optimize(objective, n_trials=a.trials)

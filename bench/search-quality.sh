@@ -7,7 +7,9 @@
 #  objectives  bench/objectives.py's branin, hartmann6, mixed (a log learning rate, a categorical
 #              and an integer) and mixed-fail (mixed, every rmsprop trial fails): each a real
 #              `gpumux sweep` of TRIALS trials one at a time (the command runs the objective), and
-#              an Optuna study of as many, for each of SEEDS.
+#              an Optuna study of as many, for each of SEEDS; and mnist, a sweep of the built-in
+#              MLP on MNIST-10k (MNIST_EPOCHS epochs a trial, trained in-process; Optuna's study
+#              runs `gpumux train` per trial), its value the test error.
 #  curves      examples/search_curves.rs: learning curves that cross (slow starters that end
 #              best), pruned by gpumux's pruner (1 bracket, and Hyperband's) and by Optuna's
 #              HyperbandPruner on the very same curves and schedule; and a bayes sweep with
@@ -20,14 +22,16 @@
 #
 # Usage: bench/search-quality.sh [OUT]     (default results/search-quality)
 #   SEEDS=20 TRIALS=60 CURVE_SEEDS=10 CURVE_TRIALS=300 PARTS="objectives curves"
-#   OBJECTIVES="branin hartmann6 mixed mixed-fail"  VENV=.venv-bench  GPUMUX=target/release/gpumux
+#   OBJECTIVES="branin hartmann6 mixed mixed-fail mnist"  MNIST_EPOCHS=3  VENV=.venv-bench
+#   GPUMUX=target/release/gpumux
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out="${1:-results/search-quality}"
 seeds="${SEEDS:-20}" trials="${TRIALS:-60}"
 curve_seeds="${CURVE_SEEDS:-10}" curve_trials="${CURVE_TRIALS:-300}"
 parts="${PARTS:-objectives curves}"
-objectives="${OBJECTIVES:-branin hartmann6 mixed mixed-fail}"
+objectives="${OBJECTIVES:-branin hartmann6 mixed mixed-fail mnist}"
+export MNIST_EPOCHS="${MNIST_EPOCHS:-3}"
 venv="${VENV:-.venv-bench}"
 [ -n "${GPUMUX:-}" ] || cargo build --release --quiet --bin gpumux
 [[ " $parts " != *" curves "* ]] || cargo build --release --quiet --example search_curves
@@ -38,6 +42,7 @@ if ! "$venv/bin/python" -c 'import optuna' 2>/dev/null; then
     "$venv/bin/pip" install --quiet optuna
 fi
 py="$venv/bin/python"
+export GPUMUX="$bin"
 work="${KEEP:-$(mktemp -d)}"
 [ -n "${KEEP:-}" ] || trap 'rm -rf "$work"' EXIT
 mkdir -p "$out" "$work/jobs" "$work/runs" "$work/curves"
@@ -56,8 +61,13 @@ if [[ " $parts " == *" objectives "* ]]; then
         for seed in $(seq 1 "$seeds"); do
             for method in bayes random; do
                 job="$work/jobs/$objective-$method-$seed.yaml" dir="$work/runs/$objective-$method-$seed"
-                printf 'name: %s\ncommand: "python3 bench/objectives.py %s %s"\nmetric: {name: value, goal: minimize}\nseed: %s\nmethod: %s\nrun_cap: %s\nconcurrency: 1\nparameters: %s\n' \
-                    "$objective-$method-$seed" "$objective" "$args" "$seed" "$method" "$trials" "$space" >"$job"
+                if [ "$objective" = mnist ]; then
+                    printf 'name: %s\nmodel: {kind: mlp, hidden: [128]}\ndata: {source: mnist-10k}\ntrain: {epochs: %s}\nbackend: cpu\nsplit: shared\nmetric: {name: test_acc, goal: maximize}\nseed: %s\nmethod: %s\nrun_cap: %s\nconcurrency: 1\nparameters: %s\n' \
+                        "$objective-$method-$seed" "$MNIST_EPOCHS" "$seed" "$method" "$trials" "$space" >"$job"
+                else
+                    printf 'name: %s\ncommand: "python3 bench/objectives.py %s %s"\nmetric: {name: value, goal: minimize}\nseed: %s\nmethod: %s\nrun_cap: %s\nconcurrency: 1\nparameters: %s\n' \
+                        "$objective-$method-$seed" "$objective" "$args" "$seed" "$method" "$trials" "$space" >"$job"
+                fi
                 rm -rf "$dir"
                 # Exit 1 (some trials failed) is what mixed-fail is for.
                 "$bin" sweep "$job" --out "$dir" >"$dir.log" 2>&1 || [ $? = 1 ] || { echo "search-quality: $job failed, see $dir.log" >&2; exit 1; }
@@ -66,7 +76,10 @@ if [[ " $parts " == *" objectives "* ]]; then
 import csv, json, sys
 for i, r in enumerate(csv.DictReader(open(sys.argv[1])), 1):
     params = json.dumps(json.loads(r["params"]), sort_keys=True).replace('"', '""')
-    print(f'{sys.argv[2]},{sys.argv[3]},{sys.argv[4]},{i},{r["state"]},{r["metric"]},"{params}"')
+    value = r["metric"]
+    if sys.argv[3] == "mnist" and value:
+        value = repr(1.0 - float(value))  # the test error, as the peer's study minimises it
+    print(f'{sys.argv[2]},{sys.argv[3]},{sys.argv[4]},{i},{r["state"]},{value},"{params}"')
 PY
             done
         done
