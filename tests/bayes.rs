@@ -258,6 +258,12 @@ fn a_bayes_sweep_of_a_built_in_model_runs_its_run_cap_under_fused() {
     let o = dir.run_into("sweep", &job, &out, &[]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     assert_eq!(complete(&out), 8, "{}", stdout(&o));
+    // It says that its trials do not fuse.
+    assert!(
+        stdout(&o).contains("train one per slice, unfused"),
+        "{}",
+        stdout(&o)
+    );
     // Past the random start, the proposals are the estimator's: every point differs.
     let lrs: std::collections::BTreeSet<String> = trials_csv(&out)
         .iter()
