@@ -58,6 +58,9 @@ def objectives(rows, lines):
         both = [s for s in seeds if ("bayes", o, s) in regret and ("optuna", o, s) in regret]
         w, l, p = sign_test([regret[("bayes", o, s)] for s in both], [regret[("optuna", o, s)] for s in both])
         lines.append(f"| {o} | {len(seeds)} | " + " | ".join(cells) + f" | {w}–{l} (p = {p:.3f}) |")
+    short = sorted(f"{m} {o} seed {s} ({len(rs)} trials)" for (m, o, s), rs in runs.items() if m != "optuna" and len(rs) < n)
+    if short:
+        lines += ["", "Sweeps that ended early: " + ", ".join(short) + ". A sweep whose first three trials fail the same way stops there (gpumux's guard against a broken command); its regret counts the trials it ran."]
     if "mnist" in {k[1] for k in runs}:
         lines += ["", "For `mnist` the value is the test error (1 − test accuracy), so its regret is the best trial's test error."]
     categorical(runs, methods, label, n, lines)
