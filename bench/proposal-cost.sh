@@ -40,7 +40,7 @@ if [ -n "$against" ]; then
     cp examples/proposal_cost.rs "$against_tree/examples/proposal_cost.rs"
     # What differs in older builds: their history was a plain list of observations, and an
     # observation was built from its two fields.
-    tpe_src="$(cat "$against_tree"/src/space/tpe.rs "$against_tree"/src/space/tpe/mod.rs 2>/dev/null)"
+    tpe_src="$(cat "$against_tree"/src/space/tpe.rs "$against_tree"/src/space/tpe/mod.rs 2>/dev/null || true)"
     if ! grep -q "pub struct History" <<<"$tpe_src"; then
         sed -i 's|^type Hist = gpumux::space::tpe::History;|type Hist = Vec<gpumux::space::tpe::Observation>;|' \
             "$against_tree/examples/proposal_cost.rs"
