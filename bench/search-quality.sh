@@ -74,8 +74,13 @@ if [[ " $parts " == *" objectives "* ]]; then
                 # One at a time, the rows of trials.csv are in the order the trials ran.
                 python3 - "$dir/trials.csv" "$method" "$objective" "$seed" >>"$out/trials.csv" <<'PY'
 import csv, json, sys
+sys.path.insert(0, "bench")
+from objectives import OBJECTIVES
+space = OBJECTIVES[sys.argv[3]]["space"]
 for i, r in enumerate(csv.DictReader(open(sys.argv[1])), 1):
-    params = json.dumps(json.loads(r["params"]), sort_keys=True).replace('"', '""')
+    # The objective's own parameters (not the built-in hyperparameters every row also carries).
+    params = {k: v for k, v in json.loads(r["params"]).items() if k in space}
+    params = json.dumps(params, sort_keys=True).replace('"', '""')
     value = r["metric"]
     if sys.argv[3] == "mnist" and value:
         value = repr(1.0 - float(value))  # the test error, as the peer's study minimises it
