@@ -725,6 +725,8 @@ pub(crate) fn batched_optimisers_match_the_cpu() {
         row[HYPER_BETA2] = if i % 2 == 0 { 0.999 } else { 0.99 };
         row[HYPER_EPS] = if i % 4 == 0 { 1e-8 } else { 1e-6 };
         row[HYPER_LIVE] = if i == 4 || i == 12 { 0.0 } else { 1.0 };
+        // Trials that took their slot at different steps of the group (at most the counter).
+        row[HYPER_STEP0] = f32::from_bits(2 * (i as u32 % 3));
     }
     let hyper = p.region(table.len());
     p.set(hyper, &table);

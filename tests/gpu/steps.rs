@@ -169,6 +169,8 @@ pub(crate) fn folded_ops_match_the_cpu() {
         row[HYPER_DROPOUT] = 0.2 * i as f32;
         row[HYPER_SEED_LO] = lo;
         row[HYPER_SEED_HI] = hi;
+        // Each trial at its own step: the counter less where it started.
+        row[HYPER_STEP0] = f32::from_bits(3 * i as u32);
     }
     let dropout_table = p.region(table.len());
     p.set(dropout_table, &table);

@@ -17,7 +17,7 @@
 
 use crate::engine::fused_hyper::{
     seed_bits, HYPER_BETA1, HYPER_BETA2, HYPER_DROPOUT, HYPER_EPS, HYPER_LEN, HYPER_LIVE, HYPER_LR,
-    HYPER_MOMENTUM, HYPER_SEED_HI, HYPER_SEED_LO, HYPER_WD,
+    HYPER_MOMENTUM, HYPER_SEED_HI, HYPER_SEED_LO, HYPER_STEP0, HYPER_WD,
 };
 use crate::engine::{
     Backend, BiasGrad, BnParams, FusedConv, FusedNorm, GemmBatch, GemmShape, Region, Split, Update,
@@ -128,6 +128,8 @@ impl FusedNetwork {
             row[HYPER_BETA2] = 0.999;
             row[HYPER_EPS] = 1e-8;
             row[HYPER_LIVE] = 1.0;
+            // Every trial starts with the group, at its counter's 0.
+            row[HYPER_STEP0] = f32::from_bits(0);
         }
         be.write(self.hyper, &table)
     }

@@ -9,8 +9,8 @@
 //!   `[range / min(100, n + 2), range]` for `n` observations; the prior's at the middle, with
 //!   sigma the range;
 //! - a categorical parameter: the observed value, smoothed by a share `prior / (n + 1)` of the
-//!   prior (uniform over the values, or their `probabilities`), so that every value keeps some
-//!   mass; the prior component is the prior itself.
+//!   prior (uniform over the values, or their `probabilities`), so that every value the prior
+//!   allows keeps some mass; the prior component is the prior itself.
 //!
 //! Each observation weighs 1 and the prior [`PRIOR_WEIGHT`]. With one column per mixture the
 //! estimator is the independent TPE; with a group's columns together, the multivariate one.
@@ -116,17 +116,18 @@ impl Axis {
             probabilities,
         } = dist
         {
+            // A value given probability 0 is never drawn, as `method: random` never draws it.
             let n = values.len() as f64;
+            let given = |i: usize| probabilities.as_ref().and_then(|p| p.get(i).copied());
             let mut prior: Vec<f64> = (0..values.len())
-                .map(|i| {
-                    probabilities
-                        .as_ref()
-                        .map_or(1.0 / n, |p| p[i])
-                        .max(1e-3 / n)
-                })
+                .map(|i| given(i).map_or(1.0 / n, |p| p.max(0.0)))
                 .collect();
             let sum: f64 = prior.iter().sum();
-            prior.iter_mut().for_each(|p| *p /= sum);
+            if sum > 0.0 && sum.is_finite() {
+                prior.iter_mut().for_each(|p| *p /= sum);
+            } else {
+                prior.fill(1.0 / n);
+            }
             return (!values.is_empty()).then(|| Axis::Values {
                 values: values.clone(),
                 prior,
@@ -442,6 +443,22 @@ mod tests {
         let draws: Vec<usize> = (0..2_000).map(|_| m.sample(&mut rng)[0] as usize).collect();
         let share = |v: usize| draws.iter().filter(|&&d| d == v).count() as f64 / 2_000.0;
         assert!((share(0) - p[0]).abs() < 0.03 && (share(2) - p[2]).abs() < 0.03);
+    }
+
+    /// A value the job gives probability 0 has no mass, in the prior and in every kernel.
+    #[test]
+    fn a_value_of_probability_zero_has_no_mass() {
+        let axis = Axis::of(&Dist::Categorical {
+            values: (0..3).map(|i| ParamValue::Num(i as f64)).collect(),
+            probabilities: Some(vec![0.25, 0.75, 0.0]),
+        })
+        .unwrap();
+        for pts in [vec![], vec![vec![0.0], vec![1.0], vec![1.0]]] {
+            let m = Mixture::fit(&[&axis], &pts);
+            assert!(m.log_pdf(&[2.0]) < -600.0, "{pts:?}: {}", m.log_pdf(&[2.0]));
+            let mut rng = HostRng::new(3);
+            assert!((0..2_000).all(|_| m.sample(&mut rng)[0] != 2.0));
+        }
     }
 
     /// Two axes together: the joint density sees which pairs were observed, where two

@@ -62,7 +62,7 @@ impl Observation {
 
     /// The order of observations: a number before a failure; a trial trained through before
     /// one pruned, a later rung before an earlier; then the loss.
-    fn rank_cmp(&self, other: &Observation) -> Ordering {
+    pub fn rank_cmp(&self, other: &Observation) -> Ordering {
         let key = |o: &Observation| (o.loss.is_nan(), o.pruned_at.map(|e| u32::MAX - e));
         key(self)
             .cmp(&key(other))
@@ -432,6 +432,36 @@ mod tests {
             late_c >= 7,
             "only {late_c} of the last 10 took the good value"
         );
+    }
+
+    #[test]
+    fn a_value_of_probability_zero_is_never_proposed() {
+        let s = space(&[
+            (
+                "c",
+                Dist::Categorical {
+                    values: ["a", "b", "c"]
+                        .iter()
+                        .map(|w| ParamValue::Word(w.to_string()))
+                        .collect(),
+                    probabilities: Some(vec![0.5, 0.5, 0.0]),
+                },
+            ),
+            ("x", Dist::Uniform { min: 0.0, max: 1.0 }),
+        ]);
+        for multivariate in [true, false] {
+            let tpe = Tpe {
+                multivariate,
+                ..Tpe::for_run_cap(60)
+            };
+            let mut done = History::default();
+            for i in 0..60 {
+                let p = tpe.propose(&s, 2, i, &done, &[]);
+                assert_ne!(p["c"], ParamValue::Word("c".into()), "trial {i}");
+                let loss = x_of(&p);
+                done.push(Observation::new(p, loss));
+            }
+        }
     }
 
     #[test]
