@@ -48,6 +48,19 @@ impl HostRng {
     pub fn below(&mut self, n: usize) -> usize {
         ((self.next_u64() as u128 * n as u128) >> 64) as usize
     }
+    /// An index drawn by `weights` (summing to 1): the first whose running sum passes one
+    /// uniform draw, the last when rounding leaves the sum short.
+    pub fn pick(&mut self, weights: &[f64]) -> usize {
+        let u = self.next_f64();
+        let mut acc = 0.0;
+        weights
+            .iter()
+            .position(|w| {
+                acc += w;
+                u < acc
+            })
+            .unwrap_or(weights.len().saturating_sub(1))
+    }
     /// Standard normal by Box–Muller.
     pub fn normal(&mut self) -> f64 {
         let u1 = self.next_f64().max(f64::MIN_POSITIVE);

@@ -241,16 +241,7 @@ impl Dist {
             } => {
                 let i = match probabilities {
                     None => rng.below(values.len()),
-                    Some(p) => {
-                        let u = rng.next_f64();
-                        let mut acc = 0.0;
-                        p.iter()
-                            .position(|pi| {
-                                acc += pi;
-                                u < acc
-                            })
-                            .unwrap_or(values.len() - 1)
-                    }
+                    Some(p) => rng.pick(p),
                 };
                 values[i].clone()
             }

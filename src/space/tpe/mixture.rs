@@ -240,7 +240,7 @@ impl Column {
             } => match seen.get(c) {
                 // The observed value, or (by the prior's share) a draw from the prior.
                 Some(&s) if rng.next_f64() * (1.0 + smoothing) < 1.0 => s as f64,
-                _ => pick(prior, rng) as f64,
+                _ => rng.pick(prior) as f64,
             },
         }
     }
@@ -354,19 +354,6 @@ impl Mixture {
         }
         top + (0..n).map(|c| (term(c) - top).exp()).sum::<f64>().ln()
     }
-}
-
-/// An index drawn by weight.
-fn pick(weights: &[f64], rng: &mut HostRng) -> usize {
-    let u = rng.next_f64();
-    let mut acc = 0.0;
-    weights
-        .iter()
-        .position(|w| {
-            acc += w;
-            u < acc
-        })
-        .unwrap_or(weights.len().saturating_sub(1))
 }
 
 /// The standard normal's CDF.
