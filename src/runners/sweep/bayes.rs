@@ -173,13 +173,9 @@ impl<'a> Proposer<'a> {
                     TrialEnd::Interrupted => return self.propose_next(),
                 };
                 let value = result
-                    .and_then(|r| crate::train::metric_in(&r.metrics, &self.job.file.metric.name))
-                    .filter(|v| v.is_finite());
-                let loss = value.map_or(f64::NAN, |v| loss(self.job.file.metric.goal, v));
-                self.done.push(Observation {
-                    pruned_at: pruned_at.filter(|_| value.is_some()),
-                    ..Observation::new(point, loss)
-                });
+                    .and_then(|r| crate::train::metric_in(&r.metrics, &self.job.file.metric.name));
+                self.done
+                    .push(observed(self.job.file.metric.goal, point, value, pruned_at));
             }
         }
         self.propose_next()
@@ -287,17 +283,27 @@ fn observation(
     if !ENDED.contains(&row.state.as_str()) {
         return None;
     }
-    // A failure, or a result without a finite value, counts as worse than any result.
     let value = row
         .metric
-        .filter(|v| v.is_finite() && OBSERVED.contains(&row.state.as_str()));
-    Some(Observation {
-        pruned_at: (row.state == "PRUNED" && value.is_some()).then_some(row.epochs),
-        ..Observation::new(
-            point,
-            value.map_or(f64::NAN, |v| loss(job.file.metric.goal, v)),
-        )
-    })
+        .filter(|_| OBSERVED.contains(&row.state.as_str()));
+    let pruned_at = (row.state == "PRUNED").then_some(row.epochs);
+    Some(observed(job.file.metric.goal, point, value, pruned_at))
+}
+
+/// The observation of a trial at `point` that ended with the metric `value` (a failure, or a
+/// result without a finite value, counts as worse than any result), pruned after epoch
+/// `pruned_at` (which only a value can rank).
+fn observed(
+    goal: Goal,
+    point: BTreeMap<String, ParamValue>,
+    value: Option<f64>,
+    pruned_at: Option<u32>,
+) -> Observation {
+    let value = value.filter(|v| v.is_finite());
+    Observation {
+        pruned_at: pruned_at.filter(|_| value.is_some()),
+        ..Observation::new(point, value.map_or(f64::NAN, |v| loss(goal, v)))
+    }
 }
 
 /// The line `--dry-run` says of a bayes sweep.
