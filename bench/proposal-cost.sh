@@ -12,18 +12,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source bench/against.sh
-against=""
-rounds=3
-out=results/proposal-cost-cpu
-while [ $# -gt 0 ]; do
-    case "$1" in
-        --against) against="$2"; shift 2 ;;
-        --rounds) rounds="$2"; shift 2 ;;
-        -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
-        -*) echo "proposal-cost: unknown option $1" >&2; exit 2 ;;
-        *) out="$1"; shift ;;
-    esac
-done
+against_args proposal-cost 3 results/proposal-cost-cpu "$@"
 mkdir -p "$out"
 bins="$(mktemp -d)"
 cleanup() {

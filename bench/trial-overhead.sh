@@ -12,18 +12,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source bench/against.sh
-against=""
-rounds=5
-out=results/trial-overhead-cpu
-while [ $# -gt 0 ]; do
-    case "$1" in
-        --against) against="$2"; shift 2 ;;
-        --rounds) rounds="$2"; shift 2 ;;
-        -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
-        -*) echo "trial-overhead: unknown option $1" >&2; exit 2 ;;
-        *) out="$1"; shift ;;
-    esac
-done
+against_args trial-overhead 5 results/trial-overhead-cpu "$@"
 trials="${TRIALS:-200}"
 concurrency="${CONCURRENCY:-1}"
 mkdir -p "$out"
