@@ -258,9 +258,9 @@ fn a_bayes_sweep_of_a_built_in_model_runs_its_run_cap_under_fused() {
     let o = dir.run_into("sweep", &job, &out, &[]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     assert_eq!(complete(&out), 8, "{}", stdout(&o));
-    // It says that its trials do not fuse.
+    // It says how its groups take each proposed trial.
     assert!(
-        stdout(&o).contains("train one per slice, unfused"),
+        stdout(&o).contains("frees its slot in its group"),
         "{}",
         stdout(&o)
     );

@@ -1,4 +1,4 @@
-//! Fused groups on the CPU backend: each trial's whole trajectory (every epoch's figures, its result and its final weights) is bit for bit the one it has trained alone, at N = 1, 2, 5 and 13, for the MLP and the CNN with mixed hyperparameters (and a reduced ResNet-50 at N = 1 and 3); a diverging trial fails alone.
+//! Fused groups on the CPU backend: each trial's whole trajectory (every epoch's figures, its result and its final weights) is bit for bit the one it has trained alone, at N = 1, 2, 5 and 13, for the MLP and the CNN with mixed hyperparameters (and a reduced ResNet-50 at N = 1 and 3), and so is a trial's that took a slot freed in a group that trains on; a diverging trial fails alone.
 
 use std::sync::Arc;
 
@@ -8,9 +8,9 @@ use gpumux::engine::{Backend, Region, Split};
 use gpumux::job::{EngineOptions, Hyper, ModelKind, ModelSpec, Optimizer};
 use gpumux::models::{self, FusedNetwork, Network};
 use gpumux::rng::HostRng;
-use gpumux::train::fused::run_group;
+use gpumux::train::fused::{run_group, run_refilled, GroupHooks};
 use gpumux::train::stop::{Failure, Stop};
-use gpumux::train::{run_trial, EpochStats, TrialConfig, TrialResult};
+use gpumux::train::{run_trial, EpochStats, Prune, TrialConfig, TrialResult};
 
 /// Random images of `shape`, labels that a model can partly learn (the sign of one pixel).
 fn data(shape: [usize; 3], train: usize, test: usize) -> Arc<Dataset> {
@@ -283,4 +283,116 @@ fn a_group_over_its_cap_trains_in_parts_that_fit() {
         assert_eq!(g.test_acc.to_bits(), w.test_acc.to_bits(), "trial {i}");
         assert_eq!(seen[i], 2, "trial {i} reported each epoch once");
     }
+}
+
+/// A group's hooks that hand out `queue` to freed slots and record what each trial did.
+struct Refill {
+    queue: std::collections::VecDeque<TrialConfig>,
+    /// Every trial, in the group's numbering: the first ones, then those taken.
+    trials: Vec<TrialConfig>,
+    epochs: Vec<Vec<EpochStats>>,
+    ends: Vec<Option<Result<TrialResult, Stop>>>,
+    /// When each trial was taken: the epochs the group's other trials had then reported.
+    taken_after: Vec<usize>,
+}
+
+impl GroupHooks for Refill {
+    fn epoch(&mut self, id: usize, stats: &EpochStats) {
+        self.epochs[id].push(stats.clone());
+    }
+    fn end(&mut self, id: usize, end: Result<TrialResult, Stop>) {
+        assert!(self.ends[id].is_none(), "trial {id} ended twice");
+        self.ends[id] = Some(end);
+    }
+    fn next(&mut self) -> Option<TrialConfig> {
+        let cfg = self.queue.pop_front()?;
+        self.trials.push(cfg.clone());
+        self.epochs.push(Vec::new());
+        self.ends.push(None);
+        self.taken_after
+            .push(self.epochs.iter().map(Vec::len).sum());
+        Some(cfg)
+    }
+}
+
+#[test]
+fn a_trial_that_takes_a_freed_slot_trains_as_it_would_alone() {
+    // Trials pruned after their first epoch free their slots; a slot empty at the start takes
+    // a trial at the first boundary. Adam's bias correction and the dropout masks count each
+    // trial's own steps, and batch norm's running figures start afresh.
+    for (model, d, optimizer) in [
+        (mlp(), data([1, 6, 6], 96, 40), Optimizer::Adam),
+        (mlp(), data([1, 6, 6], 96, 40), Optimizer::Sgd),
+        (cnn(), data([1, 10, 10], 64, 24), Optimizer::Adam),
+    ] {
+        let prune = || Some(Prune::new(Arc::new(|s: &EpochStats| s.epoch == 1)));
+        let mut cfgs: Vec<_> = (0..7)
+            .map(|i| TrialConfig {
+                epochs: 3,
+                ..config(&model, optimizer, &d, i)
+            })
+            .collect();
+        // Trials 0 and 3 stop after epoch 1; the rest train their 3 epochs.
+        cfgs[0].prune = prune();
+        cfgs[3].prune = prune();
+        let mut hooks = Refill {
+            queue: cfgs[2..].iter().cloned().collect(),
+            trials: cfgs[..2].to_vec(),
+            epochs: vec![Vec::new(); 2],
+            ends: vec![None, None],
+            taken_after: vec![0, 0],
+        };
+        let mut be = CpuBackend::new(Arc::clone(&d), None);
+        run_refilled(&mut be, cfgs[..2].to_vec(), 3, &mut hooks);
+        assert!(hooks.queue.is_empty(), "every trial was taken");
+        assert_eq!(hooks.trials.len(), cfgs.len());
+        // Slots 0 (pruned) and 2 (empty) take trials 2 and 3 after the group's first epoch.
+        assert_eq!(hooks.taken_after[2..4], [2, 2], "{:?}", hooks.taken_after);
+        for (id, cfg) in hooks.trials.iter().enumerate() {
+            let what = format!("{model:?} {optimizer:?}: trial {id} (seed {})", cfg.seed);
+            let want = alone(&d, cfg);
+            let got = &hooks.epochs[id];
+            assert_eq!(got.len(), want.epochs.len(), "{what}: epochs");
+            for (g, w) in got.iter().zip(&want.epochs) {
+                assert_eq!(g.epoch, w.epoch, "{what}");
+                assert_eq!(
+                    bits(g),
+                    bits(w),
+                    "{what}: epoch {}: {g:?} vs {w:?}",
+                    w.epoch
+                );
+            }
+            let end = hooks.ends[id].as_ref().expect("every trial ends");
+            let (Ok(g), Ok(w)) = (end, &want.end) else {
+                panic!("{what}: {end:?} / {:?}", want.end)
+            };
+            assert_eq!(g.epochs, w.epochs, "{what}");
+            assert_eq!(g.test_acc.to_bits(), w.test_acc.to_bits(), "{what}");
+            assert_eq!(g.final_loss.to_bits(), w.final_loss.to_bits(), "{what}");
+        }
+    }
+}
+
+#[test]
+fn a_group_whose_epochs_are_capped_takes_no_trial_into_a_freed_slot() {
+    // With capped steps the group's data position does not restart at a boundary.
+    let d = data([1, 6, 6], 96, 40);
+    let mut cfgs: Vec<_> = (0..3)
+        .map(|i| TrialConfig {
+            max_steps: Some(2),
+            ..config(&mlp(), Optimizer::Sgd, &d, i)
+        })
+        .collect();
+    cfgs[0].prune = Some(Prune::new(Arc::new(|s: &EpochStats| s.epoch == 1)));
+    let mut hooks = Refill {
+        queue: cfgs[2..].iter().cloned().collect(),
+        trials: cfgs[..2].to_vec(),
+        epochs: vec![Vec::new(); 2],
+        ends: vec![None, None],
+        taken_after: vec![0, 0],
+    };
+    let mut be = CpuBackend::new(Arc::clone(&d), None);
+    run_refilled(&mut be, cfgs[..2].to_vec(), 3, &mut hooks);
+    assert_eq!(hooks.queue.len(), 1, "the trial waits for another group");
+    assert!(hooks.ends.iter().all(|e| matches!(e, Some(Ok(_)))));
 }

@@ -216,6 +216,63 @@ mod tests {
             assert_eq!(done.state(), TrialState::Complete, "{:?}", done.error());
             assert_eq!(done.result().map(|r| r.epochs), Some(2));
         }
-        assert_eq!(o[2].wall_s, o[3].wall_s, "a group's members share its time");
+        // Each member's time runs from the group's start to its own end.
+        assert!((o[2].wall_s - o[3].wall_s).abs() < 0.5, "{o:?}");
+    }
+
+    #[test]
+    fn a_fused_group_takes_the_next_trial_into_a_slot_its_pruned_trial_freed() {
+        use crate::sched::{Event, Pruning, TrialState};
+        let (job, data, r) = on_cpu(
+            "model: {kind: mlp, hidden: [8]}\ndata: {source: synthetic, train_samples: 256, test_samples: 64}\ntrain: {epochs: 3, batch_size: 64}\n",
+        );
+        let mut ctx = builtin_context(
+            &job,
+            &data,
+            &r,
+            None,
+            std::path::Path::new("gpumux"),
+            &Cancel::new(),
+        )
+        .unwrap();
+        // Even trials stop after their first epoch.
+        ctx.prune = Some(Pruning(Arc::new(|t, s| t.index % 2 == 0 && s.epoch == 1)));
+        // Two at a time on one slice: one group of two slots.
+        let round = Round {
+            index: 0,
+            n: 2,
+            split: SplitMode::Fused,
+            slices: vec![SliceSpec::at(0, 0).capped(64 << 20)],
+            trials: crate::plan::trials(&job, 6).unwrap(),
+        };
+        let mut log = Vec::new();
+        let (mut running, mut most) = (0, 0);
+        let out = run_round(&round, &ctx, &mut |e| match e {
+            Event::Started { trial, .. } => {
+                running += 1;
+                most = most.max(running);
+                log.push(format!("start t{}", trial.index));
+            }
+            Event::Finished(o) => {
+                running -= 1;
+                log.push(format!("end t{}", o.trial.index));
+            }
+            _ => {}
+        });
+        assert_eq!(out.outcomes.len(), 6, "{log:?}");
+        for o in &out.outcomes {
+            let (state, epochs) = if o.trial.index % 2 == 0 {
+                (TrialState::Pruned, 1)
+            } else {
+                (TrialState::Complete, 3)
+            };
+            assert_eq!(o.state(), state, "t{}: {:?}", o.trial.index, o.error());
+            assert_eq!(o.result().map(|r| r.epochs), Some(epochs), "{log:?}");
+        }
+        assert_eq!(most, 2, "never more than the group's slots: {log:?}");
+        // t0 is pruned after the group's first epoch and t2 takes its slot while t1 trains on.
+        let at = |what: &str| log.iter().position(|l| l == what).unwrap();
+        assert!(at("start t2") < at("end t1"), "{log:?}");
+        assert!(at("end t0") < at("start t2"), "{log:?}");
     }
 }

@@ -1,4 +1,4 @@
-//! How a round's trials are queued: one by one, or (`split: fused`) in fused groups of compatible trials.
+//! How a round's trials are queued: one by one, or (`split: fused`) in fused groups of compatible trials, or as single trials that fused groups take into their slots.
 
 use super::RoundContext;
 use crate::job::SplitMode;
@@ -18,6 +18,16 @@ pub fn queued(round: &Round, ctx: &RoundContext) -> Vec<Vec<TrialSpec>> {
     chunked(round.trials.clone(), width, slices, |t| {
         crate::train::group_key(&work.config(ctx, t))
     })
+}
+
+/// The width of the fused groups of `round` when they refill their freed slots from a queue of
+/// single trials (`wanted`: its trials are proposed one by one, or pruned), as [`queued`]'s
+/// groups would be; `None` when the round has no fused groups of built-in trials.
+pub fn refill_width(round: &Round, ctx: &RoundContext, wanted: bool) -> Option<usize> {
+    ctx.builtin()
+        .filter(|_| wanted && round.split == SplitMode::Fused)?;
+    let cpu = ctx.devices.kind() == crate::engine::BackendKind::Cpu;
+    Some(fused_width(round.n as usize, round.slices.len(), cpu))
 }
 
 /// `items` bucketed by `key` (buckets in the order of their first item, items in their order

@@ -7,6 +7,7 @@ pub mod group;
 pub mod lines;
 pub mod metric_line;
 pub mod process;
+pub mod queue;
 pub mod reap;
 pub mod signals;
 pub mod template;
@@ -18,7 +19,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::{bounded, unbounded, RecvTimeoutError, Sender};
+use crossbeam_channel::{bounded, RecvTimeoutError, Sender};
 
 use crate::data::{DataSpec, Dataset};
 use crate::engine::cpu::CpuBackend;
@@ -29,6 +30,7 @@ use crate::job::{EngineOptions, ModelSpec, SplitMode};
 use crate::plan::{PerDevice, Round, SliceSpec, TrialSpec};
 use crate::train::{EpochStats, Prune, TrialConfig, TrialResult};
 pub use end::{Failure, Stop, TrialEnd};
+use queue::TrialQueue;
 
 /// Where a trial is in its life.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -527,27 +529,37 @@ fn run_round_core(
     idle: &mut dyn FnMut(),
     mut feed: Option<Feed>,
 ) -> RoundOutcome {
-    let (queue_tx, queue_rx) = unbounded::<Vec<TrialSpec>>();
-    // The receiver lives until the end of this function, so sending cannot fail.
-    let mut queue_tx = match feed.as_mut() {
+    let kind = ctx.worker_kind(round.split);
+    // Fused groups refill their freed slots from a queue of single trials when trials are
+    // proposed one by one or pruned: the groups stay full.
+    let refill = group::refill_width(round, ctx, feed.is_some() || ctx.prune.is_some());
+    let queue = TrialQueue::new(refill.is_some(), feed.is_some());
+    match feed.as_mut() {
         None => {
-            for g in group::queued(round, ctx) {
-                let _ = queue_tx.send(g);
+            match refill {
+                // Compatible trials one after another, as the groups would take them.
+                Some(_) => group::queued(round, ctx)
+                    .into_iter()
+                    .flatten()
+                    .for_each(|t| queue.push(vec![t])),
+                None => group::queued(round, ctx)
+                    .into_iter()
+                    .for_each(|g| queue.push(g)),
             }
-            drop(queue_tx);
-            None
+            queue.close();
         }
         Some(feed) => {
-            let mut open = Some(queue_tx);
-            for _ in 0..round.slices.len().max(1) {
-                match (feed(None), &open) {
-                    (Some(t), Some(tx)) => {
-                        let _ = tx.send(vec![t]);
+            // One trial per slice, or a whole group per slice.
+            let first = round.slices.len().max(1) * refill.unwrap_or(1);
+            for _ in 0..first {
+                match feed(None) {
+                    Some(t) => queue.push(vec![t]),
+                    None => {
+                        queue.close();
+                        break;
                     }
-                    _ => open = None,
                 }
             }
-            open
         }
     };
     let (event_tx, event_rx) = bounded::<Event>(EVENT_QUEUE);
@@ -555,10 +567,9 @@ fn run_round_core(
     let mut outcomes = Vec::new();
     let mut makespan_s = 0.0;
     let parts = partitions(round.split, &round.slices, &ctx.devices);
-    let kind = ctx.worker_kind(round.split);
     std::thread::scope(|s| {
         for slice in &round.slices {
-            let queue = queue_rx.clone();
+            let queue = &queue;
             let events = event_tx.clone();
             let part = match &parts {
                 Ok(p) => Ok(partition_of(p, slice)),
@@ -568,24 +579,54 @@ fn run_round_core(
                 let finish = |mut outcome: TrialOutcome| {
                     outcome.end =
                         require_metric(outcome.end, ctx.metric.as_deref()).settle(&ctx.cancel);
+                    queue.owe();
                     let _ = events.send(Event::Finished(Box::new(outcome)));
                 };
                 // A group not started stays queued, all its members: a resumed run picks them up.
-                while let Ok(group) = queue.recv() {
+                while let Some(mut group) = queue.recv() {
                     if ctx.cancel.draining() {
                         break;
                     }
-                    // Only `fused` queues groups of several (of built-in trials, in threads).
-                    if let (WorkerKind::Fused(work), true, Ok(p)) = (kind, group.len() > 1, &part) {
-                        for t in &group {
-                            let _ = events.send(Event::Started {
-                                trial: t.clone(),
-                                slice: slice.index,
-                            });
+                    // Only `fused` queues groups of several, or refills (built-in trials, in
+                    // threads).
+                    if let (WorkerKind::Fused(work), Ok(p), Some(first)) =
+                        (kind, &part, group.first())
+                    {
+                        if group.len() > 1 || queue.refills() {
+                            let key = crate::train::group_key(&work.config(ctx, first));
+                            let fits = |t: &TrialSpec| {
+                                crate::train::group_key(&work.config(ctx, t)) == key
+                            };
+                            let width = refill.unwrap_or(group.len()).max(group.len());
+                            while group.len() < width {
+                                match queue.take_if(&fits) {
+                                    Some(t) => group.push(t),
+                                    None => break,
+                                }
+                            }
+                            for t in &group {
+                                let _ = events.send(Event::Started {
+                                    trial: t.clone(),
+                                    slice: slice.index,
+                                });
+                            }
+                            let flow = thread::GroupFlow {
+                                queue,
+                                fits: &fits,
+                                finish: &finish,
+                            };
+                            thread::run_group(
+                                ctx,
+                                work,
+                                slice,
+                                p.clone(),
+                                group,
+                                width,
+                                &events,
+                                flow,
+                            );
+                            continue;
                         }
-                        let ends = thread::run_group(ctx, work, slice, p.clone(), group, &events);
-                        ends.into_iter().for_each(&finish);
-                        continue;
                     }
                     for trial in group {
                         let _ = events.send(Event::Started {
@@ -611,9 +652,11 @@ fn run_round_core(
             });
         }
         drop(event_tx);
+        let mut open = feed.is_some();
         loop {
-            if ctx.cancel.draining() {
-                queue_tx = None;
+            if open && ctx.cancel.draining() {
+                queue.close();
+                open = false;
             }
             let ev = match event_rx.recv_timeout(IDLE_TICK) {
                 Ok(ev) => ev,
@@ -628,12 +671,18 @@ fn run_round_core(
                 if outcomes.len() == round.trials.len() {
                     makespan_s = started.elapsed().as_secs_f64();
                 }
-                if let (Some(feed), Some(tx)) = (feed.as_mut(), &queue_tx) {
-                    match feed(Some(o)) {
-                        Some(t) if !ctx.cancel.draining() => {
-                            let _ = tx.send(vec![t]);
+                if let Some(feed) = feed.as_mut() {
+                    // Every end reported in a fed round is answered: the next trial, or none.
+                    let next = if open { feed(Some(o)) } else { None };
+                    match next {
+                        Some(t) if !ctx.cancel.draining() => queue.answer(Some(t)),
+                        _ => {
+                            queue.answer(None);
+                            if open {
+                                queue.close();
+                                open = false;
+                            }
                         }
-                        _ => queue_tx = None,
                     }
                 }
             }

@@ -54,15 +54,23 @@ pub trait Steps {
 }
 
 /// One trial of a training: its seed (which gives its orders) and its pruning.
-#[derive(Clone, Copy)]
-pub struct Member<'a> {
+#[derive(Clone)]
+pub struct Member {
     pub seed: u64,
-    pub prune: Option<&'a Prune>,
+    pub prune: Option<Prune>,
 }
 
-/// How each member of a training ended, once it has: `None` while it trains.
+/// How each slot of a training stands: a member training in it, a member that has ended (its
+/// end not yet handed on), or nothing (a fused group's slot that waits for a member).
 #[derive(Debug, Default)]
-pub struct Ends(Vec<Option<End>>);
+pub struct Ends(Vec<SlotState>);
+
+#[derive(Debug)]
+enum SlotState {
+    Live,
+    Ended(End),
+    Free,
+}
 
 #[derive(Debug)]
 enum End {
@@ -70,35 +78,69 @@ enum End {
     Stopped(Stop),
     /// Stopped by its pruning after this epoch, with the result of the epochs it trained.
     Pruned(EpochStats),
+    /// Trained every epoch.
+    Complete,
 }
 
 impl Ends {
-    fn new(width: usize) -> Ends {
-        Ends((0..width).map(|_| None).collect())
-    }
-
-    /// Whether member `i` still trains.
+    /// Whether the member in slot `i` still trains.
     pub fn live(&self, i: usize) -> bool {
-        self.0.get(i).is_some_and(Option::is_none)
+        matches!(self.0.get(i), Some(SlotState::Live))
     }
 
     pub fn any_live(&self) -> bool {
-        self.0.iter().any(Option::is_none)
+        self.0.iter().any(|s| matches!(s, SlotState::Live))
     }
 
-    /// Ends member `i` with `stop`, unless it has ended already.
+    /// Ends the member in slot `i` with `stop`, unless it has ended already.
     pub fn stop(&mut self, i: usize, stop: Stop) {
-        if let Some(end @ None) = self.0.get_mut(i) {
-            *end = Some(End::Stopped(stop));
+        if let Some(state @ SlotState::Live) = self.0.get_mut(i) {
+            *state = SlotState::Ended(End::Stopped(stop));
         }
     }
 
     /// Ends every member still training with (a copy of) `stop`.
     fn stop_all(&mut self, stop: &Stop) {
-        for end in self.0.iter_mut().filter(|e| e.is_none()) {
-            *end = Some(End::Stopped(stop.clone()));
+        for state in self.0.iter_mut() {
+            if matches!(state, SlotState::Live) {
+                *state = SlotState::Ended(End::Stopped(stop.clone()));
+            }
         }
     }
+
+    fn end(&mut self, i: usize, end: End) {
+        self.0[i] = SlotState::Ended(end);
+    }
+}
+
+/// What a training tells, and asks, as it goes: each epoch and each end of a member (members are
+/// numbered in the order they start), and, at an epoch boundary, a member for a free slot.
+pub trait Hooks<S: ?Sized> {
+    /// Member `id` trained an epoch.
+    fn epoch(&mut self, s: &mut S, id: usize, e: &Epoch);
+    /// Member `id` ended: its result, or why it has none.
+    fn end(&mut self, s: &mut S, id: usize, end: Result<TrialResult, Stop>);
+    /// Slot `slot` is free after `epochs_done` epochs of the training: the next member, started
+    /// in it by `s` (a fused group's refill), or why it could not start (it ends with that at
+    /// once); `None` leaves the slot free until the next boundary.
+    fn join(
+        &mut self,
+        _s: &mut S,
+        _slot: usize,
+        _epochs_done: u32,
+    ) -> Option<Result<Member, Stop>> {
+        None
+    }
+}
+
+/// A member in its slot: its number, where it joined and when, and its last epoch's figures.
+struct Slot {
+    id: usize,
+    member: Member,
+    /// The training's epochs done when it joined: its own epoch is the training's less this.
+    joined: u32,
+    started: Instant,
+    last: Option<EpochStats>,
 }
 
 /// An epoch's training sums (loss, then correct predictions) and its test `(loss, accuracy)`.
@@ -169,12 +211,8 @@ pub fn epoch_stats(
     }
 }
 
-/// Trains: for each epoch, each member's order from the seed schedule, the steps (checking
-/// `cancel` before each), the training figures and, unless the steps are capped, an
-/// evaluation; then, for each member still training, `on_epoch` (which sees the steps as
-/// well), then its pruning, which may stop it there with the result of its epochs so far. A
-/// member that diverges ends alone; an error of the steps ends every member still training.
-/// `started` is when the training started. Returns each member's end, in order.
+/// Trains `members` side by side (see [`train_slots`]), each from the first epoch, with no
+/// member joining later. Returns each member's end, in order.
 pub fn train<S: Steps + ?Sized>(
     s: &mut S,
     plan: &Schedule,
@@ -183,96 +221,243 @@ pub fn train<S: Steps + ?Sized>(
     started: Instant,
     on_epoch: &mut dyn FnMut(&mut S, usize, &Epoch),
 ) -> Vec<Result<TrialResult, Stop>> {
-    let mut ends = Ends::new(members.len());
-    let mut last = vec![None; members.len()];
-    match epochs(
-        s, plan, members, cancel, started, on_epoch, &mut ends, &mut last,
-    ) {
-        Ok(()) => {}
-        Err(e) => ends.stop_all(&e),
+    struct Collect<'f, S: ?Sized> {
+        on_epoch: &'f mut dyn FnMut(&mut S, usize, &Epoch),
+        ends: Vec<Option<Result<TrialResult, Stop>>>,
     }
-    let wall_s = started.elapsed().as_secs_f64();
-    let (arena, params) = (s.arena_bytes(), s.param_count());
-    ends.0
+    impl<S: ?Sized> Hooks<S> for Collect<'_, S> {
+        fn epoch(&mut self, s: &mut S, id: usize, e: &Epoch) {
+            (self.on_epoch)(s, id, e)
+        }
+        fn end(&mut self, _: &mut S, id: usize, end: Result<TrialResult, Stop>) {
+            if let Some(slot) = self.ends.get_mut(id) {
+                *slot = Some(end);
+            }
+        }
+    }
+    let mut hooks = Collect {
+        on_epoch,
+        ends: members.iter().map(|_| None).collect(),
+    };
+    let first = members.iter().cloned().map(Some).collect();
+    train_slots(s, plan, first, cancel, started, &mut hooks);
+    hooks
+        .ends
         .into_iter()
-        .zip(last)
-        .map(|(end, last)| match (end, last) {
-            (Some(End::Stopped(e)), _) => Err(e),
-            (Some(End::Pruned(at)), _) => {
+        .map(|e| e.unwrap_or_else(|| Err(Stop::worker("no epoch ran"))))
+        .collect()
+}
+
+/// Trains the members in their slots (`first[i]` in slot `i`; `None` leaves it free): each
+/// epoch, each member's order from the seed schedule at its own epoch, the steps (checking
+/// `cancel` before each), the training figures and, unless the steps are capped, an
+/// evaluation; then, for each member still training, [`Hooks::epoch`], then its pruning, which
+/// may stop it there with the result of its epochs so far. A member ends after its last epoch,
+/// when pruned, when it diverges (alone), or with an error of the steps (every member still
+/// training); each end goes to [`Hooks::end`] at the epoch boundary where it happened, and
+/// every member gets one. When whole epochs run, a slot freed then takes the member
+/// [`Hooks::join`] gives it, from its own first epoch. The training ends once no slot holds a
+/// member. `started` is when the first members started.
+pub fn train_slots<S: Steps + ?Sized>(
+    s: &mut S,
+    plan: &Schedule,
+    first: Vec<Option<Member>>,
+    cancel: &Cancel,
+    started: Instant,
+    hooks: &mut dyn Hooks<S>,
+) {
+    let mut ends = Ends(
+        first
+            .iter()
+            .map(|m| match m {
+                Some(_) => SlotState::Live,
+                None => SlotState::Free,
+            })
+            .collect(),
+    );
+    let mut ids = 0..;
+    let mut slots: Vec<Option<Slot>> = first
+        .into_iter()
+        .map(|m| {
+            m.map(|member| Slot {
+                id: ids.next().unwrap_or(0),
+                member,
+                joined: 0,
+                started,
+                last: None,
+            })
+        })
+        .collect();
+    let wrong = if s.width() != slots.len() {
+        Some(format!(
+            "a training of {} trials was given {} slots",
+            s.width(),
+            slots.len()
+        ))
+    } else {
+        (plan.epochs == 0).then(|| "no epoch ran".to_string())
+    };
+    if let Some(why) = wrong {
+        ends.stop_all(&Stop::worker(why));
+        hand_on(s, plan, &mut slots, &mut ends, hooks);
+        return;
+    }
+    // A member joins at an epoch boundary only when epochs run whole: the group's data position
+    // is its step counter modulo the steps of an epoch, the same for every member.
+    let joins = plan.steps() == plan.steps_per_epoch();
+    let mut done = 0u32;
+    loop {
+        let epoch = done + 1;
+        if let Err(e) = run_epoch(s, plan, epoch, &mut slots, cancel, &mut ends, hooks) {
+            ends.stop_all(&e);
+            hand_on(s, plan, &mut slots, &mut ends, hooks);
+            return;
+        }
+        done = epoch;
+        if !ends.any_live() {
+            // The last wait: a member that trained to its end has a result only once its work
+            // is done.
+            if let Err(e) = s.finish() {
+                for state in ends.0.iter_mut() {
+                    if matches!(state, SlotState::Ended(End::Complete)) {
+                        *state = SlotState::Ended(End::Stopped(e.clone()));
+                    }
+                }
+            }
+        }
+        hand_on(s, plan, &mut slots, &mut ends, hooks);
+        if joins && !cancel.draining() {
+            for (i, slot) in slots.iter_mut().enumerate() {
+                if slot.is_some() {
+                    continue;
+                }
+                let Some(joined) = hooks.join(s, i, done) else {
+                    continue;
+                };
+                let id = ids.next().unwrap_or(0);
+                match joined {
+                    Ok(member) => {
+                        *slot = Some(Slot {
+                            id,
+                            member,
+                            joined: done,
+                            started: Instant::now(),
+                            last: None,
+                        });
+                        ends.0[i] = SlotState::Live;
+                    }
+                    Err(e) => hooks.end(s, id, Err(e)),
+                }
+            }
+        }
+        if !ends.any_live() {
+            return;
+        }
+    }
+}
+
+/// Epoch `epoch` of the training: the members' orders, the steps, the figures, each live
+/// member's [`Hooks::epoch`], and its pruning or, after its last epoch, its end.
+fn run_epoch<S: Steps + ?Sized>(
+    s: &mut S,
+    plan: &Schedule,
+    epoch: u32,
+    slots: &mut [Option<Slot>],
+    cancel: &Cancel,
+    ends: &mut Ends,
+    hooks: &mut dyn Hooks<S>,
+) -> Result<(), Stop> {
+    let epoch_start = Instant::now();
+    // A free slot's order is never used for a member: any order of the split serves.
+    let orders = slots
+        .iter()
+        .map(|slot| match slot {
+            Some(m) => seeds::epoch_order(m.member.seed, epoch - m.joined, plan.n_train),
+            None => (0..plan.n_train as u32).collect(),
+        })
+        .collect();
+    s.begin_epoch(orders)?;
+    let steps = plan.steps();
+    let steps_start = Instant::now();
+    for step in 0..steps {
+        if cancel.aborted() {
+            return Err(Stop::Interrupted);
+        }
+        s.step(StepAt { epoch, step, steps }, ends)?;
+        if !ends.any_live() {
+            return Ok(());
+        }
+    }
+    let train_s = steps_start.elapsed().as_secs_f64().max(1e-9);
+    // Short runs (max_steps) time training alone and skip evaluation, warm-ups aside.
+    let sums = s.end_epoch(epoch, plan.evaluates(), ends)?;
+    for (i, (sums, test)) in sums.into_iter().enumerate() {
+        let Some(slot) = slots.get_mut(i).and_then(Option::as_mut) else {
+            continue;
+        };
+        if !ends.live(i) {
+            continue;
+        }
+        let own = epoch - slot.joined;
+        let e = Epoch {
+            stats: epoch_stats(own, plan, sums, test, slot.started),
+            train_s,
+            epoch_s: epoch_start.elapsed().as_secs_f64(),
+            steps,
+        };
+        hooks.epoch(s, slot.id, &e);
+        // Stopped early: the result of the epochs trained ([`Prune::stopped`] says so).
+        let pruned = slot
+            .member
+            .prune
+            .as_ref()
+            .is_some_and(|p| p.stops(&e.stats));
+        if pruned {
+            ends.end(i, End::Pruned(e.stats.clone()));
+            s.end_member(i)?;
+        } else if own >= plan.epochs {
+            ends.end(i, End::Complete);
+            if ends.any_live() {
+                s.end_member(i)?;
+            }
+        }
+        slot.last = Some(e.stats);
+    }
+    Ok(())
+}
+
+/// Hands each member that has ended to [`Hooks::end`], and frees its slot.
+fn hand_on<S: Steps + ?Sized>(
+    s: &mut S,
+    plan: &Schedule,
+    slots: &mut [Option<Slot>],
+    ends: &mut Ends,
+    hooks: &mut dyn Hooks<S>,
+) {
+    let (arena, params) = (s.arena_bytes(), s.param_count());
+    for (i, state) in ends.0.iter_mut().enumerate() {
+        if !matches!(state, SlotState::Ended(_)) {
+            continue;
+        }
+        let SlotState::Ended(end) = std::mem::replace(state, SlotState::Free) else {
+            continue;
+        };
+        let Some(slot) = slots.get_mut(i).and_then(Option::take) else {
+            continue;
+        };
+        let wall_s = slot.started.elapsed().as_secs_f64();
+        let res = match (end, slot.last) {
+            (End::Stopped(e), _) => Err(e),
+            (End::Pruned(at), _) => {
                 let mut cut = *plan;
                 cut.epochs = at.epoch;
                 Ok(result(at, &cut, wall_s, arena, params))
             }
-            (None, Some(last)) => Ok(result(last, plan, wall_s, arena, params)),
-            (None, None) => Err(Stop::worker("no epoch ran")),
-        })
-        .collect()
-}
-
-/// The epochs of [`train`]: `Ok` once every epoch ran or no member trains any more; an error
-/// of the steps is returned for every member still training.
-#[allow(clippy::too_many_arguments)]
-fn epochs<S: Steps + ?Sized>(
-    s: &mut S,
-    plan: &Schedule,
-    members: &[Member],
-    cancel: &Cancel,
-    started: Instant,
-    on_epoch: &mut dyn FnMut(&mut S, usize, &Epoch),
-    ends: &mut Ends,
-    last: &mut [Option<EpochStats>],
-) -> Result<(), Stop> {
-    if s.width() != members.len() {
-        return Err(Stop::worker(format!(
-            "a training of {} trials was given {} seeds",
-            s.width(),
-            members.len()
-        )));
+            (End::Complete, Some(last)) => Ok(result(last, plan, wall_s, arena, params)),
+            (End::Complete, None) => Err(Stop::worker("no epoch ran")),
+        };
+        hooks.end(s, slot.id, res);
     }
-    let steps = plan.steps();
-    for epoch in 1..=plan.epochs {
-        let epoch_start = Instant::now();
-        let orders = members
-            .iter()
-            .map(|m| seeds::epoch_order(m.seed, epoch, plan.n_train))
-            .collect();
-        s.begin_epoch(orders)?;
-        let steps_start = Instant::now();
-        for step in 0..steps {
-            if cancel.aborted() {
-                return Err(Stop::Interrupted);
-            }
-            s.step(StepAt { epoch, step, steps }, ends)?;
-            if !ends.any_live() {
-                return Ok(());
-            }
-        }
-        let train_s = steps_start.elapsed().as_secs_f64().max(1e-9);
-        // Short runs (max_steps) time training alone and skip evaluation, warm-ups aside.
-        let sums = s.end_epoch(epoch, plan.evaluates(), ends)?;
-        for (i, (member, (sums, test))) in members.iter().zip(sums).enumerate() {
-            if !ends.live(i) {
-                continue;
-            }
-            let e = Epoch {
-                stats: epoch_stats(epoch, plan, sums, test, started),
-                train_s,
-                epoch_s: epoch_start.elapsed().as_secs_f64(),
-                steps,
-            };
-            on_epoch(s, i, &e);
-            // Stopped early: the result of the epochs trained ([`Prune::stopped`] says so).
-            if member.prune.is_some_and(|p| p.stops(&e.stats)) {
-                ends.0[i] = Some(End::Pruned(e.stats.clone()));
-                s.end_member(i)?;
-            }
-            last[i] = Some(e.stats);
-        }
-        if !ends.any_live() {
-            break;
-        }
-    }
-    s.finish()
 }
 
 /// The end of a training of one member ([`train`]'s only end).
@@ -418,7 +603,7 @@ mod tests {
             },
             Member {
                 seed: 2,
-                prune: Some(&prune),
+                prune: Some(prune.clone()),
             },
             Member {
                 seed: 3,
@@ -459,7 +644,7 @@ mod tests {
         let members = [
             Member {
                 seed: 1,
-                prune: Some(&prune),
+                prune: Some(prune.clone()),
             },
             Member {
                 seed: 2,

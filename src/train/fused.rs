@@ -15,36 +15,95 @@ use crate::units::MIB;
 /// Each trial's end, in the group's order.
 pub type GroupEnds = Vec<Result<TrialResult, Stop>>;
 
+/// What a fused group tells, and asks of, whoever runs it. Its trials are numbered: those it was
+/// given, in order, then those [`GroupHooks::next`] gave it, in the order taken.
+pub trait GroupHooks {
+    /// Trial `id` trained an epoch.
+    fn epoch(&mut self, id: usize, stats: &EpochStats);
+    /// Trial `id` ended: its result, or why it has none. Every trial gets one end.
+    fn end(&mut self, id: usize, end: Result<TrialResult, Stop>);
+    /// A trial for a slot freed at an epoch boundary (of the group's [`group_key`]: another
+    /// fails at once); `None` when there is none now.
+    fn next(&mut self) -> Option<TrialConfig> {
+        None
+    }
+}
+
 /// Trains `cfgs` (trials of one [`group_key`]) as one fused group on `be`, calling
 /// `on_epoch(i, stats)` after each epoch of trial `i`. Returns each trial's end, in order.
-///
-/// Each trial computes what it computes alone ([`run_trial`]): on the CPU backend bit for bit.
-/// A trial whose loss turns non-finite fails alone and the others go on. A group whose arena
-/// does not fit under the backend's cap trains in parts that fit, one after another; a trial
-/// that does not fit alone fails as it would alone.
+/// See [`run_refilled`].
 pub fn run_group(
     be: &mut dyn Backend,
     cfgs: &[TrialConfig],
     on_epoch: &mut dyn FnMut(usize, &EpochStats),
 ) -> GroupEnds {
-    let Some(first) = cfgs.first() else {
-        return Vec::new();
+    struct Collect<'f> {
+        on_epoch: &'f mut dyn FnMut(usize, &EpochStats),
+        ends: Vec<Option<Result<TrialResult, Stop>>>,
+    }
+    impl GroupHooks for Collect<'_> {
+        fn epoch(&mut self, id: usize, stats: &EpochStats) {
+            (self.on_epoch)(id, stats)
+        }
+        fn end(&mut self, id: usize, end: Result<TrialResult, Stop>) {
+            if let Some(slot) = self.ends.get_mut(id) {
+                *slot = Some(end);
+            }
+        }
+    }
+    let mut hooks = Collect {
+        on_epoch,
+        ends: cfgs.iter().map(|_| None).collect(),
     };
-    let key = group_key(first);
+    run_refilled(be, cfgs.to_vec(), cfgs.len(), &mut hooks);
+    hooks
+        .ends
+        .into_iter()
+        .map(|e| e.unwrap_or_else(|| Err(Stop::worker("the fused group gave this trial no end"))))
+        .collect()
+}
+
+/// Trains `cfgs` (trials of one [`group_key`]) as one fused group of `width` slots (at least
+/// one per trial) on `be`: each trial's epochs and end go to `hooks` as they happen. When epochs
+/// run whole, a slot that a trial leaves (pruned, diverged, or done), or that no trial held at
+/// the start, takes the trial [`GroupHooks::next`] gives it at the next epoch boundary, which
+/// then trains from its own first epoch while the others go on: the group stays full as long
+/// as trials come. The group ends once no slot holds a trial.
+///
+/// Each trial computes what it computes alone ([`run_trial`]): on the CPU backend bit for bit,
+/// a trial that took a freed slot too. A trial whose loss turns non-finite fails alone and the
+/// others go on. A group whose arena does not fit under the backend's cap trains with as many
+/// slots as fit (in parts one after another, when slots cannot be refilled); a trial that does
+/// not fit alone fails as it would alone.
+pub fn run_refilled(
+    be: &mut dyn Backend,
+    cfgs: Vec<TrialConfig>,
+    width: usize,
+    hooks: &mut dyn GroupHooks,
+) {
+    let Some(first) = cfgs.first().cloned() else {
+        return;
+    };
+    let key = group_key(&first);
     if let Some(odd) = cfgs.iter().position(|c| group_key(c) != key) {
         let why = format!("trial {odd} of a fused group does not share the first one's model, batch, optimizer or epochs");
-        return cfgs
-            .iter()
-            .map(|_| Err(Stop::worker(why.clone())))
-            .collect();
+        for id in 0..cfgs.len() {
+            hooks.end(id, Err(Stop::worker(why.clone())));
+        }
+        return;
     }
     let _guard = be.thread_guard();
     let started = Instant::now();
-    let alone = |be: &mut dyn Backend, on_epoch: &mut dyn FnMut(usize, &EpochStats)| {
-        cfgs.iter()
-            .enumerate()
-            .map(|(i, cfg)| run_trial(be, cfg, &mut |s| on_epoch(i, s)))
-            .collect::<GroupEnds>()
+    let alone = |be: &mut dyn Backend, hooks: &mut dyn GroupHooks| {
+        for (id, cfg) in cfgs.iter().enumerate() {
+            let end = run_trial(be, cfg, &mut |s| hooks.epoch(id, s));
+            hooks.end(id, end);
+        }
+    };
+    let fail_all = |hooks: &mut dyn GroupHooks, e: Stop| {
+        for id in 0..cfgs.len() {
+            hooks.end(id, Err(e.clone()));
+        }
     };
     let n_train = be.split_len(Split::Train);
     let batch = first.hyper.batch_size as usize;
@@ -59,84 +118,183 @@ pub fn run_group(
     ) {
         Ok(net) if batch <= n_train => net,
         // Each trial fails alone with the error it meets alone.
-        _ => return alone(be, on_epoch),
+        _ => return alone(be, hooks),
     };
-    let dropout: Vec<f32> = cfgs.iter().map(|c| c.hyper.dropout as f32).collect();
-    let fused = match FusedNetwork::new(&single, &dropout, n_train) {
-        Ok(f) => f,
-        Err(message) => {
-            let e = EngineError::Shape {
+    let plan = schedule(&first, n_train);
+    let network = |width: usize| {
+        let dropout: Vec<f32> = (0..width)
+            .map(|i| cfgs.get(i).map_or(0.0, |c| c.hyper.dropout as f32))
+            .collect();
+        FusedNetwork::new(&single, &dropout, n_train).map_err(|message| {
+            Stop::from(EngineError::Shape {
                 op: "fused",
                 message,
-            };
-            return cfgs.iter().map(|_| Err(e.clone().into())).collect();
-        }
+            })
+        })
     };
+    let mut width = width.max(cfgs.len());
+    let mut fused = match network(width) {
+        Ok(f) => f,
+        Err(e) => return fail_all(hooks, e),
+    };
+    // A slot takes a new trial only at the boundary of a whole epoch (see `epochs::train_slots`).
+    let refills = plan.steps() == plan.steps_per_epoch() && fused.restartable();
+    if !refills && width > cfgs.len() {
+        width = cfgs.len();
+        fused = match network(width) {
+            Ok(f) => f,
+            Err(e) => return fail_all(hooks, e),
+        };
+    }
     match be.alloc_arena(fused.plan.total) {
         Ok(()) => {}
         Err(EngineError::CapExceeded { need_mib, cap_mib }) => {
             // What the backend adds to the plan does not depend on the group's width.
             let extra = need_mib * MIB - fused.plan.bytes() as f64;
-            let per_trial = (fused.plan.bytes() / cfgs.len()) as f64;
-            let width = ((cap_mib * MIB - extra) / per_trial).floor().max(0.0) as usize;
-            if width == 0 {
-                return alone(be, on_epoch);
+            let per_slot = (fused.plan.bytes() / width) as f64;
+            let fit = ((cap_mib * MIB - extra) / per_slot).floor().max(0.0) as usize;
+            if fit == 0 {
+                return alone(be, hooks);
             }
-            let width = width.min(cfgs.len() - 1);
+            let fit = fit.min(width - 1);
             tracing::info!(
-                "a fused group of {} trials needs {need_mib:.1} MiB, above the cap of \
-                 {cap_mib:.1} MiB: it trains as groups of {width}",
-                cfgs.len()
+                "a fused group of {width} trials needs {need_mib:.1} MiB, above the cap of \
+                 {cap_mib:.1} MiB: it trains as groups of {fit}"
             );
-            let mut ends = Vec::with_capacity(cfgs.len());
-            for (k, part) in cfgs.chunks(width).enumerate() {
-                ends.extend(run_group(be, part, &mut |i, s| on_epoch(k * width + i, s)));
+            if refills {
+                // The trials beyond the first `fit` take the first freed slots, in order.
+                let (head, rest) = (
+                    cfgs[..fit.min(cfgs.len())].to_vec(),
+                    cfgs[fit.min(cfgs.len())..].to_vec(),
+                );
+                let mut pending = Pending {
+                    pending: rest.into(),
+                    inner: hooks,
+                };
+                return run_refilled(be, head, fit, &mut pending);
             }
-            return ends;
+            for (k, part) in cfgs.chunks(fit).enumerate() {
+                let mut part_hooks = Offset {
+                    base: k * fit,
+                    inner: &mut *hooks,
+                };
+                run_refilled(be, part.to_vec(), part.len(), &mut part_hooks);
+            }
+            return;
         }
-        Err(e) => return cfgs.iter().map(|_| Err(e.clone().into())).collect(),
+        Err(e) => return fail_all(hooks, e.into()),
     }
-    let plan = schedule(first, n_train);
     let graphs = first.engine.graphs && be.supports_graphs();
+    let slots: Vec<Option<TrialConfig>> = (0..width).map(|i| cfgs.get(i).cloned()).collect();
     let mut group = Group {
         be: Counted::new(be),
         fused,
-        cfgs,
+        key,
+        slots,
+        joined: vec![0; width],
         steps: plan.steps(),
         steps_per_epoch: plan.steps_per_epoch(),
-        dropout_seeds: cfgs.iter().map(|c| seeds::dropout(c.seed)).collect(),
+        dropout_seeds: (0..width)
+            .map(|i| seeds::dropout(cfgs.get(i).unwrap_or(&first).seed))
+            .collect(),
         check_every: first.engine.check_every.max(1),
         graphs,
         graph: StepGraph::new(graphs),
-        signatures: Signatures::of(&key, cfgs.len()),
+        signatures: Signatures::of(&group_key(&first), width),
         eval_graphs: EvalGraphs::new(graphs),
-        peeked: vec![0f32; cfgs.len() * STATS_LEN],
-        sums: vec![0f32; 2 * cfgs.len() * STATS_LEN],
+        peeked: vec![0f32; width * STATS_LEN],
+        sums: vec![0f32; 2 * width * STATS_LEN],
         tally: Tally::default(),
+        training: false,
         params: single.param_count() as u64,
+        first,
     };
     if let Err(e) = group.start() {
-        return cfgs.iter().map(|_| Err(e.clone())).collect();
+        return fail_all(hooks, e);
     }
-    let members: Vec<Member> = cfgs
+    let members: Vec<Option<Member>> = group
+        .slots
         .iter()
-        .map(|c| Member {
-            seed: c.seed,
-            prune: c.prune.as_ref(),
+        .map(|c| {
+            c.as_ref().map(|c| Member {
+                seed: c.seed,
+                prune: c.prune.clone(),
+            })
         })
         .collect();
-    let mut ends = epochs::train(
-        &mut group,
-        &plan,
-        &members,
-        &first.cancel,
-        started,
-        &mut |_, i, e| on_epoch(i, &e.stats),
-    );
-    for r in ends.iter_mut().flatten() {
-        group.tally.fill(r);
+    let cancel = group.first.cancel.clone();
+    let mut joins = Joins { hooks, refills };
+    epochs::train_slots(&mut group, &plan, members, &cancel, started, &mut joins);
+}
+
+/// A group's hooks with some trials of its own to give before those of `inner`.
+struct Pending<'h> {
+    pending: std::collections::VecDeque<TrialConfig>,
+    inner: &'h mut dyn GroupHooks,
+}
+
+impl GroupHooks for Pending<'_> {
+    fn epoch(&mut self, id: usize, stats: &EpochStats) {
+        self.inner.epoch(id, stats)
     }
-    ends
+    fn end(&mut self, id: usize, end: Result<TrialResult, Stop>) {
+        self.inner.end(id, end)
+    }
+    fn next(&mut self) -> Option<TrialConfig> {
+        self.pending.pop_front().or_else(|| self.inner.next())
+    }
+}
+
+/// The hooks of a part of a group, whose trials are numbered from `base` in the whole.
+struct Offset<'h> {
+    base: usize,
+    inner: &'h mut dyn GroupHooks,
+}
+
+impl GroupHooks for Offset<'_> {
+    fn epoch(&mut self, id: usize, stats: &EpochStats) {
+        self.inner.epoch(self.base + id, stats)
+    }
+    fn end(&mut self, id: usize, end: Result<TrialResult, Stop>) {
+        self.inner.end(self.base + id, end)
+    }
+}
+
+/// The training loop's hooks for a group: its trials' epochs and ends passed on (with the
+/// group's counts), and a freed slot refilled when `refills`.
+struct Joins<'h> {
+    hooks: &'h mut dyn GroupHooks,
+    refills: bool,
+}
+
+impl epochs::Hooks<Group<'_>> for Joins<'_> {
+    fn epoch(&mut self, _: &mut Group, id: usize, e: &epochs::Epoch) {
+        self.hooks.epoch(id, &e.stats)
+    }
+
+    fn end(&mut self, g: &mut Group, id: usize, mut end: Result<TrialResult, Stop>) {
+        if let Ok(r) = &mut end {
+            if g.training {
+                // The host waits so far, for a trial that ends while the group trains on.
+                g.tally.epochs_end(&g.be);
+            }
+            g.tally.fill(r);
+        }
+        self.hooks.end(id, end)
+    }
+
+    fn join(
+        &mut self,
+        g: &mut Group,
+        slot: usize,
+        epochs_done: u32,
+    ) -> Option<Result<Member, Stop>> {
+        if !self.refills {
+            return None;
+        }
+        let cfg = self.hooks.next()?;
+        Some(g.restart(slot, cfg, epochs_done))
+    }
 }
 
 /// A trial's epochs and steps.
@@ -150,12 +308,18 @@ fn schedule(cfg: &TrialConfig, n_train: usize) -> Schedule {
     }
 }
 
-/// A group in training: its network on its backend, taking the steps of [`epochs::train`] for
-/// every trial at once.
+/// A group in training: its network on its backend, taking the steps of
+/// [`epochs::train_slots`] for every slot at once.
 struct Group<'a> {
     be: Counted<'a>,
     fused: FusedNetwork,
-    cfgs: &'a [TrialConfig],
+    /// The trials' [`group_key`], and the first trial: what every slot shares.
+    key: String,
+    first: TrialConfig,
+    /// The trial in each slot, while it holds one.
+    slots: Vec<Option<TrialConfig>>,
+    /// The group's epochs done when each slot's trial joined.
+    joined: Vec<u32>,
     /// Steps each epoch takes, and of a whole epoch.
     steps: usize,
     steps_per_epoch: usize,
@@ -166,45 +330,88 @@ struct Group<'a> {
     graph: StepGraph,
     signatures: Signatures,
     eval_graphs: EvalGraphs,
-    /// Every trial's sums as a look sees them, and as an epoch ends (training, then test).
+    /// Every slot's sums as a look sees them, and as an epoch ends (training, then test).
     peeked: Vec<f32>,
     sums: Vec<f32>,
     /// What the group asked of its backend (every trial's row carries the group's counts).
     tally: Tally,
+    /// Between the start of an epoch and the last wait.
+    training: bool,
     /// One trial's parameters.
     params: u64,
 }
 
 impl Group<'_> {
-    /// Every trial's initial weights and its hyperparameters, written before the first epoch.
+    /// Every slot's initial weights and hyperparameters, written before the first epoch (a slot
+    /// with no trial gets the first's, and is dead until a trial takes it).
     fn start(&mut self) -> Result<(), Stop> {
-        for (m, cfg) in self.fused.members.iter_mut().zip(self.cfgs) {
-            m.init(&mut self.be, seeds::init(cfg.seed))?;
+        let first = &self.first;
+        for (m, cfg) in self.fused.members.iter_mut().zip(&self.slots) {
+            m.init(
+                &mut self.be,
+                seeds::init(cfg.as_ref().unwrap_or(first).seed),
+            )?;
         }
-        let hypers: Vec<_> = self.cfgs.iter().map(|c| c.hyper.clone()).collect();
+        let hypers: Vec<_> = self
+            .slots
+            .iter()
+            .map(|c| c.as_ref().unwrap_or(first).hyper.clone())
+            .collect();
         self.fused
             .write_hyper(&mut self.be, &hypers, &self.dropout_seeds)?;
-        debug_assert_eq!(self.fused.hyper.len, self.cfgs.len() * HYPER_LEN);
+        debug_assert_eq!(self.fused.hyper.len, self.slots.len() * HYPER_LEN);
+        for (i, cfg) in self.slots.iter().enumerate() {
+            if cfg.is_none() {
+                self.fused.kill(&mut self.be, i)?;
+            }
+        }
         Ok(())
     }
 
-    /// Ends every live trial whose training loss in `sums` (every trial's `[Σ loss, #correct]`)
-    /// is not finite, and marks it dead for the optimizer.
+    /// Starts `cfg` in the free slot `slot` after the group's `epochs_done` epochs (whole ones):
+    /// the trial as it trains in the group from then on.
+    fn restart(&mut self, slot: usize, cfg: TrialConfig, epochs_done: u32) -> Result<Member, Stop> {
+        if group_key(&cfg) != self.key {
+            return Err(Stop::worker(
+                "a trial given to a fused group's freed slot does not share the group's model, batch, optimizer or epochs",
+            ));
+        }
+        let step0 = u32::try_from(epochs_done as usize * self.steps_per_epoch)
+            .map_err(|_| Stop::worker("a fused group's step counter would overflow"))?;
+        let dropout_seed = seeds::dropout(cfg.seed);
+        let seeds = (seeds::init(cfg.seed), dropout_seed);
+        self.fused
+            .restart(&mut self.be, slot, &cfg.hyper, seeds, step0)?;
+        let member = Member {
+            seed: cfg.seed,
+            prune: cfg.prune.clone(),
+        };
+        self.dropout_seeds[slot] = dropout_seed;
+        self.joined[slot] = epochs_done;
+        self.slots[slot] = Some(cfg);
+        Ok(member)
+    }
+
+    /// Ends every live trial whose training loss in `sums` (every slot's `[Σ loss, #correct]`)
+    /// is not finite, and marks it dead for the optimizer. `epoch` is the group's; each trial's
+    /// failure names its own (`joined`).
     fn kill_diverged(
         be: &mut Counted,
         fused: &mut FusedNetwork,
         sums: &[f32],
+        joined: &[u32],
         (epoch, step): (u32, usize),
         ends: &mut Ends,
     ) -> Result<(), Stop> {
         for (i, s) in sums.chunks(STATS_LEN).enumerate() {
             let loss = s[0];
             if ends.live(i) && !loss.is_finite() {
+                let own = epoch - joined.get(i).copied().unwrap_or(0);
                 ends.stop(
                     i,
                     Stop::Failed(Failure::NonFiniteLoss {
                         value: f64::from(loss),
-                        epoch: epoch as usize,
+                        epoch: own as usize,
                         step,
                     }),
                 );
@@ -217,10 +424,11 @@ impl Group<'_> {
 
 impl Steps for Group<'_> {
     fn width(&self) -> usize {
-        self.cfgs.len()
+        self.slots.len()
     }
 
     fn begin_epoch(&mut self, orders: Vec<Vec<u32>>) -> Result<(), Stop> {
+        self.training = true;
         self.tally.epoch_begins(&self.be);
         // Every trial's order in one upload (a dead trial's too: its regions are its own).
         self.fused.write_orders(&mut self.be, &orders)?;
@@ -230,8 +438,9 @@ impl Steps for Group<'_> {
 
     fn step(&mut self, at: StepAt, ends: &mut Ends) -> Result<(), Stop> {
         let be = &mut self.be;
-        if at.epoch == 1 {
-            for (m, cfg) in self.fused.members.iter().zip(self.cfgs) {
+        // A trial's faults strike in its own first epoch.
+        for ((m, cfg), &joined) in self.fused.members.iter().zip(&self.slots).zip(&self.joined) {
+            if let Some(cfg) = cfg.as_ref().filter(|_| at.epoch == joined + 1) {
                 inject(be, m, cfg.fault.as_ref(), at.step)?;
             }
         }
@@ -247,7 +456,7 @@ impl Steps for Group<'_> {
             && be.peek(self.fused.stats(), &mut self.peeked)?
         {
             let at = (at.epoch, at.step);
-            Self::kill_diverged(be, &mut self.fused, &self.peeked, at, ends)?;
+            Self::kill_diverged(be, &mut self.fused, &self.peeked, &self.joined, at, ends)?;
         }
         Ok(())
     }
@@ -258,8 +467,8 @@ impl Steps for Group<'_> {
         evaluate: bool,
         ends: &mut Ends,
     ) -> Result<Vec<EpochSums>, Stop> {
-        let n = self.cfgs.len();
-        let first = &self.cfgs[0];
+        let n = self.slots.len();
+        let first = &self.first;
         let n_test = self.be.split_len(Split::Test);
         let be = &mut self.be;
         // Every trial's test figures in one pass over the test split (a dead trial's too,
@@ -288,7 +497,7 @@ impl Steps for Group<'_> {
         };
         let train = &self.sums[..n * STATS_LEN];
         let at = (epoch, self.steps.saturating_sub(1));
-        Self::kill_diverged(be, &mut self.fused, train, at, ends)?;
+        Self::kill_diverged(be, &mut self.fused, train, &self.joined, at, ends)?;
         Ok(train
             .chunks(STATS_LEN)
             .zip(tests)
@@ -302,13 +511,14 @@ impl Steps for Group<'_> {
     }
 
     fn finish(&mut self) -> Result<(), Stop> {
+        self.training = false;
         self.tally.epochs_end(&self.be);
         self.be.synchronize()?;
         Ok(())
     }
 
     fn arena_bytes(&self) -> u64 {
-        (self.be.allocated_bytes() / self.cfgs.len().max(1)) as u64
+        (self.be.allocated_bytes() / self.slots.len().max(1)) as u64
     }
 
     fn param_count(&self) -> u64 {

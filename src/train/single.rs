@@ -96,7 +96,7 @@ pub fn run_trial(
     };
     let member = Member {
         seed: cfg.seed,
-        prune: cfg.prune.as_ref(),
+        prune: cfg.prune.clone(),
     };
     let ends = epochs::train(
         &mut single,

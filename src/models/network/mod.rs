@@ -237,7 +237,18 @@ impl Network {
 
     /// Writes initial weights (see [`LayerDef`] for each layer's rule), zeros in the gradient and
     /// optimiser blocks, and batch norm's running statistics at mean 0, variance 1.
+    /// The step counter starts at 0.
     pub fn init(&mut self, be: &mut dyn Backend, seed: u64) -> Result<(), EngineError> {
+        self.init_weights(be, seed)?;
+        be.write(
+            self.counter,
+            &[f32::from_bits(0); crate::engine::COUNTER_LEN],
+        )
+    }
+
+    /// [`Network::init`] but for the step counter, which stays as it is: a fused group's member
+    /// restarts in its slot this way while the group's one counter goes on.
+    pub fn init_weights(&mut self, be: &mut dyn Backend, seed: u64) -> Result<(), EngineError> {
         let mut rng = HostRng::new(derive(seed, 1));
         for r in [self.params, self.grads] {
             be.fill(r, 0.0)?;
@@ -275,10 +286,6 @@ impl Network {
                 }
             }
         }
-        be.write(
-            self.counter,
-            &[f32::from_bits(0); crate::engine::COUNTER_LEN],
-        )?;
         Ok(())
     }
 

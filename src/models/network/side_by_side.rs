@@ -103,7 +103,8 @@ impl FusedNetwork {
     }
 
     /// Writes each trial's row of the hyper table, every trial live: its rates, and its dropout
-    /// seed (`dropout_seeds[i]`, what its dropout layers draw their masks from).
+    /// seed (`dropout_seeds[i]`, what its dropout layers draw their masks from). Every trial
+    /// starts with the group, at its counter's 0.
     pub fn write_hyper(
         &self,
         be: &mut dyn Backend,
@@ -116,22 +117,57 @@ impl FusedNetwork {
             .zip(hypers)
             .zip(dropout_seeds)
         {
-            let [lo, hi] = seed_bits(seed);
-            row[HYPER_DROPOUT] = h.dropout as f32;
-            row[HYPER_SEED_LO] = lo;
-            row[HYPER_SEED_HI] = hi;
-            row[HYPER_LR] = h.lr as f32;
-            row[HYPER_WD] = h.weight_decay as f32;
-            row[HYPER_MOMENTUM] = h.momentum as f32;
-            // What `Network::update` gives Adam.
-            row[HYPER_BETA1] = 0.9;
-            row[HYPER_BETA2] = 0.999;
-            row[HYPER_EPS] = 1e-8;
-            row[HYPER_LIVE] = 1.0;
-            // Every trial starts with the group, at its counter's 0.
-            row[HYPER_STEP0] = f32::from_bits(0);
+            row.copy_from_slice(&hyper_row(h, seed, 0));
         }
         be.write(self.hyper, &table)
+    }
+
+    /// Whether a trial can take a slot of a group already training ([`FusedNetwork::restart`]):
+    /// every dropout layer runs as one op over the group, which counts each trial's steps from
+    /// where it started (a layer run trial by trial would count the group's).
+    pub fn restartable(&self) -> bool {
+        let net = self.first();
+        let rows = net.batch;
+        net.layers.iter().enumerate().all(|(i, l)| {
+            if !matches!(l.def, LayerDef::Dropout { .. }) {
+                return true;
+            }
+            let (out, n_in) = (rows * l.out_len, rows * l.in_len);
+            let forward = self.flat(|m| m.acts[l.src], out).is_some()
+                && self.flat(|m| m.acts[i + 1], out).is_some();
+            let backward = !matches!(l.dsrc, Deliver::Write(_) | Deliver::Add(_))
+                || (self.flat(|m| m.dacts[i + 1], n_in).is_some()
+                    && self.group_dx(i, n_in).is_some());
+            forward && backward
+        })
+    }
+
+    /// Starts a new trial in slot `i` of a group that trains on: its initial weights from
+    /// `init_seed` and zeroed optimizer state, its dropout rate, and its row of the hyper table,
+    /// live, with `step0` (the group's counter now) where its own steps start. From the next
+    /// step on it trains as it would alone. See [`FusedNetwork::restartable`].
+    pub fn restart(
+        &mut self,
+        be: &mut dyn Backend,
+        i: usize,
+        hyper: &Hyper,
+        (init_seed, dropout_seed): (u64, u64),
+        step0: u32,
+    ) -> Result<(), EngineError> {
+        let Some(m) = self.members.get_mut(i) else {
+            return Err(EngineError::Shape {
+                op: "restart",
+                message: format!("slot {i} of a fused group of {}", self.trials()),
+            });
+        };
+        m.init_weights(be, init_seed)?;
+        for l in &mut m.layers {
+            if let LayerDef::Dropout { p } = &mut l.def {
+                *p = hyper.dropout as f32;
+            }
+        }
+        let at = Region::new(self.hyper.offset + i * HYPER_LEN, HYPER_LEN);
+        be.write(at, &hyper_row(hyper, dropout_seed, step0))
     }
 
     /// Marks trial `i` dead: from the next step on, the optimizer leaves its parameters alone.
@@ -742,6 +778,26 @@ impl FusedNetwork {
         };
         be.update(u, self.first().counter)
     }
+}
+
+/// A trial's row of the hyper table: its rates, live, its dropout seed, and `step0`, the group's
+/// counter when it started.
+fn hyper_row(h: &Hyper, dropout_seed: u64, step0: u32) -> [f32; HYPER_LEN] {
+    let mut row = [0f32; HYPER_LEN];
+    let [lo, hi] = seed_bits(dropout_seed);
+    row[HYPER_DROPOUT] = h.dropout as f32;
+    row[HYPER_SEED_LO] = lo;
+    row[HYPER_SEED_HI] = hi;
+    row[HYPER_LR] = h.lr as f32;
+    row[HYPER_WD] = h.weight_decay as f32;
+    row[HYPER_MOMENTUM] = h.momentum as f32;
+    // What `Network::update` gives Adam.
+    row[HYPER_BETA1] = 0.9;
+    row[HYPER_BETA2] = 0.999;
+    row[HYPER_EPS] = 1e-8;
+    row[HYPER_LIVE] = 1.0;
+    row[HYPER_STEP0] = f32::from_bits(step0);
+    row
 }
 
 /// Where layer `i` of `m` writes its input's gradient (its own region, or the scratch it then

@@ -149,9 +149,6 @@ impl<'a> Sweep<'a> {
                     "sweep {}: bayes, {} trials{shard_note}: {held}, {} to propose; split {split}; {metric}",
                     job.name, p.planned, p.left
                 ))?;
-                if split == SplitMode::Fused && job.file.command.is_none() {
-                    say(out, "note: under fused, a bayes sweep's trials are proposed one by one and train one per slice, unfused (a fused group takes its trials together)")?;
-                }
                 if p.ignored > 0 {
                     say(out, format!(
                         "note: {} rows of trials.csv are not this job's (another command, data, space, seed or epochs): they are kept, and ignored",
@@ -174,6 +171,12 @@ impl<'a> Sweep<'a> {
                     self.mine.len(),
                 ))?;
             }
+        }
+        if split == SplitMode::Fused
+            && job.file.command.is_none()
+            && (proposer.is_some() || pruning)
+        {
+            say(out, "note: under fused, a trial that ends (pruned, failed or done) frees its slot in its group: the next trial of the same model, batch, optimizer and epochs takes it at the group's next epoch")?;
         }
         Ok(())
     }
