@@ -28,7 +28,8 @@
 #            against warm, into GPU_CHECK_DIR/gpu-speed (ratios.csv, summary.md, command.txt)
 #   tests    the library and CLI test binaries on this machine (those carried: the library's
 #            alone unless scripts/build-gpu-check.sh --all carried the others)
-#   bench    the mirrored (data-parallel) table, a batch scan, and a ResNet-50 fib (N=1,2,5,13)
+#   bench    the mirrored (data-parallel) table, a batch scan, a ResNet-50 fib (N=1,2,5,13), and
+#            bench/fused-refill.sh (256 MLP trials, 34 at a time, pruned against unpruned)
 #   results  the full fib experiments for results/: MLP and CNN on MNIST-10k, N=1..34, every
 #            split mode (long: give it a call of its own)
 #
@@ -553,6 +554,11 @@ YAML
     step "fib: ResNet-50 on CIFAR-shaped data, N=$n" fib-resnet.log 60/600 \
         "$bin" fib "$job" --backend "$backend" --n "$n" --splits "$splits" --out "$out/fib-resnet"
     checked fib "$out/fib-resnet" "$n" "$splits" "$backend" caps
+    # Fused pruning with refill: a fused bayes+hyperband sweep against the same sweep unpruned.
+    local refill=(SEEDS=1 RUN_CAP=256 CONCURRENCY=34)
+    [ "$rehearse" = 1 ] && refill=(SEEDS=1 RUN_CAP=12 CONCURRENCY=4)
+    step "fused refill: bayes+hyperband against unpruned, fused" fused-refill.log 60/240 \
+        env GPUMUX="$bin" BACKEND="$backend" "${refill[@]}" bench/fused-refill.sh "$out/fused-refill"
 }
 
 phase_results() {

@@ -273,6 +273,78 @@ fn a_bayes_sweep_of_a_built_in_model_runs_its_run_cap_under_fused() {
 }
 
 #[test]
+fn a_fused_bayes_sweep_with_hyperband_killed_three_times_runs_each_index_once() {
+    // Fused groups refill the slots their pruned trials free: a SIGKILL lands while groups
+    // hold trials that joined at different epochs.
+    let dir = sandbox();
+    let run_cap = 40u32;
+    let job = dir.job(
+        "fused-hb.yaml",
+        bayes_mlp("fused-hb", "cpu", run_cap.into())
+            .model(mlp(&[64]))
+            .data(synthetic(4096, 256))
+            .train(epochs(9, 32))
+            .concurrency(8)
+            .split("fused")
+            .set("early_terminate", "{type: hyperband, min_iter: 1, eta: 3}"),
+    );
+    let out = dir.join("out");
+    let trials = out.join("trials.csv");
+    let mut rows = 0;
+    for kill in 0..3 {
+        let mut args = vec!["sweep", s(&job), "--out", s(&out)];
+        if kill > 0 {
+            args.push("--resume");
+        }
+        let mut child = dir.spawn(&args);
+        let want = rows + 3 + 2 * kill;
+        let reached = wait_for(&mut child, std::time::Duration::from_secs(120), || {
+            rows_in(&trials) >= want
+        });
+        child.kill().expect("SIGKILL");
+        let said = child
+            .wait_with_output()
+            .map(|o| o.stderr)
+            .unwrap_or_default();
+        assert!(
+            reached,
+            "kill {kill}: the sweep ended before {want} rows: {}",
+            String::from_utf8_lossy(&said)
+        );
+        rows = rows_in(&trials);
+        assert!(rows < run_cap as usize, "kill {kill}: done too soon");
+    }
+    let o = dir.run_into("sweep", &job, &out, &["--resume"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let all = trials_csv(&out);
+    let ids: Vec<&str> = all.iter().map(|r| r["trial_id"].as_str()).collect();
+    let distinct: std::collections::BTreeSet<&str> = ids.iter().copied().collect();
+    assert_eq!(distinct.len(), ids.len(), "an id twice: {ids:?}");
+    assert_eq!(ids.len(), run_cap as usize, "{ids:?}");
+    let pruned = all.iter().filter(|r| r["state"] == "PRUNED").count();
+    assert!(pruned > 0, "hyperband pruned none: {all:?}");
+    assert!(
+        all.iter()
+            .all(|r| r["state"] == "COMPLETE" || r["state"] == "PRUNED"),
+        "{all:?}"
+    );
+    let seeds: std::collections::BTreeSet<u64> =
+        all.iter().map(|r| r["seed"].parse().unwrap()).collect();
+    let want: std::collections::BTreeSet<u64> = (0..run_cap)
+        .map(|i| gpumux::plan::trial_seed(5, i))
+        .collect();
+    assert_eq!(seeds, want, "each index of the sweep once");
+    // No epoch twice, and each trial's epochs, up to where it stopped.
+    let seen = epochs_seen(&out);
+    assert!(seen.values().all(|&n| n == 1), "an epoch twice: {seen:?}");
+    for r in &all {
+        let trained: usize = r["epochs"].parse().unwrap();
+        let rows = seen.keys().filter(|(id, _)| id == &r["trial_id"]).count();
+        assert_eq!(rows, trained, "{r:?}");
+    }
+}
+
+#[test]
 fn concurrency_auto_is_refused_before_a_device_is_opened() {
     let dir = sandbox();
     // backend: cuda on a machine with or without a GPU: the refusal comes first, exit 2, not 4.

@@ -703,4 +703,117 @@ mod tests {
         );
         assert!(ends.iter().all(|e| matches!(e, Err(Stop::Interrupted))));
     }
+
+    /// Hooks that give `queue`'s seeds to freed slots and record every member's epochs and end.
+    #[derive(Default)]
+    struct Joins {
+        queue: Vec<u64>,
+        /// (slot, the training's epochs done) of each join.
+        joined: Vec<(usize, u32)>,
+        epochs: BTreeMap<usize, Vec<u32>>,
+        ends: BTreeMap<usize, Result<u32, String>>,
+    }
+
+    impl Hooks<Fake> for Joins {
+        fn epoch(&mut self, _: &mut Fake, id: usize, e: &Epoch) {
+            self.epochs.entry(id).or_default().push(e.stats.epoch);
+        }
+        fn end(&mut self, _: &mut Fake, id: usize, end: Result<TrialResult, Stop>) {
+            let end = end.map(|r| r.epochs).map_err(|e| e.to_string());
+            assert!(
+                self.ends.insert(id, end).is_none(),
+                "member {id} ended twice"
+            );
+        }
+        fn join(&mut self, _: &mut Fake, slot: usize, done: u32) -> Option<Result<Member, Stop>> {
+            if self.queue.is_empty() {
+                return None;
+            }
+            let seed = self.queue.remove(0);
+            self.joined.push((slot, done));
+            Some(Ok(Member { seed, prune: None }))
+        }
+    }
+
+    use std::collections::BTreeMap;
+
+    #[test]
+    fn a_freed_slot_takes_the_next_member_from_its_own_first_epoch() {
+        // Slot 0's member is pruned after epoch 1 and slot 2 starts free: both take a member
+        // at the first boundary, which trains its own 3 epochs (to the training's epoch 4).
+        let prune = Prune::new(std::sync::Arc::new(|s: &EpochStats| s.epoch == 1));
+        let first = vec![
+            Some(Member {
+                seed: 1,
+                prune: Some(prune),
+            }),
+            Some(Member {
+                seed: 2,
+                prune: None,
+            }),
+            None,
+        ];
+        let mut s = fake(3, None, None);
+        let mut hooks = Joins {
+            queue: vec![10, 11, 12],
+            ..Joins::default()
+        };
+        train_slots(
+            &mut s,
+            &PLAN,
+            first,
+            &Cancel::new(),
+            Instant::now(),
+            &mut hooks,
+        );
+        // Two join after epoch 1; the third takes member 1's slot after epoch 3.
+        assert_eq!(hooks.joined, [(0, 1), (2, 1), (1, 3)]);
+        assert_eq!(hooks.ends.len(), 5);
+        assert_eq!(hooks.ends[&0], Ok(1), "pruned after its first epoch");
+        for id in 1..5 {
+            assert_eq!(hooks.ends[&id], Ok(3), "member {id}");
+            assert_eq!(
+                hooks.epochs[&id],
+                [1, 2, 3],
+                "member {id} counts its own epochs"
+            );
+        }
+        // A member's orders are its seed's at its own epochs; a free slot's, any order.
+        assert_eq!(s.orders[1][0], seeds::epoch_order(10, 1, 32));
+        assert_eq!(s.orders[1][2], seeds::epoch_order(11, 1, 32));
+        assert_eq!(s.orders[3][1], seeds::epoch_order(12, 1, 32));
+        assert_eq!(s.orders[3][0], seeds::epoch_order(10, 3, 32));
+        // Epochs 1-6: member 4 joined after epoch 3 and trained 4, 5 and 6.
+        assert_eq!(s.orders.len(), 6);
+        assert!(s.finished);
+        // Without joins (a training of fixed members), a freed slot stays free.
+        let capped = Schedule {
+            max_steps: Some(2),
+            ..PLAN
+        };
+        let mut hooks = Joins {
+            queue: vec![10],
+            ..Joins::default()
+        };
+        let first = vec![
+            Some(Member {
+                seed: 1,
+                prune: Some(Prune::new(std::sync::Arc::new(|s: &EpochStats| {
+                    s.epoch == 1
+                }))),
+            }),
+            None,
+        ];
+        let mut s = fake(2, None, None);
+        train_slots(
+            &mut s,
+            &capped,
+            first,
+            &Cancel::new(),
+            Instant::now(),
+            &mut hooks,
+        );
+        assert!(hooks.joined.is_empty(), "capped epochs take no member");
+        assert_eq!(hooks.ends.len(), 1);
+    }
 }
