@@ -126,27 +126,28 @@ fn epochs_seen(out: &Path) -> std::collections::BTreeMap<(String, String), usize
     seen
 }
 
-#[test]
-fn a_bayes_sweep_killed_ten_times_runs_each_of_its_indices_once() {
-    // Three trials at a time end out of order: a kill leaves holes below the last index.
-    let dir = sandbox();
-    let run_cap = 24u32;
-    let job = bayes_job(&dir, 0.15);
-    let text = std::fs::read_to_string(&job)
-        .unwrap()
-        .replace("run_cap: 16", &format!("run_cap: {run_cap}"));
-    std::fs::write(&job, text).unwrap();
-    let out = dir.join("out");
+/// Runs the sweep of `job` into `out` (with `extra` flags; `--resume` after the first) `kills`
+/// times, each killed with SIGKILL once `more(kill)` rows more than before are in trials.csv,
+/// and never at its `run_cap`.
+fn kill_at_rows(
+    dir: &Sandbox,
+    job: &Path,
+    out: &Path,
+    extra: &[&str],
+    run_cap: u32,
+    kills: usize,
+    more: &dyn Fn(usize) -> usize,
+) {
     let trials = out.join("trials.csv");
     let mut rows = 0;
-    for kill in 0..10 {
-        let mut args = vec!["sweep", s(&job), "--out", s(&out), "--concurrency", "3"];
+    for kill in 0..kills {
+        let mut args = vec!["sweep", s(job), "--out", s(out)];
+        args.extend_from_slice(extra);
         if kill > 0 {
             args.push("--resume");
         }
         let mut child = dir.spawn(&args);
-        // At a point that moves: one to three more rows than before, then SIGKILL.
-        let want = rows + 1 + kill % 3;
+        let want = rows + more(kill);
         let reached = wait_for(&mut child, std::time::Duration::from_secs(120), || {
             rows_in(&trials) >= want
         });
@@ -163,21 +164,50 @@ fn a_bayes_sweep_killed_ten_times_runs_each_of_its_indices_once() {
         rows = rows_in(&trials);
         assert!(rows < run_cap as usize, "kill {kill}: done too soon");
     }
-    let o = dir.run_into("sweep", &job, &out, &["--resume", "--concurrency", "3"]);
-    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
-    let all = trials_csv(&out);
+}
+
+/// The rows of `out`'s trials.csv, checked to hold each index of a sweep of `run_cap` trials
+/// with seed `seed` once: no id twice, and the trials' seeds those of indices 0..run_cap.
+fn each_index_once(out: &Path, run_cap: u32, seed: u64) -> Vec<Row> {
+    let all = trials_csv(out);
     let ids: Vec<&str> = all.iter().map(|r| r["trial_id"].as_str()).collect();
     let distinct: std::collections::BTreeSet<&str> = ids.iter().copied().collect();
     assert_eq!(distinct.len(), ids.len(), "an id twice: {ids:?}");
     assert_eq!(ids.len(), run_cap as usize, "{ids:?}");
-    assert!(all.iter().all(|r| r["state"] == "COMPLETE"), "{all:?}");
-    // Each index of the sweep once: the seeds are exactly those of indices 0..run_cap.
     let seeds: std::collections::BTreeSet<u64> =
         all.iter().map(|r| r["seed"].parse().unwrap()).collect();
     let want: std::collections::BTreeSet<u64> = (0..run_cap)
-        .map(|i| gpumux::plan::trial_seed(7, i))
+        .map(|i| gpumux::plan::trial_seed(seed, i))
         .collect();
-    assert_eq!(seeds, want);
+    assert_eq!(seeds, want, "each index of the sweep once");
+    all
+}
+
+#[test]
+fn a_bayes_sweep_killed_ten_times_runs_each_of_its_indices_once() {
+    // Three trials at a time end out of order: a kill leaves holes below the last index.
+    let dir = sandbox();
+    let run_cap = 24u32;
+    let job = bayes_job(&dir, 0.15);
+    let text = std::fs::read_to_string(&job)
+        .unwrap()
+        .replace("run_cap: 16", &format!("run_cap: {run_cap}"));
+    std::fs::write(&job, text).unwrap();
+    let out = dir.join("out");
+    // At a point that moves: one to three more rows than before, then SIGKILL.
+    kill_at_rows(
+        &dir,
+        &job,
+        &out,
+        &["--concurrency", "3"],
+        run_cap,
+        10,
+        &|kill| 1 + kill % 3,
+    );
+    let o = dir.run_into("sweep", &job, &out, &["--resume", "--concurrency", "3"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let all = each_index_once(&out, run_cap, 7);
+    assert!(all.iter().all(|r| r["state"] == "COMPLETE"), "{all:?}");
     // No epoch twice, and every trial's epochs there.
     let seen = epochs_seen(&out);
     assert!(seen.values().all(|&n| n == 1), "an epoch twice: {seen:?}");
@@ -289,38 +319,10 @@ fn a_fused_bayes_sweep_with_hyperband_killed_three_times_runs_each_index_once() 
             .set("early_terminate", "{type: hyperband, min_iter: 1, eta: 3}"),
     );
     let out = dir.join("out");
-    let trials = out.join("trials.csv");
-    let mut rows = 0;
-    for kill in 0..3 {
-        let mut args = vec!["sweep", s(&job), "--out", s(&out)];
-        if kill > 0 {
-            args.push("--resume");
-        }
-        let mut child = dir.spawn(&args);
-        let want = rows + 3 + 2 * kill;
-        let reached = wait_for(&mut child, std::time::Duration::from_secs(120), || {
-            rows_in(&trials) >= want
-        });
-        child.kill().expect("SIGKILL");
-        let said = child
-            .wait_with_output()
-            .map(|o| o.stderr)
-            .unwrap_or_default();
-        assert!(
-            reached,
-            "kill {kill}: the sweep ended before {want} rows: {}",
-            String::from_utf8_lossy(&said)
-        );
-        rows = rows_in(&trials);
-        assert!(rows < run_cap as usize, "kill {kill}: done too soon");
-    }
+    kill_at_rows(&dir, &job, &out, &[], run_cap, 3, &|kill| 3 + 2 * kill);
     let o = dir.run_into("sweep", &job, &out, &["--resume"]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
-    let all = trials_csv(&out);
-    let ids: Vec<&str> = all.iter().map(|r| r["trial_id"].as_str()).collect();
-    let distinct: std::collections::BTreeSet<&str> = ids.iter().copied().collect();
-    assert_eq!(distinct.len(), ids.len(), "an id twice: {ids:?}");
-    assert_eq!(ids.len(), run_cap as usize, "{ids:?}");
+    let all = each_index_once(&out, run_cap, 5);
     let pruned = all.iter().filter(|r| r["state"] == "PRUNED").count();
     assert!(pruned > 0, "hyperband pruned none: {all:?}");
     assert!(
@@ -328,12 +330,6 @@ fn a_fused_bayes_sweep_with_hyperband_killed_three_times_runs_each_index_once() 
             .all(|r| r["state"] == "COMPLETE" || r["state"] == "PRUNED"),
         "{all:?}"
     );
-    let seeds: std::collections::BTreeSet<u64> =
-        all.iter().map(|r| r["seed"].parse().unwrap()).collect();
-    let want: std::collections::BTreeSet<u64> = (0..run_cap)
-        .map(|i| gpumux::plan::trial_seed(5, i))
-        .collect();
-    assert_eq!(seeds, want, "each index of the sweep once");
     // No epoch twice, and each trial's epochs, up to where it stopped.
     let seen = epochs_seen(&out);
     assert!(seen.values().all(|&n| n == 1), "an epoch twice: {seen:?}");

@@ -296,6 +296,19 @@ struct Refill {
     taken_after: Vec<usize>,
 }
 
+impl Refill {
+    /// A group's first trials, and the trials queued for its freed slots.
+    fn new(first: &[TrialConfig], queue: &[TrialConfig]) -> Refill {
+        Refill {
+            queue: queue.iter().cloned().collect(),
+            trials: first.to_vec(),
+            epochs: vec![Vec::new(); first.len()],
+            ends: first.iter().map(|_| None).collect(),
+            taken_after: vec![0; first.len()],
+        }
+    }
+}
+
 impl GroupHooks for Refill {
     fn epoch(&mut self, id: usize, stats: &EpochStats) {
         self.epochs[id].push(stats.clone());
@@ -335,13 +348,7 @@ fn a_trial_that_takes_a_freed_slot_trains_as_it_would_alone() {
         // Trials 0 and 3 stop after epoch 1; the rest train their 3 epochs.
         cfgs[0].prune = prune();
         cfgs[3].prune = prune();
-        let mut hooks = Refill {
-            queue: cfgs[2..].iter().cloned().collect(),
-            trials: cfgs[..2].to_vec(),
-            epochs: vec![Vec::new(); 2],
-            ends: vec![None, None],
-            taken_after: vec![0, 0],
-        };
+        let mut hooks = Refill::new(&cfgs[..2], &cfgs[2..]);
         let mut be = CpuBackend::new(Arc::clone(&d), None);
         run_refilled(&mut be, cfgs[..2].to_vec(), 3, &mut hooks);
         assert!(hooks.queue.is_empty(), "every trial was taken");
@@ -384,15 +391,34 @@ fn a_group_whose_epochs_are_capped_takes_no_trial_into_a_freed_slot() {
         })
         .collect();
     cfgs[0].prune = Some(Prune::new(Arc::new(|s: &EpochStats| s.epoch == 1)));
-    let mut hooks = Refill {
-        queue: cfgs[2..].iter().cloned().collect(),
-        trials: cfgs[..2].to_vec(),
-        epochs: vec![Vec::new(); 2],
-        ends: vec![None, None],
-        taken_after: vec![0, 0],
-    };
+    let mut hooks = Refill::new(&cfgs[..2], &cfgs[2..]);
     let mut be = CpuBackend::new(Arc::clone(&d), None);
     run_refilled(&mut be, cfgs[..2].to_vec(), 3, &mut hooks);
     assert_eq!(hooks.queue.len(), 1, "the trial waits for another group");
     assert!(hooks.ends.iter().all(|e| matches!(e, Some(Ok(_)))));
+}
+
+#[test]
+fn a_group_whose_trials_all_end_within_an_epoch_takes_no_new_trial() {
+    // The only trial diverges at a look within its first epoch: the group's step counter is
+    // short of the boundary, so a trial taken there would count its steps wrong. The group
+    // ends, and the queued trial waits for a group of its own.
+    let d = data([1, 6, 6], 96, 40);
+    let mut cfgs: Vec<_> = (0..2)
+        .map(|i| config(&mlp(), Optimizer::Sgd, &d, i))
+        .collect();
+    cfgs[0].hyper.lr = 1e6;
+    cfgs[0].engine.check_every = 1;
+    let mut hooks = Refill::new(&cfgs[..1], &cfgs[1..]);
+    let mut be = CpuBackend::new(Arc::clone(&d), None);
+    run_refilled(&mut be, cfgs[..1].to_vec(), 2, &mut hooks);
+    assert!(
+        matches!(
+            hooks.ends[0],
+            Some(Err(Stop::Failed(Failure::NonFiniteLoss { epoch: 1, .. })))
+        ),
+        "{:?}",
+        hooks.ends[0]
+    );
+    assert_eq!(hooks.queue.len(), 1, "no trial joined mid-epoch");
 }

@@ -110,20 +110,18 @@ mod tests {
         (job, data, r)
     }
 
+    /// The built-in context of `job` on the CPU.
+    fn context(job: &Job, data: &Arc<Dataset>, r: &Resolved) -> RoundContext {
+        let exe = std::path::Path::new("gpumux");
+        builtin_context(job, data, r, None, exe, &Cancel::new()).unwrap()
+    }
+
     #[test]
     fn a_trial_runs_on_its_slices_device_and_fails_alone_where_there_is_none() {
         let (job, data, r) = on_cpu(
             "model: {kind: mlp, hidden: [16]}\ndata: {source: synthetic, train_samples: 512, test_samples: 128}\ntrain: {epochs: 1, batch_size: 64}\n",
         );
-        let mut ctx = builtin_context(
-            &job,
-            &data,
-            &r,
-            None,
-            std::path::Path::new("gpumux"),
-            &Cancel::new(),
-        )
-        .unwrap();
+        let mut ctx = context(&job, &data, &r);
         ctx.devices = Devices::with(Device::Cpu, vec![(1, Device::Cpu)]);
         let slice = |index, device| SliceSpec::at(index, device).capped(64 << 20);
         let round = Round {
@@ -168,15 +166,7 @@ mod tests {
         let (job, data, r) = on_cpu(
             "model: {kind: mlp, hidden: [8]}\ndata: {source: synthetic, train_samples: 256, test_samples: 64}\ntrain: {epochs: 2, batch_size: 64}\nfaults: [{trial: 1, kind: panic}]\n",
         );
-        let ctx = builtin_context(
-            &job,
-            &data,
-            &r,
-            None,
-            std::path::Path::new("gpumux"),
-            &Cancel::new(),
-        )
-        .unwrap();
+        let ctx = context(&job, &data, &r);
         // Four trials on two slices: groups [t0, t1] and [t2, t3].
         let round = Round {
             index: 0,
@@ -226,15 +216,7 @@ mod tests {
         let (job, data, r) = on_cpu(
             "model: {kind: mlp, hidden: [8]}\ndata: {source: synthetic, train_samples: 256, test_samples: 64}\ntrain: {epochs: 3, batch_size: 64}\n",
         );
-        let mut ctx = builtin_context(
-            &job,
-            &data,
-            &r,
-            None,
-            std::path::Path::new("gpumux"),
-            &Cancel::new(),
-        )
-        .unwrap();
+        let mut ctx = context(&job, &data, &r);
         // Even trials stop after their first epoch.
         ctx.prune = Some(Pruning(Arc::new(|t, s| t.index % 2 == 0 && s.epoch == 1)));
         // Two at a time on one slice: one group of two slots.

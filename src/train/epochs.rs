@@ -302,17 +302,20 @@ pub fn train_slots<S: Steps + ?Sized>(
         hand_on(s, plan, &mut slots, &mut ends, hooks);
         return;
     }
-    // A member joins at an epoch boundary only when epochs run whole: the group's data position
-    // is its step counter modulo the steps of an epoch, the same for every member.
-    let joins = plan.steps() == plan.steps_per_epoch();
+    let joins = joins_possible(plan);
     let mut done = 0u32;
     loop {
         let epoch = done + 1;
-        if let Err(e) = run_epoch(s, plan, epoch, &mut slots, cancel, &mut ends, hooks) {
-            ends.stop_all(&e);
-            hand_on(s, plan, &mut slots, &mut ends, hooks);
-            return;
-        }
+        // Whether every step of the epoch ran: a training whose members all ended within it
+        // stops there, its step counter short of the boundary a member could join at.
+        let whole = match run_epoch(s, plan, epoch, &mut slots, cancel, &mut ends, hooks) {
+            Ok(whole) => whole,
+            Err(e) => {
+                ends.stop_all(&e);
+                hand_on(s, plan, &mut slots, &mut ends, hooks);
+                return;
+            }
+        };
         done = epoch;
         if !ends.any_live() {
             // The last wait: a member that trained to its end has a result only once its work
@@ -326,7 +329,7 @@ pub fn train_slots<S: Steps + ?Sized>(
             }
         }
         hand_on(s, plan, &mut slots, &mut ends, hooks);
-        if joins && !cancel.draining() {
+        if joins && whole && !cancel.draining() {
             for (i, slot) in slots.iter_mut().enumerate() {
                 if slot.is_some() {
                     continue;
@@ -357,7 +360,8 @@ pub fn train_slots<S: Steps + ?Sized>(
 }
 
 /// Epoch `epoch` of the training: the members' orders, the steps, the figures, each live
-/// member's [`Hooks::epoch`], and its pruning or, after its last epoch, its end.
+/// member's [`Hooks::epoch`], and its pruning or, after its last epoch, its end. `Ok(false)`
+/// when every member ended within the epoch (it stopped there).
 fn run_epoch<S: Steps + ?Sized>(
     s: &mut S,
     plan: &Schedule,
@@ -366,7 +370,7 @@ fn run_epoch<S: Steps + ?Sized>(
     cancel: &Cancel,
     ends: &mut Ends,
     hooks: &mut dyn Hooks<S>,
-) -> Result<(), Stop> {
+) -> Result<bool, Stop> {
     let epoch_start = Instant::now();
     // A free slot's order is never used for a member: any order of the split serves.
     let orders = slots
@@ -385,7 +389,7 @@ fn run_epoch<S: Steps + ?Sized>(
         }
         s.step(StepAt { epoch, step, steps }, ends)?;
         if !ends.any_live() {
-            return Ok(());
+            return Ok(false);
         }
     }
     let train_s = steps_start.elapsed().as_secs_f64().max(1e-9);
@@ -417,13 +421,22 @@ fn run_epoch<S: Steps + ?Sized>(
             s.end_member(i)?;
         } else if own >= plan.epochs {
             ends.end(i, End::Complete);
-            if ends.any_live() {
+            // A training that may go on (another slot may take a member here) must not train
+            // this one further.
+            if joins_possible(plan) {
                 s.end_member(i)?;
             }
         }
         slot.last = Some(e.stats);
     }
-    Ok(())
+    Ok(true)
+}
+
+/// Whether a member may join a training of this schedule at an epoch boundary: only when epochs
+/// run whole (the group's data position is its step counter modulo the steps of an epoch, the
+/// same for every member).
+fn joins_possible(plan: &Schedule) -> bool {
+    plan.steps() == plan.steps_per_epoch()
 }
 
 /// Hands each member that has ended to [`Hooks::end`], and frees its slot.
@@ -632,7 +645,9 @@ mod tests {
         let done = ends[2].as_ref().unwrap();
         assert_eq!((done.epochs, done.final_loss, done.test_acc), (3, 5.0, 0.9));
         assert_eq!((done.peak_mem_bytes, done.param_count), (100, 7));
-        assert_eq!(s.ended, [1], "only the pruned member is ended by the loop");
+        // The loop ends the pruned member, and the one done (its slot could take another); the
+        // diverged one the steps ended themselves.
+        assert_eq!(s.ended, [1, 2]);
         assert!(s.finished);
         // Epoch 1 of all three, then member 2 alone (member 0 diverged in epoch 2).
         assert_eq!(seen, [(0, 1), (1, 1), (2, 1), (2, 2), (2, 3)]);

@@ -161,24 +161,22 @@ pub fn run_refilled(
                 "a fused group of {width} trials needs {need_mib:.1} MiB, above the cap of \
                  {cap_mib:.1} MiB: it trains as groups of {fit}"
             );
-            if refills {
-                // The trials beyond the first `fit` take the first freed slots, in order.
-                let (head, rest) = (
-                    cfgs[..fit.min(cfgs.len())].to_vec(),
-                    cfgs[fit.min(cfgs.len())..].to_vec(),
-                );
-                let mut pending = Pending {
-                    pending: rest.into(),
-                    inner: hooks,
-                };
-                return run_refilled(be, head, fit, &mut pending);
-            }
-            for (k, part) in cfgs.chunks(fit).enumerate() {
+            // Parts that fit, one after another; the last keeps its slots full from `hooks`
+            // when it refills (its trials taken after the group's own are numbered on from
+            // them).
+            let parts: Vec<&[TrialConfig]> = cfgs.chunks(fit).collect();
+            let count = parts.len();
+            for (k, part) in parts.into_iter().enumerate() {
+                let last = k + 1 == count;
                 let mut part_hooks = Offset {
                     base: k * fit,
+                    len: part.len(),
+                    taken_base: cfgs.len(),
+                    next: last,
                     inner: &mut *hooks,
                 };
-                run_refilled(be, part.to_vec(), part.len(), &mut part_hooks);
+                let slots = if last && refills { fit } else { part.len() };
+                run_refilled(be, part.to_vec(), slots, &mut part_hooks);
             }
             return;
         }
@@ -203,6 +201,7 @@ pub fn run_refilled(
         signatures: Signatures::of(&group_key(&first), width),
         eval_graphs: EvalGraphs::new(graphs),
         peeked: vec![0f32; width * STATS_LEN],
+        stale_look: vec![false; width],
         sums: vec![0f32; 2 * width * STATS_LEN],
         tally: Tally::default(),
         training: false,
@@ -227,36 +226,41 @@ pub fn run_refilled(
     epochs::train_slots(&mut group, &plan, members, &cancel, started, &mut joins);
 }
 
-/// A group's hooks with some trials of its own to give before those of `inner`.
-struct Pending<'h> {
-    pending: std::collections::VecDeque<TrialConfig>,
-    inner: &'h mut dyn GroupHooks,
-}
-
-impl GroupHooks for Pending<'_> {
-    fn epoch(&mut self, id: usize, stats: &EpochStats) {
-        self.inner.epoch(id, stats)
-    }
-    fn end(&mut self, id: usize, end: Result<TrialResult, Stop>) {
-        self.inner.end(id, end)
-    }
-    fn next(&mut self) -> Option<TrialConfig> {
-        self.pending.pop_front().or_else(|| self.inner.next())
-    }
-}
-
-/// The hooks of a part of a group, whose trials are numbered from `base` in the whole.
+/// The hooks of a part of a group of `taken_base` trials: the part's own `len` trials are
+/// numbered from `base` in the whole, and those it takes (from `inner`, when `next`) from
+/// `taken_base` on.
 struct Offset<'h> {
     base: usize,
+    len: usize,
+    taken_base: usize,
+    next: bool,
     inner: &'h mut dyn GroupHooks,
+}
+
+impl Offset<'_> {
+    fn id(&self, id: usize) -> usize {
+        match id.checked_sub(self.len) {
+            None => self.base + id,
+            Some(taken) => self.taken_base + taken,
+        }
+    }
 }
 
 impl GroupHooks for Offset<'_> {
     fn epoch(&mut self, id: usize, stats: &EpochStats) {
-        self.inner.epoch(self.base + id, stats)
+        let id = self.id(id);
+        self.inner.epoch(id, stats)
     }
     fn end(&mut self, id: usize, end: Result<TrialResult, Stop>) {
-        self.inner.end(self.base + id, end)
+        let id = self.id(id);
+        self.inner.end(id, end)
+    }
+    fn next(&mut self) -> Option<TrialConfig> {
+        if self.next {
+            self.inner.next()
+        } else {
+            None
+        }
     }
 }
 
@@ -332,6 +336,9 @@ struct Group<'a> {
     eval_graphs: EvalGraphs,
     /// Every slot's sums as a look sees them, and as an epoch ends (training, then test).
     peeked: Vec<f32>,
+    /// Slots whose trial joined after the look on its way was issued: that look's sums are the
+    /// trial before's (a diverged one's NaN, say), and are not this trial's to judge.
+    stale_look: Vec<bool>,
     sums: Vec<f32>,
     /// What the group asked of its backend (every trial's row carries the group's counts).
     tally: Tally,
@@ -388,6 +395,7 @@ impl Group<'_> {
         };
         self.dropout_seeds[slot] = dropout_seed;
         self.joined[slot] = epochs_done;
+        self.stale_look[slot] = true;
         self.slots[slot] = Some(cfg);
         Ok(member)
     }
@@ -455,6 +463,17 @@ impl Steps for Group<'_> {
         if (at.step + 1).is_multiple_of(self.check_every)
             && be.peek(self.fused.stats(), &mut self.peeked)?
         {
+            // A look issued before a trial joined (a backend's look lags a step or more) shows
+            // the sums of the trial before it in that slot: skipped, once.
+            for (sums, stale) in self
+                .peeked
+                .chunks_mut(STATS_LEN)
+                .zip(self.stale_look.iter_mut())
+            {
+                if std::mem::take(stale) {
+                    sums[0] = 0.0;
+                }
+            }
             let at = (at.epoch, at.step);
             Self::kill_diverged(be, &mut self.fused, &self.peeked, &self.joined, at, ends)?;
         }
