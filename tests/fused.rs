@@ -422,3 +422,38 @@ fn a_group_whose_trials_all_end_within_an_epoch_takes_no_new_trial() {
     );
     assert_eq!(hooks.queue.len(), 1, "no trial joined mid-epoch");
 }
+
+#[test]
+fn a_trial_that_takes_a_diverged_trials_slot_trains_as_it_would_alone() {
+    let d = data([1, 6, 6], 96, 40);
+    let cfgs: Vec<_> = (0..3)
+        .map(|i| {
+            let mut c = TrialConfig {
+                epochs: 3,
+                ..config(&mlp(), Optimizer::Sgd, &d, i)
+            };
+            c.engine.check_every = 1;
+            c
+        })
+        .collect();
+    let mut first = cfgs[..2].to_vec();
+    first[0].hyper.lr = 1e6;
+    let mut hooks = Refill::new(&first, &cfgs[2..]);
+    let mut be = CpuBackend::new(Arc::clone(&d), None);
+    run_refilled(&mut be, first, 2, &mut hooks);
+    assert!(
+        matches!(
+            hooks.ends[0],
+            Some(Err(Stop::Failed(Failure::NonFiniteLoss { epoch: 1, .. })))
+        ),
+        "{:?}",
+        hooks.ends[0]
+    );
+    assert!(hooks.queue.is_empty(), "the queued trial took the slot");
+    let want = alone(&d, &cfgs[2]);
+    assert_eq!(hooks.epochs[2].len(), 3);
+    for (g, w) in hooks.epochs[2].iter().zip(&want.epochs) {
+        assert_eq!(bits(g), bits(w), "epoch {}: {g:?} vs {w:?}", w.epoch);
+    }
+    assert!(matches!(hooks.ends[2], Some(Ok(_))), "{:?}", hooks.ends[2]);
+}

@@ -339,6 +339,10 @@ fn tests() -> Vec<(String, Needs, Body)> {
             "fused_mlp_trials_match_their_runs_alone",
             fused_mlp_trials_match_their_runs_alone,
         ),
+        (
+            "a_refilled_fused_trial_matches_its_run_alone",
+            a_refilled_fused_trial_matches_its_run_alone,
+        ),
     ];
     let mut all: Vec<(String, Needs, Body)> = plain
         .into_iter()

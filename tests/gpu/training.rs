@@ -150,6 +150,91 @@ pub(crate) fn fused_mlp_trials_match_their_runs_alone() {
     }
 }
 
+/// A fused group's freed slots on the GPU (graphs on): the trial that takes a slot matches its
+/// run alone on the GPU within the fused tolerance. With Adam, the slot of a trial pruned after
+/// its first epoch (Adam's bias correction counts the new trial's own steps); with SGD, the slot
+/// of a trial whose loss diverged (the look that found its NaN, which lags on a GPU, must not
+/// fail the trial that takes its slot).
+pub(crate) fn a_refilled_fused_trial_matches_its_run_alone() {
+    use gpumux::train::fused::{run_refilled, GroupHooks};
+    use gpumux::train::{EpochStats, Prune, TrialResult};
+    let e = gpu_or_skip!();
+    let spec = DataSpec {
+        train_limit: Some(4096),
+        test_limit: Some(1000),
+        ..DataSpec::of(Source::Mnist10k)
+    };
+    let data = Arc::new(spec.load(None, 0).expect("mnist-10k"));
+    let dev = e.upload(&data).expect("upload");
+    struct Hooks {
+        queue: Vec<TrialConfig>,
+        ends: Vec<Option<Result<TrialResult, gpumux::train::stop::Stop>>>,
+    }
+    impl GroupHooks for Hooks {
+        fn epoch(&mut self, _: usize, _: &EpochStats) {}
+        fn end(&mut self, id: usize, end: Result<TrialResult, gpumux::train::stop::Stop>) {
+            self.ends[id] = Some(end);
+        }
+        fn next(&mut self) -> Option<TrialConfig> {
+            (!self.queue.is_empty()).then(|| {
+                self.ends.push(None);
+                self.queue.remove(0)
+            })
+        }
+    }
+    let n_test = data.test.len() as f64;
+    for optimizer in [Optimizer::Adam, Optimizer::Sgd] {
+        let cfgs: Vec<TrialConfig> = (0..3)
+            .map(|i| {
+                let mut c = trial(ModelSpec::of(ModelKind::Mlp), optimizer, true, &data);
+                c.seed = 20 + i as u64;
+                c.hyper.dropout = [0.2, 0.1, 0.3][i];
+                c.engine.check_every = 4;
+                c
+            })
+            .collect();
+        let mut first = cfgs[..2].to_vec();
+        match optimizer {
+            Optimizer::Adam => {
+                first[0].prune = Some(Prune::new(Arc::new(|s: &EpochStats| s.epoch == 1)))
+            }
+            Optimizer::Sgd => first[0].hyper.lr = 1e6,
+        }
+        let mut hooks = Hooks {
+            queue: vec![cfgs[2].clone()],
+            ends: vec![None, None],
+        };
+        let mut be = e.backend(Arc::clone(&dev), None, None).expect("backend");
+        run_refilled(be.as_mut(), first, 2, &mut hooks);
+        assert!(
+            hooks.queue.is_empty(),
+            "{optimizer:?}: the queued trial took a slot"
+        );
+        let joined = hooks.ends[2]
+            .as_ref()
+            .expect("an end")
+            .as_ref()
+            .unwrap_or_else(|e| panic!("{optimizer:?}: the refilled trial: {e}"));
+        let mut be = e.backend(Arc::clone(&dev), None, None).expect("backend");
+        let alone = run_trial(be.as_mut(), &cfgs[2], &mut |_| {}).expect("trial alone");
+        let rel = (joined.final_loss - alone.final_loss).abs() / alone.final_loss.abs();
+        let samples = (joined.test_acc - alone.test_acc).abs() * n_test;
+        println!(
+            "{optimizer:?}: refilled loss {:.6} alone {:.6} (rel {rel:.2e}), acc {:.4} / {:.4}",
+            joined.final_loss, alone.final_loss, joined.test_acc, alone.test_acc
+        );
+        assert_eq!(joined.epochs, alone.epochs, "{optimizer:?}");
+        assert!(
+            rel <= 1e-4,
+            "{optimizer:?}: relative loss difference {rel:.2e}"
+        );
+        assert!(
+            samples <= 2.0 + 1e-6,
+            "{optimizer:?}: accuracies {samples} samples apart"
+        );
+    }
+}
+
 pub(crate) fn cnn_training_runs_with_graphs() {
     let e = gpu_or_skip!();
     let spec = DataSpec {
