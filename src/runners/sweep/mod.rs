@@ -11,6 +11,7 @@ mod resume;
 pub mod same_failure;
 mod setup;
 pub mod shards;
+pub mod study;
 
 use std::collections::{BTreeMap, HashSet};
 use std::io::Write;
