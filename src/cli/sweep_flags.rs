@@ -39,6 +39,10 @@ pub struct Args {
     /// The sweep's seed; overrides the job's `seed`, so one file runs over several seeds.
     #[arg(long)]
     seed: Option<u64>,
+    /// Join the study at this URL (sqlite:PATH) as one of its workers: each trial runs once
+    /// across every worker of the study (grid and random sweeps).
+    #[arg(long)]
+    study: Option<String>,
     #[command(flatten)]
     run: RunFlags,
     #[command(flatten)]
@@ -78,6 +82,7 @@ pub fn run(a: Args, out: &mut dyn Write) -> Result<(), Error> {
         worker_exe: run::worker_exe()?,
         progress: std::io::stderr().is_terminal(),
         verbose: super::verbose(),
+        study: a.study,
     };
     gpumux::runners::sweep::run(&job, &opts, out).map(|_| ())
 }

@@ -60,6 +60,9 @@ pub struct SweepOptions {
     /// Show what every external trial prints as it comes (`--verbose`), not only when the
     /// trials run one at a time.
     pub verbose: bool,
+    /// The study this worker joins (`--study sqlite:PATH`): the trials it runs are those the
+    /// study gives it, shared with every other worker of the study.
+    pub study: Option<String>,
 }
 
 /// Every trial of a job's sweep, each once: the grid's points (capped by `run_cap`), or
@@ -188,6 +191,9 @@ fn write_best(dir: &Path, job: &Job, row: &TrialRow) -> Result<PathBuf> {
 /// `gpumux sweep`: runs the trials of this shard that are not COMPLETE yet.
 pub fn run(job: &Job, opts: &SweepOptions, out: &mut dyn Write) -> Result<PathBuf> {
     let sweep = Sweep::plan(job, opts)?;
+    if let Some(url) = &opts.study {
+        check_study(job, opts, &sweep, url)?;
+    }
     // Early termination resumes where it was: the rungs of the trials done.
     let pruner = hyperband::Pruner::of(job).map(Arc::new);
     // A signal stops the reading of what is there at once (nothing has started yet), and the
@@ -215,6 +221,18 @@ pub fn run(job: &Job, opts: &SweepOptions, out: &mut dyn Write) -> Result<PathBu
         return Ok(sweep.dir);
     }
     let mut writer = session.results_writer(resumed)?;
+    if let Some(url) = &opts.study {
+        return run_study(
+            job,
+            &sweep,
+            &session,
+            url,
+            previous,
+            &mut writer,
+            pruner,
+            out,
+        );
+    }
     let to_run = proposer.as_ref().map_or(todo.len(), |p| p.left as usize);
     let reached = sweep.target_reached(&held_latest, proposer.as_ref());
     let (ran, stopped) = match reached.filter(|_| to_run > 0) {
@@ -229,7 +247,7 @@ pub fn run(job: &Job, opts: &SweepOptions, out: &mut dyn Write) -> Result<PathBu
                 session: &session,
             };
             let ends = (proposer.as_mut(), &mut writer);
-            trials.run(&todo, to_run, pruner, ends, out)?
+            trials.run(&todo, to_run, pruner, ends, None, out)?
         }
     };
     let mut rows = previous;
@@ -240,6 +258,158 @@ pub fn run(job: &Job, opts: &SweepOptions, out: &mut dyn Write) -> Result<PathBu
     finish(job, &sweep.dir, &ids, planned, &rows, cancel, stopped, out)?;
     Ok(sweep.dir)
 }
+
+/// `--study`: refused (exit 2) with `--shard` (two ways to split one sweep), and for bayes
+/// sweeps and early termination, which need the whole study's results and do not have them
+/// yet; a URL that is not `sqlite:PATH` is refused too.
+fn check_study(job: &Job, opts: &SweepOptions, sweep: &Sweep, url: &str) -> Result<()> {
+    study::sqlite_path(url).map_err(|e| Error::Usage(e.to_string()))?;
+    if opts.shard.is_some() {
+        return Err(Error::Usage(
+            "--study and --shard are two ways to split one sweep: give one of them".into(),
+        ));
+    }
+    if sweep.is_bayes || job.file.early_terminate.is_some() {
+        return Err(Error::Usage(
+            "--study runs grid and random sweeps without early_terminate for now: a bayes sweep or hyperband over a study would judge each worker's trials alone".into(),
+        ));
+    }
+    Ok(())
+}
+
+/// The key of the study a job's workers share: its name, and a hash of every trial id of its
+/// sweep (its model or command, data, epochs, space and seed).
+fn study_key(job: &Job, all: &[TrialSpec]) -> study::StudyKey {
+    let mut h = crate::hash::fnv1a(b"gpumux study");
+    for t in all {
+        h = crate::hash::fnv1a_more(h, t.id.as_bytes());
+    }
+    study::StudyKey {
+        job: job.name.clone(),
+        space: format!("{h:016x}"),
+    }
+}
+
+/// A sweep as one worker of the study at `url`: it takes each trial the study gives it (grid
+/// and random, in index order), holds it under a lease it renews, and records each end in the
+/// study as well as in its own folder. A store that cannot be opened is refused (exit 2); one
+/// that fails during the run, after retries, stops the worker (exit 3) with every local row
+/// kept.
+#[allow(clippy::too_many_arguments)]
+fn run_study(
+    job: &Job,
+    sweep: &Sweep,
+    session: &Session,
+    url: &str,
+    previous: Vec<TrialRow>,
+    writer: &mut report::ReportWriter,
+    pruner: Option<Arc<hyperband::Pruner>>,
+    out: &mut dyn Write,
+) -> Result<PathBuf> {
+    let all = sweep_trials(job)?;
+    let count = plan::sweep_count(job)?;
+    let key = study_key(job, &all);
+    let worker = study::worker_name();
+    let usage = |e: study::StudyError| Error::Usage(e.to_string());
+    let store = study::Study::open(url, &key, &worker).map_err(usage)?;
+    let beat = study::Heartbeat::start(url, &key, &worker).map_err(usage)?;
+    say(out, format!("study {url}: joined as worker {worker}"))?;
+    let by_index: BTreeMap<u32, TrialSpec> = all.iter().map(|t| (t.index, t.clone())).collect();
+    let lease = study::lease();
+    let store = std::cell::RefCell::new(store);
+    let failed: std::cell::RefCell<Option<study::StudyError>> = Default::default();
+    // Each end, as it is recorded here: in the study too, while this worker holds the trial.
+    let mut on_end = |o: &sched::TrialOutcome| {
+        beat.hold(o.trial.index, false);
+        let row = serde_json::json!({
+            "trial_id": o.trial.id,
+            "state": o.state().name(),
+            "error": o.error(),
+        })
+        .to_string();
+        let state = o.state().name();
+        let mut store = store.borrow_mut();
+        match study::with_retries(|| store.finish(o.trial.index, state, &row)) {
+            Ok(true) => {}
+            Ok(false) => tracing::warn!(
+                "trial {} ended after the study gave it to another worker: its end is this folder's only",
+                o.trial.id
+            ),
+            Err(e) => {
+                failed.borrow_mut().get_or_insert(e);
+            }
+        }
+    };
+    // The next trial the study gives this worker.
+    let mut feed = |_: Option<&sched::TrialOutcome>| -> Option<TrialSpec> {
+        if failed.borrow().is_some() {
+            return None;
+        }
+        let mut store = store.borrow_mut();
+        loop {
+            match study::with_retries(|| store.claim(count, lease, study::now())) {
+                Ok(Some(c)) => match by_index.get(&c.index) {
+                    Some(t) => {
+                        beat.hold(c.index, true);
+                        return Some(t.clone());
+                    }
+                    // The same draw as an earlier index: one trial, run once.
+                    None => {
+                        let _ = store.finish(c.index, "COMPLETE", "{\"duplicate\": true}");
+                    }
+                },
+                Ok(None) => return None,
+                Err(e) => {
+                    failed.borrow_mut().get_or_insert(e);
+                    return None;
+                }
+            }
+        }
+    };
+    let trials = Trials { sweep, session };
+    let (ran, stopped) = trials.run(
+        &all,
+        all.len(),
+        pruner,
+        (None, writer),
+        Some((&mut feed, &mut on_end)),
+        out,
+    )?;
+    drop(beat);
+    let store = store.into_inner();
+    let failed = failed.into_inner();
+    let mine: Vec<String> = ran.iter().map(|r| r.trial_id.clone()).collect();
+    let planned = latest_rows(&ran).len();
+    let mut rows = previous;
+    rows.extend(ran);
+    let counts = store.counts().map_err(usage)?;
+    let words: Vec<String> = counts.iter().map(|(s, n)| format!("{n} {s}")).collect();
+    say(
+        out,
+        format!("study {url}: {} of {count} trials", words.join(", ")),
+    )?;
+    if let Some(e) = failed {
+        return Err(Error::Interrupted(format!(
+            "the study store failed: {e}; this worker's rows are kept in {}",
+            sweep.dir.display()
+        )));
+    }
+    let cancel = session.cancel();
+    finish(
+        job,
+        &sweep.dir,
+        &mine,
+        planned,
+        &rows,
+        cancel,
+        stopped.as_ref(),
+        out,
+    )?;
+    Ok(sweep.dir.clone())
+}
+
+/// What sees each trial's end as it is recorded (a study records it in its store).
+type Ended<'a> = &'a mut dyn FnMut(&sched::TrialOutcome);
 
 /// What running a sweep's trials needs, once its folder is read and its device open.
 struct Trials<'a> {
@@ -257,6 +427,7 @@ impl Trials<'_> {
         to_run: usize,
         pruner: Option<Arc<hyperband::Pruner>>,
         (proposer, writer): (Option<&mut bayes::Proposer>, &mut report::ReportWriter),
+        given: Option<(sched::Feed, Ended)>,
         out: &mut dyn Write,
     ) -> Result<(Vec<TrialRow>, Option<Stopped>)> {
         let (job, opts, split) = (self.sweep.job, self.sweep.opts, self.sweep.split);
@@ -299,8 +470,12 @@ impl Trials<'_> {
             // One trial at a time, its lines cannot be mixed with another's: they show.
             ext.stream = opts.verbose || n == 1;
         }
+        if let Some((feed, on_end)) = given {
+            let feed = Some((to_run, feed));
+            return execute(job, &round, &ctx, writer, opts.progress, feed, Some(on_end));
+        }
         match proposer {
-            None => execute(job, &round, &ctx, writer, opts.progress, None),
+            None => execute(job, &round, &ctx, writer, opts.progress, None, None),
             Some(p) => {
                 let ran = {
                     let mut feed = |ended: Option<&sched::TrialOutcome>| p.next(ended);
@@ -311,6 +486,7 @@ impl Trials<'_> {
                         writer,
                         opts.progress,
                         Some((to_run, &mut feed)),
+                        None,
                     )?
                 };
                 match p.error.take() {
@@ -333,6 +509,7 @@ fn execute(
     writer: &mut report::ReportWriter,
     progress: bool,
     feed: Option<(usize, sched::Feed)>,
+    mut on_end: Option<Ended>,
 ) -> Result<(Vec<TrialRow>, Option<Stopped>)> {
     // A fed round (bayes) runs the trials its run_cap has left.
     let total = feed.as_ref().map_or(round.trials.len(), |(n, _)| *n) as u64;
@@ -369,7 +546,12 @@ fn execute(
                 ends.same.ran(&trial.id);
                 rec.progress(&progress_row(round, &trial.id, stats))
             }
-            Event::Finished(o) => ends.finished(o, &mut rec),
+            Event::Finished(o) => {
+                if let Some(f) = on_end.as_mut() {
+                    f(o);
+                }
+                ends.finished(o, &mut rec)
+            }
             Event::Output { trial_id, line } => {
                 // Through the bar, so that it is not drawn over; on stderr, beside the log.
                 console.bar.suspend(|| {

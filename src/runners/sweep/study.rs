@@ -318,6 +318,121 @@ impl Study {
     }
 }
 
+/// How long a worker's hold on a trial lasts without renewal: `GPUMUX_STUDY_LEASE_S` seconds
+/// (default 60); a worker renews every third of it.
+pub fn lease() -> Duration {
+    std::env::var("GPUMUX_STUDY_LEASE_S")
+        .ok()
+        .and_then(|v| v.parse::<f64>().ok())
+        .filter(|s| s.is_finite() && *s >= 0.5)
+        .and_then(|s| Duration::try_from_secs_f64(s).ok())
+        .unwrap_or(Duration::from_secs(60))
+}
+
+/// Seconds since the epoch, as the store's leases count them.
+pub fn now() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
+}
+
+/// This worker's name in a study: the host and the process.
+pub fn worker_name() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .unwrap_or_else(|_| "host".into());
+    format!("{host}-{}", std::process::id())
+}
+
+/// Runs `op` on the store, and again after 0.5, 1 and 2 s when it fails (a store busy or gone
+/// for a moment); the last error when every try failed.
+pub fn with_retries<T>(mut op: impl FnMut() -> Result<T, StudyError>) -> Result<T, StudyError> {
+    let mut wait = Duration::from_millis(500);
+    let mut last = None;
+    for _ in 0..4 {
+        match op() {
+            Ok(v) => return Ok(v),
+            Err(e @ (StudyError::Newer { .. } | StudyError::OtherSpace { .. })) => return Err(e),
+            Err(e) => {
+                tracing::warn!("{e}; trying again in {:.1} s", wait.as_secs_f64());
+                last = Some(e);
+                std::thread::sleep(wait);
+                wait *= 2;
+            }
+        }
+    }
+    Err(last.unwrap_or_else(|| StudyError::BadUrl(String::new())))
+}
+
+/// The trials a worker holds, renewed every third of the lease by a thread of its own (with its
+/// own connection) until it is dropped.
+pub struct Heartbeat {
+    held: std::sync::Arc<std::sync::Mutex<std::collections::BTreeSet<u32>>>,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Heartbeat {
+    /// Starts renewing, as `worker` of the study at `url`.
+    pub fn start(url: &str, key: &StudyKey, worker: &str) -> Result<Heartbeat, StudyError> {
+        let mut study = Study::open(url, key, worker)?;
+        let held: std::sync::Arc<std::sync::Mutex<std::collections::BTreeSet<u32>>> =
+            Default::default();
+        let stop: std::sync::Arc<std::sync::atomic::AtomicBool> = Default::default();
+        let (h, s) = (std::sync::Arc::clone(&held), std::sync::Arc::clone(&stop));
+        let thread = std::thread::spawn(move || {
+            let lease = lease();
+            let tick = Duration::from_millis(50);
+            let mut since = std::time::Instant::now();
+            while !s.load(std::sync::atomic::Ordering::SeqCst) {
+                std::thread::sleep(tick);
+                if since.elapsed() < lease / 3 {
+                    continue;
+                }
+                since = std::time::Instant::now();
+                let indices: Vec<u32> = h
+                    .lock()
+                    .map(|g| g.iter().copied().collect())
+                    .unwrap_or_default();
+                for index in indices {
+                    match study.renew(index, lease, now()) {
+                        Ok(true) => {}
+                        Ok(false) => tracing::warn!(
+                            "the study gave trial {index} to another worker: this worker's hold on it ran out"
+                        ),
+                        Err(e) => tracing::warn!("renewing the hold on trial {index}: {e}"),
+                    }
+                }
+            }
+        });
+        Ok(Heartbeat {
+            held,
+            stop,
+            thread: Some(thread),
+        })
+    }
+
+    /// Trial `index` is held (`true`) or no longer (`false`).
+    pub fn hold(&self, index: u32, held: bool) {
+        if let Ok(mut g) = self.held.lock() {
+            if held {
+                g.insert(index);
+            } else {
+                g.remove(&index);
+            }
+        }
+    }
+}
+
+impl Drop for Heartbeat {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,0 +1,156 @@
+//! `gpumux sweep --study sqlite:PATH` on the real binary: several workers of one study, each with its own folder, run each trial once between them; a worker killed with SIGKILL leaves a trial whose lease runs out, and another worker runs it again; refusals with `--shard`, bayes and a bad URL.
+
+mod support;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use support::*;
+
+/// A random sweep of examples/fake_train.py, `run_cap` trials, `sleep` seconds an epoch.
+fn study_job(dir: &Sandbox, run_cap: u32, sleep: f64) -> PathBuf {
+    let script = root().join("examples/fake_train.py");
+    dir.job(
+        "study.yaml",
+        JobYaml::new()
+            .name("study")
+            .command(&format!(
+                "python3 {} --lr {{lr}} --epochs 2 --sleep {sleep}",
+                script.display()
+            ))
+            .method("random")
+            .run_cap(run_cap.into())
+            .seed(11)
+            .param(
+                "lr",
+                "{min: 0.0001, max: 0.1, distribution: log_uniform_values}",
+            )
+            .concurrency(2),
+    )
+}
+
+/// The COMPLETE rows of every folder, by trial id.
+fn complete_by_id(outs: &[PathBuf]) -> BTreeMap<String, usize> {
+    let mut by = BTreeMap::new();
+    for out in outs {
+        for r in trials_csv(out) {
+            if r["state"] == "COMPLETE" {
+                *by.entry(r["trial_id"].clone()).or_insert(0) += 1;
+            }
+        }
+    }
+    by
+}
+
+fn study_url(dir: &Sandbox) -> String {
+    format!("sqlite:{}", dir.join("study.db").display())
+}
+
+#[test]
+fn three_workers_of_one_study_run_each_trial_once_between_them() {
+    let dir = sandbox();
+    let job = study_job(&dir, 24, 0.05);
+    let url = study_url(&dir);
+    let outs: Vec<PathBuf> = (0..3).map(|w| dir.join(format!("out-{w}"))).collect();
+    let children: Vec<_> = outs
+        .iter()
+        .map(|out| dir.spawn(&["sweep", s(&job), "--out", s(out), "--study", &url]))
+        .collect();
+    for child in children {
+        let o = child.wait_with_output().expect("a worker ends");
+        assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+        assert!(stdout(&o).contains("study sqlite:"), "{}", stdout(&o));
+    }
+    let by = complete_by_id(&outs);
+    assert_eq!(by.len(), 24, "{by:?}");
+    assert!(by.values().all(|&n| n == 1), "a trial ran twice: {by:?}");
+    // Every worker took some (they ran at once).
+    assert!(outs.iter().filter(|o| !trials_csv(o).is_empty()).count() >= 2);
+    // A worker that joins a done study runs nothing, and says so.
+    let late = dir.join("out-late");
+    let o = dir.run_into("sweep", &job, &late, &["--study", &url]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(
+        stdout(&o).contains("24 COMPLETE of 24 trials"),
+        "{}",
+        stdout(&o)
+    );
+}
+
+#[test]
+fn a_trial_of_a_killed_worker_is_run_again_once_its_lease_runs_out() {
+    let dir = sandbox();
+    let job = study_job(&dir, 6, 0.4);
+    let url = study_url(&dir);
+    let first = dir.join("out-killed");
+    let mut killed = dir
+        .run(&[
+            "sweep",
+            s(&job),
+            "--out",
+            s(&first),
+            "--study",
+            &url,
+            "--concurrency",
+            "1",
+        ])
+        .env("GPUMUX_STUDY_LEASE_S", "1.5")
+        .spawn();
+    // Once its first trial has printed an epoch, kill it: its trial stays held, then lost.
+    let progress = first.join("progress.csv");
+    let started = wait_for(&mut killed, std::time::Duration::from_secs(60), || {
+        rows_in(&progress) >= 1
+    });
+    killed.kill().expect("SIGKILL");
+    let _ = killed.wait();
+    assert!(started, "the worker printed no epoch");
+    let second = dir.join("out-second");
+    let o = dir
+        .run(&["sweep", s(&job), "--out", s(&second), "--study", &url])
+        .env("GPUMUX_STUDY_LEASE_S", "1.5")
+        .output();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let by = complete_by_id(&[first.clone(), second.clone()]);
+    assert_eq!(by.len(), 6, "every trial COMPLETE once: {by:?}");
+    assert!(by.values().all(|&n| n == 1), "{by:?}");
+    assert!(
+        stdout(&o).contains("6 COMPLETE of 6 trials"),
+        "{}",
+        stdout(&o)
+    );
+}
+
+#[test]
+fn a_study_is_refused_with_shards_bayes_or_a_bad_url() {
+    let dir = sandbox();
+    let job = study_job(&dir, 4, 0.0);
+    let out = dir.join("out");
+    let url = study_url(&dir);
+    for (args, says) in [
+        (
+            vec!["--study", url.as_str(), "--shard", "1/2"],
+            "--study and --shard",
+        ),
+        (
+            vec!["--study", "postgres://nowhere"],
+            "expected sqlite:PATH",
+        ),
+        (
+            vec!["--study", "sqlite:/no/such/folder/s.db"],
+            "cannot be opened",
+        ),
+    ] {
+        let o = dir.run_into("sweep", &job, &out, &args);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {}", stderr(&o));
+        assert!(stderr(&o).contains(says), "{args:?}: {}", stderr(&o));
+        let _ = std::fs::remove_dir_all(&out);
+    }
+    let bayes = dir.job(
+        "bayes.yaml",
+        std::fs::read_to_string(&job)
+            .unwrap()
+            .replace("method: random", "method: bayes"),
+    );
+    let o = dir.run_into("sweep", &bayes, &out, &["--study", &url]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("grid and random"), "{}", stderr(&o));
+    let _ = Path::new(&out);
+}
