@@ -60,6 +60,16 @@ pub struct Member {
     pub prune: Option<Prune>,
 }
 
+impl Member {
+    /// The member that trains `cfg`.
+    pub fn of(cfg: &super::TrialConfig) -> Member {
+        Member {
+            seed: cfg.seed,
+            prune: cfg.prune.clone(),
+        }
+    }
+}
+
 /// How each slot of a training stands: a member training in it, a member that has ended (its
 /// end not yet handed on), or nothing (a fused group's slot that waits for a member).
 #[derive(Debug, Default)]
@@ -170,6 +180,13 @@ impl Schedule {
     /// Whether each epoch ends with an evaluation: whole epochs, or a warm-up's.
     pub fn evaluates(&self) -> bool {
         self.max_steps.is_none() || self.warm_up
+    }
+
+    /// Whether every epoch runs all its steps. Only then may a member join a training at an
+    /// epoch boundary: a fused group's data position is its step counter modulo the steps of an
+    /// epoch, the same for every member.
+    pub fn whole_epochs(&self) -> bool {
+        self.steps() == self.steps_per_epoch()
     }
 
     /// Steps each epoch takes.
@@ -302,7 +319,7 @@ pub fn train_slots<S: Steps + ?Sized>(
         hand_on(s, plan, &mut slots, &mut ends, hooks);
         return;
     }
-    let joins = joins_possible(plan);
+    let joins = plan.whole_epochs();
     let mut done = 0u32;
     loop {
         let epoch = done + 1;
@@ -423,20 +440,13 @@ fn run_epoch<S: Steps + ?Sized>(
             ends.end(i, End::Complete);
             // A training that may go on (another slot may take a member here) must not train
             // this one further.
-            if joins_possible(plan) {
+            if plan.whole_epochs() {
                 s.end_member(i)?;
             }
         }
         slot.last = Some(e.stats);
     }
     Ok(true)
-}
-
-/// Whether a member may join a training of this schedule at an epoch boundary: only when epochs
-/// run whole (the group's data position is its step counter modulo the steps of an epoch, the
-/// same for every member).
-fn joins_possible(plan: &Schedule) -> bool {
-    plan.steps() == plan.steps_per_epoch()
 }
 
 /// Hands each member that has ended to [`Hooks::end`], and frees its slot.

@@ -138,7 +138,7 @@ pub fn run_refilled(
         Err(e) => return fail_all(hooks, e),
     };
     // A slot takes a new trial only at the boundary of a whole epoch (see `epochs::train_slots`).
-    let refills = plan.steps() == plan.steps_per_epoch() && fused.restartable();
+    let refills = plan.whole_epochs() && fused.restartable();
     if !refills && width > cfgs.len() {
         width = cfgs.len();
         fused = match network(width) {
@@ -184,6 +184,7 @@ pub fn run_refilled(
     }
     let graphs = first.engine.graphs && be.supports_graphs();
     let slots: Vec<Option<TrialConfig>> = (0..width).map(|i| cfgs.get(i).cloned()).collect();
+    let signatures = Signatures::of(&key, width);
     let mut group = Group {
         be: Counted::new(be),
         fused,
@@ -198,7 +199,7 @@ pub fn run_refilled(
         check_every: first.engine.check_every.max(1),
         graphs,
         graph: StepGraph::new(graphs),
-        signatures: Signatures::of(&group_key(&first), width),
+        signatures,
         eval_graphs: EvalGraphs::new(graphs),
         peeked: vec![0f32; width * STATS_LEN],
         stale_look: vec![false; width],
@@ -214,12 +215,7 @@ pub fn run_refilled(
     let members: Vec<Option<Member>> = group
         .slots
         .iter()
-        .map(|c| {
-            c.as_ref().map(|c| Member {
-                seed: c.seed,
-                prune: c.prune.clone(),
-            })
-        })
+        .map(|c| c.as_ref().map(Member::of))
         .collect();
     let cancel = group.first.cancel.clone();
     let mut joins = Joins { hooks, refills };
@@ -389,10 +385,7 @@ impl Group<'_> {
         let seeds = (seeds::init(cfg.seed), dropout_seed);
         self.fused
             .restart(&mut self.be, slot, &cfg.hyper, seeds, step0)?;
-        let member = Member {
-            seed: cfg.seed,
-            prune: cfg.prune.clone(),
-        };
+        let member = Member::of(&cfg);
         self.dropout_seeds[slot] = dropout_seed;
         self.joined[slot] = epochs_done;
         self.stale_look[slot] = true;

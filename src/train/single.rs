@@ -94,14 +94,10 @@ pub fn run_trial(
         signatures,
         eval_graphs: EvalGraphs::new(graphs),
     };
-    let member = Member {
-        seed: cfg.seed,
-        prune: cfg.prune.clone(),
-    };
     let ends = epochs::train(
         &mut single,
         &plan,
-        &[member],
+        &[Member::of(cfg)],
         &cfg.cancel,
         started,
         &mut |_, _, e| on_epoch(&e.stats),

@@ -67,6 +67,14 @@ pub struct Study {
     worker: String,
 }
 
+/// An error of the store at `url`, as a study's error.
+fn store_error(url: &str) -> impl Fn(rusqlite::Error) -> StudyError + '_ {
+    move |e| StudyError::Store {
+        url: url.to_string(),
+        why: e.to_string(),
+    }
+}
+
 /// The file of a `sqlite:PATH` study.
 pub fn sqlite_path(url: &str) -> Result<PathBuf, StudyError> {
     match url.strip_prefix("sqlite:") {
@@ -101,26 +109,17 @@ impl Study {
     }
 
     fn store_error(&self, e: rusqlite::Error) -> StudyError {
-        StudyError::Store {
-            url: self.url.clone(),
-            why: e.to_string(),
-        }
+        store_error(&self.url)(e)
     }
 
     /// Creates the tables of a new store, and checks an existing one's version and key.
     fn join(&mut self, key: &StudyKey) -> Result<(), StudyError> {
         let url = self.url.clone();
+        let store = store_error(&url);
         let tx = self
             .conn
             .transaction_with_behavior(TransactionBehavior::Immediate)
-            .map_err(|e| StudyError::Store {
-                url: url.clone(),
-                why: e.to_string(),
-            })?;
-        let store = |e: rusqlite::Error| StudyError::Store {
-            url: url.clone(),
-            why: e.to_string(),
-        };
+            .map_err(&store)?;
         tx.execute_batch(
             "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
              CREATE TABLE IF NOT EXISTS trials (
@@ -132,11 +131,11 @@ impl Study {
                  row TEXT
              );",
         )
-        .map_err(store)?;
+        .map_err(&store)?;
         let get = |k: &str| -> Result<Option<String>, StudyError> {
             tx.query_row("SELECT value FROM meta WHERE key = ?1", [k], |r| r.get(0))
                 .optional()
-                .map_err(store)
+                .map_err(&store)
         };
         match get("version")? {
             None => {
@@ -149,7 +148,7 @@ impl Study {
                         "INSERT INTO meta (key, value) VALUES (?1, ?2)",
                         params![k, v],
                     )
-                    .map_err(store)?;
+                    .map_err(&store)?;
                 }
             }
             Some(v) => {
@@ -158,13 +157,16 @@ impl Study {
                     why: format!("its schema version `{v}` is not a number"),
                 })?;
                 if found > SCHEMA_VERSION {
-                    return Err(StudyError::Newer { url, found });
+                    return Err(StudyError::Newer {
+                        url: url.clone(),
+                        found,
+                    });
                 }
                 let (theirs, their_space) = (get("job")?.unwrap_or_default(), get("space")?);
                 let their_space = their_space.unwrap_or_default();
                 if their_space != key.space {
                     return Err(StudyError::OtherSpace {
-                        url,
+                        url: url.clone(),
                         theirs,
                         their_space,
                         ours: key.job.clone(),
@@ -173,7 +175,7 @@ impl Study {
                 }
             }
         }
-        tx.commit().map_err(store)
+        tx.commit().map_err(&store)
     }
 
     /// Takes the next trial to run at time `now` (seconds since the epoch), held for `lease`:
@@ -187,25 +189,18 @@ impl Study {
         now: f64,
     ) -> Result<Option<Claim>, StudyError> {
         let until = now + lease.as_secs_f64();
-        let worker = self.worker.clone();
+        let (worker, url) = (self.worker.clone(), self.url.clone());
+        let store = store_error(&url);
         let tx = self
             .conn
             .transaction_with_behavior(TransactionBehavior::Immediate)
-            .map_err(|e| StudyError::Store {
-                url: self.url.clone(),
-                why: e.to_string(),
-            })?;
-        let url = self.url.clone();
-        let store = |e: rusqlite::Error| StudyError::Store {
-            url: url.clone(),
-            why: e.to_string(),
-        };
+            .map_err(&store)?;
         tx.execute(
             "UPDATE trials SET state = 'INTERRUPTED', worker = NULL
              WHERE state = 'RUNNING' AND lease_until < ?1",
             [now],
         )
-        .map_err(store)?;
+        .map_err(&store)?;
         let again: Option<(i64, i64)> = tx
             .query_row(
                 "SELECT idx, starts FROM trials WHERE state = 'INTERRUPTED' AND starts < ?1
@@ -214,7 +209,7 @@ impl Study {
                 |r| Ok((r.get(0)?, r.get(1)?)),
             )
             .optional()
-            .map_err(store)?;
+            .map_err(&store)?;
         let claim = match again {
             Some((idx, starts)) => {
                 tx.execute(
@@ -222,7 +217,7 @@ impl Study {
                      starts = starts + 1 WHERE idx = ?1",
                     params![idx, worker, until],
                 )
-                .map_err(store)?;
+                .map_err(&store)?;
                 Some((idx, starts + 1))
             }
             None => {
@@ -230,21 +225,21 @@ impl Study {
                     .query_row("SELECT COALESCE(MAX(idx) + 1, 0) FROM trials", [], |r| {
                         r.get(0)
                     })
-                    .map_err(store)?;
+                    .map_err(&store)?;
                 if next < i64::from(run_cap) {
                     tx.execute(
                         "INSERT INTO trials (idx, state, worker, lease_until, starts)
                          VALUES (?1, 'RUNNING', ?2, ?3, 1)",
                         params![next, worker, until],
                     )
-                    .map_err(store)?;
+                    .map_err(&store)?;
                     Some((next, 1))
                 } else {
                     None
                 }
             }
         };
-        tx.commit().map_err(store)?;
+        tx.commit().map_err(&store)?;
         Ok(claim
             .and_then(|(idx, starts)| u32::try_from(idx).ok().map(|index| Claim { index, starts })))
     }
@@ -347,28 +342,30 @@ pub fn worker_name() -> String {
 /// Runs `op` on the store, and again after 0.5, 1 and 2 s when it fails (a store busy or gone
 /// for a moment); the last error when every try failed.
 pub fn with_retries<T>(mut op: impl FnMut() -> Result<T, StudyError>) -> Result<T, StudyError> {
-    let mut wait = Duration::from_millis(500);
-    let mut last = None;
-    for _ in 0..4 {
+    const TRIES: u32 = 4;
+    let (mut wait, mut tried) = (Duration::from_millis(500), 0);
+    loop {
+        tried += 1;
         match op() {
             Ok(v) => return Ok(v),
+            // What no retry mends, and the last try's error.
             Err(e @ (StudyError::Newer { .. } | StudyError::OtherSpace { .. })) => return Err(e),
+            Err(e) if tried >= TRIES => return Err(e),
             Err(e) => {
                 tracing::warn!("{e}; trying again in {:.1} s", wait.as_secs_f64());
-                last = Some(e);
                 std::thread::sleep(wait);
                 wait *= 2;
             }
         }
     }
-    Err(last.unwrap_or_else(|| StudyError::BadUrl(String::new())))
 }
 
 /// The trials a worker holds, renewed every third of the lease by a thread of its own (with its
 /// own connection) until it is dropped.
 pub struct Heartbeat {
     held: std::sync::Arc<std::sync::Mutex<std::collections::BTreeSet<u32>>>,
-    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    /// Dropped to stop the thread: it waits on the other end between renewals.
+    stop: Option<crossbeam_channel::Sender<()>>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
@@ -378,18 +375,13 @@ impl Heartbeat {
         let mut study = Study::open(url, key, worker)?;
         let held: std::sync::Arc<std::sync::Mutex<std::collections::BTreeSet<u32>>> =
             Default::default();
-        let stop: std::sync::Arc<std::sync::atomic::AtomicBool> = Default::default();
-        let (h, s) = (std::sync::Arc::clone(&held), std::sync::Arc::clone(&stop));
+        let (stop, stopped) = crossbeam_channel::bounded::<()>(0);
+        let h = std::sync::Arc::clone(&held);
         let thread = std::thread::spawn(move || {
             let lease = lease();
-            let tick = Duration::from_millis(50);
-            let mut since = std::time::Instant::now();
-            while !s.load(std::sync::atomic::Ordering::SeqCst) {
-                std::thread::sleep(tick);
-                if since.elapsed() < lease / 3 {
-                    continue;
-                }
-                since = std::time::Instant::now();
+            while let Err(crossbeam_channel::RecvTimeoutError::Timeout) =
+                stopped.recv_timeout(lease / 3)
+            {
                 let indices: Vec<u32> = h
                     .lock()
                     .map(|g| g.iter().copied().collect())
@@ -407,7 +399,7 @@ impl Heartbeat {
         });
         Ok(Heartbeat {
             held,
-            stop,
+            stop: Some(stop),
             thread: Some(thread),
         })
     }
@@ -426,7 +418,7 @@ impl Heartbeat {
 
 impl Drop for Heartbeat {
     fn drop(&mut self) {
-        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        drop(self.stop.take());
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
