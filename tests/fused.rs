@@ -309,6 +309,33 @@ impl Refill {
     }
 }
 
+impl Refill {
+    /// Trial `id`'s every epoch and its result, bit for bit those of its run alone.
+    fn same_as_alone(&self, d: &Arc<Dataset>, id: usize, what: &str) {
+        let cfg = &self.trials[id];
+        let what = format!("{what}: trial {id} (seed {})", cfg.seed);
+        let want = alone(d, cfg);
+        let got = &self.epochs[id];
+        assert_eq!(got.len(), want.epochs.len(), "{what}: epochs");
+        for (g, w) in got.iter().zip(&want.epochs) {
+            assert_eq!(g.epoch, w.epoch, "{what}");
+            assert_eq!(
+                bits(g),
+                bits(w),
+                "{what}: epoch {}: {g:?} vs {w:?}",
+                w.epoch
+            );
+        }
+        let end = self.ends[id].as_ref().expect("every trial ends");
+        let (Ok(g), Ok(w)) = (end, &want.end) else {
+            panic!("{what}: {end:?} / {:?}", want.end)
+        };
+        assert_eq!(g.epochs, w.epochs, "{what}");
+        assert_eq!(g.test_acc.to_bits(), w.test_acc.to_bits(), "{what}");
+        assert_eq!(g.final_loss.to_bits(), w.final_loss.to_bits(), "{what}");
+    }
+}
+
 impl GroupHooks for Refill {
     fn epoch(&mut self, id: usize, stats: &EpochStats) {
         self.epochs[id].push(stats.clone());
@@ -355,27 +382,8 @@ fn a_trial_that_takes_a_freed_slot_trains_as_it_would_alone() {
         assert_eq!(hooks.trials.len(), cfgs.len());
         // Slots 0 (pruned) and 2 (empty) take trials 2 and 3 after the group's first epoch.
         assert_eq!(hooks.taken_after[2..4], [2, 2], "{:?}", hooks.taken_after);
-        for (id, cfg) in hooks.trials.iter().enumerate() {
-            let what = format!("{model:?} {optimizer:?}: trial {id} (seed {})", cfg.seed);
-            let want = alone(&d, cfg);
-            let got = &hooks.epochs[id];
-            assert_eq!(got.len(), want.epochs.len(), "{what}: epochs");
-            for (g, w) in got.iter().zip(&want.epochs) {
-                assert_eq!(g.epoch, w.epoch, "{what}");
-                assert_eq!(
-                    bits(g),
-                    bits(w),
-                    "{what}: epoch {}: {g:?} vs {w:?}",
-                    w.epoch
-                );
-            }
-            let end = hooks.ends[id].as_ref().expect("every trial ends");
-            let (Ok(g), Ok(w)) = (end, &want.end) else {
-                panic!("{what}: {end:?} / {:?}", want.end)
-            };
-            assert_eq!(g.epochs, w.epochs, "{what}");
-            assert_eq!(g.test_acc.to_bits(), w.test_acc.to_bits(), "{what}");
-            assert_eq!(g.final_loss.to_bits(), w.final_loss.to_bits(), "{what}");
+        for id in 0..hooks.trials.len() {
+            hooks.same_as_alone(&d, id, &format!("{model:?} {optimizer:?}"));
         }
     }
 }
@@ -450,10 +458,6 @@ fn a_trial_that_takes_a_diverged_trials_slot_trains_as_it_would_alone() {
         hooks.ends[0]
     );
     assert!(hooks.queue.is_empty(), "the queued trial took the slot");
-    let want = alone(&d, &cfgs[2]);
     assert_eq!(hooks.epochs[2].len(), 3);
-    for (g, w) in hooks.epochs[2].iter().zip(&want.epochs) {
-        assert_eq!(bits(g), bits(w), "epoch {}: {g:?} vs {w:?}", w.epoch);
-    }
-    assert!(matches!(hooks.ends[2], Some(Ok(_))), "{:?}", hooks.ends[2]);
+    hooks.same_as_alone(&d, 2, "after a diverged trial");
 }

@@ -605,10 +605,7 @@ fn run_round_core(
                                 }
                             }
                             for t in &group {
-                                let _ = events.send(Event::Started {
-                                    trial: t.clone(),
-                                    slice: slice.index,
-                                });
+                                started_event(&events, t, slice.index);
                             }
                             let flow = thread::GroupFlow {
                                 queue,
@@ -629,10 +626,7 @@ fn run_round_core(
                         }
                     }
                     for trial in group {
-                        let _ = events.send(Event::Started {
-                            trial: trial.clone(),
-                            slice: slice.index,
-                        });
+                        started_event(&events, &trial, slice.index);
                         finish(match (&part, kind) {
                             (Err(e), _) => {
                                 outcome(trial, slice, Err(Failure::NoSlice(e.clone()).into()), 0.0)
@@ -891,6 +885,14 @@ fn output_event(events: &Sender<Event>, trial_id: &str, line: &str) {
             line,
         });
     }
+}
+
+/// Reports that `trial` started on slice `slice`.
+pub(crate) fn started_event(events: &Sender<Event>, trial: &TrialSpec, slice: u32) {
+    let _ = events.send(Event::Started {
+        trial: trial.clone(),
+        slice,
+    });
 }
 
 /// Sends an epoch event for a trial.

@@ -8,8 +8,8 @@ use crossbeam_channel::Sender;
 
 use super::queue::TrialQueue;
 use super::{
-    epoch_event, open_backend, outcome, pruned_if_stopped, BuiltinWork, Event, Failure,
-    RoundContext, Stop, TrialOutcome,
+    epoch_event, open_backend, outcome, pruned_if_stopped, started_event, BuiltinWork, Event,
+    Failure, RoundContext, Stop, TrialOutcome,
 };
 use crate::engine::cuda::GreenPartition;
 use crate::engine::Backend;
@@ -177,10 +177,7 @@ impl GroupHooks for Members<'_> {
             return None;
         }
         let t = self.flow.queue.take_if(self.flow.fits)?;
-        let _ = self.events.send(Event::Started {
-            trial: t.clone(),
-            slice: self.slice.index,
-        });
+        started_event(self.events, &t, self.slice.index);
         let cfg = self.work.config(self.ctx, &t);
         self.trials.push(t);
         self.cfgs.push(cfg.clone());

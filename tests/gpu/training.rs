@@ -104,12 +104,8 @@ pub(crate) fn a_warm_slice_takes_no_hold_after_its_warm_up() {
     );
 }
 
-/// A fused group of three MLP trials on the GPU (graphs on) against each trial alone on the GPU,
-/// after one epoch: the stated tolerance of `split: fused` on CUDA is a final training loss within
-/// 1e-4 relative and a test accuracy within 2 samples (the batched GEMMs may choose other
-/// algorithms than the single ones).
-pub(crate) fn fused_mlp_trials_match_their_runs_alone() {
-    let e = gpu_or_skip!();
+/// The first 4,096 training and 1,000 test samples of MNIST-10k, on the host and on the GPU.
+fn mnist_4096(e: &CudaEngine) -> (Arc<Dataset>, Arc<DeviceData>) {
     let spec = DataSpec {
         train_limit: Some(4096),
         test_limit: Some(1000),
@@ -117,6 +113,43 @@ pub(crate) fn fused_mlp_trials_match_their_runs_alone() {
     };
     let data = Arc::new(spec.load(None, 0).expect("mnist-10k"));
     let dev = e.upload(&data).expect("upload");
+    (data, dev)
+}
+
+/// `fused`, the result of `cfg` trained in a fused group, against `cfg` trained alone on the
+/// GPU: the same epochs, the final training loss within 1e-4 relative, and the test accuracy
+/// within 2 of `n_test` samples (the stated tolerance of `split: fused` on CUDA).
+fn within_fused_tolerance(
+    e: &CudaEngine,
+    dev: &Arc<DeviceData>,
+    what: &str,
+    cfg: &TrialConfig,
+    fused: &gpumux::train::TrialResult,
+    n_test: f64,
+) {
+    let mut be = e.backend(Arc::clone(dev), None, None).expect("backend");
+    let alone = run_trial(be.as_mut(), cfg, &mut |_| {}).expect("trial alone");
+    let rel = (fused.final_loss - alone.final_loss).abs() / alone.final_loss.abs();
+    println!(
+        "{what}: loss fused {:.6} alone {:.6} (rel {rel:.2e}), acc fused {:.4} alone {:.4}",
+        fused.final_loss, alone.final_loss, fused.test_acc, alone.test_acc
+    );
+    assert_eq!(fused.epochs, alone.epochs, "{what}");
+    assert!(rel <= 1e-4, "{what}: relative loss difference {rel:.2e}");
+    let samples = (fused.test_acc - alone.test_acc).abs() * n_test;
+    assert!(
+        samples <= 2.0 + 1e-6,
+        "{what}: accuracies {samples} samples apart"
+    );
+}
+
+/// A fused group of three MLP trials on the GPU (graphs on) against each trial alone on the GPU,
+/// after one epoch: the stated tolerance of `split: fused` on CUDA is a final training loss within
+/// 1e-4 relative and a test accuracy within 2 samples (the batched GEMMs may choose other
+/// algorithms than the single ones).
+pub(crate) fn fused_mlp_trials_match_their_runs_alone() {
+    let e = gpu_or_skip!();
+    let (data, dev) = mnist_4096(&e);
     let cfgs: Vec<TrialConfig> = (0..3)
         .map(|i| {
             let mut c = trial(ModelSpec::of(ModelKind::Mlp), Optimizer::Adam, true, &data);
@@ -134,19 +167,7 @@ pub(crate) fn fused_mlp_trials_match_their_runs_alone() {
         let fused = end
             .as_ref()
             .unwrap_or_else(|e| panic!("fused trial {i}: {e}"));
-        let mut be = e.backend(Arc::clone(&dev), None, None).expect("backend");
-        let alone = run_trial(be.as_mut(), cfg, &mut |_| {}).expect("trial alone");
-        let rel = (fused.final_loss - alone.final_loss).abs() / alone.final_loss.abs();
-        println!(
-            "trial {i}: loss fused {:.6} alone {:.6} (rel {rel:.2e}), acc fused {:.4} alone {:.4}",
-            fused.final_loss, alone.final_loss, fused.test_acc, alone.test_acc
-        );
-        assert!(rel <= 1e-4, "trial {i}: relative loss difference {rel:.2e}");
-        let samples = (fused.test_acc - alone.test_acc).abs() * n_test;
-        assert!(
-            samples <= 2.0 + 1e-6,
-            "trial {i}: accuracies {samples} samples apart"
-        );
+        within_fused_tolerance(&e, &dev, &format!("trial {i}"), cfg, fused, n_test);
     }
 }
 
@@ -159,13 +180,7 @@ pub(crate) fn a_refilled_fused_trial_matches_its_run_alone() {
     use gpumux::train::fused::{run_refilled, GroupHooks};
     use gpumux::train::{EpochStats, Prune, TrialResult};
     let e = gpu_or_skip!();
-    let spec = DataSpec {
-        train_limit: Some(4096),
-        test_limit: Some(1000),
-        ..DataSpec::of(Source::Mnist10k)
-    };
-    let data = Arc::new(spec.load(None, 0).expect("mnist-10k"));
-    let dev = e.upload(&data).expect("upload");
+    let (data, dev) = mnist_4096(&e);
     struct Hooks {
         queue: Vec<TrialConfig>,
         ends: Vec<Option<Result<TrialResult, gpumux::train::stop::Stop>>>,
@@ -215,23 +230,8 @@ pub(crate) fn a_refilled_fused_trial_matches_its_run_alone() {
             .expect("an end")
             .as_ref()
             .unwrap_or_else(|e| panic!("{optimizer:?}: the refilled trial: {e}"));
-        let mut be = e.backend(Arc::clone(&dev), None, None).expect("backend");
-        let alone = run_trial(be.as_mut(), &cfgs[2], &mut |_| {}).expect("trial alone");
-        let rel = (joined.final_loss - alone.final_loss).abs() / alone.final_loss.abs();
-        let samples = (joined.test_acc - alone.test_acc).abs() * n_test;
-        println!(
-            "{optimizer:?}: refilled loss {:.6} alone {:.6} (rel {rel:.2e}), acc {:.4} / {:.4}",
-            joined.final_loss, alone.final_loss, joined.test_acc, alone.test_acc
-        );
-        assert_eq!(joined.epochs, alone.epochs, "{optimizer:?}");
-        assert!(
-            rel <= 1e-4,
-            "{optimizer:?}: relative loss difference {rel:.2e}"
-        );
-        assert!(
-            samples <= 2.0 + 1e-6,
-            "{optimizer:?}: accuracies {samples} samples apart"
-        );
+        let what = format!("{optimizer:?}, the refilled trial");
+        within_fused_tolerance(&e, &dev, &what, &cfgs[2], joined, n_test);
     }
 }
 
