@@ -33,6 +33,8 @@ enum Command {
     Merge(cli::merge_flags::Args),
     /// Redraw the plots and summary from result folders; merge several with --out.
     Report(cli::report_flags::Args),
+    /// Write a study's results (every worker's trials and epochs) as one folder, at any time.
+    Export(cli::export_flags::Args),
     /// Train one model mirrored on several slices: each global batch split by ratios, gradients reduced into one update.
     Parallel(cli::parallel_flags::Args),
     /// Samples/s against batch size for one model on one slice, up to the largest batch that fits its cap.
@@ -66,6 +68,7 @@ fn main() {
             | Command::BatchScan(_)
             | Command::Merge(_)
             | Command::Report(_)
+            | Command::Export(_)
     );
     cli::main(cli.verbose, long_running, |out| match cli.command {
         Command::Devices(a) => cli::devices_flags::run(a, out),
@@ -74,6 +77,7 @@ fn main() {
         Command::Sweep(a) => cli::sweep_flags::run(a, out),
         Command::Merge(a) => cli::merge_flags::run(a, out),
         Command::Report(a) => cli::report_flags::run(a, out),
+        Command::Export(a) => cli::export_flags::run(a, out),
         Command::Parallel(a) => cli::parallel_flags::run(a, out),
         Command::BatchScan(a) => cli::batch_scan_flags::run(a, out),
         Command::Worker => cli::worker_flags::run(),

@@ -1,4 +1,4 @@
-//! `gpumux sweep --study sqlite:PATH` on the real binary: several workers of one study, each with its own folder, run each trial once between them; a worker killed with SIGKILL leaves a trial whose lease runs out, and another worker runs it again; refusals with `--shard`, bayes and a bad URL.
+//! `gpumux sweep --study sqlite:PATH` and `gpumux export` on the real binary: several workers of one study, each with its own folder, run each trial once between them (grid, random, and bayes with hyperband judged over all workers); a worker killed with SIGKILL leaves a trial whose lease runs out, and another worker runs it again; the exported study holds every trial once; refusals with `--shard`, another space and a bad URL.
 
 mod support;
 use std::collections::BTreeMap;
@@ -119,7 +119,7 @@ fn a_trial_of_a_killed_worker_is_run_again_once_its_lease_runs_out() {
 }
 
 #[test]
-fn a_study_is_refused_with_shards_bayes_or_a_bad_url() {
+fn a_study_is_refused_with_shards_a_bad_url_or_another_space() {
     let dir = sandbox();
     let job = study_job(&dir, 4, 0.0);
     let out = dir.join("out");
@@ -143,14 +143,113 @@ fn a_study_is_refused_with_shards_bayes_or_a_bad_url() {
         assert!(stderr(&o).contains(says), "{args:?}: {}", stderr(&o));
         let _ = std::fs::remove_dir_all(&out);
     }
+    let o = dir.run_into("sweep", &job, &out, &["--study", &url]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    // The same job with another method is another study.
     let bayes = dir.job(
         "bayes.yaml",
         std::fs::read_to_string(&job)
             .unwrap()
             .replace("method: random", "method: bayes"),
     );
-    let o = dir.run_into("sweep", &bayes, &out, &["--study", &url]);
+    let o = dir.run_into("sweep", &bayes, &dir.join("out-b"), &["--study", &url]);
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
-    assert!(stderr(&o).contains("grid and random"), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("two jobs with different spaces cannot share a study"),
+        "{}",
+        stderr(&o)
+    );
+    // export: a study that is not there, or a URL that is not one, is refused (exit 2).
+    for bad in ["sqlite:/no/such/s.db", "mysql://x"] {
+        let o = dir
+            .run(&["export", "--study", bad, "--out", s(&dir.join("e"))])
+            .output();
+        assert_eq!(o.status.code(), Some(2), "{bad}: {}", stderr(&o));
+    }
     let _ = Path::new(&out);
+}
+
+#[test]
+fn a_bayes_sweep_with_hyperband_over_three_workers_runs_each_index_once_and_exports_whole() {
+    let dir = sandbox();
+    let script = root().join("examples/fake_train.py");
+    let job = dir.job(
+        "bh.yaml",
+        JobYaml::new()
+            .name("study-bh")
+            .command(&format!(
+                "python3 {} --lr {{lr}} --batch-size {{batch_size}} --epochs 9 --sleep 0.02",
+                script.display()
+            ))
+            .method("bayes")
+            .run_cap(30)
+            .seed(7)
+            .set("early_terminate", "{type: hyperband, min_iter: 1, eta: 3}")
+            .param(
+                "lr",
+                "{min: 0.0001, max: 0.1, distribution: log_uniform_values}",
+            )
+            .param("batch_size", "{values: [32, 64, 128]}")
+            .concurrency(2),
+    );
+    let url = study_url(&dir);
+    let outs: Vec<PathBuf> = (0..3).map(|w| dir.join(format!("out-{w}"))).collect();
+    let children: Vec<_> = outs
+        .iter()
+        .map(|out| dir.spawn(&["sweep", s(&job), "--out", s(out), "--study", &url]))
+        .collect();
+    for child in children {
+        let o = child.wait_with_output().expect("a worker ends");
+        assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    }
+    // Each trial ended in one folder only (COMPLETE or PRUNED), 30 in all.
+    let mut ended: BTreeMap<String, usize> = BTreeMap::new();
+    let mut pruned = 0;
+    for out in &outs {
+        for r in trials_csv(out) {
+            assert!(
+                ["COMPLETE", "PRUNED"].contains(&r["state"].as_str()),
+                "{r:?}"
+            );
+            pruned += usize::from(r["state"] == "PRUNED");
+            *ended.entry(r["trial_id"].clone()).or_insert(0) += 1;
+        }
+    }
+    assert_eq!(ended.len(), 30, "{ended:?}");
+    assert!(ended.values().all(|&n| n == 1), "{ended:?}");
+    assert!(pruned > 0, "hyperband pruned nothing");
+    // The study as one folder: every trial once, each with as many epochs as its row says.
+    let merged = dir.join("merged");
+    let o = dir
+        .run(&["export", "--study", &url, "--out", s(&merged)])
+        .output();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(stdout(&o).contains("30 trials ended"), "{}", stdout(&o));
+    let rows = trials_csv(&merged);
+    let ids: BTreeMap<String, String> = rows
+        .iter()
+        .map(|r| (r["trial_id"].clone(), r["epochs"].clone()))
+        .collect();
+    assert_eq!((rows.len(), ids.len()), (30, 30));
+    assert_eq!(
+        ids.keys().cloned().collect::<Vec<_>>(),
+        ended.keys().cloned().collect::<Vec<_>>()
+    );
+    let mut epochs: BTreeMap<String, usize> = BTreeMap::new();
+    for r in progress_csv(&merged) {
+        *epochs.entry(r["trial_id"].clone()).or_insert(0) += 1;
+    }
+    for (id, n) in &ids {
+        assert_eq!(
+            epochs.get(id).copied().unwrap_or(0).to_string(),
+            *n,
+            "trial {id}"
+        );
+    }
+    // Exported again (at any time): the same rows.
+    let o = dir
+        .run(&["export", "--study", &url, "--out", s(&merged)])
+        .output();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert_eq!(trials_csv(&merged).len(), 30);
 }

@@ -2,6 +2,7 @@
 
 pub mod batch_scan_flags;
 pub mod devices_flags;
+pub mod export_flags;
 pub mod fib_flags;
 pub mod flags;
 pub mod merge_flags;

@@ -660,6 +660,9 @@ fn run_round_core(
                 }
                 Err(RecvTimeoutError::Disconnected) => break,
             };
+            // The sink records an end before the feed is asked for the next trial: a feed that
+            // reads the results (a study's store) sees it.
+            sink(&ev);
             if let Event::Finished(o) = &ev {
                 outcomes.push((**o).clone());
                 if outcomes.len() == round.trials.len() {
@@ -667,7 +670,12 @@ fn run_round_core(
                 }
                 if let Some(feed) = feed.as_mut() {
                     // Every end reported in a fed round is answered: the next trial, or none.
-                    let next = if open { feed(Some(o)) } else { None };
+                    // Nothing is asked for once the round drains (a store would hand out a
+                    // trial that never runs).
+                    let next = match open && !ctx.cancel.draining() {
+                        true => feed(Some(o)),
+                        false => None,
+                    };
                     match next {
                         Some(t) if !ctx.cancel.draining() => queue.answer(Some(t)),
                         _ => {
@@ -680,7 +688,6 @@ fn run_round_core(
                     }
                 }
             }
-            sink(&ev);
             if event_rx.is_empty() {
                 idle();
             }

@@ -87,15 +87,7 @@ impl<'a> Proposer<'a> {
         };
         let mut p = Proposer {
             job,
-            tpe: Tpe {
-                multivariate: job
-                    .file
-                    .bayes
-                    .as_ref()
-                    .and_then(|b| b.multivariate)
-                    .unwrap_or(true),
-                ..Tpe::for_run_cap(planned)
-            },
+            tpe: tpe_of(job, planned),
             shard,
             done: History::default(),
             pending: BTreeMap::new(),
@@ -238,6 +230,44 @@ impl<'a> Proposer<'a> {
     }
 }
 
+/// The sampler of a bayes sweep of `planned` trials (its `bayes:` options applied).
+pub fn tpe_of(job: &Job, planned: u32) -> Tpe {
+    Tpe {
+        multivariate: job
+            .file
+            .bayes
+            .as_ref()
+            .and_then(|b| b.multivariate)
+            .unwrap_or(true),
+        ..Tpe::for_run_cap(planned)
+    }
+}
+
+/// The point of trial `index` of a study's bayes sweep, from the whole study's `history` at
+/// that moment: a startup index takes its random point (as one process would), a later one is
+/// proposed by TPE from every worker's ended trials, those running counted as pending. Points
+/// of the history that do not read are left out.
+pub fn study_point(
+    job: &Job,
+    tpe: &Tpe,
+    index: u32,
+    history: &super::study::History,
+) -> BTreeMap<String, ParamValue> {
+    if (index as usize) < tpe.startup {
+        return job.space.random_point(job.file.seed, index as usize);
+    }
+    let point = |text: &str| serde_json::from_str::<BTreeMap<String, ParamValue>>(text).ok();
+    let mut done = History::default();
+    for e in &history.ended {
+        let Some(p) = point(&e.point) else { continue };
+        let value = e.metric.filter(|_| OBSERVED.contains(&e.state.as_str()));
+        let pruned_at = (e.state == "PRUNED").then_some(e.epochs);
+        done.push(observed(job.file.metric.goal, p, value, pruned_at));
+    }
+    let pending: Vec<_> = history.running.iter().filter_map(|t| point(t)).collect();
+    tpe.propose(&job.space, job.file.seed, index as usize, &done, &pending)
+}
+
 /// The index and point of a row that `job` made (see the module's notes), or `None`: its seed
 /// is that of one of the sweep's indices (`by_seed`: index and slot), its parameters are what
 /// the job gives that index at a point of its space (a startup slot's own random point), and
@@ -260,7 +290,11 @@ fn own_row(
 }
 
 /// The trial of index `i` at `point`, with a sweep's id (see [`trial_key`]).
-fn trial(job: &Job, i: u32, point: &BTreeMap<String, ParamValue>) -> Result<TrialSpec, JobError> {
+pub fn trial(
+    job: &Job,
+    i: u32,
+    point: &BTreeMap<String, ParamValue>,
+) -> Result<TrialSpec, JobError> {
     let mut t = plan::trial_at(job, i, point)?;
     t.id = trial_key(job, &t.params, t.seed);
     Ok(t)

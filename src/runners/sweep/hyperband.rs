@@ -20,6 +20,19 @@ use crate::job::{Goal, Job};
 use crate::report::{ProgressRow, TrialRow};
 use crate::train::EpochStats;
 
+/// Rungs kept where several processes record and judge by them (a study's store).
+pub trait SharedRungs: Send + Sync + std::fmt::Debug {
+    /// Records trial `trial_id`'s `value` at the rung (`bracket`, `epoch`), and returns every
+    /// value recorded there, by trial id.
+    fn record(
+        &self,
+        bracket: usize,
+        epoch: u32,
+        trial_id: &str,
+        value: f64,
+    ) -> Result<BTreeMap<String, f64>, String>;
+}
+
 /// The early termination of a sweep: its rungs and the values recorded at each.
 #[derive(Debug)]
 pub struct Pruner {
@@ -32,6 +45,9 @@ pub struct Pruner {
     shares: Vec<f64>,
     /// Per bracket and rung epoch, each trial's value there, by trial id.
     seen: Mutex<BTreeMap<(usize, u32), BTreeMap<String, f64>>>,
+    /// Where the rungs are shared with other processes (a study's workers): a trial is judged
+    /// by every value recorded there.
+    shared: Option<Box<dyn SharedRungs>>,
 }
 
 impl Pruner {
@@ -93,6 +109,16 @@ impl Pruner {
             metric: metric.to_string(),
             shares: weights.iter().map(|w| w / sum).collect(),
             seen: Mutex::default(),
+            shared: None,
+        }
+    }
+
+    /// This pruner, judging by the rungs `shared` with other processes; where they cannot be
+    /// reached, by the values this process recorded, said as a warning.
+    pub fn shared(self, shared: Box<dyn SharedRungs>) -> Pruner {
+        Pruner {
+            shared: Some(shared),
+            ..self
         }
     }
 
@@ -146,6 +172,15 @@ impl Pruner {
         let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
         let rung = seen.entry((bracket, stats.epoch)).or_default();
         rung.insert(trial_id.to_string(), value);
+        if let Some(shared) = &self.shared {
+            match shared.record(bracket, stats.epoch, trial_id, value) {
+                Ok(all) => return promoted(&all, trial_id, self.eta, self.goal),
+                Err(e) => tracing::warn!(
+                    "the shared rungs cannot be read ({e}): trial {trial_id} is judged at epoch {} by this worker's values alone",
+                    stats.epoch
+                ),
+            }
+        }
         promoted(rung, trial_id, self.eta, self.goal)
     }
 

@@ -3,6 +3,7 @@
 pub mod bayes;
 pub mod concurrency_probe;
 mod dry_run;
+pub mod export;
 pub mod hyperband;
 pub mod identity;
 mod one_per_epoch;
@@ -12,6 +13,7 @@ pub mod same_failure;
 mod setup;
 pub mod shards;
 pub mod study;
+mod worker;
 
 use std::collections::{BTreeMap, HashSet};
 use std::io::Write;
@@ -192,7 +194,7 @@ fn write_best(dir: &Path, job: &Job, row: &TrialRow) -> Result<PathBuf> {
 pub fn run(job: &Job, opts: &SweepOptions, out: &mut dyn Write) -> Result<PathBuf> {
     let sweep = Sweep::plan(job, opts)?;
     if let Some(url) = &opts.study {
-        check_study(job, opts, &sweep, url)?;
+        check_study(opts, url)?;
     }
     // Early termination resumes where it was: the rungs of the trials done.
     let pruner = hyperband::Pruner::of(job).map(Arc::new);
@@ -222,16 +224,13 @@ pub fn run(job: &Job, opts: &SweepOptions, out: &mut dyn Write) -> Result<PathBu
     }
     let mut writer = session.results_writer(resumed)?;
     if let Some(url) = &opts.study {
-        return run_study(
+        let worker = worker::Worker {
             job,
-            &sweep,
-            &session,
+            sweep: &sweep,
+            session: &session,
             url,
-            previous,
-            &mut writer,
-            pruner,
-            out,
-        );
+        };
+        return worker.run(previous, &mut writer, out);
     }
     let to_run = proposer.as_ref().map_or(todo.len(), |p| p.left as usize);
     let reached = sweep.target_reached(&held_latest, proposer.as_ref());
@@ -259,157 +258,25 @@ pub fn run(job: &Job, opts: &SweepOptions, out: &mut dyn Write) -> Result<PathBu
     Ok(sweep.dir)
 }
 
-/// `--study`: refused (exit 2) with `--shard` (two ways to split one sweep), and for bayes
-/// sweeps and early termination, which need the whole study's results and do not have them
-/// yet; a URL that is not `sqlite:PATH` is refused too.
-fn check_study(job: &Job, opts: &SweepOptions, sweep: &Sweep, url: &str) -> Result<()> {
+/// `--study`: refused (exit 2) with `--shard` (two ways to split one sweep), and for a URL
+/// that is not `sqlite:PATH`.
+fn check_study(opts: &SweepOptions, url: &str) -> Result<()> {
     study::sqlite_path(url).map_err(|e| Error::Usage(e.to_string()))?;
     if opts.shard.is_some() {
         return Err(Error::Usage(
             "--study and --shard are two ways to split one sweep: give one of them".into(),
         ));
     }
-    if sweep.is_bayes || job.file.early_terminate.is_some() {
-        return Err(Error::Usage(
-            "--study runs grid and random sweeps without early_terminate for now: a bayes sweep or hyperband over a study would judge each worker's trials alone".into(),
-        ));
-    }
     Ok(())
 }
 
-/// The key of the study a job's workers share: its name, and a hash of every trial id of its
-/// sweep (its model or command, data, epochs, space and seed).
-fn study_key(job: &Job, all: &[TrialSpec]) -> study::StudyKey {
-    let mut h = crate::hash::fnv1a(b"gpumux study");
-    for t in all {
-        h = crate::hash::fnv1a_more(h, t.id.as_bytes());
-    }
-    study::StudyKey {
-        job: job.name.clone(),
-        space: format!("{h:016x}"),
-    }
+/// What sees a sweep's epochs and ends as this worker records them (a study records them in
+/// its store too), and its idle moments.
+trait Recorded {
+    fn epoch(&mut self, trial: &TrialSpec, row: &report::ProgressRow);
+    fn end(&mut self, o: &sched::TrialOutcome, row: &TrialRow);
+    fn idle(&mut self);
 }
-
-/// A sweep as one worker of the study at `url`: it takes each trial the study gives it (grid
-/// and random, in index order), holds it under a lease it renews, and records each end in the
-/// study as well as in its own folder. A store that cannot be opened is refused (exit 2); one
-/// that fails during the run, after retries, stops the worker (exit 3) with every local row
-/// kept.
-#[allow(clippy::too_many_arguments)]
-fn run_study(
-    job: &Job,
-    sweep: &Sweep,
-    session: &Session,
-    url: &str,
-    previous: Vec<TrialRow>,
-    writer: &mut report::ReportWriter,
-    pruner: Option<Arc<hyperband::Pruner>>,
-    out: &mut dyn Write,
-) -> Result<PathBuf> {
-    let all = sweep_trials(job)?;
-    let count = plan::sweep_count(job)?;
-    let key = study_key(job, &all);
-    let worker = study::worker_name();
-    let usage = |e: study::StudyError| Error::Usage(e.to_string());
-    let store = study::Study::open(url, &key, &worker).map_err(usage)?;
-    let beat = study::Heartbeat::start(url, &key, &worker).map_err(usage)?;
-    say(out, format!("study {url}: joined as worker {worker}"))?;
-    let by_index: BTreeMap<u32, TrialSpec> = all.iter().map(|t| (t.index, t.clone())).collect();
-    let lease = study::lease();
-    let store = std::cell::RefCell::new(store);
-    let failed: std::cell::RefCell<Option<study::StudyError>> = Default::default();
-    // Each end, as it is recorded here: in the study too, while this worker holds the trial.
-    let mut on_end = |o: &sched::TrialOutcome| {
-        beat.hold(o.trial.index, false);
-        let row = serde_json::json!({
-            "trial_id": o.trial.id,
-            "state": o.state().name(),
-            "error": o.error(),
-        })
-        .to_string();
-        let state = o.state().name();
-        let mut store = store.borrow_mut();
-        match study::with_retries(|| store.finish(o.trial.index, state, &row)) {
-            Ok(true) => {}
-            Ok(false) => tracing::warn!(
-                "trial {} ended after the study gave it to another worker: its end is this folder's only",
-                o.trial.id
-            ),
-            Err(e) => {
-                failed.borrow_mut().get_or_insert(e);
-            }
-        }
-    };
-    // The next trial the study gives this worker.
-    let mut feed = |_: Option<&sched::TrialOutcome>| -> Option<TrialSpec> {
-        if failed.borrow().is_some() {
-            return None;
-        }
-        let mut store = store.borrow_mut();
-        loop {
-            match study::with_retries(|| store.claim(count, lease, study::now())) {
-                Ok(Some(c)) => match by_index.get(&c.index) {
-                    Some(t) => {
-                        beat.hold(c.index, true);
-                        return Some(t.clone());
-                    }
-                    // The same draw as an earlier index: one trial, run once.
-                    None => {
-                        let _ = store.finish(c.index, "COMPLETE", "{\"duplicate\": true}");
-                    }
-                },
-                Ok(None) => return None,
-                Err(e) => {
-                    failed.borrow_mut().get_or_insert(e);
-                    return None;
-                }
-            }
-        }
-    };
-    let trials = Trials { sweep, session };
-    let (ran, stopped) = trials.run(
-        &all,
-        all.len(),
-        pruner,
-        (None, writer),
-        Some((&mut feed, &mut on_end)),
-        out,
-    )?;
-    drop(beat);
-    let store = store.into_inner();
-    let failed = failed.into_inner();
-    let mine: Vec<String> = ran.iter().map(|r| r.trial_id.clone()).collect();
-    let planned = latest_rows(&ran).len();
-    let mut rows = previous;
-    rows.extend(ran);
-    let counts = store.counts().map_err(usage)?;
-    let words: Vec<String> = counts.iter().map(|(s, n)| format!("{n} {s}")).collect();
-    say(
-        out,
-        format!("study {url}: {} of {count} trials", words.join(", ")),
-    )?;
-    if let Some(e) = failed {
-        return Err(Error::Interrupted(format!(
-            "the study store failed: {e}; this worker's rows are kept in {}",
-            sweep.dir.display()
-        )));
-    }
-    let cancel = session.cancel();
-    finish(
-        job,
-        &sweep.dir,
-        &mine,
-        planned,
-        &rows,
-        cancel,
-        stopped.as_ref(),
-        out,
-    )?;
-    Ok(sweep.dir.clone())
-}
-
-/// What sees each trial's end as it is recorded (a study records it in its store).
-type Ended<'a> = &'a mut dyn FnMut(&sched::TrialOutcome);
 
 /// What running a sweep's trials needs, once its folder is read and its device open.
 struct Trials<'a> {
@@ -427,7 +294,7 @@ impl Trials<'_> {
         to_run: usize,
         pruner: Option<Arc<hyperband::Pruner>>,
         (proposer, writer): (Option<&mut bayes::Proposer>, &mut report::ReportWriter),
-        given: Option<(sched::Feed, Ended)>,
+        given: Option<(sched::Feed, &mut dyn Recorded)>,
         out: &mut dyn Write,
     ) -> Result<(Vec<TrialRow>, Option<Stopped>)> {
         let (job, opts, split) = (self.sweep.job, self.sweep.opts, self.sweep.split);
@@ -470,9 +337,9 @@ impl Trials<'_> {
             // One trial at a time, its lines cannot be mixed with another's: they show.
             ext.stream = opts.verbose || n == 1;
         }
-        if let Some((feed, on_end)) = given {
+        if let Some((feed, on)) = given {
             let feed = Some((to_run, feed));
-            return execute(job, &round, &ctx, writer, opts.progress, feed, Some(on_end));
+            return execute(job, &round, &ctx, writer, opts.progress, feed, Some(on));
         }
         match proposer {
             None => execute(job, &round, &ctx, writer, opts.progress, None, None),
@@ -509,8 +376,9 @@ fn execute(
     writer: &mut report::ReportWriter,
     progress: bool,
     feed: Option<(usize, sched::Feed)>,
-    mut on_end: Option<Ended>,
+    on: Option<&mut dyn Recorded>,
 ) -> Result<(Vec<TrialRow>, Option<Stopped>)> {
+    let on = std::cell::RefCell::new(on);
     // A fed round (bayes) runs the trials its run_cap has left.
     let total = feed.as_ref().map_or(round.trials.len(), |(n, _)| *n) as u64;
     let console = Console::new(progress, total);
@@ -544,13 +412,18 @@ fn execute(
             }
             Event::Epoch { trial, stats, .. } => {
                 ends.same.ran(&trial.id);
-                rec.progress(&progress_row(round, &trial.id, stats))
+                let row = progress_row(round, &trial.id, stats);
+                if let Some(on) = on.borrow_mut().as_mut() {
+                    on.epoch(trial, &row);
+                }
+                rec.progress(&row)
             }
             Event::Finished(o) => {
-                if let Some(f) = on_end.as_mut() {
-                    f(o);
+                let res = ends.finished(o, &mut rec);
+                if let (Some(on), Some(row)) = (on.borrow_mut().as_mut(), ends.rows.last()) {
+                    on.end(o, row);
                 }
-                ends.finished(o, &mut rec)
+                res
             }
             Event::Output { trial_id, line } => {
                 // Through the bar, so that it is not drawn over; on stderr, beside the log.
@@ -567,6 +440,9 @@ fn execute(
         let mut rec = recorder.borrow_mut();
         let res = rec.sync();
         rec.note(res, &ctx.cancel);
+        if let Some(on) = on.borrow_mut().as_mut() {
+            on.idle();
+        }
     };
     match feed {
         Some((_, feed)) => sched::run_round_fed(round, ctx, &mut sink, &mut idle, feed),

@@ -1,27 +1,64 @@
-//! A study shared by the sweep processes that join it (`sqlite:PATH`): which trial each worker runs, under a lease it renews, each trial's end, and the job and space every worker must share, decided in transactions.
+//! A study shared by the sweep processes that join it (`sqlite:PATH`): which trial each worker runs and at which point, under a lease it renews; each trial's epochs, end and rung values; and the job and space every worker must share, decided in transactions.
 //!
-//! The store holds three tables: `meta` (the schema version, the study's job name and the hash
-//! of its space), and `trials`: one row per trial index taken, with its state (`RUNNING`,
-//! `COMPLETE`, `PRUNED`, `FAIL` or `INTERRUPTED`), the worker holding it and until when, how many
-//! times it was started, and its result row as the worker wrote it. A worker takes the next
-//! trial with [`Study::claim`]: first a trial whose worker's lease ran out (recorded
-//! `INTERRUPTED`, and run again once), then the next index below the run cap. Every decision is
-//! one `BEGIN IMMEDIATE` transaction, so two workers never take one trial.
+//! The store holds five tables. `meta`: the schema version, the study's job name and the hash
+//! of its space. `trials`: one row per trial index taken, with its state (`RUNNING`,
+//! `COMPLETE`, `PRUNED`, `FAIL` or `INTERRUPTED`), the worker holding it and until when, how
+//! many times it was started, the point of the space it runs at (a bayes sweep's proposal),
+//! its metric value and epochs, and its result row as the worker wrote it. `epochs`: each
+//! trial's progress rows. `rungs`: the metric value of each trial at each rung of early
+//! termination, which every worker judges by.
+//!
+//! A worker takes the next trial with [`Study::claim`]: first a trial whose worker's lease ran
+//! out (recorded `INTERRUPTED`, and run again once at its point), or one its worker handed back
+//! when a signal stopped it; then the next index below the run cap, at the point the worker
+//! proposes from the whole study's history in the same transaction. Every decision is one
+//! `BEGIN IMMEDIATE` transaction, so two workers never take one trial, and two proposals made
+//! at once each see the other as running.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
+use std::sync::Mutex;
 use std::time::Duration;
 
-use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
+use rusqlite::{params, Connection, OptionalExtension, Transaction, TransactionBehavior};
 
 /// The store's layout. A store of a higher version is refused: it was written by a newer gpumux.
-pub const SCHEMA_VERSION: i64 = 1;
+/// Version 1 (trials without points, epochs or rungs) is brought up to this one when joined.
+pub const SCHEMA_VERSION: i64 = 2;
 
 /// How often a trial may start in all: once, and once more after its worker's lease ran out.
+/// A trial its worker handed back (a signal stopped it) does not count its start.
 pub const MAX_STARTS: i64 = 2;
 
 /// How long a worker waits for another's transaction before the store counts as busy.
 const BUSY_WAIT: Duration = Duration::from_secs(30);
+
+/// The tables of the current layout (made where missing).
+const TABLES: &str = "
+    CREATE TABLE IF NOT EXISTS trials (
+        idx INTEGER PRIMARY KEY,
+        state TEXT NOT NULL,
+        worker TEXT,
+        lease_until REAL,
+        starts INTEGER NOT NULL,
+        point TEXT,
+        metric REAL,
+        epochs INTEGER,
+        row TEXT
+    );
+    CREATE TABLE IF NOT EXISTS epochs (
+        idx INTEGER NOT NULL,
+        epoch INTEGER NOT NULL,
+        row TEXT NOT NULL,
+        PRIMARY KEY (idx, epoch)
+    );
+    CREATE TABLE IF NOT EXISTS rungs (
+        bracket INTEGER NOT NULL,
+        epoch INTEGER NOT NULL,
+        trial_id TEXT NOT NULL,
+        value REAL NOT NULL,
+        PRIMARY KEY (bracket, epoch, trial_id)
+    );";
 
 /// Why a study store cannot be used.
 #[derive(Debug, thiserror::Error)]
@@ -40,6 +77,8 @@ pub enum StudyError {
         ours: String,
         our_space: String,
     },
+    #[error("study `{url}` is not a gpumux study: it has no schema version")]
+    NotAStudy { url: String },
     #[error("study `{url}`: {why}")]
     Store { url: String, why: String },
 }
@@ -50,15 +89,68 @@ pub enum StudyError {
 pub struct StudyKey {
     pub job: String,
     pub space: String,
+    /// Whether a larger metric is better: kept for `gpumux export` to name the best trial.
+    pub goal: crate::job::Goal,
 }
 
-/// A trial a worker holds: its index, and how many times it has started (2: it runs again after
-/// a worker that held it was lost).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// A goal as the store keeps it.
+fn goal_name(goal: crate::job::Goal) -> &'static str {
+    match goal {
+        crate::job::Goal::Maximize => "maximize",
+        crate::job::Goal::Minimize => "minimize",
+    }
+}
+
+/// A trial a worker holds: its index, how many times it has started (2: it runs again after a
+/// worker that held it was lost), and the point it runs at, where the study keeps one (a bayes
+/// sweep's proposal, as JSON).
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Claim {
     pub index: u32,
     pub starts: i64,
+    pub point: Option<String>,
 }
+
+/// A trial of the study that ended, as a proposal sees it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Ended {
+    /// Its point, as JSON.
+    pub point: String,
+    /// `COMPLETE`, `PRUNED` or `FAIL`.
+    pub state: String,
+    pub metric: Option<f64>,
+    pub epochs: u32,
+}
+
+/// The whole study's trials at the moment of a proposal: those that ended, and the points of
+/// those running.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct History {
+    pub ended: Vec<Ended>,
+    pub running: Vec<String>,
+}
+
+/// How a trial ended, as the study records it: its state, metric value and epochs, and its
+/// result row (JSON).
+#[derive(Clone, Copy, Debug)]
+pub struct End<'a> {
+    pub state: &'a str,
+    pub metric: Option<f64>,
+    pub epochs: u32,
+    pub row: &'a str,
+}
+
+/// A trial's epoch row (JSON), by trial index and epoch.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EpochRow {
+    pub index: u32,
+    pub epoch: u32,
+    pub row: String,
+}
+
+/// Proposes the point of a new trial index from the study's history (JSON); `None` when it
+/// cannot, and the claim is then given up.
+pub type Propose<'a> = &'a mut dyn FnMut(u32, &History) -> Option<String>;
 
 /// One worker's connection to a study.
 pub struct Study {
@@ -83,24 +175,104 @@ pub fn sqlite_path(url: &str) -> Result<PathBuf, StudyError> {
     }
 }
 
+/// The connection to the file at `url`: waits for others' transactions, readers never wait
+/// for the writer, and each commit is on disk before it returns.
+fn connect(url: &str) -> Result<Connection, StudyError> {
+    let path = sqlite_path(url)?;
+    let unreachable = |e: rusqlite::Error| StudyError::Unreachable {
+        url: url.to_string(),
+        why: e.to_string(),
+    };
+    let conn = Connection::open(&path).map_err(unreachable)?;
+    conn.busy_timeout(BUSY_WAIT).map_err(unreachable)?;
+    conn.pragma_update(None, "journal_mode", "WAL")
+        .map_err(unreachable)?;
+    conn.pragma_update(None, "synchronous", "FULL")
+        .map_err(unreachable)?;
+    Ok(conn)
+}
+
+/// A value of the `meta` table.
+fn meta(tx: &Transaction, url: &str, key: &str) -> Result<Option<String>, StudyError> {
+    tx.query_row("SELECT value FROM meta WHERE key = ?1", [key], |r| r.get(0))
+        .optional()
+        .map_err(store_error(url))
+}
+
+/// The schema version of a store that has one (refused when newer than this gpumux's), brought
+/// up to the current layout.
+fn upgraded(tx: &Transaction, url: &str, version: &str) -> Result<(), StudyError> {
+    let store = store_error(url);
+    let found: i64 = version.parse().map_err(|_| StudyError::Store {
+        url: url.to_string(),
+        why: format!("its schema version `{version}` is not a number"),
+    })?;
+    if found > SCHEMA_VERSION {
+        return Err(StudyError::Newer {
+            url: url.to_string(),
+            found,
+        });
+    }
+    if found < 2 {
+        tx.execute_batch(
+            "ALTER TABLE trials ADD COLUMN point TEXT;
+             ALTER TABLE trials ADD COLUMN metric REAL;
+             ALTER TABLE trials ADD COLUMN epochs INTEGER;",
+        )
+        .map_err(&store)?;
+    }
+    tx.execute_batch(TABLES).map_err(&store)?;
+    if found < SCHEMA_VERSION {
+        tx.execute(
+            "UPDATE meta SET value = ?1 WHERE key = 'version'",
+            [SCHEMA_VERSION.to_string()],
+        )
+        .map_err(&store)?;
+    }
+    Ok(())
+}
+
+/// The study's history ([`History`]), read in the transaction of a claim.
+fn history(tx: &Transaction, url: &str) -> Result<History, StudyError> {
+    let store = store_error(url);
+    let mut h = History::default();
+    let mut stmt = tx
+        .prepare(
+            "SELECT point, state, metric, epochs FROM trials
+             WHERE point IS NOT NULL AND state IN ('COMPLETE', 'PRUNED', 'FAIL') ORDER BY idx",
+        )
+        .map_err(&store)?;
+    let rows = stmt
+        .query_map([], |r| {
+            Ok(Ended {
+                point: r.get(0)?,
+                state: r.get(1)?,
+                metric: r.get(2)?,
+                epochs: r.get::<_, Option<u32>>(3)?.unwrap_or(0),
+            })
+        })
+        .map_err(&store)?;
+    for row in rows {
+        h.ended.push(row.map_err(&store)?);
+    }
+    let mut stmt = tx
+        .prepare(
+            "SELECT point FROM trials WHERE point IS NOT NULL AND state = 'RUNNING' ORDER BY idx",
+        )
+        .map_err(&store)?;
+    let rows = stmt.query_map([], |r| r.get(0)).map_err(&store)?;
+    for row in rows {
+        h.running.push(row.map_err(&store)?);
+    }
+    Ok(h)
+}
+
 impl Study {
     /// Joins the study at `url` as `worker` (a name unique among its workers), creating it
     /// for `key` when it is new. Refused: a store of a newer schema, or of another job's space.
     pub fn open(url: &str, key: &StudyKey, worker: &str) -> Result<Study, StudyError> {
-        let path = sqlite_path(url)?;
-        let unreachable = |e: rusqlite::Error| StudyError::Unreachable {
-            url: url.to_string(),
-            why: e.to_string(),
-        };
-        let conn = Connection::open(&path).map_err(unreachable)?;
-        conn.busy_timeout(BUSY_WAIT).map_err(unreachable)?;
-        // Readers never wait for the writer; each commit is on disk before it returns.
-        conn.pragma_update(None, "journal_mode", "WAL")
-            .map_err(unreachable)?;
-        conn.pragma_update(None, "synchronous", "FULL")
-            .map_err(unreachable)?;
         let mut study = Study {
-            conn,
+            conn: connect(url)?,
             url: url.to_string(),
             worker: worker.to_string(),
         };
@@ -108,8 +280,60 @@ impl Study {
         Ok(study)
     }
 
+    /// Opens the existing study at `url` to read it (`gpumux export`): refused when there is
+    /// no file, when it is not a study, or when its schema is newer.
+    pub fn open_existing(url: &str) -> Result<Study, StudyError> {
+        let path = sqlite_path(url)?;
+        if !path.is_file() {
+            return Err(StudyError::Unreachable {
+                url: url.to_string(),
+                why: format!("there is no file {}", path.display()),
+            });
+        }
+        let mut study = Study {
+            conn: connect(url)?,
+            url: url.to_string(),
+            worker: String::new(),
+        };
+        let url = study.url.clone();
+        let store = store_error(&url);
+        let tx = study
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(&store)?;
+        let has_meta: bool = tx
+            .query_row(
+                "SELECT COUNT(*) > 0 FROM sqlite_master WHERE type = 'table' AND name = 'meta'",
+                [],
+                |r| r.get(0),
+            )
+            .map_err(&store)?;
+        let version = match has_meta {
+            true => meta(&tx, &url, "version")?,
+            false => None,
+        };
+        let Some(version) = version else {
+            return Err(StudyError::NotAStudy { url: url.clone() });
+        };
+        upgraded(&tx, &url, &version)?;
+        tx.commit().map_err(&store)?;
+        Ok(study)
+    }
+
     fn store_error(&self, e: rusqlite::Error) -> StudyError {
         store_error(&self.url)(e)
+    }
+
+    /// The study's job name and goal (maximize where the store does not say).
+    pub fn job_and_goal(&mut self) -> Result<(String, crate::job::Goal), StudyError> {
+        let url = self.url.clone();
+        let tx = self.conn.transaction().map_err(store_error(&url))?;
+        let job = meta(&tx, &url, "job")?.unwrap_or_default();
+        let goal = match meta(&tx, &url, "goal")?.as_deref() {
+            Some("minimize") => crate::job::Goal::Minimize,
+            _ => crate::job::Goal::Maximize,
+        };
+        Ok((job, goal))
     }
 
     /// Creates the tables of a new store, and checks an existing one's version and key.
@@ -121,28 +345,17 @@ impl Study {
             .transaction_with_behavior(TransactionBehavior::Immediate)
             .map_err(&store)?;
         tx.execute_batch(
-            "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
-             CREATE TABLE IF NOT EXISTS trials (
-                 idx INTEGER PRIMARY KEY,
-                 state TEXT NOT NULL,
-                 worker TEXT,
-                 lease_until REAL,
-                 starts INTEGER NOT NULL,
-                 row TEXT
-             );",
+            "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);",
         )
         .map_err(&store)?;
-        let get = |k: &str| -> Result<Option<String>, StudyError> {
-            tx.query_row("SELECT value FROM meta WHERE key = ?1", [k], |r| r.get(0))
-                .optional()
-                .map_err(&store)
-        };
-        match get("version")? {
+        match meta(&tx, &url, "version")? {
             None => {
+                tx.execute_batch(TABLES).map_err(&store)?;
                 for (k, v) in [
                     ("version", SCHEMA_VERSION.to_string()),
                     ("job", key.job.clone()),
                     ("space", key.space.clone()),
+                    ("goal", goal_name(key.goal).to_string()),
                 ] {
                     tx.execute(
                         "INSERT INTO meta (key, value) VALUES (?1, ?2)",
@@ -152,18 +365,9 @@ impl Study {
                 }
             }
             Some(v) => {
-                let found: i64 = v.parse().map_err(|_| StudyError::Store {
-                    url: url.clone(),
-                    why: format!("its schema version `{v}` is not a number"),
-                })?;
-                if found > SCHEMA_VERSION {
-                    return Err(StudyError::Newer {
-                        url: url.clone(),
-                        found,
-                    });
-                }
-                let (theirs, their_space) = (get("job")?.unwrap_or_default(), get("space")?);
-                let their_space = their_space.unwrap_or_default();
+                upgraded(&tx, &url, &v)?;
+                let theirs = meta(&tx, &url, "job")?.unwrap_or_default();
+                let their_space = meta(&tx, &url, "space")?.unwrap_or_default();
                 if their_space != key.space {
                     return Err(StudyError::OtherSpace {
                         url: url.clone(),
@@ -179,14 +383,17 @@ impl Study {
     }
 
     /// Takes the next trial to run at time `now` (seconds since the epoch), held for `lease`:
-    /// first, trials whose worker's lease ran out are recorded `INTERRUPTED`, and the first of
-    /// them that has started fewer than [`MAX_STARTS`] times is taken again; else the next
-    /// index below `run_cap`. `None` when there is nothing left to take.
+    /// first, trials whose worker's lease ran out are recorded `INTERRUPTED`, and the first
+    /// `INTERRUPTED` trial that has started fewer than [`MAX_STARTS`] times is taken again, at
+    /// its point; else the next index below `run_cap`, at the point `propose` gives it from the
+    /// study's history (none without `propose`). `None` when there is nothing left to take, or
+    /// when `propose` gave no point (nothing is taken then).
     pub fn claim(
         &mut self,
         run_cap: u32,
         lease: Duration,
         now: f64,
+        propose: Option<Propose>,
     ) -> Result<Option<Claim>, StudyError> {
         let until = now + lease.as_secs_f64();
         let (worker, url) = (self.worker.clone(), self.url.clone());
@@ -196,29 +403,32 @@ impl Study {
             .transaction_with_behavior(TransactionBehavior::Immediate)
             .map_err(&store)?;
         tx.execute(
-            "UPDATE trials SET state = 'INTERRUPTED', worker = NULL
+            "UPDATE trials SET state = 'INTERRUPTED', worker = NULL, lease_until = NULL
              WHERE state = 'RUNNING' AND lease_until < ?1",
             [now],
         )
         .map_err(&store)?;
-        let again: Option<(i64, i64)> = tx
+        let again: Option<(i64, i64, Option<String>)> = tx
             .query_row(
-                "SELECT idx, starts FROM trials WHERE state = 'INTERRUPTED' AND starts < ?1
+                "SELECT idx, starts, point FROM trials WHERE state = 'INTERRUPTED' AND starts < ?1
                  ORDER BY idx LIMIT 1",
                 [MAX_STARTS],
-                |r| Ok((r.get(0)?, r.get(1)?)),
+                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
             )
             .optional()
             .map_err(&store)?;
         let claim = match again {
-            Some((idx, starts)) => {
+            Some((idx, starts, point)) => {
                 tx.execute(
                     "UPDATE trials SET state = 'RUNNING', worker = ?2, lease_until = ?3,
                      starts = starts + 1 WHERE idx = ?1",
                     params![idx, worker, until],
                 )
                 .map_err(&store)?;
-                Some((idx, starts + 1))
+                // The epochs of the run that was lost are not this one's.
+                tx.execute("DELETE FROM epochs WHERE idx = ?1", [idx])
+                    .map_err(&store)?;
+                Some((idx, starts + 1, point))
             }
             None => {
                 let next: i64 = tx
@@ -226,22 +436,38 @@ impl Study {
                         r.get(0)
                     })
                     .map_err(&store)?;
-                if next < i64::from(run_cap) {
+                if next >= i64::from(run_cap) {
+                    None
+                } else {
+                    let point = match propose {
+                        None => None,
+                        Some(propose) => {
+                            let h = history(&tx, &url)?;
+                            // Dropped without a commit: nothing taken.
+                            let Some(p) = propose(next as u32, &h) else {
+                                return Ok(None);
+                            };
+                            Some(p)
+                        }
+                    };
                     tx.execute(
-                        "INSERT INTO trials (idx, state, worker, lease_until, starts)
-                         VALUES (?1, 'RUNNING', ?2, ?3, 1)",
-                        params![next, worker, until],
+                        "INSERT INTO trials (idx, state, worker, lease_until, starts, point)
+                         VALUES (?1, 'RUNNING', ?2, ?3, 1, ?4)",
+                        params![next, worker, until, point],
                     )
                     .map_err(&store)?;
-                    Some((next, 1))
-                } else {
-                    None
+                    Some((next, 1, point))
                 }
             }
         };
         tx.commit().map_err(&store)?;
-        Ok(claim
-            .and_then(|(idx, starts)| u32::try_from(idx).ok().map(|index| Claim { index, starts })))
+        Ok(claim.and_then(|(idx, starts, point)| {
+            u32::try_from(idx).ok().map(|index| Claim {
+                index,
+                starts,
+                point,
+            })
+        }))
     }
 
     /// Renews this worker's lease on trial `index` until `now + lease`; `false` when it no
@@ -259,19 +485,88 @@ impl Study {
         Ok(n == 1)
     }
 
-    /// Records the end of trial `index` (`state`, and its result row as text) when this worker
-    /// still holds it; `false` when it does not (the end is then not the study's: another
-    /// worker runs the trial again).
-    pub fn finish(&mut self, index: u32, state: &str, row: &str) -> Result<bool, StudyError> {
-        let n = self
+    /// Records epoch rows of trials this worker holds, in one transaction (those of a trial it
+    /// no longer holds are left out); how many were recorded.
+    pub fn record_epochs(&mut self, rows: &[EpochRow]) -> Result<usize, StudyError> {
+        let (worker, url) = (self.worker.clone(), self.url.clone());
+        let store = store_error(&url);
+        let tx = self
             .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(&store)?;
+        let n = insert_epochs(&tx, &worker, rows).map_err(&store)?;
+        tx.commit().map_err(&store)?;
+        Ok(n)
+    }
+
+    /// Records the end of trial `index`, with its last epoch rows, when this worker still holds
+    /// it; `false` when it does not (the end is then not the study's: another worker runs the
+    /// trial again). A trial that ends `INTERRUPTED` here was handed back (a signal stopped
+    /// this worker): its start is not counted, and any worker takes it again.
+    pub fn finish(
+        &mut self,
+        index: u32,
+        end: &End,
+        epochs: &[EpochRow],
+    ) -> Result<bool, StudyError> {
+        let (worker, url) = (self.worker.clone(), self.url.clone());
+        let store = store_error(&url);
+        let tx = self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(&store)?;
+        insert_epochs(&tx, &worker, epochs).map_err(&store)?;
+        let n = tx
             .execute(
-                "UPDATE trials SET state = ?3, row = ?4, worker = NULL, lease_until = NULL
+                "UPDATE trials SET state = ?3, row = ?4, metric = ?5, epochs = ?6,
+                     worker = NULL, lease_until = NULL,
+                     starts = CASE WHEN ?3 = 'INTERRUPTED' THEN starts - 1 ELSE starts END
                  WHERE idx = ?1 AND worker = ?2 AND state = 'RUNNING'",
-                params![index, self.worker, state, row],
+                params![index, worker, end.state, end.row, end.metric, end.epochs],
             )
-            .map_err(|e| self.store_error(e))?;
+            .map_err(&store)?;
+        tx.commit().map_err(&store)?;
         Ok(n == 1)
+    }
+
+    /// Records trial `trial_id`'s metric `value` at a rung (`bracket`, `epoch`) and returns
+    /// every value recorded there, by trial id, all workers' (one transaction).
+    pub fn rung(
+        &mut self,
+        bracket: usize,
+        epoch: u32,
+        trial_id: &str,
+        value: f64,
+    ) -> Result<BTreeMap<String, f64>, StudyError> {
+        let url = self.url.clone();
+        let store = store_error(&url);
+        let bracket = bracket as i64;
+        let tx = self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(&store)?;
+        tx.execute(
+            "INSERT OR REPLACE INTO rungs (bracket, epoch, trial_id, value) VALUES (?1, ?2, ?3, ?4)",
+            params![bracket, epoch, trial_id, value],
+        )
+        .map_err(&store)?;
+        let mut out = BTreeMap::new();
+        {
+            let mut stmt = tx
+                .prepare("SELECT trial_id, value FROM rungs WHERE bracket = ?1 AND epoch = ?2")
+                .map_err(&store)?;
+            let rows = stmt
+                .query_map(params![bracket, epoch], |r| {
+                    Ok((r.get::<_, String>(0)?, r.get::<_, f64>(1)?))
+                })
+                .map_err(&store)?;
+            for row in rows {
+                let (id, v) = row.map_err(&store)?;
+                out.insert(id, v);
+            }
+        }
+        tx.commit().map_err(&store)?;
+        Ok(out)
     }
 
     /// How many trials are in each state.
@@ -311,6 +606,126 @@ impl Study {
         }
         Ok(out)
     }
+
+    /// Every epoch row, by trial index and epoch, handed to `each` one at a time.
+    pub fn each_epoch(
+        &self,
+        each: &mut dyn FnMut(EpochRow) -> Result<(), StudyError>,
+    ) -> Result<(), StudyError> {
+        let mut stmt = self
+            .conn
+            .prepare("SELECT idx, epoch, row FROM epochs ORDER BY idx, epoch")
+            .map_err(|e| self.store_error(e))?;
+        let mut rows = stmt.query([]).map_err(|e| self.store_error(e))?;
+        while let Some(r) = rows.next().map_err(|e| self.store_error(e))? {
+            let (idx, epoch, row): (i64, i64, String) = (
+                r.get(0).map_err(|e| self.store_error(e))?,
+                r.get(1).map_err(|e| self.store_error(e))?,
+                r.get(2).map_err(|e| self.store_error(e))?,
+            );
+            if let (Ok(index), Ok(epoch)) = (u32::try_from(idx), u32::try_from(epoch)) {
+                each(EpochRow { index, epoch, row })?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Inserts the epoch rows of trials `worker` holds; how many.
+fn insert_epochs(tx: &Transaction, worker: &str, rows: &[EpochRow]) -> rusqlite::Result<usize> {
+    let mut stmt = tx.prepare_cached(
+        "INSERT OR REPLACE INTO epochs (idx, epoch, row)
+         SELECT ?1, ?2, ?3 WHERE EXISTS
+             (SELECT 1 FROM trials WHERE idx = ?1 AND worker = ?4 AND state = 'RUNNING')",
+    )?;
+    let mut n = 0;
+    for r in rows {
+        n += stmt.execute(params![r.index, r.epoch, r.row, worker])?;
+    }
+    Ok(n)
+}
+
+/// The rungs of early termination kept in a study, shared by its workers' trial threads (a
+/// connection of its own).
+pub struct StudyRungs {
+    study: Mutex<Study>,
+}
+
+impl StudyRungs {
+    pub fn open(url: &str, key: &StudyKey, worker: &str) -> Result<StudyRungs, StudyError> {
+        Ok(StudyRungs {
+            study: Mutex::new(Study::open(url, key, worker)?),
+        })
+    }
+}
+
+impl std::fmt::Debug for StudyRungs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("StudyRungs")
+    }
+}
+
+impl super::hyperband::SharedRungs for StudyRungs {
+    fn record(
+        &self,
+        bracket: usize,
+        epoch: u32,
+        trial_id: &str,
+        value: f64,
+    ) -> Result<BTreeMap<String, f64>, String> {
+        let mut study = self.study.lock().unwrap_or_else(|p| p.into_inner());
+        with_retries(|| study.rung(bracket, epoch, trial_id, value)).map_err(|e| e.to_string())
+    }
+}
+
+/// A results row as the store keeps it: one CSV record of its fields in their order (what
+/// JSON cannot hold, a value that is not finite, a CSV field holds).
+pub fn encode_row<T: serde::Serialize>(row: &T) -> Result<String, StudyError> {
+    let mut w = csv::WriterBuilder::new()
+        .has_headers(false)
+        .from_writer(Vec::new());
+    let bad = |why: String| StudyError::Store {
+        url: String::new(),
+        why: format!("a row cannot be encoded: {why}"),
+    };
+    w.serialize(row).map_err(|e| bad(e.to_string()))?;
+    let bytes = w.into_inner().map_err(|e| bad(e.to_string()))?;
+    String::from_utf8(bytes).map_err(|e| bad(e.to_string()))
+}
+
+/// A results row from the store's record ([`encode_row`]); `None` when it does not read.
+pub fn decode_row<T: serde::de::DeserializeOwned>(text: &str) -> Option<T> {
+    csv::ReaderBuilder::new()
+        .has_headers(false)
+        .from_reader(text.as_bytes())
+        .deserialize()
+        .next()?
+        .ok()
+}
+
+/// An epoch's row as the store keeps it: its record ([`encode_row`]), then on a second line
+/// its other values (an external command's) as JSON, those that are finite.
+pub fn encode_epoch(row: &crate::report::ProgressRow) -> Result<String, StudyError> {
+    let mut text = encode_row(row)?;
+    if !row.extra.is_empty() {
+        let finite: BTreeMap<&String, &f64> =
+            row.extra.iter().filter(|(_, v)| v.is_finite()).collect();
+        text.push_str(&serde_json::to_string(&finite).unwrap_or_default());
+    }
+    Ok(text)
+}
+
+/// An epoch's row from the store's text ([`encode_epoch`]).
+pub fn decode_epoch(text: &str) -> Option<crate::report::ProgressRow> {
+    let (record, extra) = match text.split_once('\n') {
+        Some((r, e)) => (r, e),
+        None => (text, ""),
+    };
+    let mut row: crate::report::ProgressRow = decode_row(record)?;
+    if !extra.trim().is_empty() {
+        row.extra = serde_json::from_str(extra).ok()?;
+    }
+    Some(row)
 }
 
 /// How long a worker's hold on a trial lasts without renewal: `GPUMUX_STUDY_LEASE_S` seconds
@@ -435,6 +850,16 @@ mod tests {
         StudyKey {
             job: "j".into(),
             space: space.into(),
+            goal: crate::job::Goal::Maximize,
+        }
+    }
+
+    fn end<'a>(state: &'a str, row: &'a str) -> End<'a> {
+        End {
+            state,
+            metric: None,
+            epochs: 0,
+            row,
         }
     }
 
@@ -452,13 +877,16 @@ mod tests {
         let mut got = Vec::new();
         for i in 0..6 {
             let w = if i % 2 == 0 { &mut a } else { &mut b };
-            got.push(w.claim(5, LEASE, 100.0).unwrap().map(|c| c.index));
+            got.push(w.claim(5, LEASE, 100.0, None).unwrap().map(|c| c.index));
         }
         assert_eq!(got, [Some(0), Some(1), Some(2), Some(3), Some(4), None]);
         // Only the holder records a trial's end.
-        assert!(!b.finish(0, "COMPLETE", "r0").unwrap());
-        assert!(a.finish(0, "COMPLETE", "r0").unwrap());
-        assert!(!a.finish(0, "COMPLETE", "r0").unwrap(), "ended once");
+        assert!(!b.finish(0, &end("COMPLETE", "r0"), &[]).unwrap());
+        assert!(a.finish(0, &end("COMPLETE", "r0"), &[]).unwrap());
+        assert!(
+            !a.finish(0, &end("COMPLETE", "r0"), &[]).unwrap(),
+            "ended once"
+        );
         let counts = a.counts().unwrap();
         assert_eq!((counts["COMPLETE"], counts["RUNNING"]), (1, 4));
     }
@@ -468,29 +896,17 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let mut a = Study::open(&url(&dir), &key("s"), "a").unwrap();
         let mut b = Study::open(&url(&dir), &key("s"), "b").unwrap();
-        assert_eq!(a.claim(3, LEASE, 100.0).unwrap().unwrap().index, 0);
+        assert_eq!(a.claim(3, LEASE, 100.0, None).unwrap().unwrap().index, 0);
         // A renews in time once, then is lost: its lease runs out at 120.
         assert!(a.renew(0, LEASE, 110.0).unwrap());
-        let again = b.claim(3, LEASE, 121.0).unwrap().unwrap();
-        assert_eq!(
-            again,
-            Claim {
-                index: 0,
-                starts: 2
-            }
-        );
+        let again = b.claim(3, LEASE, 121.0, None).unwrap().unwrap();
+        assert_eq!((again.index, again.starts), (0, 2));
         // The lost worker neither renews nor ends it any more.
         assert!(!a.renew(0, LEASE, 121.5).unwrap());
-        assert!(!a.finish(0, "COMPLETE", "late").unwrap());
+        assert!(!a.finish(0, &end("COMPLETE", "late"), &[]).unwrap());
         // Lost a second time: recorded INTERRUPTED, and not taken again.
-        let next = a.claim(3, LEASE, 140.0).unwrap().unwrap();
-        assert_eq!(
-            next,
-            Claim {
-                index: 1,
-                starts: 1
-            }
-        );
+        let next = a.claim(3, LEASE, 140.0, None).unwrap().unwrap();
+        assert_eq!((next.index, next.starts), (1, 1));
         let trials = a.trials().unwrap();
         assert_eq!(
             (trials[0].1.as_str(), trials[0].2.as_ref()),
@@ -508,6 +924,7 @@ mod tests {
             &StudyKey {
                 job: "k".into(),
                 space: "s2".into(),
+                goal: crate::job::Goal::Maximize,
             },
             "b",
         )
@@ -547,8 +964,8 @@ mod tests {
                     s.spawn(move || {
                         let mut study = Study::open(&u, &key("s"), &format!("w{w}")).unwrap();
                         let mut mine = Vec::new();
-                        while let Some(c) = study.claim(run_cap, LEASE, 100.0).unwrap() {
-                            assert!(study.finish(c.index, "COMPLETE", "r").unwrap());
+                        while let Some(c) = study.claim(run_cap, LEASE, 100.0, None).unwrap() {
+                            assert!(study.finish(c.index, &end("COMPLETE", "r"), &[]).unwrap());
                             mine.push(c.index);
                         }
                         mine
@@ -560,5 +977,184 @@ mod tests {
         let mut all: Vec<u32> = taken.into_iter().flatten().collect();
         all.sort_unstable();
         assert_eq!(all, (0..run_cap).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn a_proposal_sees_the_whole_study_and_a_retaken_trial_keeps_its_point() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut a = Study::open(&url(&dir), &key("s"), "a").unwrap();
+        let mut b = Study::open(&url(&dir), &key("s"), "b").unwrap();
+        let mut seen = Vec::new();
+        let mut propose = |i: u32, h: &History| {
+            seen.push((i, h.ended.len(), h.running.clone()));
+            Some(format!("p{i}"))
+        };
+        let c0 = a
+            .claim(9, LEASE, 100.0, Some(&mut propose))
+            .unwrap()
+            .unwrap();
+        assert_eq!(c0.point.as_deref(), Some("p0"));
+        let c1 = b
+            .claim(9, LEASE, 100.0, Some(&mut propose))
+            .unwrap()
+            .unwrap();
+        let done = End {
+            state: "COMPLETE",
+            metric: Some(0.5),
+            epochs: 3,
+            row: "{}",
+        };
+        assert!(a.finish(0, &done, &[]).unwrap());
+        let _ = a
+            .claim(9, LEASE, 100.0, Some(&mut propose))
+            .unwrap()
+            .unwrap();
+        // Trial 1 ran (b's) while 0 ended (a's): the third proposal saw both.
+        assert_eq!(seen[2], (2, 1, vec!["p1".to_string()]));
+        let h = a
+            .conn
+            .transaction()
+            .map(|tx| history(&tx, &a.url).unwrap())
+            .unwrap();
+        assert_eq!(
+            h.ended,
+            [Ended {
+                point: "p0".into(),
+                state: "COMPLETE".into(),
+                metric: Some(0.5),
+                epochs: 3
+            }]
+        );
+        // No point proposed: nothing is taken.
+        let mut none = |_: u32, _: &History| None;
+        assert_eq!(b.claim(9, LEASE, 100.0, Some(&mut none)).unwrap(), None);
+        // b is lost: its trial is taken again at its own point, not proposed anew.
+        let again = a.claim(9, LEASE, 200.0, Some(&mut none)).unwrap().unwrap();
+        assert_eq!((again.index, again.point), (c1.index, Some("p1".into())));
+    }
+
+    #[test]
+    fn a_trial_handed_back_runs_again_whatever_its_starts_and_lost_epochs_are_dropped() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut a = Study::open(&url(&dir), &key("s"), "a").unwrap();
+        let mut b = Study::open(&url(&dir), &key("s"), "b").unwrap();
+        let epoch = |e: u32| EpochRow {
+            index: 0,
+            epoch: e,
+            row: format!("e{e}"),
+        };
+        assert_eq!(a.claim(1, LEASE, 100.0, None).unwrap().unwrap().index, 0);
+        assert_eq!(a.record_epochs(&[epoch(1), epoch(2)]).unwrap(), 2);
+        // Not b's: not recorded.
+        assert_eq!(b.record_epochs(&[epoch(3)]).unwrap(), 0);
+        // a is lost; b takes it again, and a's epochs go.
+        let c = b.claim(1, LEASE, 200.0, None).unwrap().unwrap();
+        assert_eq!(c.starts, 2);
+        let mut epochs = Vec::new();
+        b.each_epoch(&mut |r| {
+            epochs.push(r);
+            Ok(())
+        })
+        .unwrap();
+        assert!(epochs.is_empty(), "{epochs:?}");
+        // A signal stops b: it hands the trial back, and its second start is not counted.
+        let back = end("INTERRUPTED", "{}");
+        assert!(b.finish(0, &back, &[epoch(1)]).unwrap());
+        let c = a.claim(1, LEASE, 201.0, None).unwrap().unwrap();
+        assert_eq!((c.index, c.starts), (0, 2));
+        assert!(a.finish(0, &end("COMPLETE", "done"), &[epoch(1)]).unwrap());
+        let mut epochs = Vec::new();
+        a.each_epoch(&mut |r| {
+            epochs.push(r);
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(epochs, [epoch(1)]);
+    }
+
+    #[test]
+    fn every_worker_judges_a_rung_by_every_workers_values() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut a = Study::open(&url(&dir), &key("s"), "a").unwrap();
+        let mut b = Study::open(&url(&dir), &key("s"), "b").unwrap();
+        a.rung(0, 1, "t1", 0.5).unwrap();
+        b.rung(0, 1, "t2", 0.7).unwrap();
+        // Another bracket's or epoch's values are not this rung's.
+        b.rung(1, 1, "t9", 0.1).unwrap();
+        b.rung(0, 3, "t8", 0.1).unwrap();
+        let seen = a.rung(0, 1, "t3", 0.6).unwrap();
+        let ids: Vec<&str> = seen.keys().map(String::as_str).collect();
+        assert_eq!(ids, ["t1", "t2", "t3"]);
+    }
+
+    #[test]
+    fn a_version_1_store_is_brought_up_to_date_and_export_refuses_what_is_not_a_study() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("study.db");
+        let conn = Connection::open(&path).unwrap();
+        conn.execute_batch(
+            "CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+             INSERT INTO meta VALUES ('version', '1'), ('job', 'j'), ('space', 's');
+             CREATE TABLE trials (idx INTEGER PRIMARY KEY, state TEXT NOT NULL, worker TEXT,
+                 lease_until REAL, starts INTEGER NOT NULL, row TEXT);
+             INSERT INTO trials VALUES (0, 'COMPLETE', NULL, NULL, 1, 'r0');",
+        )
+        .unwrap();
+        drop(conn);
+        let mut a = Study::open(&url(&dir), &key("s"), "a").unwrap();
+        assert_eq!(a.claim(5, LEASE, 1.0, None).unwrap().unwrap().index, 1);
+        assert_eq!(a.trials().unwrap()[0].2.as_deref(), Some("r0"));
+        assert!(Study::open_existing(&url(&dir)).is_ok());
+        let e = Study::open_existing(&format!("sqlite:{}", dir.path().join("none.db").display()))
+            .err()
+            .unwrap();
+        assert!(matches!(e, StudyError::Unreachable { .. }), "{e}");
+        let other = dir.path().join("other.db");
+        Connection::open(&other)
+            .unwrap()
+            .execute_batch("CREATE TABLE x (y);")
+            .unwrap();
+        let e = Study::open_existing(&format!("sqlite:{}", other.display()))
+            .err()
+            .unwrap();
+        assert!(matches!(e, StudyError::NotAStudy { .. }), "{e}");
+    }
+
+    #[test]
+    fn rows_go_through_the_store_unchanged_values_that_are_not_finite_included() {
+        let trial = crate::report::TrialRow {
+            trial_id: "t, \"quoted\"".into(),
+            state: "FAIL".into(),
+            metric: Some(f64::NAN),
+            final_loss: Some(f64::INFINITY),
+            test_acc: None,
+            error: "line one\nline two".into(),
+            params: "{\"lr\": 0.1}".into(),
+            wall_s: 1.25,
+            ..Default::default()
+        };
+        let back: crate::report::TrialRow = decode_row(&encode_row(&trial).unwrap()).unwrap();
+        assert!(back.metric.unwrap().is_nan());
+        let (mut a, mut b) = (back, trial);
+        a.metric = None;
+        b.metric = None;
+        assert_eq!(a, b);
+        let mut epoch = crate::report::ProgressRow {
+            trial_id: "t1".into(),
+            epoch: 3,
+            train_loss: f64::NAN,
+            test_acc: 0.5,
+            ..Default::default()
+        };
+        epoch.extra.insert("val_f1".into(), 0.25);
+        epoch.extra.insert("gone".into(), f64::NAN);
+        let back = decode_epoch(&encode_epoch(&epoch).unwrap()).unwrap();
+        assert!(back.train_loss.is_nan());
+        assert_eq!((back.epoch, back.test_acc), (3, 0.5));
+        assert_eq!(
+            back.extra.into_iter().collect::<Vec<_>>(),
+            [("val_f1".to_string(), 0.25)]
+        );
+        assert!(decode_row::<crate::report::TrialRow>("not,a,row").is_none());
     }
 }

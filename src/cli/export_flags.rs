@@ -1,0 +1,26 @@
+//! `gpumux export`: a study's results, from every worker, written as one results folder.
+
+use std::io::Write;
+use std::path::PathBuf;
+
+use gpumux::error::Error;
+
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// The study (`sqlite:PATH`), as its workers were given it with `gpumux sweep --study`.
+    #[arg(long)]
+    study: String,
+    /// Where its trials.csv, progress.csv, plots and summary go.
+    #[arg(long)]
+    out: PathBuf,
+}
+
+pub fn run(a: Args, out: &mut dyn Write) -> Result<(), Error> {
+    // A bad URL or a missing study is said before any folder is made or locked.
+    gpumux::runners::sweep::study::sqlite_path(&a.study)
+        .map_err(|e| Error::Usage(e.to_string()))?;
+    // A signal stops the reading or the writing at once, leaving --out as it was (exit 3).
+    let opened = gpumux::run::Setup::results_only("export").open_results_only();
+    let (session, ()) = opened.held_folder(&a.out, true, |_, _| Ok(()))?;
+    gpumux::runners::sweep::export::run(&a.study, &session, out)
+}

@@ -1,0 +1,305 @@
+//! One worker of a study (`gpumux sweep --study URL`): the trials the study gives it, each epoch and end recorded in the store as well as in its own folder.
+
+use std::cell::RefCell;
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::error::{Error, JobError, Result};
+use crate::job::Job;
+use crate::plan::{self, TrialSpec};
+use crate::report::{self, ProgressRow, TrialRow};
+use crate::rounds::say;
+use crate::run::Session;
+use crate::sched;
+
+use super::setup::Sweep;
+use super::study::{self, EpochRow, Heartbeat, Study, StudyError, StudyKey};
+use super::{bayes, finish, hyperband, latest_rows, sweep_trials, Recorded, Trials};
+
+/// How often the epochs recorded here go to the store, at most (one transaction each time).
+const EPOCHS_TO_STORE: Duration = Duration::from_millis(500);
+
+/// A sweep as one worker of the study at `url`.
+pub(super) struct Worker<'a> {
+    pub job: &'a Job,
+    pub sweep: &'a Sweep<'a>,
+    pub session: &'a Session<'a>,
+    pub url: &'a str,
+}
+
+/// The key of the study a job's workers share: its name, and a hash of every trial id of its
+/// sweep (its model or command, data, epochs, space and seed; a bayes sweep's: those of its
+/// random draws), of its method, its metric (name and goal) and its early termination, by
+/// which proposals and rungs judge.
+fn study_key(job: &Job, all: &[TrialSpec]) -> StudyKey {
+    let metric = &job.file.metric;
+    let judged = format!(
+        "{:?} {} {:?} {:?}",
+        job.space.method, metric.name, metric.goal, job.file.early_terminate
+    );
+    let mut h = crate::hash::fnv1a(b"gpumux study");
+    h = crate::hash::fnv1a_more(h, judged.as_bytes());
+    for t in all {
+        h = crate::hash::fnv1a_more(h, t.id.as_bytes());
+    }
+    StudyKey {
+        job: job.name.clone(),
+        space: format!("{h:016x}"),
+        goal: metric.goal,
+    }
+}
+
+/// What goes wrong with a worker while it runs: its store fails (after retries), or a proposal
+/// cannot be built into a trial.
+#[derive(Default)]
+struct Failed {
+    store: Option<StudyError>,
+    trial: Option<JobError>,
+}
+
+impl Failed {
+    fn any(&self) -> bool {
+        self.store.is_some() || self.trial.is_some()
+    }
+}
+
+/// Each epoch and end of the trials this worker runs, recorded in the study while it holds
+/// them: epochs in batches, an end with its last epochs in one transaction.
+struct ToStore<'a> {
+    store: &'a RefCell<Study>,
+    beat: &'a Heartbeat,
+    failed: &'a RefCell<Failed>,
+    epochs: Vec<EpochRow>,
+    flushed: Instant,
+}
+
+impl ToStore<'_> {
+    fn flush(&mut self) {
+        if self.epochs.is_empty() || self.failed.borrow().store.is_some() {
+            return;
+        }
+        let mut store = self.store.borrow_mut();
+        match study::with_retries(|| store.record_epochs(&self.epochs)) {
+            Ok(_) => self.epochs.clear(),
+            Err(e) => {
+                self.failed.borrow_mut().store.get_or_insert(e);
+            }
+        }
+        self.flushed = Instant::now();
+    }
+}
+
+impl Recorded for ToStore<'_> {
+    fn epoch(&mut self, trial: &TrialSpec, row: &ProgressRow) {
+        match study::encode_epoch(row) {
+            Ok(text) => self.epochs.push(EpochRow {
+                index: trial.index,
+                epoch: row.epoch,
+                row: text,
+            }),
+            Err(e) => tracing::warn!("epoch {} of trial {}: {e}", row.epoch, trial.id),
+        }
+    }
+
+    fn end(&mut self, o: &sched::TrialOutcome, row: &TrialRow) {
+        let index = o.trial.index;
+        self.beat.hold(index, false);
+        if self.failed.borrow().store.is_some() {
+            return;
+        }
+        let (mine, rest): (Vec<EpochRow>, Vec<EpochRow>) = std::mem::take(&mut self.epochs)
+            .into_iter()
+            .partition(|e| e.index == index);
+        self.epochs = rest;
+        let text = match study::encode_row(row) {
+            Ok(t) => t,
+            Err(e) => {
+                self.failed.borrow_mut().store.get_or_insert(e);
+                return;
+            }
+        };
+        let end = study::End {
+            state: &row.state,
+            metric: row.metric,
+            epochs: row.epochs,
+            row: &text,
+        };
+        let mut store = self.store.borrow_mut();
+        match study::with_retries(|| store.finish(index, &end, &mine)) {
+            Ok(true) => {}
+            Ok(false) => tracing::warn!(
+                "trial {} ended after the study gave it to another worker: its end is this folder's only",
+                o.trial.id
+            ),
+            Err(e) => {
+                self.failed.borrow_mut().store.get_or_insert(e);
+            }
+        }
+    }
+
+    fn idle(&mut self) {
+        if self.flushed.elapsed() >= EPOCHS_TO_STORE {
+            self.flush();
+        }
+    }
+}
+
+impl Worker<'_> {
+    /// Joins the study and runs the trials it gives this worker (grid and random in index
+    /// order; bayes proposed from the whole study's history; early termination judged by every
+    /// worker's values at each rung), each held under a lease a heartbeat renews. A store that
+    /// cannot be opened is refused (exit 2); one that fails during the run, after retries,
+    /// stops the worker (exit 3) with every local row kept.
+    pub fn run(
+        &self,
+        previous: Vec<TrialRow>,
+        writer: &mut report::ReportWriter,
+        out: &mut dyn Write,
+    ) -> Result<PathBuf> {
+        let (job, sweep, url) = (self.job, self.sweep, self.url);
+        let all = sweep_trials(job)?;
+        let count = plan::sweep_count(job)?;
+        let key = study_key(job, &all);
+        let worker = study::worker_name();
+        let usage = |e: StudyError| Error::Usage(e.to_string());
+        let store = RefCell::new(Study::open(url, &key, &worker).map_err(usage)?);
+        let beat = Heartbeat::start(url, &key, &worker).map_err(usage)?;
+        let pruner = match hyperband::Pruner::of(job) {
+            None => None,
+            Some(p) => {
+                let rungs = study::StudyRungs::open(url, &key, &worker).map_err(usage)?;
+                Some(Arc::new(p.shared(Box::new(rungs))))
+            }
+        };
+        say(out, format!("study {url}: joined as worker {worker}"))?;
+        let by_index: BTreeMap<u32, TrialSpec> = all.iter().map(|t| (t.index, t.clone())).collect();
+        let lease = study::lease();
+        let failed = RefCell::new(Failed::default());
+        let tpe = sweep.is_bayes.then(|| bayes::tpe_of(job, count));
+        let mut propose = |index: u32, h: &study::History| {
+            let tpe = tpe.as_ref()?;
+            serde_json::to_string(&bayes::study_point(job, tpe, index, h)).ok()
+        };
+        // The next trial the study gives this worker.
+        let mut feed = |_: Option<&sched::TrialOutcome>| -> Option<TrialSpec> {
+            if failed.borrow().any() {
+                return None;
+            }
+            let mut store = store.borrow_mut();
+            loop {
+                let claimed = study::with_retries(|| {
+                    let propose: Option<study::Propose> = match sweep.is_bayes {
+                        true => Some(&mut propose),
+                        false => None,
+                    };
+                    store.claim(count, lease, study::now(), propose)
+                });
+                let c = match claimed {
+                    Ok(Some(c)) => c,
+                    Ok(None) => return None,
+                    Err(e) => {
+                        failed.borrow_mut().store.get_or_insert(e);
+                        return None;
+                    }
+                };
+                let trial = match (&c.point, sweep.is_bayes) {
+                    (Some(point), true) => match serde_json::from_str(point) {
+                        Ok(point) => bayes::trial(job, c.index, &point).map(Some),
+                        Err(e) => {
+                            let why = format!("the point of trial {} does not read: {e}", c.index);
+                            let e = StudyError::Store {
+                                url: url.to_string(),
+                                why,
+                            };
+                            failed.borrow_mut().store.get_or_insert(e);
+                            return None;
+                        }
+                    },
+                    _ => Ok(by_index.get(&c.index).cloned()),
+                };
+                match trial {
+                    Ok(Some(t)) => {
+                        beat.hold(c.index, true);
+                        return Some(t);
+                    }
+                    // The same draw as an earlier index: one trial, run once.
+                    Ok(None) => {
+                        let end = study::End {
+                            state: "DUPLICATE",
+                            metric: None,
+                            epochs: 0,
+                            row: "",
+                        };
+                        let _ = store.finish(c.index, &end, &[]);
+                    }
+                    Err(e) => {
+                        failed.borrow_mut().trial.get_or_insert(e);
+                        return None;
+                    }
+                }
+            }
+        };
+        let mut to_store = ToStore {
+            store: &store,
+            beat: &beat,
+            failed: &failed,
+            epochs: Vec::new(),
+            flushed: Instant::now(),
+        };
+        let trials = Trials {
+            sweep,
+            session: self.session,
+        };
+        let to_run = match sweep.is_bayes {
+            true => count as usize,
+            false => all.len(),
+        };
+        let (ran, stopped) = trials.run(
+            &all,
+            to_run,
+            pruner,
+            (None, writer),
+            Some((&mut feed, &mut to_store)),
+            out,
+        )?;
+        to_store.flush();
+        drop(to_store);
+        drop(beat);
+        let store = store.into_inner();
+        let failed = failed.into_inner();
+        let mine: Vec<String> = ran.iter().map(|r| r.trial_id.clone()).collect();
+        let planned = latest_rows(&ran).len();
+        let mut rows = previous;
+        rows.extend(ran);
+        let counts = store.counts().map_err(usage)?;
+        let words: Vec<String> = counts.iter().map(|(s, n)| format!("{n} {s}")).collect();
+        say(
+            out,
+            format!("study {url}: {} of {count} trials", words.join(", ")),
+        )?;
+        if let Some(e) = failed.trial {
+            return Err(e.into());
+        }
+        if let Some(e) = failed.store {
+            return Err(Error::Interrupted(format!(
+                "the study store failed: {e}; this worker's rows are kept in {}",
+                sweep.dir.display()
+            )));
+        }
+        let cancel = self.session.cancel();
+        finish(
+            job,
+            &sweep.dir,
+            &mine,
+            planned,
+            &rows,
+            cancel,
+            stopped.as_ref(),
+            out,
+        )?;
+        Ok(sweep.dir.clone())
+    }
+}
