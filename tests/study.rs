@@ -253,3 +253,105 @@ fn a_bayes_sweep_with_hyperband_over_three_workers_runs_each_index_once_and_expo
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     assert_eq!(trials_csv(&merged).len(), 30);
 }
+
+/// A random sweep whose trial is `trial.sh LR`: `sleep` seconds, then the result line.
+fn sleep_job(dir: &Sandbox, run_cap: u32, sleep: f64) -> PathBuf {
+    let script = dir.script(
+        "trial.sh",
+        &format!("sleep {sleep}\necho \"{{\\\"test_acc\\\": $1}}\"\n"),
+    );
+    dir.job(
+        "many.yaml",
+        JobYaml::new()
+            .name("many")
+            .command(&format!("{} {{lr}}", script.display()))
+            .method("random")
+            .run_cap(run_cap.into())
+            .seed(5)
+            .param(
+                "lr",
+                "{min: 0.0001, max: 0.1, distribution: log_uniform_values}",
+            )
+            .concurrency(1),
+    )
+}
+
+#[test]
+fn sixty_four_workers_some_killed_and_restarted_end_each_trial_once_up_to_the_run_cap() {
+    const WORKERS: usize = 64;
+    const RUN_CAP: u32 = 640;
+    let dir = sandbox();
+    let job = sleep_job(&dir, RUN_CAP, 0.2);
+    let url = study_url(&dir);
+    let start = |w: usize| {
+        let out = dir.join(format!("out-{w}"));
+        dir.run(&[
+            "sweep",
+            s(&job),
+            "--out",
+            s(&out),
+            "--study",
+            &url,
+            "--resume",
+        ])
+        .env("GPUMUX_STUDY_LEASE_S", "1")
+        .spawn_with(std::process::Stdio::null(), std::process::Stdio::piped())
+    };
+    let mut workers: Vec<std::process::Child> = (0..WORKERS).map(start).collect();
+    // Twelve workers, picked by a fixed stride, killed with SIGKILL while they run trials and
+    // started again on their folders.
+    let mut kills = 0;
+    for k in 0..12 {
+        std::thread::sleep(std::time::Duration::from_millis(150));
+        let w = (k * 37 + 5) % WORKERS;
+        if workers[w].try_wait().expect("a worker's state").is_some() {
+            continue;
+        }
+        workers[w].kill().expect("SIGKILL");
+        let _ = workers[w].wait();
+        kills += 1;
+        workers[w] = start(w);
+    }
+    assert!(
+        kills >= 6,
+        "only {kills} workers were still running to be killed"
+    );
+    for (w, child) in workers.into_iter().enumerate() {
+        let o = child.wait_with_output().expect("a worker ends");
+        assert_eq!(o.status.code(), Some(0), "worker {w}: {}", stderr(&o));
+    }
+    // The study: every index below the run cap ended once, none above.
+    let merged = dir.join("merged");
+    let o = dir
+        .run(&["export", "--study", &url, "--out", s(&merged)])
+        .output();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let rows = trials_csv(&merged);
+    let ids: std::collections::BTreeSet<&str> =
+        rows.iter().map(|r| r["trial_id"].as_str()).collect();
+    assert_eq!(
+        (rows.len(), ids.len()),
+        (RUN_CAP as usize, RUN_CAP as usize)
+    );
+    let interrupted = rows.iter().filter(|r| r["state"] == "INTERRUPTED").count();
+    let complete = rows.iter().filter(|r| r["state"] == "COMPLETE").count();
+    assert_eq!(complete + interrupted, RUN_CAP as usize, "{rows:?}");
+    // A trial stays INTERRUPTED only when it was lost twice.
+    assert!(
+        2 * interrupted <= kills,
+        "{interrupted} INTERRUPTED after {kills} kills"
+    );
+    // Every COMPLETE trial of the study is COMPLETE in a worker's folder.
+    let local = complete_by_id(
+        &(0..WORKERS)
+            .map(|w| dir.join(format!("out-{w}")))
+            .collect::<Vec<_>>(),
+    );
+    for r in rows.iter().filter(|r| r["state"] == "COMPLETE") {
+        assert!(
+            local.contains_key(&r["trial_id"]),
+            "{} is in no folder",
+            r["trial_id"]
+        );
+    }
+}

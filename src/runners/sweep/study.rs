@@ -184,12 +184,25 @@ fn connect(url: &str) -> Result<Connection, StudyError> {
         why: e.to_string(),
     };
     let conn = Connection::open(&path).map_err(unreachable)?;
-    conn.busy_timeout(BUSY_WAIT).map_err(unreachable)?;
+    // SQLite's own busy wait sleeps longer and longer (up to 100 ms a time): under many
+    // workers, short waits keep the store's throughput.
+    conn.busy_handler(Some(busy)).map_err(unreachable)?;
     conn.pragma_update(None, "journal_mode", "WAL")
         .map_err(unreachable)?;
     conn.pragma_update(None, "synchronous", "FULL")
         .map_err(unreachable)?;
     Ok(conn)
+}
+
+/// Whether to try again after the `tries`-th time a transaction found the store busy: after a
+/// short wait (0.2 to 1 ms), for [`BUSY_WAIT`] in all.
+fn busy(tries: i32) -> bool {
+    let wait = Duration::from_micros(200 + (tries.unsigned_abs() as u64 * 7919) % 800);
+    if wait * tries.unsigned_abs() > BUSY_WAIT * 2 {
+        return false;
+    }
+    std::thread::sleep(wait);
+    true
 }
 
 /// A value of the `meta` table.
@@ -567,6 +580,36 @@ impl Study {
         }
         tx.commit().map_err(&store)?;
         Ok(out)
+    }
+
+    /// Whether the study may still give a trial at `now`: `Some(true)` when one can be taken
+    /// (a lost worker's, or one handed back), `Some(false)` when trials run on other workers
+    /// (one may yet be lost), `None` when nothing runs and nothing is left to take below
+    /// `run_cap`.
+    pub fn open_trials(&self, run_cap: u32, now: f64) -> Result<Option<bool>, StudyError> {
+        let (running, expired, again, taken): (i64, i64, i64, i64) = self
+            .conn
+            .query_row(
+                "SELECT
+                     COALESCE(SUM(state = 'RUNNING'), 0),
+                     COALESCE(SUM(state = 'RUNNING' AND lease_until < ?1), 0),
+                     COALESCE(SUM(state = 'INTERRUPTED' AND starts < ?2), 0),
+                     COALESCE(MAX(idx) + 1, 0)
+                 FROM trials",
+                params![now, MAX_STARTS],
+                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
+            )
+            .map_err(|e| self.store_error(e))?;
+        Ok(
+            match (
+                expired + again > 0 || taken < i64::from(run_cap),
+                running > 0,
+            ) {
+                (true, _) => Some(true),
+                (false, true) => Some(false),
+                (false, false) => None,
+            },
+        )
     }
 
     /// How many trials are in each state.

@@ -257,14 +257,32 @@ impl Worker<'_> {
             true => count as usize,
             false => all.len(),
         };
-        let (ran, stopped) = trials.run(
-            &all,
-            to_run,
-            pruner,
-            (None, writer),
-            Some((&mut feed, &mut to_store)),
-            out,
-        )?;
+        let cancel = self.session.cancel();
+        let mut ran = Vec::new();
+        let stopped = loop {
+            let (rows, stop) = trials.run(
+                &all,
+                to_run,
+                pruner.clone(),
+                (None, &mut *writer),
+                Some((&mut feed, &mut to_store)),
+                out,
+            )?;
+            ran.extend(rows);
+            if stop.is_some() || failed.borrow().any() || cancel.draining() {
+                break stop;
+            }
+            // Nothing left to take: while other workers run trials, this one stays to take any
+            // whose worker is lost, and leaves once none runs.
+            match others(&store, count, lease, cancel, out) {
+                Ok(true) => continue,
+                Ok(false) => break None,
+                Err(e) => {
+                    failed.borrow_mut().store.get_or_insert(e);
+                    break None;
+                }
+            }
+        };
         to_store.flush();
         drop(to_store);
         drop(beat);
@@ -289,7 +307,6 @@ impl Worker<'_> {
                 sweep.dir.display()
             )));
         }
-        let cancel = self.session.cancel();
         finish(
             job,
             &sweep.dir,
@@ -301,5 +318,40 @@ impl Worker<'_> {
             out,
         )?;
         Ok(sweep.dir.clone())
+    }
+}
+
+/// Waits while trials run on other workers and none can be taken: `true` once one can (its
+/// worker was lost, or handed it back), `false` when none runs any more or a signal came.
+fn others(
+    store: &RefCell<Study>,
+    run_cap: u32,
+    lease: Duration,
+    cancel: &crate::cancel::Cancel,
+    out: &mut dyn Write,
+) -> std::result::Result<bool, StudyError> {
+    let poll = (lease / 3).clamp(Duration::from_millis(200), Duration::from_secs(5));
+    let mut said = false;
+    loop {
+        let open = study::with_retries(|| store.borrow().open_trials(run_cap, study::now()))?;
+        match open {
+            Some(true) => return Ok(true),
+            None => return Ok(false),
+            Some(false) if !said => {
+                said = true;
+                let _ = say(
+                    out,
+                    "nothing left to take: waiting while other workers run their trials, to take any whose worker is lost".to_string(),
+                );
+            }
+            Some(false) => {}
+        }
+        let until = Instant::now() + poll;
+        while Instant::now() < until {
+            if cancel.draining() {
+                return Ok(false);
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
     }
 }
