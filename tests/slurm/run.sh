@@ -9,7 +9,9 @@
 #      requeues itself, its log keeps both attempts, and the merge is complete, no duplicates;
 #   3. SIGKILL of a whole task, then a requeue: no COMPLETE row is lost;
 #   4. two tasks finishing together: one merge, and merged/ is never seen half written;
-#   5. a plain scancel of a task: it ends CANCELLED and does not requeue itself.
+#   5. a plain scancel of a task: it ends CANCELLED and does not requeue itself;
+#   6. four tasks sharing one study (GPUMUX_STUDY, a bayes sweep with hyperband), one killed with
+#      SIGKILL and requeued: the exported study holds every trial exactly once.
 # It stops the daemons it started, by their PIDs, and skips (exit 0, saying why) only where Slurm
 # cannot be installed or started here.
 #
@@ -386,6 +388,55 @@ else
     fail "5. task $victim wrote no progress row within 60 s"
 fi
 unset GPUMUX_OUT
+
+# --- 6. one study shared by four tasks: a SIGKILLed task requeued, every trial once ----------
+# A bayes sweep with hyperband: each task takes what the study gives it; task 0 is killed
+# mid-trial (gpumux and its batch shell, with SIGKILL) and requeued; its trial's lease (3 s)
+# runs out and another worker runs it again; the last task exports the study to merged/.
+t0=$(date +%s)
+export GPUMUX_OUT=out/study GPUMUX_STUDY=sqlite:$work/study.db GPUMUX_STUDY_LEASE_S=3
+sed -e 's/method: random/method: bayes/' -e 's/run_cap: 6/run_cap: 10/' \
+    -e 's/name: slurm-test-slow/name: slurm-test-study/' slow.yaml >study.yaml
+echo "early_terminate: {type: hyperband, min_iter: 2, eta: 2}" >>study.yaml
+job=$(submit --array=0-3 "${overrides[@]}" "$sbatch_script" study.yaml)
+if wait_lines out/study/worker-0/progress.csv 2 90; then
+    gp=$(pgrep -f -- "--out out/study/worker-0 " | head -n 1)
+    if [ -z "$gp" ]; then
+        fail "6. no gpumux process writes out/study/worker-0"
+    else
+        kill -KILL "$(ps -o ppid= -p "$gp" | tr -d ' ')" "$gp"
+    fi
+    for _ in $(seq 100); do
+        [ "$(state "${job}_0")" = RUNNING ] || break
+        sleep 0.2
+    done
+    say "6. killed task 0 ($(state "${job}_0")); requeueing it"
+    scontrol requeue "${job}_0"
+    if wait_job "$job" 240; then
+        got=$(rows out/study/merged/trials.csv 2>/dev/null)
+        n=$(grep -c . <<<"$got")
+        ids=$(cut -d, -f1 <<<"$got" | sort -u | grep -c .)
+        if [ "$n" -eq 10 ] && [ "$ids" -eq 10 ] && ! grep -qvE ',(COMPLETE|PRUNED)$' <<<"$got"; then
+            ok "6. the exported study holds each of its 10 trials once, COMPLETE or PRUNED ($(grep -c ',PRUNED$' <<<"$got") PRUNED; $(($(date +%s) - t0)) s)"
+        else
+            fail "6. the exported study holds $n rows of $ids trials: $(tr '\n' ' ' <<<"$got")"
+        fi
+        log=logs/gpumux-sweep-${job}_0.out
+        if grep -q 'attempt 2 (restarts 1)' "$log" && grep -q 'worker 0 of study' "$log"; then
+            ok "6. task 0 rejoined the study after its requeue"
+        else
+            fail "6. task 0's log shows no second attempt in the study:"
+            sed 's/^/    /' "$log" >&2
+        fi
+        bad=$(for t in 0 1 2 3; do s=$(state "${job}_$t"); [ "$s" = COMPLETED ] || echo "${job}_$t:$s"; done)
+        [ -z "$bad" ] && ok "6. every task ended COMPLETED" || fail "6. tasks not COMPLETED: $bad"
+    else
+        fail "6. the array did not finish within 240 s after the requeue: $(squeue -h -j "$job")"
+    fi
+else
+    fail "6. task 0 wrote no progress row within 90 s"
+fi
+unset GPUMUX_OUT GPUMUX_STUDY GPUMUX_STUDY_LEASE_S
 
 say "$(($(date +%s) - started)) s in all"
 if [ "$failed" -ne 0 ]; then

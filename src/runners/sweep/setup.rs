@@ -141,8 +141,18 @@ impl<'a> Sweep<'a> {
             "metric {} ({:?})",
             job.file.metric.name, job.file.metric.goal
         );
-        match proposer {
-            Some(p) => {
+        match (&self.opts.study, proposer) {
+            // What is done and what is left is the study's, said once joined.
+            (Some(url), _) => say(
+                out,
+                format!(
+                    "sweep {}: {}, {} trials, as a worker of study {url}: the study gives each trial; split {split}; {metric}",
+                    job.name,
+                    format!("{:?}", job.space.method).to_lowercase(),
+                    proposer.map_or(self.all.len(), |p| p.planned as usize),
+                ),
+            )?,
+            (None, Some(p)) => {
                 let n = |state: &str| p.before.get(state).copied().unwrap_or(0);
                 let held = already(n("COMPLETE"), n(report::PRUNED), n("FAIL"), pruning);
                 say(out, format!(
@@ -156,7 +166,7 @@ impl<'a> Sweep<'a> {
                     ))?;
                 }
             }
-            None => {
+            (None, None) => {
                 let ids: HashSet<&str> = self.mine.iter().map(|t| t.id.as_str()).collect();
                 let held: Vec<&TrialRow> = held_latest
                     .iter()

@@ -174,7 +174,17 @@ impl Worker<'_> {
                 Some(Arc::new(p.shared(Box::new(rungs))))
             }
         };
-        say(out, format!("study {url}: joined as worker {worker}"))?;
+        let so_far = match store.borrow().counts().map_err(usage)? {
+            c if c.is_empty() => "a new study".to_string(),
+            c => {
+                let words: Vec<String> = c.iter().map(|(s, n)| format!("{n} {s}")).collect();
+                format!("so far {}", words.join(", "))
+            }
+        };
+        say(
+            out,
+            format!("study {url}: joined as worker {worker}; {so_far}, of {count} trials"),
+        )?;
         let by_index: BTreeMap<u32, TrialSpec> = all.iter().map(|t| (t.index, t.clone())).collect();
         let lease = study::lease();
         let failed = RefCell::new(Failed::default());
