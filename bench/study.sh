@@ -11,11 +11,13 @@
 #  pruning     a random sweep of examples/fake_train.py (PRUNE_TRIALS trials of 9 epochs) with
 #              early_terminate hyperband (eta 3), run the same three ways for each of
 #              PRUNE_SEEDS seeds: PRUNED trials and trial-epochs trained.
-#  throughput  STORE_WORKERS processes of one SQLite study, each taking trials and recording
+#  throughput  1, STORE_WORKERS and 64 processes of one study, each taking trials and recording
 #              their ends until STORE_TRIALS are done, with nothing to run (examples/
-#              study_store.rs): trial results recorded per second; and a real `gpumux sweep`
-#              of a command that prints its result at once (echo), STORE_WORKERS workers of one
-#              study against one process alone at the same concurrency in all.
+#              study_store.rs): trial results recorded per second, in SQLite and, with
+#              STUDY_POSTGRES=postgresql://... (a database whose study tables may be dropped), in
+#              PostgreSQL; and a real `gpumux sweep` of a command that prints its result at once
+#              (echo), STORE_WORKERS workers of one SQLite study against one process alone at
+#              the same concurrency in all.
 #
 # Output in OUT: command.txt, regret.csv, pruning.csv, throughput.csv, summary.md.
 #
@@ -39,7 +41,7 @@ mkdir -p "$out" "$work"
     echo "# bench/study.sh $out  (SEEDS=$seeds TRIALS=$trials WORKERS=$workers PRUNE_SEEDS=$prune_seeds PRUNE_TRIALS=$prune_trials STORE_WORKERS=$store_workers STORE_TRIALS=$store_trials PARTS=\"$parts\")"
     echo "# build: $(git rev-parse --short HEAD)$(git diff --quiet HEAD -- src examples bench || echo ' (with uncommitted changes)'), $("$bin" --version)"
     echo "# machine: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(nproc) cores, $(date -u +%Y-%m-%dT%H:%MZ); store on $(df -T "$work" | awk 'NR==2 {print $2}')"
-} >"$out/command.txt"
+} >>"$out/command.txt"
 
 # Runs the sweep $1 three ways into $2/{one,study,shards}, one after another.
 three_ways() {
@@ -55,7 +57,7 @@ three_ways() {
         "$bin" sweep "$job" --out "$dir/shards/s$i" --shard "$i/$workers" --concurrency 1 >"$dir/shards/s$i.log" 2>&1 &
     done
     wait
-    "$bin" merge "$dir"/shards/s* --out "$dir/shards/all" --goal minimize >"$dir/shards/merge.log" 2>&1
+    "$bin" merge "$dir"/shards/s*/ --out "$dir/shards/all" --goal minimize >"$dir/shards/merge.log" 2>&1
 }
 
 if [[ " $parts " == *" regret "* ]]; then
@@ -100,9 +102,17 @@ fi
 
 if [[ " $parts " == *" throughput "* ]]; then
     echo "what,workers,trials,seconds,results_per_s" >"$out/throughput.csv"
-    rm -f "$work/store.db"*
-    target/release/examples/study_store "sqlite:$work/store.db" "$store_workers" "$store_trials" >>"$out/throughput.csv"
-    echo "target/release/examples/study_store sqlite:$work/store.db $store_workers $store_trials" >>"$out/command.txt"
+    for n in 1 "$store_workers" 64; do
+        rm -f "$work/store.db"*
+        target/release/examples/study_store "sqlite:$work/store.db" "$n" "$store_trials" >>"$out/throughput.csv"
+        echo "target/release/examples/study_store sqlite:$work/store.db $n $store_trials" >>"$out/command.txt"
+        if [ -n "${STUDY_POSTGRES:-}" ]; then
+            # The database is emptied of a study's tables first.
+            psql -q "$STUDY_POSTGRES" -c "DROP TABLE IF EXISTS meta, trials, epochs, rungs" >/dev/null
+            target/release/examples/study_store "$STUDY_POSTGRES" "$n" "$store_trials" >>"$out/throughput.csv"
+            echo "target/release/examples/study_store $STUDY_POSTGRES $n $store_trials  # $(psql -At "$STUDY_POSTGRES" -c 'SELECT version()' | cut -d, -f1), on this machine" >>"$out/command.txt"
+        fi
+    done
     job="$work/echo.yaml"
     printf 'name: echo\ncommand: "echo {{\\"test_acc\\": {lr}}}"\nmetric: {name: test_acc, goal: maximize}\nseed: 1\nmethod: random\nrun_cap: 2000\nparameters:\n  lr: {min: 0.0001, max: 0.1, distribution: log_uniform_values}\n' >"$job"
     for round in 1 2 3; do

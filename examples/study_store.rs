@@ -110,7 +110,7 @@ fn main() -> ExitCode {
     }
     let secs = start.elapsed().as_secs_f64();
     // Every index ended COMPLETE once.
-    let read = Study::open_existing(url).and_then(|s| s.trials());
+    let read = Study::open_existing(url).and_then(|mut s| s.trials());
     let complete = match read {
         Ok(rows) => {
             let idx: Vec<u32> = rows

@@ -44,6 +44,23 @@ fn study_url(dir: &Sandbox) -> String {
     format!("sqlite:{}", dir.join("study.db").display())
 }
 
+/// A new, empty database `gpumux_<name>` on the PostgreSQL server GPUMUX_TEST_POSTGRES names
+/// (a URL of one of its databases; CI starts one), and its URL; `None` without one.
+fn fresh_postgres(name: &str) -> Option<String> {
+    let base = std::env::var("GPUMUX_TEST_POSTGRES")
+        .ok()
+        .filter(|s| !s.is_empty())?;
+    let mut c = postgres::Client::connect(&base, postgres::NoTls)
+        .expect("GPUMUX_TEST_POSTGRES names a server that answers");
+    let db = format!("gpumux_cli_{name}");
+    c.batch_execute(&format!("DROP DATABASE IF EXISTS {db} WITH (FORCE)"))
+        .expect("an old test database dropped");
+    c.batch_execute(&format!("CREATE DATABASE {db}"))
+        .expect("a test database made");
+    let (server, _) = base.rsplit_once('/').expect("a URL with a database");
+    Some(format!("{server}/{db}"))
+}
+
 #[test]
 fn three_workers_of_one_study_run_each_trial_once_between_them() {
     let dir = sandbox();
@@ -129,12 +146,16 @@ fn a_study_is_refused_with_shards_a_bad_url_or_another_space() {
             vec!["--study", url.as_str(), "--shard", "1/2"],
             "--study and --shard",
         ),
-        (
-            vec!["--study", "postgres://nowhere"],
-            "expected sqlite:PATH",
-        ),
+        (vec!["--study", "mysql://nowhere"], "expected sqlite:PATH"),
         (
             vec!["--study", "sqlite:/no/such/folder/s.db"],
+            "cannot be opened",
+        ),
+        (
+            vec![
+                "--study",
+                "postgresql://gpumux@127.0.0.1:1/none?connect_timeout=2",
+            ],
             "cannot be opened",
         ),
     ] {
@@ -170,8 +191,21 @@ fn a_study_is_refused_with_shards_a_bad_url_or_another_space() {
 }
 
 #[test]
-fn a_bayes_sweep_with_hyperband_over_three_workers_runs_each_index_once_and_exports_whole() {
+fn a_bayes_sweep_with_hyperband_over_three_workers_runs_each_index_once_and_exports_whole_sqlite() {
     let dir = sandbox();
+    bayes_with_hyperband_over_three_workers(&dir, &study_url(&dir));
+}
+
+#[test]
+fn a_bayes_sweep_with_hyperband_over_three_workers_runs_each_index_once_and_exports_whole_postgresql(
+) {
+    match fresh_postgres("bayes_three") {
+        Some(url) => bayes_with_hyperband_over_three_workers(&sandbox(), &url),
+        None => eprintln!("skipped: GPUMUX_TEST_POSTGRES names no PostgreSQL server"),
+    }
+}
+
+fn bayes_with_hyperband_over_three_workers(dir: &Sandbox, url: &str) {
     let script = root().join("examples/fake_train.py");
     let job = dir.job(
         "bh.yaml",
@@ -192,11 +226,10 @@ fn a_bayes_sweep_with_hyperband_over_three_workers_runs_each_index_once_and_expo
             .param("batch_size", "{values: [32, 64, 128]}")
             .concurrency(2),
     );
-    let url = study_url(&dir);
     let outs: Vec<PathBuf> = (0..3).map(|w| dir.join(format!("out-{w}"))).collect();
     let children: Vec<_> = outs
         .iter()
-        .map(|out| dir.spawn(&["sweep", s(&job), "--out", s(out), "--study", &url]))
+        .map(|out| dir.spawn(&["sweep", s(&job), "--out", s(out), "--study", url]))
         .collect();
     for child in children {
         let o = child.wait_with_output().expect("a worker ends");
@@ -221,7 +254,7 @@ fn a_bayes_sweep_with_hyperband_over_three_workers_runs_each_index_once_and_expo
     // The study as one folder: every trial once, each with as many epochs as its row says.
     let merged = dir.join("merged");
     let o = dir
-        .run(&["export", "--study", &url, "--out", s(&merged)])
+        .run(&["export", "--study", url, "--out", s(&merged)])
         .output();
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     assert!(stdout(&o).contains("30 trials ended"), "{}", stdout(&o));
@@ -248,7 +281,7 @@ fn a_bayes_sweep_with_hyperband_over_three_workers_runs_each_index_once_and_expo
     }
     // Exported again (at any time): the same rows.
     let o = dir
-        .run(&["export", "--study", &url, "--out", s(&merged)])
+        .run(&["export", "--study", url, "--out", s(&merged)])
         .output();
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     assert_eq!(trials_csv(&merged).len(), 30);
@@ -277,12 +310,23 @@ fn sleep_job(dir: &Sandbox, run_cap: u32, sleep: f64) -> PathBuf {
 }
 
 #[test]
-fn sixty_four_workers_some_killed_and_restarted_end_each_trial_once_up_to_the_run_cap() {
+fn sixty_four_workers_some_killed_and_restarted_end_each_trial_once_up_to_the_run_cap_sqlite() {
+    let dir = sandbox();
+    sixty_four_workers_some_killed(&dir, &study_url(&dir));
+}
+
+#[test]
+fn sixty_four_workers_some_killed_and_restarted_end_each_trial_once_up_to_the_run_cap_postgresql() {
+    match fresh_postgres("sixty_four") {
+        Some(url) => sixty_four_workers_some_killed(&sandbox(), &url),
+        None => eprintln!("skipped: GPUMUX_TEST_POSTGRES names no PostgreSQL server"),
+    }
+}
+
+fn sixty_four_workers_some_killed(dir: &Sandbox, url: &str) {
     const WORKERS: usize = 64;
     const RUN_CAP: u32 = 640;
-    let dir = sandbox();
-    let job = sleep_job(&dir, RUN_CAP, 0.2);
-    let url = study_url(&dir);
+    let job = sleep_job(dir, RUN_CAP, 0.2);
     let start = |w: usize| {
         let out = dir.join(format!("out-{w}"));
         dir.run(&[
@@ -291,7 +335,7 @@ fn sixty_four_workers_some_killed_and_restarted_end_each_trial_once_up_to_the_ru
             "--out",
             s(&out),
             "--study",
-            &url,
+            url,
             "--resume",
         ])
         .env("GPUMUX_STUDY_LEASE_S", "1")
@@ -323,7 +367,7 @@ fn sixty_four_workers_some_killed_and_restarted_end_each_trial_once_up_to_the_ru
     // The study: every index below the run cap ended once, none above.
     let merged = dir.join("merged");
     let o = dir
-        .run(&["export", "--study", &url, "--out", s(&merged)])
+        .run(&["export", "--study", url, "--out", s(&merged)])
         .output();
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     let rows = trials_csv(&merged);
@@ -331,12 +375,17 @@ fn sixty_four_workers_some_killed_and_restarted_end_each_trial_once_up_to_the_ru
         rows.iter().map(|r| r["trial_id"].as_str()).collect();
     assert_eq!(
         (rows.len(), ids.len()),
-        (RUN_CAP as usize, RUN_CAP as usize)
+        (RUN_CAP as usize, RUN_CAP as usize),
+        "{}",
+        stdout(&o)
     );
     let interrupted = rows.iter().filter(|r| r["state"] == "INTERRUPTED").count();
     let complete = rows.iter().filter(|r| r["state"] == "COMPLETE").count();
     assert_eq!(complete + interrupted, RUN_CAP as usize, "{rows:?}");
-    // A trial stays INTERRUPTED only when it was lost twice.
+    // A trial stays INTERRUPTED only when it was lost twice, and its row says so.
+    for r in rows.iter().filter(|r| r["state"] == "INTERRUPTED") {
+        assert!(r["error"].contains("worker was lost"), "{r:?}");
+    }
     assert!(
         2 * interrupted <= kills,
         "{interrupted} INTERRUPTED after {kills} kills"

@@ -7,7 +7,8 @@ use gpumux::error::Error;
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
-    /// The study (`sqlite:PATH`), as its workers were given it with `gpumux sweep --study`.
+    /// The study (`sqlite:PATH` or `postgresql://…`), as its workers were given it with
+    /// `gpumux sweep --study`.
     #[arg(long)]
     study: String,
     /// Where its trials.csv, progress.csv, plots and summary go.

@@ -39,8 +39,9 @@ pub struct Args {
     /// The sweep's seed; overrides the job's `seed`, so one file runs over several seeds.
     #[arg(long)]
     seed: Option<u64>,
-    /// Join the study at this URL (sqlite:PATH) as one of its workers: each trial runs once
-    /// across every worker of the study (grid and random sweeps).
+    /// Join the study at this URL (sqlite:PATH, or postgresql://USER@HOST:PORT/DATABASE) as one
+    /// of its workers: each trial runs once across every worker of the study, bayes proposals
+    /// and hyperband rungs from every worker's results.
     #[arg(long)]
     study: Option<String>,
     #[command(flatten)]

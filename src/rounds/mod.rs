@@ -10,7 +10,8 @@ use crate::report;
 
 mod rows;
 pub use rows::{
-    counts_line, progress_row, trial_row, unless_progress_lost, CsvFile, LostRow, LostRows,
+    counts_line, lost_trial_row, progress_row, trial_row, unless_progress_lost, CsvFile, LostRow,
+    LostRows,
 };
 
 /// Writes one line of a command's output.

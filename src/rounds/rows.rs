@@ -107,6 +107,28 @@ pub fn trial_row(job: &Job, round: u32, split: SplitMode, n: u32, o: &TrialOutco
     }
 }
 
+/// The row a study keeps for a trial from its start, should its worker be lost before it ends:
+/// `INTERRUPTED`, with the trial's parameters and seed (a trial that ends writes its own).
+pub fn lost_trial_row(job: &Job, split: SplitMode, trial: &crate::plan::TrialSpec) -> TrialRow {
+    let h = &trial.hyper;
+    TrialRow {
+        trial_id: trial.id.clone(),
+        split: split.to_string(),
+        model: model_name(job),
+        params_lr: h.lr,
+        params_batch_size: h.batch_size,
+        params_optimizer: h.optimizer.to_string(),
+        params_momentum: h.momentum,
+        params_weight_decay: h.weight_decay,
+        params_dropout: h.dropout,
+        seed: trial.seed,
+        state: "INTERRUPTED".into(),
+        error: "its worker was lost before the trial ended".into(),
+        params: serde_json::to_string(&trial.params).unwrap_or_default(),
+        ..TrialRow::default()
+    }
+}
+
 /// What a round's trials asked of their backends, for `--verbose`: the range of their
 /// `launches_per_step` and `host_syncs`; `None` when no trial of them was counted.
 pub fn counts_line(rows: &[TrialRow]) -> Option<String> {

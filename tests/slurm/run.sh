@@ -10,8 +10,9 @@
 #   3. SIGKILL of a whole task, then a requeue: no COMPLETE row is lost;
 #   4. two tasks finishing together: one merge, and merged/ is never seen half written;
 #   5. a plain scancel of a task: it ends CANCELLED and does not requeue itself;
-#   6. four tasks sharing one study (GPUMUX_STUDY, a bayes sweep with hyperband), one killed with
-#      SIGKILL and requeued: the exported study holds every trial exactly once.
+#   6. four tasks sharing one study (GPUMUX_STUDY, a bayes sweep with hyperband; in PostgreSQL
+#      where GPUMUX_TEST_POSTGRES names a server, as in CI), one killed with SIGKILL and
+#      requeued: the exported study holds every trial exactly once.
 # It stops the daemons it started, by their PIDs, and skips (exit 0, saying why) only where Slurm
 # cannot be installed or started here.
 #
@@ -393,8 +394,17 @@ unset GPUMUX_OUT
 # A bayes sweep with hyperband: each task takes what the study gives it; task 0 is killed
 # mid-trial (gpumux and its batch shell, with SIGKILL) and requeued; its trial's lease (3 s)
 # runs out and another worker runs it again; the last task exports the study to merged/.
+# The study is in PostgreSQL where GPUMUX_TEST_POSTGRES names a server (CI starts one), in
+# SQLite otherwise.
 t0=$(date +%s)
-export GPUMUX_OUT=out/study GPUMUX_STUDY=sqlite:$work/study.db GPUMUX_STUDY_LEASE_S=3
+study_url=sqlite:$work/study.db
+if [ -n "${GPUMUX_TEST_POSTGRES:-}" ]; then
+    psql -q "$GPUMUX_TEST_POSTGRES" -c "DROP DATABASE IF EXISTS gpumux_slurm_study" &&
+        psql -q "$GPUMUX_TEST_POSTGRES" -c "CREATE DATABASE gpumux_slurm_study" &&
+        study_url=${GPUMUX_TEST_POSTGRES%/*}/gpumux_slurm_study
+fi
+say "6. the study: $study_url"
+export GPUMUX_OUT=out/study GPUMUX_STUDY=$study_url GPUMUX_STUDY_LEASE_S=3
 sed -e 's/method: random/method: bayes/' -e 's/run_cap: 6/run_cap: 10/' \
     -e 's/name: slurm-test-slow/name: slurm-test-study/' slow.yaml >study.yaml
 echo "early_terminate: {type: hyperband, min_iter: 2, eta: 2}" >>study.yaml

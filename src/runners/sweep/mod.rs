@@ -62,7 +62,7 @@ pub struct SweepOptions {
     /// Show what every external trial prints as it comes (`--verbose`), not only when the
     /// trials run one at a time.
     pub verbose: bool,
-    /// The study this worker joins (`--study sqlite:PATH`): the trials it runs are those the
+    /// The study this worker joins (`--study URL`): the trials it runs are those the
     /// study gives it, shared with every other worker of the study.
     pub study: Option<String>,
 }
@@ -259,7 +259,7 @@ pub fn run(job: &Job, opts: &SweepOptions, out: &mut dyn Write) -> Result<PathBu
 }
 
 /// `--study`: refused (exit 2) with `--shard` (two ways to split one sweep), and for a URL
-/// that is not `sqlite:PATH`.
+/// that is not a study's (`sqlite:PATH`, `postgresql://…`).
 fn check_study(opts: &SweepOptions, url: &str) -> Result<()> {
     study::sqlite_path(url).map_err(|e| Error::Usage(e.to_string()))?;
     if opts.shard.is_some() {

@@ -4,7 +4,7 @@ use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::error::{Error, JobError, Result};
@@ -16,7 +16,7 @@ use crate::run::Session;
 use crate::sched;
 
 use super::setup::Sweep;
-use super::study::{self, EpochRow, Heartbeat, Study, StudyError, StudyKey};
+use super::study::{self, EpochRow, Heartbeat, Shared, Study, StudyError, StudyKey};
 use super::{bayes, finish, hyperband, latest_rows, sweep_trials, Recorded, Trials};
 
 /// How often the epochs recorded here go to the store, at most (one transaction each time).
@@ -69,7 +69,7 @@ impl Failed {
 /// Each epoch and end of the trials this worker runs, recorded in the study while it holds
 /// them: epochs in batches, an end with its last epochs in one transaction.
 struct ToStore<'a> {
-    store: &'a RefCell<Study>,
+    store: &'a Shared,
     beat: &'a Heartbeat,
     failed: &'a RefCell<Failed>,
     epochs: Vec<EpochRow>,
@@ -81,8 +81,7 @@ impl ToStore<'_> {
         if self.epochs.is_empty() || self.failed.borrow().store.is_some() {
             return;
         }
-        let mut store = self.store.borrow_mut();
-        match study::with_retries(|| store.record_epochs(&self.epochs)) {
+        match study::with_retries(|| study::lock(self.store).record_epochs(&self.epochs)) {
             Ok(_) => self.epochs.clear(),
             Err(e) => {
                 self.failed.borrow_mut().store.get_or_insert(e);
@@ -127,8 +126,7 @@ impl Recorded for ToStore<'_> {
             epochs: row.epochs,
             row: &text,
         };
-        let mut store = self.store.borrow_mut();
-        match study::with_retries(|| store.finish(index, &end, &mine)) {
+        match study::with_retries(|| study::lock(self.store).finish(index, &end, &mine)) {
             Ok(true) => {}
             Ok(false) => tracing::warn!(
                 "trial {} ended after the study gave it to another worker: its end is this folder's only",
@@ -165,16 +163,13 @@ impl Worker<'_> {
         let key = study_key(job, &all);
         let worker = study::worker_name();
         let usage = |e: StudyError| Error::Usage(e.to_string());
-        let store = RefCell::new(Study::open(url, &key, &worker).map_err(usage)?);
-        let beat = Heartbeat::start(url, &key, &worker).map_err(usage)?;
-        let pruner = match hyperband::Pruner::of(job) {
-            None => None,
-            Some(p) => {
-                let rungs = study::StudyRungs::open(url, &key, &worker).map_err(usage)?;
-                Some(Arc::new(p.shared(Box::new(rungs))))
-            }
-        };
-        let so_far = match store.borrow().counts().map_err(usage)? {
+        let store: Shared = Arc::new(Mutex::new(Study::open(url, &key, &worker).map_err(usage)?));
+        let beat = Heartbeat::start(Arc::clone(&store));
+        let pruner = hyperband::Pruner::of(job).map(|p| {
+            let rungs = study::StudyRungs::new(Arc::clone(&store));
+            Arc::new(p.shared(Box::new(rungs)))
+        });
+        let so_far = match study::lock(&store).counts().map_err(usage)? {
             c if c.is_empty() => "a new study".to_string(),
             c => {
                 let words: Vec<String> = c.iter().map(|(s, n)| format!("{n} {s}")).collect();
@@ -189,26 +184,43 @@ impl Worker<'_> {
         let lease = study::lease();
         let failed = RefCell::new(Failed::default());
         let tpe = sweep.is_bayes.then(|| bayes::tpe_of(job, count));
-        let mut propose = |index: u32, h: &study::History| {
-            let tpe = tpe.as_ref()?;
-            serde_json::to_string(&bayes::study_point(job, tpe, index, h)).ok()
+        // A new index: its trial (a bayes one proposed from the study's history), and the row
+        // it keeps should this worker be lost.
+        let mut starts = study::StartWith {
+            proposes: sweep.is_bayes,
+            start: |index: u32, h: Option<&study::History>| {
+                let (trial, point) = match (h, &tpe) {
+                    (Some(h), Some(tpe)) => {
+                        let point = bayes::study_point(job, tpe, index, h);
+                        match bayes::trial(job, index, &point) {
+                            Ok(t) => (Some(t), serde_json::to_string(&point).ok()),
+                            Err(e) => {
+                                failed.borrow_mut().trial.get_or_insert(e);
+                                return None;
+                            }
+                        }
+                    }
+                    // None: the same draw as an earlier index (recorded DUPLICATE once taken).
+                    _ => (by_index.get(&index).cloned(), None),
+                };
+                let row = trial
+                    .map(|t| crate::rounds::lost_trial_row(job, sweep.split, &t))
+                    .and_then(|r| study::encode_row(&r).ok());
+                Some(study::Start { point, row })
+            },
         };
         // The next trial the study gives this worker.
         let mut feed = |_: Option<&sched::TrialOutcome>| -> Option<TrialSpec> {
             if failed.borrow().any() {
                 return None;
             }
-            let mut store = store.borrow_mut();
             loop {
                 let claimed = study::with_retries(|| {
-                    let propose: Option<study::Propose> = match sweep.is_bayes {
-                        true => Some(&mut propose),
-                        false => None,
-                    };
-                    store.claim(count, lease, study::now(), propose)
+                    study::lock(&store).claim(count, lease, study::now(), Some(&mut starts))
                 });
                 let c = match claimed {
                     Ok(Some(c)) => c,
+                    // Nothing left, or a proposal that could not be built (said at the end).
                     Ok(None) => return None,
                     Err(e) => {
                         failed.borrow_mut().store.get_or_insert(e);
@@ -243,7 +255,7 @@ impl Worker<'_> {
                             epochs: 0,
                             row: "",
                         };
-                        let _ = store.finish(c.index, &end, &[]);
+                        let _ = study::lock(&store).finish(c.index, &end, &[]);
                     }
                     Err(e) => {
                         failed.borrow_mut().trial.get_or_insert(e);
@@ -296,13 +308,12 @@ impl Worker<'_> {
         to_store.flush();
         drop(to_store);
         drop(beat);
-        let store = store.into_inner();
         let failed = failed.into_inner();
         let mine: Vec<String> = ran.iter().map(|r| r.trial_id.clone()).collect();
         let planned = latest_rows(&ran).len();
         let mut rows = previous;
         rows.extend(ran);
-        let counts = store.counts().map_err(usage)?;
+        let counts = study::lock(&store).counts().map_err(usage)?;
         let words: Vec<String> = counts.iter().map(|(s, n)| format!("{n} {s}")).collect();
         say(
             out,
@@ -334,7 +345,7 @@ impl Worker<'_> {
 /// Waits while trials run on other workers and none can be taken: `true` once one can (its
 /// worker was lost, or handed it back), `false` when none runs any more or a signal came.
 fn others(
-    store: &RefCell<Study>,
+    store: &Shared,
     run_cap: u32,
     lease: Duration,
     cancel: &crate::cancel::Cancel,
@@ -343,7 +354,7 @@ fn others(
     let poll = (lease / 3).clamp(Duration::from_millis(200), Duration::from_secs(5));
     let mut said = false;
     loop {
-        let open = study::with_retries(|| store.borrow().open_trials(run_cap, study::now()))?;
+        let open = study::with_retries(|| study::lock(store).open_trials(run_cap, study::now()))?;
         match open {
             Some(true) => return Ok(true),
             None => return Ok(false),
