@@ -114,7 +114,16 @@ if [[ " $parts " == *" throughput "* ]]; then
         fi
     done
     job="$work/echo.yaml"
-    printf 'name: echo\ncommand: "echo {{\\"test_acc\\": {lr}}}"\nmetric: {name: test_acc, goal: maximize}\nseed: 1\nmethod: random\nrun_cap: 2000\nparameters:\n  lr: {min: 0.0001, max: 0.1, distribution: log_uniform_values}\n' >"$job"
+    cat >"$job" <<'YAML'
+name: echo
+command: "echo '{{\"test_acc\": {lr}}}'"
+metric: {name: test_acc, goal: maximize}
+seed: 1
+method: random
+run_cap: 2000
+parameters:
+  lr: {min: 0.0001, max: 0.1, distribution: log_uniform_values}
+YAML
     for round in 1 2 3; do
         rm -rf "$work/echo" && mkdir -p "$work/echo"
         t0=$(date +%s.%N)
