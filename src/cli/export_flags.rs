@@ -17,9 +17,17 @@ pub struct Args {
 }
 
 pub fn run(a: Args, out: &mut dyn Write) -> Result<(), Error> {
-    // A bad URL or a missing study is said before any folder is made or locked.
-    gpumux::runners::sweep::study::sqlite_path(&a.study)
+    // A bad URL, or a SQLite study that is not there, is said before any folder is made or
+    // locked (a PostgreSQL one is found out when it is opened).
+    let path = gpumux::runners::sweep::study::sqlite_path(&a.study)
         .map_err(|e| Error::Usage(e.to_string()))?;
+    if let Some(p) = path.filter(|p| !p.is_file()) {
+        return Err(Error::Usage(format!(
+            "study `{}` cannot be opened: there is no file {}",
+            a.study,
+            p.display()
+        )));
+    }
     // A signal stops the reading or the writing at once, leaving --out as it was (exit 3).
     let opened = gpumux::run::Setup::results_only("export").open_results_only();
     let (session, ()) = opened.held_folder(&a.out, true, |_, _| Ok(()))?;

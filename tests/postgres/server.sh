@@ -29,6 +29,8 @@ start)
                 { say "apt-get install postgresql failed: $(tail -n 3 /tmp/postgres-apt.log)"; exit 1; }
         fi
     fi
+    # A server this script started before and did not stop is stopped first.
+    [ -e "$state" ] && "$0" stop
     bin=$(dirname "$(command -v initdb 2>/dev/null || ls /usr/lib/postgresql/*/bin/initdb | sort -V | tail -n 1)")
     dir=$(mktemp -d /tmp/gpumux-postgres.XXXXXX)
     chmod 755 "$dir"
@@ -39,11 +41,11 @@ start)
         chown postgres "$dir"
         as=(runuser -u postgres --)
     fi
-    "${as[@]}" "$bin/initdb" -D "$dir/data" -A trust -U gpumux >"$dir/initdb.log" 2>&1 ||
-        { say "initdb failed: $(tail -n 3 "$dir/initdb.log")"; exit 1; }
+    ${as[@]+"${as[@]}"} "$bin/initdb" -D "$dir/data" -A trust -U gpumux >"$dir/initdb.log" 2>&1 ||
+        { say "initdb failed: $(tail -n 3 "$dir/initdb.log")"; rm -rf "$dir"; exit 1; }
     for _ in 1 2 3 4 5; do
         port=$((20000 + RANDOM % 20000))
-        if "${as[@]}" "$bin/pg_ctl" -D "$dir/data" -l "$dir/server.log" -w -t 30 \
+        if ${as[@]+"${as[@]}"} "$bin/pg_ctl" -D "$dir/data" -l "$dir/server.log" -w -t 30 \
             -o "-k $dir -h 127.0.0.1 -p $port -c max_connections=300 -c fsync=on" start >/dev/null 2>&1; then
             pid=$(head -n 1 "$dir/data/postmaster.pid")
             echo "dir=$dir pid=$pid bin=$bin" >"$state"
@@ -53,6 +55,7 @@ start)
         fi
     done
     say "the server does not start: $(tail -n 3 "$dir/server.log" 2>/dev/null)"
+    rm -rf "$dir"
     exit 1
     ;;
 stop)

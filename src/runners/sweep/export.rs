@@ -42,7 +42,7 @@ pub fn run(url: &str, session: &Session, out: &mut dyn Write) -> Result<()> {
         .each_epoch(&mut |e| {
             if cancel.draining() {
                 return Err(study::StudyError::Store {
-                    url: url.to_string(),
+                    url: study::shown(url),
                     why: "stopped by a signal".into(),
                 });
             }
@@ -72,7 +72,8 @@ pub fn run(url: &str, session: &Session, out: &mut dyn Write) -> Result<()> {
     say(
         out,
         format!(
-            "study {url} (job {job}): {} trials ended ({} COMPLETE, {} PRUNED, {} FAIL, {} INTERRUPTED), {running} running{}; {} epochs; written to {}",
+            "study {} (job {job}): {} trials ended ({} COMPLETE, {} PRUNED, {} FAIL, {} INTERRUPTED), {running} running{}; {} epochs; written to {}",
+            study::shown(url),
             trials.len(),
             count(report::COMPLETE),
             count(report::PRUNED),

@@ -105,7 +105,9 @@ impl Recorded for ToStore<'_> {
 
     fn end(&mut self, o: &sched::TrialOutcome, row: &TrialRow) {
         let index = o.trial.index;
-        self.beat.hold(index, false);
+        // Held, and renewed, until its end is recorded.
+        let beat = self.beat;
+        let _released = Released(|| beat.hold(index, false));
         if self.failed.borrow().store.is_some() {
             return;
         }
@@ -163,6 +165,7 @@ impl Worker<'_> {
         let key = study_key(job, &all);
         let worker = study::worker_name();
         let usage = |e: StudyError| Error::Usage(e.to_string());
+        let shown = study::shown(url);
         let store: Shared = Arc::new(Mutex::new(Study::open(url, &key, &worker).map_err(usage)?));
         let beat = Heartbeat::start(Arc::clone(&store));
         let pruner = hyperband::Pruner::of(job).map(|p| {
@@ -178,7 +181,7 @@ impl Worker<'_> {
         };
         say(
             out,
-            format!("study {url}: joined as worker {worker}; {so_far}, of {count} trials"),
+            format!("study {shown}: joined as worker {worker}; {so_far}, of {count} trials"),
         )?;
         let by_index: BTreeMap<u32, TrialSpec> = all.iter().map(|t| (t.index, t.clone())).collect();
         let lease = study::lease();
@@ -307,18 +310,30 @@ impl Worker<'_> {
         };
         to_store.flush();
         drop(to_store);
+        // Trials taken but never started (a signal came first) go back to the study.
+        for index in beat.held() {
+            match study::lock(&store).hand_back(index) {
+                Ok(_) => beat.hold(index, false),
+                Err(e) => tracing::warn!("trial {index} could not be handed back: {e}; it runs again once its lease runs out"),
+            }
+        }
         drop(beat);
         let failed = failed.into_inner();
         let mine: Vec<String> = ran.iter().map(|r| r.trial_id.clone()).collect();
         let planned = latest_rows(&ran).len();
         let mut rows = previous;
         rows.extend(ran);
-        let counts = study::lock(&store).counts().map_err(usage)?;
-        let words: Vec<String> = counts.iter().map(|(s, n)| format!("{n} {s}")).collect();
-        say(
-            out,
-            format!("study {url}: {} of {count} trials", words.join(", ")),
-        )?;
+        // How the study stands, where the store says (it may be what failed).
+        match study::lock(&store).counts() {
+            Ok(counts) => {
+                let words: Vec<String> = counts.iter().map(|(s, n)| format!("{n} {s}")).collect();
+                say(
+                    out,
+                    format!("study {shown}: {} of {count} trials", words.join(", ")),
+                )?;
+            }
+            Err(e) => tracing::warn!("{e}"),
+        }
         if let Some(e) = failed.trial {
             return Err(e.into());
         }
@@ -374,5 +389,14 @@ fn others(
             }
             std::thread::sleep(Duration::from_millis(100));
         }
+    }
+}
+
+/// Runs its function when dropped: on every way out of the scope.
+struct Released<F: FnMut()>(F);
+
+impl<F: FnMut()> Drop for Released<F> {
+    fn drop(&mut self) {
+        (self.0)()
     }
 }

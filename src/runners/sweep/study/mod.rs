@@ -22,6 +22,7 @@ use std::time::Duration;
 
 mod sql;
 
+pub use sql::shown;
 use sql::{Cell, Conn, Kind, Lock, Tx};
 
 /// The store's layout. A store of a higher version is refused: it was written by a newer gpumux.
@@ -228,7 +229,7 @@ pub fn sqlite_path(url: &str) -> Result<Option<PathBuf>, StudyError> {
     match sql::kind(url) {
         Some(Kind::Sqlite(path)) => Ok(Some(path)),
         Some(Kind::Postgres) => Ok(None),
-        None => Err(StudyError::BadUrl(url.to_string())),
+        None => Err(StudyError::BadUrl(shown(url))),
     }
 }
 
@@ -265,12 +266,12 @@ impl From<StudyError> for Fault {
 /// gpumux's).
 fn upgraded(tx: &mut Tx, url: &str, version: &str) -> Result<(), Fault> {
     let found: i64 = version.parse().map_err(|_| StudyError::Store {
-        url: url.to_string(),
+        url: shown(url),
         why: format!("its schema version `{version}` is not a number"),
     })?;
     if found > SCHEMA_VERSION {
         return Err(StudyError::Newer {
-            url: url.to_string(),
+            url: shown(url),
             found,
         }
         .into());
@@ -312,8 +313,9 @@ fn history(tx: &mut Tx) -> Result<History, String> {
         });
     }
     for r in tx.rows(
-        "SELECT point FROM trials WHERE point IS NOT NULL AND state = 'RUNNING' ORDER BY idx",
-        &[],
+        "SELECT point FROM trials WHERE point IS NOT NULL
+             AND (state = 'RUNNING' OR (state = 'INTERRUPTED' AND starts < ?1)) ORDER BY idx",
+        &[&MAX_STARTS],
     )? {
         h.running.extend(r[0].text());
     }
@@ -351,12 +353,12 @@ impl Study {
     pub fn open(url: &str, key: &StudyKey, worker: &str) -> Result<Study, StudyError> {
         sqlite_path(url)?;
         let conn = Conn::open(url).map_err(|why| StudyError::Unreachable {
-            url: url.to_string(),
+            url: shown(url),
             why,
         })?;
         let mut study = Study {
             conn,
-            url: url.to_string(),
+            url: shown(url),
             worker: worker.to_string(),
         };
         study.join(key)?;
@@ -369,23 +371,21 @@ impl Study {
         if let Some(path) = sqlite_path(url)? {
             if !path.is_file() {
                 return Err(StudyError::Unreachable {
-                    url: url.to_string(),
+                    url: shown(url),
                     why: format!("there is no file {}", path.display()),
                 });
             }
         }
         let conn = Conn::open(url).map_err(|why| StudyError::Unreachable {
-            url: url.to_string(),
+            url: shown(url),
             why,
         })?;
         let mut study = Study {
             conn,
-            url: url.to_string(),
+            url: shown(url),
             worker: String::new(),
         };
-        let not_a_study = || StudyError::NotAStudy {
-            url: url.to_string(),
-        };
+        let not_a_study = || StudyError::NotAStudy { url: shown(url) };
         if !study
             .conn
             .has_table("meta")
@@ -393,10 +393,13 @@ impl Study {
         {
             return Err(not_a_study());
         }
-        study.write(Lock::Setup, |tx, url| {
-            let version = meta(tx, "version")?.ok_or_else(not_a_study)?;
-            upgraded(tx, url, &version)
-        })?;
+        // Read only, unless the store is of an older layout (then brought up to date once).
+        let version = study
+            .read(|tx| meta(tx, "version"))?
+            .ok_or_else(not_a_study)?;
+        if version != SCHEMA_VERSION.to_string() {
+            study.write(Lock::Setup, |tx, url| upgraded(tx, url, &version))?;
+        }
         Ok(study)
     }
 
@@ -405,7 +408,7 @@ impl Study {
         match f {
             Fault::Study(e) => e,
             Fault::Store(why) => StudyError::Store {
-                url: self.url.clone(),
+                url: shown(&self.url),
                 why,
             },
         }
@@ -420,7 +423,7 @@ impl Study {
     ) -> Result<T, StudyError> {
         if self.conn.is_lost() {
             self.conn = Conn::open(&self.url).map_err(|why| StudyError::Store {
-                url: self.url.clone(),
+                url: shown(&self.url),
                 why: format!("the connection was lost and cannot be opened again: {why}"),
             })?;
         }
@@ -479,7 +482,7 @@ impl Study {
                     let their_space = meta(tx, "space")?.unwrap_or_default();
                     if their_space != key.space {
                         return Err(StudyError::OtherSpace {
-                            url: url.to_string(),
+                            url: shown(url),
                             theirs,
                             their_space,
                             ours: key.job.clone(),
@@ -510,7 +513,7 @@ impl Study {
         let worker = self.worker.clone();
         self.write(CLAIM_TABLES, |tx, _| {
             tx.exec(
-                "UPDATE trials SET state = 'INTERRUPTED', worker = NULL, lease_until = NULL
+                "UPDATE trials SET state = 'INTERRUPTED'
                  WHERE state = 'RUNNING' AND lease_until < ?1",
                 &[&now],
             )?;
@@ -576,8 +579,8 @@ impl Study {
         let worker = self.worker.clone();
         self.write(Lock::Nothing, |tx, _| {
             let n = tx.exec(
-                "UPDATE trials SET lease_until = ?3
-                 WHERE idx = ?1 AND worker = ?2 AND state = 'RUNNING'",
+                "UPDATE trials SET lease_until = ?3, state = 'RUNNING'
+                 WHERE idx = ?1 AND worker = ?2 AND state IN ('RUNNING', 'INTERRUPTED')",
                 &[&int(index), &worker, &until],
             )?;
             Ok(n == 1)
@@ -611,7 +614,7 @@ impl Study {
                 "UPDATE trials SET state = ?3, row = ?4, metric = ?5, epochs = ?6,
                      worker = NULL, lease_until = NULL,
                      starts = CASE WHEN ?3 = 'INTERRUPTED' THEN starts - 1 ELSE starts END
-                 WHERE idx = ?1 AND worker = ?2 AND state = 'RUNNING'",
+                 WHERE idx = ?1 AND worker = ?2 AND state IN ('RUNNING', 'INTERRUPTED')",
                 &[
                     &int(index),
                     &worker,
@@ -625,6 +628,22 @@ impl Study {
             if n == 1 {
                 insert_epochs(tx, None, epochs)?;
             }
+            Ok(n == 1)
+        })
+    }
+
+    /// Hands trial `index` back to the study without an end, when this worker still holds it:
+    /// taken but never started (a signal came first). Its start is not counted; any worker
+    /// takes it again. Whether it was this worker's.
+    pub fn hand_back(&mut self, index: u32) -> Result<bool, StudyError> {
+        let worker = self.worker.clone();
+        self.write(Lock::Rows, |tx, _| {
+            let n = tx.exec(
+                "UPDATE trials SET state = 'INTERRUPTED', worker = NULL, lease_until = NULL,
+                     starts = starts - 1
+                 WHERE idx = ?1 AND worker = ?2 AND state IN ('RUNNING', 'INTERRUPTED')",
+                &[&int(index), &worker],
+            )?;
             Ok(n == 1)
         })
     }
@@ -728,11 +747,11 @@ impl Study {
             })?;
             let last = rows.len() < PAGE as usize;
             for r in rows {
-                let (Some(idx), Some(epoch), Some(row)) = (r[0].int(), r[1].int(), r[2].text())
-                else {
+                let (Some(idx), Some(epoch)) = (r[0].int(), r[1].int()) else {
                     continue;
                 };
                 after = (idx, epoch);
+                let Some(row) = r[2].text() else { continue };
                 if let (Ok(index), Ok(epoch)) = (u32::try_from(idx), u32::try_from(epoch)) {
                     each(EpochRow { index, epoch, row })?;
                 }
@@ -889,8 +908,8 @@ pub fn with_retries<T>(mut op: impl FnMut() -> Result<T, StudyError>) -> Result<
     }
 }
 
-/// The trials a worker holds, renewed every third of the lease by a thread of its own (with its
-/// own connection) until it is dropped.
+/// The trials a worker holds, renewed every third of the lease by a thread of its own (through
+/// the worker's shared connection) until it is dropped.
 pub struct Heartbeat {
     held: std::sync::Arc<std::sync::Mutex<std::collections::BTreeSet<u32>>>,
     /// Dropped to stop the thread: it waits on the other end between renewals.
@@ -930,6 +949,14 @@ impl Heartbeat {
             stop: Some(stop),
             thread: Some(thread),
         }
+    }
+
+    /// The trials held now.
+    pub fn held(&self) -> Vec<u32> {
+        self.held
+            .lock()
+            .map(|g| g.iter().copied().collect())
+            .unwrap_or_default()
     }
 
     /// Trial `index` is held (`true`) or no longer (`false`).
@@ -1326,7 +1353,8 @@ mod tests {
         let ended = admin
             .query(
                 "SELECT pg_terminate_backend(pid) FROM pg_stat_activity
-                 WHERE application_name = 'gpumux' AND pid <> pg_backend_pid()",
+                 WHERE application_name = 'gpumux' AND datname = current_database()
+                     AND pid <> pg_backend_pid()",
                 &[],
             )
             .unwrap();
@@ -1348,5 +1376,27 @@ mod tests {
                 .collect::<Vec<_>>(),
             [(0, "COMPLETE"), (1, "RUNNING")]
         );
+    }
+
+    #[test]
+    fn a_worker_slow_to_renew_still_ends_its_trial_unless_it_was_taken_again() {
+        for (store, _dir) in stores("slow_to_renew") {
+            let mut a = Study::open(&store, &key("s"), "a").unwrap();
+            let mut b = Study::open(&store, &key("s"), "b").unwrap();
+            assert_eq!(a.claim(2, LEASE, 100.0, None).unwrap().unwrap().index, 0);
+            // a's lease runs out at 110: b's claim records trial 0 INTERRUPTED and takes it.
+            assert_eq!(b.claim(2, LEASE, 111.0, None).unwrap().unwrap().index, 0);
+            // b's lease runs out too; a's claim finds nothing left (0 started twice, 1 taken).
+            assert_eq!(a.claim(2, LEASE, 130.0, None).unwrap().unwrap().index, 1);
+            assert_eq!(a.claim(2, LEASE, 131.0, None).unwrap(), None);
+            // b was slow, not lost: its end still counts, and renewing gives it back first.
+            assert!(b.renew(0, LEASE, 131.5).unwrap());
+            assert!(b.finish(0, &end("COMPLETE", "r0"), &[]).unwrap());
+            // A trial taken and never started goes back, its start not counted.
+            assert!(a.hand_back(1).unwrap());
+            assert!(!b.hand_back(1).unwrap(), "not b's");
+            let again = b.claim(2, LEASE, 132.0, None).unwrap().unwrap();
+            assert_eq!((again.index, again.starts), (1, 1));
+        }
     }
 }

@@ -91,6 +91,23 @@ pub fn kind(url: &str) -> Option<Kind> {
     (url.starts_with("postgresql://") || url.starts_with("postgres://")).then_some(Kind::Postgres)
 }
 
+/// A URL as it may be shown (logs, errors): a PostgreSQL password replaced by `***`.
+pub fn shown(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_string();
+    };
+    // userinfo is what comes before the last `@` of the authority (before the first `/`).
+    let authority_end = rest.find('/').unwrap_or(rest.len());
+    let (authority, path) = rest.split_at(authority_end);
+    match authority.rsplit_once('@') {
+        Some((userinfo, host)) => match userinfo.split_once(':') {
+            Some((user, _)) => format!("{scheme}://{user}:***@{host}{path}"),
+            None => url.to_string(),
+        },
+        None => url.to_string(),
+    }
+}
+
 impl Conn {
     /// Opens the store at `url`; the error says why it cannot be reached.
     pub fn open(url: &str) -> Result<Conn, String> {
@@ -110,6 +127,12 @@ impl Conn {
             }
             Some(Kind::Postgres) => {
                 let mut config: postgres::Config = url.parse().map_err(|e| format!("{e}"))?;
+                // As libpq: a password not in the URL may come from PGPASSWORD.
+                if config.get_password().is_none() {
+                    if let Ok(p) = std::env::var("PGPASSWORD") {
+                        config.password(p);
+                    }
+                }
                 if config.get_connect_timeout().is_none() {
                     config.connect_timeout(CONNECT_WAIT);
                 }
@@ -345,4 +368,26 @@ fn pg_cells(row: &postgres::Row) -> Result<Vec<Cell>, String> {
         cells.push(cell.unwrap_or(Cell::Null));
     }
     Ok(cells)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_password_is_never_shown_and_parameters_are_written_as_postgresql_reads_them() {
+        assert_eq!(
+            shown("postgresql://me:secret@db:5432/s?connect_timeout=2"),
+            "postgresql://me:***@db:5432/s?connect_timeout=2"
+        );
+        assert_eq!(shown("postgresql://me@db/s"), "postgresql://me@db/s");
+        assert_eq!(shown("sqlite:/a/b:c@d.db"), "sqlite:/a/b:c@d.db");
+        assert_eq!(
+            pg_sql("SELECT ?1, '?' FROM t WHERE a = ?12"),
+            "SELECT $1, '?' FROM t WHERE a = $12"
+        );
+        assert_eq!(kind("postgres://x/y"), Some(Kind::Postgres));
+        assert_eq!(kind("sqlite:"), None);
+        assert_eq!(kind("mysql://x"), None);
+    }
 }
