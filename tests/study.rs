@@ -404,3 +404,38 @@ fn sixty_four_workers_some_killed(dir: &Sandbox, url: &str) {
         );
     }
 }
+
+#[test]
+fn a_store_that_fails_mid_run_stops_the_worker_with_exit_3_and_its_rows_kept() {
+    // PostgreSQL only: the study's database is dropped under the running worker.
+    let Some(url) = fresh_postgres("fails_mid_run") else {
+        eprintln!("skipped: GPUMUX_TEST_POSTGRES names no PostgreSQL server");
+        return;
+    };
+    let dir = sandbox();
+    let job = study_job(&dir, 12, 0.3);
+    let out = dir.join("out");
+    let mut worker = dir
+        .run(&["sweep", s(&job), "--out", s(&out), "--study", &url])
+        .spawn();
+    let trials = out.join("trials.csv");
+    let ended_one = wait_for(&mut worker, std::time::Duration::from_secs(60), || {
+        rows_in(&trials) >= 1
+    });
+    assert!(ended_one, "no trial ended");
+    let base = std::env::var("GPUMUX_TEST_POSTGRES").unwrap();
+    let mut admin = postgres::Client::connect(&base, postgres::NoTls).unwrap();
+    admin
+        .batch_execute("DROP DATABASE gpumux_cli_fails_mid_run WITH (FORCE)")
+        .unwrap();
+    let o = worker.wait_with_output().expect("the worker ends");
+    assert_eq!(o.status.code(), Some(3), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("the study store failed"),
+        "{}",
+        stderr(&o)
+    );
+    // Every row this worker wrote is still there, and reads.
+    let kept = trials_csv(&out);
+    assert!(kept.iter().any(|r| r["state"] == "COMPLETE"), "{kept:?}");
+}
