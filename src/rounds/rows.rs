@@ -72,23 +72,12 @@ pub fn unless_progress_lost(mut row: TrialRow, lost: &LostRows) -> TrialRow {
 
 /// The `trials.csv` row of a trial that ended in round `round` (N trials under `split`).
 pub fn trial_row(job: &Job, round: u32, split: SplitMode, n: u32, o: &TrialOutcome) -> TrialRow {
-    let h = &o.trial.hyper;
     let r = o.result();
     let metric = |name: &str| r.and_then(|r| r.metrics.get(name).copied());
     TrialRow {
-        trial_id: o.trial.id.clone(),
         round,
-        split: split.to_string(),
         n,
         slice: o.slice.index,
-        model: model_name(job),
-        params_lr: h.lr,
-        params_batch_size: h.batch_size,
-        params_optimizer: h.optimizer.to_string(),
-        params_momentum: h.momentum,
-        params_weight_decay: h.weight_decay,
-        params_dropout: h.dropout,
-        seed: o.trial.seed,
         state: o.state().name().to_string(),
         test_acc: metric("test_acc"),
         final_loss: metric("final_loss"),
@@ -101,9 +90,10 @@ pub fn trial_row(job: &Job, round: u32, split: SplitMode, n: u32, o: &TrialOutco
         mem_cap_mib: o.slice.cap_mib(),
         error: o.error().unwrap_or_default(),
         metric: r.and_then(|r| crate::train::metric_in(&r.metrics, &job.file.metric.name)),
-        params: serde_json::to_string(&o.trial.params).unwrap_or_default(),
         launches_per_step: r.and_then(|r| r.launches_per_step),
         host_syncs: r.and_then(|r| r.host_syncs),
+        // The trial's id, model, parameters and seed.
+        ..lost_trial_row(job, split, &o.trial)
     }
 }
 

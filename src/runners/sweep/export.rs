@@ -8,7 +8,6 @@ use crate::report::{self, ProgressRow, TrialRow};
 use crate::rounds::say;
 use crate::run::Session;
 
-use super::best;
 use super::study::{self, Study};
 
 /// Writes the study at `url` into the folder `session` holds: `trials.csv` (one row per trial
@@ -87,16 +86,6 @@ pub fn run(url: &str, session: &Session, out: &mut dyn Write) -> Result<()> {
             dir.display()
         ),
     )?;
-    if let Some(b) = best(&trials, goal) {
-        say(
-            out,
-            format!(
-                "best trial {}: metric {:.4} ({goal:?}), params {}",
-                b.trial_id,
-                b.metric.unwrap_or(f64::NAN),
-                b.params
-            ),
-        )?;
-    }
+    super::shards::say_best(&trials, goal, out)?;
     crate::rounds::print_paths(&paths, out)
 }

@@ -254,18 +254,44 @@ pub fn write(
             out_dir.display()
         ),
     )?;
-    if let Some(b) = best(&m.trials, goal) {
+    say_best(&m.trials, goal, out)
+}
+
+/// The line naming the best trial of merged rows, when there is one.
+pub(super) fn say_best<R: crate::report::Ranked + HasParams>(
+    rows: &[R],
+    goal: Goal,
+    out: &mut dyn Write,
+) -> Result<()> {
+    if let Some(b) = best(rows, goal) {
         say(
             out,
             format!(
                 "best trial {}: metric {:.4} ({goal:?}), params {}",
-                b.trial_id,
-                b.metric.unwrap_or(f64::NAN),
-                b.params
+                b.id(),
+                b.metric().unwrap_or(f64::NAN),
+                b.params()
             ),
         )?;
     }
     Ok(())
+}
+
+/// The parameters of a results row, as JSON.
+pub(super) trait HasParams {
+    fn params(&self) -> &str;
+}
+
+impl HasParams for TrialRow {
+    fn params(&self) -> &str {
+        &self.params
+    }
+}
+
+impl HasParams for TrialBrief {
+    fn params(&self) -> &str {
+        &self.params
+    }
 }
 
 #[cfg(test)]

@@ -351,18 +351,24 @@ impl Study {
     /// for `key` when it is new. Refused: a URL that is not a study's, a store that cannot be
     /// reached, one of a newer schema, or of another job's space.
     pub fn open(url: &str, key: &StudyKey, worker: &str) -> Result<Study, StudyError> {
+        let mut study = Study::connect(url, worker)?;
+        study.join(key)?;
+        Ok(study)
+    }
+
+    /// A connection to the store at `url` as `worker`, nothing read yet. The URL is kept whole
+    /// (to open the connection again); it is shown only through [`shown`].
+    fn connect(url: &str, worker: &str) -> Result<Study, StudyError> {
         sqlite_path(url)?;
         let conn = Conn::open(url).map_err(|why| StudyError::Unreachable {
             url: shown(url),
             why,
         })?;
-        let mut study = Study {
+        Ok(Study {
             conn,
-            url: shown(url),
+            url: url.to_string(),
             worker: worker.to_string(),
-        };
-        study.join(key)?;
-        Ok(study)
+        })
     }
 
     /// Opens the existing study at `url` to read it (`gpumux export`): refused when there is
@@ -376,15 +382,7 @@ impl Study {
                 });
             }
         }
-        let conn = Conn::open(url).map_err(|why| StudyError::Unreachable {
-            url: shown(url),
-            why,
-        })?;
-        let mut study = Study {
-            conn,
-            url: shown(url),
-            worker: String::new(),
-        };
+        let mut study = Study::connect(url, "")?;
         let not_a_study = || StudyError::NotAStudy { url: shown(url) };
         if !study
             .conn
@@ -1346,7 +1344,12 @@ mod tests {
         let Some(u) = fresh_postgres("lost_connection") else {
             return; // PostgreSQL only: a SQLite file is never lost.
         };
-        let mut a = Study::open(&u, &key("s"), "a").unwrap();
+        // A password (the test server trusts every local connection, and ignores it) is kept
+        // whole for opening the connection again, and never shown.
+        let with_password = u.replacen("gpumux@", "gpumux:hush@", 1);
+        let mut a = Study::open(&with_password, &key("s"), "a").unwrap();
+        assert_eq!(a.url, with_password);
+        assert!(!a.fault(Fault::Store("x".into())).to_string().contains("hush"));
         assert_eq!(a.claim(5, LEASE, 100.0, None).unwrap().unwrap().index, 0);
         // The server ends a's session, as a restart or a network fault would.
         let mut admin = postgres::Client::connect(&u, postgres::NoTls).unwrap();
