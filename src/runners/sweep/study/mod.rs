@@ -1349,7 +1349,10 @@ mod tests {
         let with_password = u.replacen("gpumux@", "gpumux:hush@", 1);
         let mut a = Study::open(&with_password, &key("s"), "a").unwrap();
         assert_eq!(a.url, with_password);
-        assert!(!a.fault(Fault::Store("x".into())).to_string().contains("hush"));
+        assert!(!a
+            .fault(Fault::Store("x".into()))
+            .to_string()
+            .contains("hush"));
         assert_eq!(a.claim(5, LEASE, 100.0, None).unwrap().unwrap().index, 0);
         // The server ends a's session, as a restart or a network fault would.
         let mut admin = postgres::Client::connect(&u, postgres::NoTls).unwrap();
