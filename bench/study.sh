@@ -136,8 +136,8 @@ YAML
         t2=$(date +%s.%N)
         python3 -c "
 a, b, c = $t0, $t1, $t2
-print(f'sweep, one process, $store_workers at a time (round $round),1,2000,{b - a:.2f},{2000 / (b - a):.0f}')
-print(f'sweep, $store_workers workers of one study, 1 at a time each (round $round),$store_workers,2000,{c - b:.2f},{2000 / (c - b):.0f}')" >>"$out/throughput.csv"
+print(f'sweep: one process $store_workers at a time (round $round),1,2000,{b - a:.2f},{2000 / (b - a):.0f}')
+print(f'sweep: $store_workers workers of one study 1 at a time each (round $round),$store_workers,2000,{c - b:.2f},{2000 / (c - b):.0f}')" >>"$out/throughput.csv"
     done
 fi
 
