@@ -260,9 +260,9 @@ pub fn study_point(
     let mut done = History::default();
     for e in &history.ended {
         let Some(p) = point(&e.point) else { continue };
-        let value = e.metric.filter(|_| OBSERVED.contains(&e.state.as_str()));
-        let pruned_at = (e.state == "PRUNED").then_some(e.epochs);
-        done.push(observed(job.file.metric.goal, p, value, pruned_at));
+        if let Some(o) = ended_at(job.file.metric.goal, &e.state, e.metric, e.epochs, p) {
+            done.push(o);
+        }
     }
     let pending: Vec<_> = history.running.iter().filter_map(|t| point(t)).collect();
     tpe.propose(&job.space, job.file.seed, index as usize, &done, &pending)
@@ -314,14 +314,31 @@ fn observation(
     row: &TrialRow,
     point: BTreeMap<String, ParamValue>,
 ) -> Option<Observation> {
-    if !ENDED.contains(&row.state.as_str()) {
+    ended_at(
+        job.file.metric.goal,
+        &row.state,
+        row.metric,
+        row.epochs,
+        point,
+    )
+}
+
+/// What a trial that ended in `state` (with its metric value and epochs) tells the sampler, at
+/// `point`: `None` unless it ended ([`ENDED`]); its value only where it is [`OBSERVED`]; its
+/// epochs as the rung it was pruned at.
+fn ended_at(
+    goal: Goal,
+    state: &str,
+    metric: Option<f64>,
+    epochs: u32,
+    point: BTreeMap<String, ParamValue>,
+) -> Option<Observation> {
+    if !ENDED.contains(&state) {
         return None;
     }
-    let value = row
-        .metric
-        .filter(|_| OBSERVED.contains(&row.state.as_str()));
-    let pruned_at = (row.state == "PRUNED").then_some(row.epochs);
-    Some(observed(job.file.metric.goal, point, value, pruned_at))
+    let value = metric.filter(|_| OBSERVED.contains(&state));
+    let pruned_at = (state == "PRUNED").then_some(epochs);
+    Some(observed(goal, point, value, pruned_at))
 }
 
 /// The observation of a trial at `point` that ended with the metric `value` (a failure, or a

@@ -174,10 +174,7 @@ impl Worker<'_> {
         });
         let so_far = match study::lock(&store).counts().map_err(usage)? {
             c if c.is_empty() => "a new study".to_string(),
-            c => {
-                let words: Vec<String> = c.iter().map(|(s, n)| format!("{n} {s}")).collect();
-                format!("so far {}", words.join(", "))
-            }
+            c => format!("so far {}", in_words(&c)),
         };
         say(
             out,
@@ -187,28 +184,32 @@ impl Worker<'_> {
         let lease = study::lease();
         let failed = RefCell::new(Failed::default());
         let tpe = sweep.is_bayes.then(|| bayes::tpe_of(job, count));
-        // A new index: its trial (a bayes one proposed from the study's history), and the row
+        // The trial of index `index`: a bayes one at its point, a grid or random one by its
+        // index (`None`: the same draw as an earlier index, recorded DUPLICATE once taken).
+        let trial_at = |index: u32, point: Option<&Point>| match point {
+            Some(p) => bayes::trial(job, index, p).map(Some),
+            None => Ok(by_index.get(&index).cloned()),
+        };
+        // A new index: its point (a bayes one proposed from the study's history), and the row
         // it keeps should this worker be lost.
         let mut starts = study::StartWith {
             proposes: sweep.is_bayes,
             start: |index: u32, h: Option<&study::History>| {
-                let (trial, point) = match (h, &tpe) {
-                    (Some(h), Some(tpe)) => {
-                        let point = bayes::study_point(job, tpe, index, h);
-                        match bayes::trial(job, index, &point) {
-                            Ok(t) => (Some(t), serde_json::to_string(&point).ok()),
-                            Err(e) => {
-                                failed.borrow_mut().trial.get_or_insert(e);
-                                return None;
-                            }
-                        }
+                let point = match (h, &tpe) {
+                    (Some(h), Some(tpe)) => Some(bayes::study_point(job, tpe, index, h)),
+                    _ => None,
+                };
+                let trial = match trial_at(index, point.as_ref()) {
+                    Ok(t) => t,
+                    Err(e) => {
+                        failed.borrow_mut().trial.get_or_insert(e);
+                        return None;
                     }
-                    // None: the same draw as an earlier index (recorded DUPLICATE once taken).
-                    _ => (by_index.get(&index).cloned(), None),
                 };
                 let row = trial
                     .map(|t| crate::rounds::lost_trial_row(job, sweep.split, &t))
                     .and_then(|r| study::encode_row(&r).ok());
+                let point = point.and_then(|p| serde_json::to_string(&p).ok());
                 Some(study::Start { point, row })
             },
         };
@@ -230,9 +231,9 @@ impl Worker<'_> {
                         return None;
                     }
                 };
-                let trial = match (&c.point, sweep.is_bayes) {
-                    (Some(point), true) => match serde_json::from_str(point) {
-                        Ok(point) => bayes::trial(job, c.index, &point).map(Some),
+                let point: Option<Point> = match (&c.point, sweep.is_bayes) {
+                    (Some(text), true) => match serde_json::from_str(text) {
+                        Ok(point) => Some(point),
                         Err(e) => {
                             let why = format!("the point of trial {} does not read: {e}", c.index);
                             let e = StudyError::Store {
@@ -243,9 +244,9 @@ impl Worker<'_> {
                             return None;
                         }
                     },
-                    _ => Ok(by_index.get(&c.index).cloned()),
+                    _ => None,
                 };
-                match trial {
+                match trial_at(c.index, point.as_ref()) {
                     Ok(Some(t)) => {
                         beat.hold(c.index, true);
                         return Some(t);
@@ -325,13 +326,10 @@ impl Worker<'_> {
         rows.extend(ran);
         // How the study stands, where the store says (it may be what failed).
         match study::lock(&store).counts() {
-            Ok(counts) => {
-                let words: Vec<String> = counts.iter().map(|(s, n)| format!("{n} {s}")).collect();
-                say(
-                    out,
-                    format!("study {shown}: {} of {count} trials", words.join(", ")),
-                )?;
-            }
+            Ok(counts) => say(
+                out,
+                format!("study {shown}: {} of {count} trials", in_words(&counts)),
+            )?,
             Err(e) => tracing::warn!("{e}"),
         }
         if let Some(e) = failed.trial {
@@ -356,6 +354,15 @@ impl Worker<'_> {
         Ok(sweep.dir.clone())
     }
 }
+
+/// A study's trials by state, in words: `12 COMPLETE, 3 RUNNING`.
+fn in_words(counts: &BTreeMap<String, usize>) -> String {
+    let words: Vec<String> = counts.iter().map(|(s, n)| format!("{n} {s}")).collect();
+    words.join(", ")
+}
+
+/// A point of the space, as a bayes trial's.
+type Point = BTreeMap<String, crate::space::ParamValue>;
 
 /// Waits while trials run on other workers and none can be taken: `true` once one can (its
 /// worker was lost, or handed it back), `false` when none runs any more or a signal came.
