@@ -146,10 +146,11 @@ impl<'a> Sweep<'a> {
             (Some(url), _) => say(
                 out,
                 format!(
-                    "sweep {}: {}, {} trials, as a worker of study {url}: the study gives each trial; split {split}; {metric}",
+                    "sweep {}: {}, {} trials, as a worker of study {}: the study gives each trial; split {split}; {metric}",
                     job.name,
                     format!("{:?}", job.space.method).to_lowercase(),
                     proposer.map_or(self.all.len(), |p| p.planned as usize),
+                    super::study::shown(url),
                 ),
             )?,
             (None, Some(p)) => {

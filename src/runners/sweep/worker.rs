@@ -237,7 +237,7 @@ impl Worker<'_> {
                         Err(e) => {
                             let why = format!("the point of trial {} does not read: {e}", c.index);
                             let e = StudyError::Store {
-                                url: url.to_string(),
+                                url: shown.clone(),
                                 why,
                             };
                             failed.borrow_mut().store.get_or_insert(e);

@@ -575,7 +575,7 @@ impl Study {
     pub fn renew(&mut self, index: u32, lease: Duration, now: f64) -> Result<bool, StudyError> {
         let until = now + lease.as_secs_f64();
         let worker = self.worker.clone();
-        self.write(Lock::Nothing, |tx, _| {
+        self.write(Lock::Rows, |tx, _| {
             let n = tx.exec(
                 "UPDATE trials SET lease_until = ?3, state = 'RUNNING'
                  WHERE idx = ?1 AND worker = ?2 AND state IN ('RUNNING', 'INTERRUPTED')",

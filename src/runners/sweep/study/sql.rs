@@ -119,8 +119,19 @@ impl Conn {
                 // the store still busy.
                 conn.busy_timeout(BUSY_WAIT).map_err(|e| e.to_string())?;
                 // Readers never wait for the writer; each commit is on disk before it returns.
-                conn.pragma_update(None, "journal_mode", "WAL")
-                    .map_err(|e| e.to_string())?;
+                // Workers opening a new store at once race to switch its journal, and SQLite
+                // answers a lock it cannot wait for without waiting (a deadlock it avoids): the
+                // switch is tried again for as long as a busy store is waited for.
+                let started = std::time::Instant::now();
+                loop {
+                    match conn.pragma_update(None, "journal_mode", "WAL") {
+                        Ok(()) => break,
+                        Err(e) if busy(&e) && started.elapsed() < BUSY_WAIT => {
+                            std::thread::sleep(Duration::from_millis(5));
+                        }
+                        Err(e) => return Err(e.to_string()),
+                    }
+                }
                 conn.pragma_update(None, "synchronous", "FULL")
                     .map_err(|e| e.to_string())?;
                 Ok(Conn::Lite(conn))
@@ -151,7 +162,7 @@ impl Conn {
                     prepared: Default::default(),
                 })))
             }
-            None => Err(format!("`{url}` is not a study URL")),
+            None => Err(format!("`{}` is not a study URL", shown(url))),
         }
     }
 
@@ -209,6 +220,14 @@ impl Conn {
             }
         }
     }
+}
+
+/// Whether SQLite said the store is busy or locked.
+fn busy(e: &rusqlite::Error) -> bool {
+    matches!(
+        e.sqlite_error_code(),
+        Some(rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked)
+    )
 }
 
 /// A PostgreSQL error with the server's own message, where it sent one.
