@@ -1,6 +1,5 @@
 //! `gpumux export --study URL --out DIR`: a study's trials and epochs, from every worker, as one results folder with its plots, at any moment of the study.
 
-use std::collections::HashSet;
 use std::io::Write;
 
 use crate::error::{Error, Result};
@@ -54,17 +53,9 @@ pub fn run(url: &str, session: &Session, out: &mut dyn Write) -> Result<()> {
             true => Error::Interrupted(format!("{e}: {} is as it was", dir.display())),
             false => usage(e),
         })?;
-    if dir.join(report::TRIALS_CSV).exists() {
-        // Results there that do not read are refused and left as they are.
-        let held = report::read_trials(dir)?;
-        let ours: HashSet<&str> = trials.iter().map(|r| r.trial_id.as_str()).collect();
-        if held
-            .iter()
-            .any(|r| r.state == report::COMPLETE && !ours.contains(r.trial_id.as_str()))
-        {
-            crate::run::set_aside(dir)?;
-        }
-    }
+    // As `merge`: COMPLETE trials there that the study does not hold as COMPLETE are kept aside.
+    let complete = trials.iter().filter(|r| r.state == report::COMPLETE);
+    super::shards::set_aside_unless_kept(dir, complete.map(|r| r.trial_id.as_str()))?;
     report::write_all(dir, &[], &trials, &progress)?;
     let paths = report::write_report(dir, &[], &trials)?;
     let count = |s: &str| trials.iter().filter(|r| r.state == s).count();

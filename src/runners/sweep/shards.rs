@@ -189,25 +189,32 @@ pub fn run(dirs: &[PathBuf], session: &Session, goal: Goal, out: &mut dyn Write)
     let out_dir = session.dir()?;
     let interrupt = &Interrupt::OnDrain(session.cancel().clone());
     let m = merge(dirs)?;
-    if out_dir.join(report::TRIALS_CSV).exists() {
-        // Results there that do not read are refused and left as they are.
-        let held = report::read_trials(out_dir)?;
-        let merged: HashSet<&str> = m
-            .trials
-            .iter()
-            .filter(|r| r.state == "COMPLETE")
-            .map(|r| r.trial_id.as_str())
-            .collect();
-        if held
-            .iter()
-            .any(|r| r.state == "COMPLETE" && !merged.contains(r.trial_id.as_str()))
-        {
-            crate::run::set_aside(out_dir)?;
-        }
-    }
+    let complete = m.trials.iter().filter(|r| r.state == report::COMPLETE);
+    set_aside_unless_kept(out_dir, complete.map(|r| r.trial_id.as_str()))?;
     let written = write(&m, out_dir, goal, interrupt, out);
     free_beside(m);
     written
+}
+
+/// Moves the results in `dir` aside whole (`earlier-<seconds>/`) when they hold a COMPLETE trial
+/// that is not among the trials about to replace them as COMPLETE (`complete`): no COMPLETE row
+/// is lost. Results there that do not read are refused and left as they are.
+pub(super) fn set_aside_unless_kept<'a>(
+    dir: &Path,
+    complete: impl Iterator<Item = &'a str>,
+) -> Result<()> {
+    if !dir.join(report::TRIALS_CSV).exists() {
+        return Ok(());
+    }
+    let held = report::read_trials(dir)?;
+    let kept: HashSet<&str> = complete.collect();
+    if held
+        .iter()
+        .any(|r| r.state == report::COMPLETE && !kept.contains(r.trial_id.as_str()))
+    {
+        crate::run::set_aside(dir)?;
+    }
+    Ok(())
 }
 
 /// Frees `rows` on a thread of its own: tens of thousands of rows take tens of milliseconds to
